@@ -1,0 +1,55 @@
+# edgehub: the two commands of the README, and the steps they stand on.
+#   make run    set up .venv and start the hub on its embedded defaults
+#   make test   set up .venv (and the Debian packages the tests need), then lint, type-check, check the
+#               layer contracts and run the whole suite
+# To add a Python dependency: pyproject.toml. To add a Debian package: APT_PACKAGES below. Nothing else.
+
+PYTHON      ?= $(shell command -v python3.11 || command -v python3)
+VENV        := .venv
+BIN         := $(VENV)/bin
+STAMP       := $(VENV)/.installed
+EXTRAS      := dev,spark
+# Debian packages the tests need: Mosquitto (the peer broker and its clients), iproute2 (tc, netns),
+# and what python-qpid-proton's build needs when the AMQP head lands.
+APT_PACKAGES := mosquitto mosquitto-clients iproute2 openssl
+PYTEST_ARGS ?=
+
+.PHONY: run test venv apt lint typecheck contracts pytest bench clean
+
+run: $(STAMP)
+	$(BIN)/edgehub run
+
+test: apt $(STAMP) lint typecheck contracts pytest
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
+	touch $(STAMP)
+
+# Installs only what is missing, so a developer machine that has it all is not touched.
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+contracts: $(STAMP)
+	$(BIN)/lint-imports
+
+pytest: $(STAMP)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Benchmarks: each runs as python -m bench.NAME; the last line of output is one JSON object."""

@@ -1,0 +1,152 @@
+"""The error tree of edgehub. Every error we raise on purpose derives from ``EdgeHubError``.
+
+Misuse of an API (a wrong type, a negative size) raises ``ValueError``/``TypeError`` instead.
+Third-party errors are translated once, in the library's home module, with ``raise ... from exc``.
+
+::
+
+    EdgeHubError
+    ├── ConfigurationError           a route, manifest or setting is wrong (position in the message)
+    │   ├── RouteError               (edgehub.routing) .line .column on every instance
+    │   │   ├── RouteSyntaxError
+    │   │   └── RouteCompileError
+    │   └── ManifestError            (edgehub.manifest)
+    ├── IngestRejected               a message was refused at the door; .reason says why
+    │   ├── QuotaExceededError       a queue or the store is full and the overflow policy rejects
+    │   ├── MessageTooLargeError     over maxMessageSizeBytes
+    │   └── InvalidMessageError      e.g. session id and partition key disagree
+    ├── StoreError                   the store could not do what was asked
+    │   ├── StorageIOError           the disk said no (ENOSPC, EIO); the store stays usable
+    │   └── StoreClosedError
+    ├── DeliveryError                an endpoint failed; .kind is a FailureKind
+    ├── ProtocolError                a wire protocol was broken
+    │   ├── LocalProtocolError       we broke it (a bug, or a send the state machine forbids)
+    │   └── RemoteProtocolError      the peer broke it; .reason_code when the protocol has one
+    ├── AuthError
+    │   ├── AuthenticationError      who you are could not be proven
+    │   └── AuthorizationError       you may not do that
+    └── TransportError               an upstream transport or link failed; .kind is a FailureKind
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = [
+    "AuthError",
+    "AuthenticationError",
+    "AuthorizationError",
+    "ConfigurationError",
+    "DeliveryError",
+    "EdgeHubError",
+    "FailureKind",
+    "IngestRejected",
+    "InvalidMessageError",
+    "LocalProtocolError",
+    "MessageTooLargeError",
+    "ProtocolError",
+    "QuotaExceededError",
+    "RemoteProtocolError",
+    "StorageIOError",
+    "StoreClosedError",
+    "StoreError",
+    "TransportError",
+]
+
+
+class FailureKind(StrEnum):
+    """Why something failed, which decides what is done next (retry, wait, dead-letter)."""
+
+    TRANSIENT = "transient"
+    THROTTLED = "throttled"
+    TIMEOUT = "timeout"
+    PERMANENT = "permanent"
+    INVALID_INPUT = "invalid_input"
+
+
+class EdgeHubError(Exception):
+    """Root of every error edgehub raises on purpose."""
+
+
+class ConfigurationError(EdgeHubError):
+    """A route, manifest or setting is wrong; the running configuration stays."""
+
+
+class IngestRejected(EdgeHubError):
+    """A message was refused at ingest; nothing was stored. ``reason`` is a stable short word."""
+
+    reason: str = "rejected"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+
+
+class QuotaExceededError(IngestRejected):
+    reason = "quota_exceeded"
+
+
+class MessageTooLargeError(IngestRejected):
+    reason = "too_large"
+
+
+class InvalidMessageError(IngestRejected):
+    reason = "invalid"
+
+
+class StoreError(EdgeHubError):
+    """The store could not complete an operation."""
+
+
+class StorageIOError(StoreError):
+    """The disk refused a write (ENOSPC, EIO). That group failed; the store stays usable."""
+
+
+class StoreClosedError(StoreError):
+    """The store was used after close."""
+
+
+class DeliveryError(EdgeHubError):
+    """An endpoint could not take a batch."""
+
+    def __init__(self, message: str, *, endpoint: str, kind: FailureKind = FailureKind.TRANSIENT) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+        self.kind = kind
+
+
+class ProtocolError(EdgeHubError):
+    """A wire protocol was broken."""
+
+
+class LocalProtocolError(ProtocolError):
+    """We were about to break the protocol (a bug, or a send the state machine forbids)."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer broke the protocol. ``reason_code`` is the protocol's own code, when it has one."""
+
+    def __init__(self, message: str, *, reason_code: int | None = None) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
+
+
+class AuthError(EdgeHubError):
+    """Authentication or authorisation failed."""
+
+
+class AuthenticationError(AuthError):
+    """The peer's identity could not be proven."""
+
+
+class AuthorizationError(AuthError):
+    """The identity may not do what it asked."""
+
+
+class TransportError(EdgeHubError):
+    """An upstream transport or its link failed."""
+
+    def __init__(self, message: str, *, kind: FailureKind = FailureKind.TRANSIENT) -> None:
+        super().__init__(message)
+        self.kind = kind

@@ -1,0 +1,105 @@
+"""The message as the hub sees it, from ingest to delivery.
+
+Invariants:
+* ``body`` is bytes and is never decoded here; ``properties`` are the application properties (every value a
+  string, or ``None`` for a property present with a null value); ``system_properties`` are strings keyed by the
+  names of ``SystemProperty``.
+* ``source`` is derived once, from ``messageType``, ``connectionModuleId`` and ``outputName``, as
+  ROUTE_LANGUAGE.md says; it is what route sources are matched against.
+* A message is immutable: ``with_system_properties`` returns a new one (the hub stamps ``edgeMessageId``
+  and ``enqueuedTime`` that way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+__all__ = ["Message", "SystemProperty", "message_source"]
+
+
+class SystemProperty(StrEnum):
+    """The system property names routes can address (ROUTE_LANGUAGE.md, "Names")."""
+
+    MESSAGE_ID = "messageId"
+    TO = "to"
+    CORRELATION_ID = "cid"
+    USER_ID = "userId"
+    ACK = "ack"
+    CONNECTION_DEVICE_ID = "connectionDeviceId"
+    CONNECTION_MODULE_ID = "connectionModuleId"
+    CONNECTION_AUTH_METHOD = "connectionAuthMethod"
+    CONTENT_TYPE = "contentType"
+    CONTENT_ENCODING = "contentEncoding"
+    MESSAGE_SCHEMA = "messageSchema"
+    CREATION_TIME = "creationTime"
+    OUTPUT_NAME = "outputName"
+    INPUT_NAME = "inputName"
+    MESSAGE_TYPE = "messageType"
+    ABSOLUTE_EXPIRY_TIME = "absolute-expiry-time"
+    OPERATION = "operation"
+    INTERFACE_ID = "iothub-interface-id"
+    DT_SUBJECT = "dt-subject"
+    MODEL_ID = "modelId"
+    ENQUEUED_TIME = "enqueuedTime"
+    EDGE_MESSAGE_ID = "edgeMessageId"
+    # Not addressable by routes, carried for partitioned upstreams (issue: upstream).
+    SESSION_ID = "sessionId"
+    PARTITION_KEY = "partitionKey"
+
+
+TWIN_CHANGE_NOTIFICATION = "twinChangeNotification"
+
+
+def message_source(system_properties: Mapping[str, str]) -> str:
+    """The routing source of a message with these system properties."""
+    if system_properties.get(SystemProperty.MESSAGE_TYPE) == TWIN_CHANGE_NOTIFICATION:
+        return "/twinChangeNotifications"
+    module = system_properties.get(SystemProperty.CONNECTION_MODULE_ID)
+    if module:
+        output = system_properties.get(SystemProperty.OUTPUT_NAME)
+        if output:
+            return f"/messages/modules/{module}/outputs/{output}"
+        return f"/messages/modules/{module}"
+    return "/messages"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message: body bytes, application properties and system properties."""
+
+    body: bytes = b""
+    properties: Mapping[str, str | None] = field(default_factory=dict)
+    system_properties: Mapping[str, str] = field(default_factory=dict)
+    source: str = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.body, bytes | bytearray | memoryview):
+            raise TypeError(f"body must be bytes, not {type(self.body).__name__}")
+        if not isinstance(self.body, bytes):
+            object.__setattr__(self, "body", bytes(self.body))
+        object.__setattr__(self, "source", message_source(self.system_properties))
+
+    @property
+    def message_id(self) -> str | None:
+        return self.system_properties.get(SystemProperty.MESSAGE_ID)
+
+    @property
+    def edge_message_id(self) -> str | None:
+        return self.system_properties.get(SystemProperty.EDGE_MESSAGE_ID)
+
+    def with_system_properties(self, **updates: str) -> Message:
+        """A copy with these system properties set (keys are the ``SystemProperty`` names)."""
+        merged = dict(self.system_properties)
+        merged.update(updates)
+        return Message(body=self.body, properties=self.properties, system_properties=merged)
+
+    def size_bytes(self) -> int:
+        """Body plus property names and values, in UTF-8: what quotas and maxMessageSizeBytes count."""
+        n = len(self.body)
+        for k, v in self.properties.items():
+            n += len(k.encode()) + (len(v.encode()) if v is not None else 0)
+        for k, v in self.system_properties.items():
+            n += len(k.encode()) + len(v.encode())
+        return n

@@ -1,0 +1,9 @@
+"""Steerable collaborators for tests, shipped with the package (after bytewax's ``testing``).
+
+Each one is a complete implementation of the seam it stands in for, never a mock: a manual clock, endpoints
+that fail, stall or revive, a link that can be cut.
+"""
+
+from edgehub.testing.clock import ManualClock
+
+__all__ = ["ManualClock"]

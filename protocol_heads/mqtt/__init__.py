@@ -1,0 +1,1 @@
+"""MQTT head: a sans-IO codec and connection state machine under a thin asyncio adapter."""

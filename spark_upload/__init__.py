@@ -1,0 +1,1 @@
+"""The cloud side: a PySpark job that turns the landing zone into tables, and the landing receiver."""
