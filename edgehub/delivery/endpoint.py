@@ -1,0 +1,85 @@
+"""The one narrow seam between the endpoint executor and whatever takes messages out of the hub.
+
+An endpoint is given batches by its executor, never concurrently (one ``send`` at a time per endpoint), each
+batch holding messages of one priority in queue order. It answers with a ``SendResult`` that sorts every
+message of the batch into exactly one of: succeeded (delivered; the executor checkpoints it), failed (not
+delivered; retried under the retry policy), invalid (will never be delivered; dead-lettered at once).
+A message missing from all three counts as failed. ``send`` should not raise; if it does, the whole batch
+counts as failed with kind TRANSIENT.
+
+Reachability: an endpoint that learns it can deliver again (a link comes up, a module connects) calls the
+``on_reachable`` callback given to ``bind``; the executor then cuts any retry wait short.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from edgehub.core import FailureKind, Message
+
+__all__ = ["Endpoint", "QueuedMessage", "SendResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedMessage:
+    """A message as it stands in one endpoint queue."""
+
+    message: Message
+    offset: int  # position in its queue (endpoint, priority); grows forever, across restarts
+    priority: int  # 0 highest; DEFAULT_PRIORITY for routes without one
+    enqueued_at_s: float  # epoch seconds, fixed at enqueue
+    ttl_s: float  # seconds, fixed at enqueue; the message is never sent once enqueued_at_s + ttl_s has passed
+    attempts: int = 0  # deliveries tried before this one
+
+    @property
+    def expires_at_s(self) -> float:
+        return self.enqueued_at_s + self.ttl_s
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """What became of a batch. ``failure_kind`` and ``error`` describe the failed/invalid part, if any."""
+
+    succeeded: Sequence[QueuedMessage] = ()
+    failed: Sequence[QueuedMessage] = ()
+    invalid: Sequence[QueuedMessage] = ()
+    failure_kind: FailureKind | None = None
+    error: str | None = None
+    details: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def all_succeeded(cls, batch: Sequence[QueuedMessage]) -> SendResult:
+        return cls(succeeded=tuple(batch))
+
+    @classmethod
+    def all_failed(cls, batch: Sequence[QueuedMessage], kind: FailureKind, error: str) -> SendResult:
+        return cls(failed=tuple(batch), failure_kind=kind, error=error)
+
+
+@runtime_checkable
+class Endpoint(Protocol):
+    """Where an executor delivers. Implementations: module inputs, upstream transports, test endpoints."""
+
+    @property
+    def endpoint_id(self) -> str:
+        """The id routes name (``$upstream``, ``/modules/m/inputs/i``); used in queue ids and logs."""
+        ...
+
+    @property
+    def max_batch_messages(self) -> int:
+        """The most messages this endpoint wants in one ``send``."""
+        ...
+
+    def bind(self, on_reachable: Callable[[], None]) -> None:
+        """Called once by the executor before the first send."""
+        ...
+
+    async def send(self, batch: Sequence[QueuedMessage]) -> SendResult:
+        """Deliver ``batch`` (one priority, queue order, non-empty)."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the endpoint holds. No ``send`` follows."""
+        ...
