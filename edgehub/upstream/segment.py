@@ -1,0 +1,244 @@
+"""The segment format: how a batch of messages leaves the hub for the cloud, version 1.
+
+One segment is one upstream batch (one endpoint lane, one priority, a run of consecutive queue offsets). The
+same bytes are the payload of an MQTT ``batch``-mode PUBLISH and the content of a landing-zone file, so the
+landing receiver stores what it receives unchanged and the Spark job reads both the same way.
+
+Format v1: gzip (RFC 1952) of UTF-8 JSON lines, one record per message, each a JSON object with exactly:
+
+=====================  ==============================  ==================================================
+field                  JSON type                       meaning
+=====================  ==============================  ==================================================
+``v``                  number (1)                      record format version
+``edge_message_id``    string                          the hub's id for the message; unique per hub
+``message_id``         string or null                  the device's ``messageId`` system property
+``device_id``          string or null                  ``connectionDeviceId``
+``module_id``          string or null                  ``connectionModuleId``
+``hub_id``             string                          the edge hub that sent it
+``enqueued_at``        string                          ISO 8601 UTC, milliseconds, ``Z`` (e.g.
+                                                       ``2026-11-22T21:33:06.123Z``)
+``priority``           number                          0 highest; 10 for routes without a priority
+``ttl_s``              number                          time-to-live fixed at enqueue
+``source``             string                          the routing source (``/messages/modules/m1/...``)
+``properties``         object of string -> string|null application properties
+``system_properties``  object of string -> string      system properties
+``body``               string                          the body bytes, base64 (RFC 4648, padded)
+=====================  ==============================  ==================================================
+
+Segment names are a pure function of what the batch is (hub, endpoint lane, priority, first and last offset),
+so a retried upload of the same batch gets the same name and never makes a second copy. A batch cut
+differently after a restart can overlap an earlier one; consumers remove duplicates by ``edge_message_id``.
+Names never start with ``.`` or ``_`` (Spark's file sources skip those, which writers use for temp files).
+
+Invariants: ``decode_segment(encode_segment(rs)) == rs``; decoding rejects unknown versions and malformed
+lines with ``SegmentFormatError`` naming the line.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import gzip
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from edgehub.core import EdgeHubError, Message, SystemProperty
+
+__all__ = [
+    "SEGMENT_FORMAT_VERSION",
+    "SEGMENT_SUFFIX",
+    "SegmentFormatError",
+    "SegmentName",
+    "SegmentRecord",
+    "decode_segment",
+    "encode_segment",
+    "format_enqueued_at",
+    "record_from_message",
+]
+
+SEGMENT_FORMAT_VERSION = 1
+SEGMENT_SUFFIX = ".jsonl.gz"
+# Spark-side column names and types mirror these; spark_upload keeps its schema in step (a test checks it).
+RECORD_FIELDS: tuple[str, ...] = (
+    "v",
+    "edge_message_id",
+    "message_id",
+    "device_id",
+    "module_id",
+    "hub_id",
+    "enqueued_at",
+    "priority",
+    "ttl_s",
+    "source",
+    "properties",
+    "system_properties",
+    "body",
+)
+_NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")
+
+
+class SegmentFormatError(EdgeHubError):
+    """Bytes that are not a valid segment of a version we read."""
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRecord:
+    """One message in a segment."""
+
+    edge_message_id: str
+    hub_id: str
+    enqueued_at: str
+    priority: int
+    ttl_s: float
+    source: str
+    body: bytes
+    message_id: str | None = None
+    device_id: str | None = None
+    module_id: str | None = None
+    properties: Mapping[str, str | None] = field(default_factory=dict)
+    system_properties: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json_obj(self) -> dict[str, object]:
+        return {
+            "v": SEGMENT_FORMAT_VERSION,
+            "edge_message_id": self.edge_message_id,
+            "message_id": self.message_id,
+            "device_id": self.device_id,
+            "module_id": self.module_id,
+            "hub_id": self.hub_id,
+            "enqueued_at": self.enqueued_at,
+            "priority": self.priority,
+            "ttl_s": self.ttl_s,
+            "source": self.source,
+            "properties": dict(self.properties),
+            "system_properties": dict(self.system_properties),
+            "body": base64.b64encode(self.body).decode("ascii"),
+        }
+
+
+def format_enqueued_at(epoch_s: float) -> str:
+    """Epoch seconds as the segment's ISO 8601 UTC form with milliseconds."""
+    dt = datetime.fromtimestamp(epoch_s, tz=UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+def record_from_message(
+    message: Message, *, hub_id: str, edge_message_id: str, enqueued_at_s: float, priority: int, ttl_s: float
+) -> SegmentRecord:
+    """The segment record of a queued message."""
+    sp = message.system_properties
+    return SegmentRecord(
+        edge_message_id=edge_message_id,
+        hub_id=hub_id,
+        enqueued_at=format_enqueued_at(enqueued_at_s),
+        priority=priority,
+        ttl_s=ttl_s,
+        source=message.source,
+        body=message.body,
+        message_id=sp.get(SystemProperty.MESSAGE_ID),
+        device_id=sp.get(SystemProperty.CONNECTION_DEVICE_ID),
+        module_id=sp.get(SystemProperty.CONNECTION_MODULE_ID),
+        properties=dict(message.properties),
+        system_properties=dict(sp),
+    )
+
+
+def encode_segment(records: Iterable[SegmentRecord], *, compresslevel: int = 6) -> bytes:
+    """gzip'ed JSON lines. ``mtime=0`` so that the same records always give the same bytes."""
+    lines = [json.dumps(r.to_json_obj(), ensure_ascii=False, separators=(",", ":")) for r in records]
+    text = "\n".join(lines) + ("\n" if lines else "")
+    return gzip.compress(text.encode("utf-8"), compresslevel=compresslevel, mtime=0)
+
+
+def _str_or_none(obj: Mapping[str, object], key: str, line_no: int) -> str | None:
+    value = obj.get(key)
+    if value is not None and not isinstance(value, str):
+        raise SegmentFormatError(f"line {line_no}: {key} must be a string or null")
+    return value
+
+
+def _record_from_obj(obj: object, line_no: int) -> SegmentRecord:
+    if not isinstance(obj, dict):
+        raise SegmentFormatError(f"line {line_no}: not a JSON object")
+    if obj.get("v") != SEGMENT_FORMAT_VERSION:
+        raise SegmentFormatError(f"line {line_no}: unsupported record version {obj.get('v')!r}")
+    missing = [k for k in RECORD_FIELDS if k not in obj]
+    if missing:
+        raise SegmentFormatError(f"line {line_no}: missing fields {missing}")
+    try:
+        body = base64.b64decode(obj["body"], validate=True)
+    except (binascii.Error, TypeError, ValueError) as exc:
+        raise SegmentFormatError(f"line {line_no}: body is not base64") from exc
+    props, sysprops = obj["properties"], obj["system_properties"]
+    if not isinstance(props, dict) or not all(isinstance(v, str | None) for v in props.values()):
+        raise SegmentFormatError(f"line {line_no}: properties must map strings to strings or null")
+    if not isinstance(sysprops, dict) or not all(isinstance(v, str) for v in sysprops.values()):
+        raise SegmentFormatError(f"line {line_no}: system_properties must map strings to strings")
+    for key in ("edge_message_id", "hub_id", "enqueued_at", "source"):
+        if not isinstance(obj[key], str):
+            raise SegmentFormatError(f"line {line_no}: {key} must be a string")
+    priority, ttl_s = obj["priority"], obj["ttl_s"]
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise SegmentFormatError(f"line {line_no}: priority must be an integer")
+    if not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool):
+        raise SegmentFormatError(f"line {line_no}: ttl_s must be a number")
+    return SegmentRecord(
+        edge_message_id=obj["edge_message_id"],
+        hub_id=obj["hub_id"],
+        enqueued_at=obj["enqueued_at"],
+        priority=priority,
+        ttl_s=ttl_s,
+        source=obj["source"],
+        body=body,
+        message_id=_str_or_none(obj, "message_id", line_no),
+        device_id=_str_or_none(obj, "device_id", line_no),
+        module_id=_str_or_none(obj, "module_id", line_no),
+        properties=props,
+        system_properties=sysprops,
+    )
+
+
+def decode_segment(data: bytes) -> list[SegmentRecord]:
+    """Every record of a segment, or ``SegmentFormatError`` naming the first bad line (1-based)."""
+    try:
+        text = gzip.decompress(data).decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise SegmentFormatError(f"not a gzip'ed UTF-8 segment: {exc}") from exc
+    records = []
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SegmentFormatError(f"line {line_no}: not JSON ({exc.msg})") from exc
+        records.append(_record_from_obj(obj, line_no))
+    return records
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentName:
+    """What a batch is, and so its name: ``{hub}/{lane}/p{priority:02d}/{first:020d}-{last:020d}.jsonl.gz``."""
+
+    hub_id: str
+    lane: str  # the upstream lane: "upstream" or "upstream-p3" for partition 3
+    priority: int
+    first_offset: int
+    last_offset: int
+
+    def __post_init__(self) -> None:
+        for part in (self.hub_id, self.lane):
+            if not _NAME_PART.match(part):
+                raise ValueError(f"segment name part {part!r} must match {_NAME_PART.pattern}")
+        if not 0 <= self.first_offset <= self.last_offset:
+            raise ValueError(f"bad offset range {self.first_offset}..{self.last_offset}")
+
+    @property
+    def path(self) -> str:
+        return (
+            f"{self.hub_id}/{self.lane}/p{self.priority:02d}/"
+            f"{self.first_offset:020d}-{self.last_offset:020d}{SEGMENT_SUFFIX}"
+        )
