@@ -1,0 +1,277 @@
+"""Routes and the router.
+
+A route is ``[SELECT *] FROM <source> [WHERE <condition>] INTO <sink>``. Endpoint ids, used by queues, the
+executor and the heads:
+
+* ``$upstream`` (any case) → ``"$upstream"``
+* ``BrokeredEndpoint("/modules/{m}/inputs/{i}")`` (function name in any case, either quotes) →
+  ``"/modules/{m}/inputs/{i}"``
+
+Source matching: the route's source is trimmed, loses one trailing ``*`` and then one trailing ``/``; it matches
+a message whose source, compared case-insensitively and both ending in ``/``, starts with it.
+
+The same-endpoint rule: when several matching routes name one endpoint, the message goes there once, at the
+highest priority (lowest number) among them, with that route's TTL; on equal priorities the longer TTL wins
+(a global TTL, ``None``, counts as longer than any set one), so no route's promise is cut short.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from edgehub.core import DEFAULT_PRIORITY, Message, RouteResult
+from edgehub.routing import ast
+from edgehub.routing.compiler import CompiledExpr, EvalContext, Tri, compile_expr, to_tri
+from edgehub.routing.errors import Problem, RouteCompileError, RouteError
+from edgehub.routing.parser import parse_condition_ast, parse_route_ast
+
+__all__ = [
+    "UPSTREAM",
+    "CompiledRoute",
+    "Condition",
+    "Route",
+    "RouteSpec",
+    "RouteVerdict",
+    "Router",
+    "compile_condition",
+    "normalise_source",
+    "parse_route",
+]
+
+log = logging.getLogger(__name__)
+
+UPSTREAM = "$upstream"
+MAX_TTL_SECS = 4_294_967_295
+_MODULE_INPUT = re.compile(r"^/modules/[^/]+/inputs/[^/]+$")
+
+
+class Condition:
+    """A compiled condition: call it with a message to get its ``Tri`` verdict."""
+
+    __slots__ = ("_fn", "text")
+
+    def __init__(self, text: str, compiled: CompiledExpr) -> None:
+        self.text = text
+        self._fn = compiled.fn
+
+    def __call__(self, message: Message) -> Tri:
+        return to_tri(self._fn(EvalContext(message)))
+
+    def evaluate(self, ctx: EvalContext) -> Any:
+        """The raw value (True, False, None, UNDEF or another value) against a shared context."""
+        return self._fn(ctx)
+
+    def __repr__(self) -> str:
+        return f"Condition({self.text!r})"
+
+
+def compile_condition(text: str, *, source: str | None = None) -> Condition:
+    """Parse, type-check and compile a condition. ``source``: the route's source, for twin_change_includes.
+
+    Raises RouteSyntaxError or RouteCompileError (both RouteError) listing every problem.
+    """
+    node = parse_condition_ast(text)
+    compiled, problems = compile_expr(node, source=source)
+    if problems:
+        raise RouteCompileError(text, problems)
+    return Condition(text, compiled)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A parsed route: its source, its condition's text (None without WHERE) and its sink, as written."""
+
+    source: str
+    condition: str | None
+    sink: str
+    endpoint: str
+    text: str
+
+
+def normalise_source(source: str) -> str:
+    """The prefix a message source (lower-cased, with a trailing '/') must start with."""
+    s = source.strip()
+    if s.endswith("*"):
+        s = s[:-1]
+    if s.endswith("/"):
+        s = s[:-1]
+    return s.lower() + "/"
+
+
+def _endpoint(text: str, sink: ast.SystemSink | ast.FunctionSink, problems: list[Problem]) -> str:
+    span = sink.span
+    if isinstance(sink, ast.SystemSink):
+        if sink.name.lower() == UPSTREAM:
+            return UPSTREAM
+        problems.append(Problem(span.line, span.column, f"unknown sink {sink.name!r}: expected $upstream", span.length))
+        return sink.name
+    if sink.function.lower() != "brokeredendpoint":
+        problems.append(
+            Problem(
+                span.line,
+                span.column,
+                f"unknown sink function {sink.function!r}: expected BrokeredEndpoint",
+                span.length,
+            )
+        )
+    elif not _MODULE_INPUT.match(sink.argument):
+        problems.append(
+            Problem(
+                span.line,
+                span.column,
+                f'BrokeredEndpoint needs "/modules/{{module}}/inputs/{{input}}", not {sink.argument!r}',
+                span.length,
+            )
+        )
+    return sink.argument
+
+
+def _compile_route(text: str) -> tuple[Route, CompiledExpr | None]:
+    tree = parse_route_ast(text)
+    problems: list[Problem] = []
+    compiled = None
+    if tree.condition is not None:
+        compiled, problems = compile_expr(tree.condition, source=normalise_source(tree.source))
+    endpoint = _endpoint(text, tree.sink, problems)
+    if problems:
+        problems.sort(key=lambda p: (p.line, p.column))
+        raise RouteCompileError(text, problems)
+    sink_text = (
+        tree.sink.name if isinstance(tree.sink, ast.SystemSink) else f'{tree.sink.function}("{tree.sink.argument}")'
+    )
+    return Route(tree.source, tree.condition_text, sink_text, endpoint, text), compiled
+
+
+def parse_route(text: str) -> Route:
+    """Parse and check a route (its condition compiled and type-checked too). Raises RouteError."""
+    return _compile_route(text)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSpec:
+    """A route with its priority (0-9, 0 highest; None: lower than 9) and TTL (None or 0: the global TTL)."""
+
+    route: str
+    priority: int | None = None
+    time_to_live_secs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.priority is not None and not (0 <= self.priority <= 9):
+            raise ValueError(f"priority must be 0-9, not {self.priority}")
+        if self.time_to_live_secs is not None and not (0 <= self.time_to_live_secs <= MAX_TTL_SECS):
+            raise ValueError(f"timeToLiveSecs must be 0..{MAX_TTL_SECS}, not {self.time_to_live_secs}")
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledRoute:
+    name: str
+    route: Route
+    prefix: str
+    condition: Any  # Fn or None
+    priority: int
+    ttl_s: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RouteVerdict:
+    """Why one route did or did not take one message (for ``edgehub routes test``)."""
+
+    name: str
+    route: Route
+    source_matched: bool
+    verdict: Tri | None  # None when the source did not match
+    reason: str
+    result: RouteResult | None
+
+
+def _better(new: RouteResult, old: RouteResult) -> bool:
+    if new.priority != old.priority:
+        return new.priority < old.priority
+    if old.ttl_s is None:
+        return False
+    return new.ttl_s is None or new.ttl_s > old.ttl_s
+
+
+class Router:
+    """Compiled routes. ``route(message)`` gives one RouteResult per endpoint the message goes to."""
+
+    def __init__(self, routes: Mapping[str, RouteSpec | str]) -> None:
+        compiled: list[CompiledRoute] = []
+        errors: list[RouteError] = []
+        for name, spec in routes.items():
+            if isinstance(spec, str):
+                spec = RouteSpec(route=spec)
+            try:
+                route, cond = _compile_route(spec.route)
+            except RouteError as exc:
+                errors.append(exc.with_route_name(name))
+                continue
+            compiled.append(
+                CompiledRoute(
+                    name=name,
+                    route=route,
+                    prefix=normalise_source(route.source),
+                    condition=cond.fn if cond is not None else None,
+                    priority=DEFAULT_PRIORITY if spec.priority is None else spec.priority,
+                    ttl_s=spec.time_to_live_secs or None,
+                )
+            )
+        if errors:
+            first = errors[0]
+            problems = [p for e in errors for p in e.problems]
+            # One error for the whole set; its text shows each route's problems under that route's text.
+            err = type(first)(first.text, problems[:1])
+            err.problems = problems
+            err.args = ("\n".join(str(e) for e in errors),)
+            raise err
+        self._routes = tuple(compiled)
+        self.undefined_count = 0
+
+    @property
+    def routes(self) -> tuple[CompiledRoute, ...]:
+        return self._routes
+
+    def route(self, message: Message) -> list[RouteResult]:
+        """Where ``message`` goes: one result per endpoint, in the order of the routes that chose it."""
+        ctx = EvalContext(message)
+        source = message.source.lower() + "/"
+        best: dict[str, RouteResult] = {}
+        for r in self._routes:
+            if not source.startswith(r.prefix):
+                continue
+            if r.condition is not None:
+                v = r.condition(ctx)
+                if v is not True:
+                    if v is not False and v is not None:
+                        self.undefined_count += 1
+                        log.debug("route.undefined route=%s source=%s", r.name, message.source)
+                    continue
+            result = RouteResult(endpoint=r.route.endpoint, priority=r.priority, ttl_s=r.ttl_s)
+            old = best.get(result.endpoint)
+            if old is None or _better(result, old):
+                best[result.endpoint] = result
+        return list(best.values())
+
+    def explain(self, message: Message) -> list[RouteVerdict]:
+        """Each route's verdict on ``message`` and why."""
+        ctx = EvalContext(message)
+        source = message.source.lower() + "/"
+        out = []
+        for r in self._routes:
+            if not source.startswith(r.prefix):
+                reason = f"source {message.source!r} is not under {r.route.source!r}"
+                out.append(RouteVerdict(r.name, r.route, False, None, reason, None))
+                continue
+            verdict = Tri.TRUE if r.condition is None else to_tri(r.condition(ctx))
+            reason = "no condition" if r.condition is None else f"condition is {verdict}"
+            result = (
+                RouteResult(endpoint=r.route.endpoint, priority=r.priority, ttl_s=r.ttl_s)
+                if verdict is Tri.TRUE
+                else None
+            )
+            out.append(RouteVerdict(r.name, r.route, True, verdict, reason, result))
+        return out
