@@ -1,0 +1,138 @@
+"""The ``$edgeHub`` desired properties, validated at the boundary with pydantic (its one home).
+
+Accepted documents: a full deployment manifest (``modulesContent.$edgeHub.properties.desired``) or the desired
+properties alone. Rules (ROUTE_LANGUAGE.md, "Routes in the manifest"):
+
+* ``schemaVersion``: major 1, minor 0-3, written ``"1.1"`` or ``"1.1.0"``; ``"1"`` and ``"2.0"`` are refused.
+* ``routes``: name → route string; from schema 1.1 also ``{"route", "priority" 0-9, "timeToLiveSecs"}``.
+  Route names match ``^[^\\.\\$# ]+$``.
+* ``storeAndForwardConfiguration.timeToLiveSecs``: the global TTL (default 7200 s, as Azure IoT Edge).
+
+Errors are ``ManifestError`` (a ConfigurationError) naming the field; route text errors stay RouteErrors.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from edgehub.core import ConfigurationError
+from edgehub.routing import RouteSpec
+
+__all__ = [
+    "DEFAULT_TTL_SECS",
+    "EdgeHubDesired",
+    "ManifestError",
+    "RouteObject",
+    "StoreAndForwardConfiguration",
+    "load_desired",
+    "load_desired_file",
+]
+
+DEFAULT_TTL_SECS = 7200
+_SCHEMA = re.compile(r"^1\.([0-3])(?:\.0)?$")
+_ROUTE_NAME = re.compile(r"^[^\.\$# ]+$")
+
+
+class ManifestError(ConfigurationError):
+    """A manifest that cannot be applied; the running configuration stays."""
+
+
+class RouteObject(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    route: str
+    priority: int | None = Field(default=None, ge=0, le=9)
+    timeToLiveSecs: int | None = Field(default=None, ge=0, le=4_294_967_295)
+
+
+class StoreAndForwardConfiguration(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    timeToLiveSecs: int = Field(default=DEFAULT_TTL_SECS, ge=0, le=4_294_967_295)
+
+
+class EdgeHubDesired(BaseModel):
+    """The ``$edgeHub`` desired properties (fields this hub does not know yet are kept, not refused)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    schemaVersion: str
+    routes: dict[str, str | RouteObject] = Field(default_factory=dict)
+    storeAndForwardConfiguration: StoreAndForwardConfiguration = Field(
+        default_factory=StoreAndForwardConfiguration
+    )
+
+    @field_validator("schemaVersion")
+    @classmethod
+    def _schema_version(cls, v: str) -> str:
+        if not _SCHEMA.match(v):
+            raise ValueError(f"schemaVersion {v!r} is not supported: major 1, minor 0-3 (e.g. '1.1')")
+        return v
+
+    @field_validator("routes")
+    @classmethod
+    def _route_names(cls, v: dict[str, str | RouteObject]) -> dict[str, str | RouteObject]:
+        for name in v:
+            if not _ROUTE_NAME.match(name):
+                raise ValueError(f"route name {name!r} must not be empty or contain '.', '$', '#' or spaces")
+        return v
+
+    @model_validator(mode="after")
+    def _objects_need_schema_1_1(self) -> EdgeHubDesired:
+        m = _SCHEMA.match(self.schemaVersion)
+        if m and m.group(1) == "0":
+            objects = [n for n, r in self.routes.items() if isinstance(r, RouteObject)]
+            if objects:
+                raise ValueError(f"routes {objects} are objects, which need schemaVersion 1.1 or later")
+        return self
+
+    @property
+    def time_to_live_secs(self) -> int:
+        return self.storeAndForwardConfiguration.timeToLiveSecs
+
+    def route_specs(self) -> dict[str, RouteSpec]:
+        """The routes as the router takes them."""
+        out = {}
+        for name, r in self.routes.items():
+            if isinstance(r, str):
+                out[name] = RouteSpec(route=r)
+            else:
+                out[name] = RouteSpec(route=r.route, priority=r.priority, time_to_live_secs=r.timeToLiveSecs)
+        return out
+
+
+def load_desired(document: Any) -> EdgeHubDesired:
+    """The ``$edgeHub`` desired properties of a deployment manifest or of the properties alone."""
+    if not isinstance(document, dict):
+        raise ManifestError("a manifest is a JSON object")
+    desired = document
+    if "modulesContent" in document:
+        try:
+            desired = document["modulesContent"]["$edgeHub"]["properties.desired"]
+        except (KeyError, TypeError) as exc:
+            raise ManifestError("deployment manifest has no modulesContent.$edgeHub.properties.desired") from exc
+    try:
+        return EdgeHubDesired.model_validate(desired)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors(include_url=False)
+        )
+        raise ManifestError(f"invalid $edgeHub desired properties: {problems}") from exc
+
+
+def load_desired_file(path: str | Path) -> EdgeHubDesired:
+    """Read and validate a manifest file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ManifestError(f"cannot read manifest {path}: {exc.strerror}") from exc
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{path}: not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from exc
+    return load_desired(document)

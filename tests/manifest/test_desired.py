@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgehub.manifest import DEFAULT_TTL_SECS, ManifestError, load_desired, load_desired_file
+from edgehub.routing import RouteSpec
+
+
+def desired(**kw: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {"schemaVersion": "1.1", "routes": {"r": "FROM /* INTO $upstream"}}
+    doc.update(kw)
+    return doc
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.1", "1.1.0", "1.2", "1.3", "1.3.0"])
+def test_schema_versions_with_major_1_and_minor_0_to_3_are_accepted(version: str) -> None:
+    assert load_desired(desired(schemaVersion=version)).schemaVersion == version
+
+
+@pytest.mark.parametrize("version", ["1", "2.0", "1.4", "1.1.1", "", "v1.1"])
+def test_other_schema_versions_are_refused(version: str) -> None:
+    with pytest.raises(ManifestError, match="schemaVersion"):
+        load_desired(desired(schemaVersion=version))
+
+
+def test_route_objects_carry_priority_and_ttl() -> None:
+    d = load_desired(
+        desired(
+            routes={
+                "plain": "FROM /* INTO $upstream",
+                "obj": {"route": "FROM /messages INTO $upstream", "priority": 2, "timeToLiveSecs": 30},
+            },
+            storeAndForwardConfiguration={"timeToLiveSecs": 99},
+        )
+    )
+    assert d.route_specs() == {
+        "plain": RouteSpec(route="FROM /* INTO $upstream"),
+        "obj": RouteSpec(route="FROM /messages INTO $upstream", priority=2, time_to_live_secs=30),
+    }
+    assert d.time_to_live_secs == 99
+
+
+def test_global_ttl_defaults_as_azure_iot_edge() -> None:
+    assert load_desired(desired()).time_to_live_secs == DEFAULT_TTL_SECS
+
+
+@pytest.mark.parametrize(
+    ("routes", "fragment"),
+    [
+        ({"a.b": "FROM /* INTO $upstream"}, "route name 'a.b'"),
+        ({"$a": "FROM /* INTO $upstream"}, "route name '$a'"),
+        ({"a b": "FROM /* INTO $upstream"}, "route name 'a b'"),
+        ({"a#": "FROM /* INTO $upstream"}, "route name 'a#'"),
+        ({"r": {"route": "FROM /* INTO $upstream", "priority": 10}}, "priority"),
+        ({"r": {"route": "FROM /* INTO $upstream", "timeToLiveSecs": -1}}, "timeToLiveSecs"),
+        ({"r": {"route": "FROM /* INTO $upstream", "extra": 1}}, "extra"),
+    ],
+)
+def test_bad_routes_sections_are_refused_naming_the_field(routes: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(ManifestError, match=fragment.replace("$", r"\$")):
+        load_desired(desired(routes=routes))
+
+
+def test_route_objects_need_schema_1_1() -> None:
+    with pytest.raises(ManifestError, match=r"need schemaVersion 1\.1"):
+        load_desired(desired(schemaVersion="1.0", routes={"r": {"route": "FROM /* INTO $upstream"}}))
+
+
+def test_full_deployment_manifest_or_desired_properties_alone() -> None:
+    full = {"modulesContent": {"$edgeHub": {"properties.desired": desired()}}}
+    assert load_desired(full).routes == load_desired(desired()).routes
+    with pytest.raises(ManifestError, match=r"no modulesContent.\$edgeHub"):
+        load_desired({"modulesContent": {}})
+
+
+def test_files_that_are_not_json_say_where(tmp_path: Path) -> None:
+    p = tmp_path / "m.json"
+    p.write_text('{"schemaVersion": "1.1",\n  "routes": }')
+    with pytest.raises(ManifestError, match="line 2"):
+        load_desired_file(p)
+    with pytest.raises(ManifestError, match="cannot read"):
+        load_desired_file(tmp_path / "missing.json")

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from edgehub.runtime.cli import DEFAULT_MANIFEST, main
+
+
+def write(path: Path, doc: object) -> str:
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_routes_check_accepts_the_default_manifest() -> None:
+    result = CliRunner().invoke(main, ["routes", "check", str(DEFAULT_MANIFEST)])
+    assert result.exit_code == 0, result.output
+    assert "ok: 2 routes" in result.output
+    assert "alerts: priority=0 ttl=86400s endpoint=$upstream" in result.output
+
+
+def test_routes_check_prints_every_error_with_a_caret_and_exits_1(tmp_path: Path) -> None:
+    manifest = write(
+        tmp_path / "m.json",
+        {
+            "schemaVersion": "1.1",
+            "routes": {
+                "a": "FROM /* WHERE temp > 5 INTO $upstream",
+                "b": {"route": "FROM /x INTO $nope", "priority": 1},
+            },
+        },
+    )
+    result = CliRunner().invoke(main, ["routes", "check", manifest])
+    assert result.exit_code == 1
+    assert "route 'a', line 1, column 20: operator '>'" in result.output
+    assert "route 'b', line 1, column 14: unknown sink '$nope'" in result.output
+    assert "\n                 ^^^^^" in result.output
+
+
+def test_routes_check_refuses_a_bad_manifest(tmp_path: Path) -> None:
+    manifest = write(tmp_path / "m.json", {"schemaVersion": "2.0", "routes": {}})
+    result = CliRunner().invoke(main, ["routes", "check", manifest])
+    assert result.exit_code == 1
+    assert "schemaVersion '2.0' is not supported" in result.output
+
+
+def test_routes_test_shows_each_verdict_and_the_result(tmp_path: Path) -> None:
+    manifest = write(
+        tmp_path / "m.json",
+        {
+            "modulesContent": {
+                "$edgeHub": {
+                    "properties.desired": {
+                        "schemaVersion": "1.1",
+                        "routes": {
+                            "hot": {"route": "FROM /messages/* WHERE $body.t > 20 INTO $upstream", "priority": 1},
+                            "mods": "FROM /messages/modules/* INTO $upstream",
+                            "never": "FROM /* WHERE missing = 'x' INTO BrokeredEndpoint('/modules/m/inputs/i')",
+                        },
+                        "storeAndForwardConfiguration": {"timeToLiveSecs": 300},
+                    }
+                }
+            }
+        },
+    )
+    message = write(
+        tmp_path / "msg.json",
+        {
+            "body": {"t": 21},
+            "properties": {"a": "1"},
+            "systemProperties": {
+                "connectionDeviceId": "d1",
+                "contentType": "application/json",
+                "contentEncoding": "utf-8",
+            },
+        },
+    )
+    result = CliRunner().invoke(main, ["routes", "test", manifest, message])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "message source: /messages" in lines
+    assert "hot: TRUE  (condition is TRUE)" in lines
+    assert "mods: -  (source '/messages' is not under '/messages/modules/*')" in lines
+    assert "never: UNDEFINED  (condition is UNDEFINED)" in lines
+    assert "result: endpoint=$upstream priority=1 ttl_s=300 (global)" in lines
+
+
+def test_run_prints_the_version_and_compiled_default_routes() -> None:
+    result = CliRunner().invoke(main, ["run"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("edgehub 0.1.0\n")
+    assert "telemetry: priority=5 ttl=604800s endpoint=$upstream" in result.output
