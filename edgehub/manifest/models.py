@@ -63,9 +63,7 @@ class EdgeHubDesired(BaseModel):
 
     schemaVersion: str
     routes: dict[str, str | RouteObject] = Field(default_factory=dict)
-    storeAndForwardConfiguration: StoreAndForwardConfiguration = Field(
-        default_factory=StoreAndForwardConfiguration
-    )
+    storeAndForwardConfiguration: StoreAndForwardConfiguration = Field(default_factory=StoreAndForwardConfiguration)
 
     @field_validator("schemaVersion")
     @classmethod
