@@ -23,14 +23,23 @@ from edgehub.core import DEFAULT_PRIORITY, RouteResult
 from edgehub.routing import Router, RouteSpec
 
 UP = "$upstream"
-HOT, LEVEL, DIAG, FAULT = "/modules/alerter/inputs/hot", "/modules/alerter/inputs/level", "/modules/diag/inputs/in", (
-    "/modules/maint/inputs/faults"
+HOT, LEVEL, DIAG, FAULT = (
+    "/modules/alerter/inputs/hot",
+    "/modules/alerter/inputs/level",
+    "/modules/diag/inputs/in",
+    ("/modules/maint/inputs/faults"),
 )
-NORTH, BATCH, PRESS, JSONV = "/modules/north/inputs/in", "/modules/batch/inputs/in", "/modules/press/inputs/in", (
-    "/modules/compat/inputs/v1"
+NORTH, BATCH, PRESS, JSONV = (
+    "/modules/north/inputs/in",
+    "/modules/batch/inputs/in",
+    "/modules/press/inputs/in",
+    ("/modules/compat/inputs/v1"),
 )
-ZONE, FRAMES, SERIAL, GEO = "/modules/zone/inputs/in", "/modules/vision/inputs/frames", "/modules/inv/inputs/serial", (
-    "/modules/geo/inputs/in"
+ZONE, FRAMES, SERIAL, GEO = (
+    "/modules/zone/inputs/in",
+    "/modules/vision/inputs/frames",
+    "/modules/inv/inputs/serial",
+    ("/modules/geo/inputs/in"),
 )
 DELTA, HB = "/modules/drift/inputs/in", "/modules/monitor/inputs/hb"
 
@@ -38,7 +47,8 @@ ROUTES: dict[str, RouteSpec] = {
     "alerts": RouteSpec("FROM /messages/* WHERE alert = 'true' INTO $upstream", 0, 86400),
     "telemetry": RouteSpec("FROM /messages/* INTO $upstream", 5, 604800),
     "hot": RouteSpec(
-        f'FROM /messages/modules/sensor/outputs/temperature WHERE $body.temperature > 30 INTO BrokeredEndpoint("{HOT}")',
+        "FROM /messages/modules/sensor/outputs/temperature WHERE $body.temperature > 30 "
+        f'INTO BrokeredEndpoint("{HOT}")',
         1,
     ),
     "level": RouteSpec(f'FROM /messages/modules/sensor/* WHERE as_number(level) >= 3 INTO BrokeredEndpoint("{LEVEL}")'),
@@ -47,7 +57,9 @@ ROUTES: dict[str, RouteSpec] = {
         f"FROM /messages/* WHERE starts_with($connectionDeviceId, 'gw-') AND kind = 'diag' "
         f'INTO BrokeredEndpoint("{DIAG}")'
     ),
-    "fault": RouteSpec(f"FROM /messages/* WHERE $body.status = 'fault' OR $body.errors > 0 INTO BrokeredEndpoint('{FAULT}')", 0),
+    "fault": RouteSpec(
+        f"FROM /messages/* WHERE $body.status = 'fault' OR $body.errors > 0 INTO BrokeredEndpoint('{FAULT}')", 0
+    ),
     "north": RouteSpec(f"FROM /messages/modules/* WHERE lower(site) = 'north' INTO BrokeredEndpoint('{NORTH}')"),
     "batch": RouteSpec(
         f"FROM /messages/* WHERE is_defined(batch) AND as_number(batch) % 10 = 0 INTO BrokeredEndpoint('{BATCH}')"
@@ -193,10 +205,9 @@ def hand_route(m: Message) -> list[RouteResult]:
             hits.append((JSONV, DEFAULT_PRIORITY, None))
         if p.get("priority") == "high":
             hits.append((UP, 1, 600))
-        if p.get("zone") in ("a", "b") and p.get("mode") != "test":
-            # NOT (mode = 'test') is UNDEFINED when mode is missing, and AND with UNDEFINED is not TRUE
-            if "mode" in p:
-                hits.append((ZONE, DEFAULT_PRIORITY, None))
+        # NOT (mode = 'test') is UNDEFINED when mode is missing, and AND with UNDEFINED is not TRUE
+        if p.get("zone") in ("a", "b") and "mode" in p and p["mode"] != "test":
+            hits.append((ZONE, DEFAULT_PRIORITY, None))
         if source.startswith("/messages/modules/camera/"):
             hits.append((FRAMES, 6, None))
         serial = p.get("serial")
@@ -269,7 +280,9 @@ def main(argv: list[str] | None = None) -> None:
         "hand_evals_per_s": round(n * r / t_hand),
         "ratio": round(t_hand / t_compiled, 3),
     }
-    print(f"compiled router: {result['compiled_msgs_per_s']:,} msgs/s ({result['compiled_evals_per_s']:,} route evals/s)")
+    print(
+        f"compiled router: {result['compiled_msgs_per_s']:,} msgs/s ({result['compiled_evals_per_s']:,} route evals/s)"
+    )
     print(f"hand-written:    {result['hand_msgs_per_s']:,} msgs/s ({result['hand_evals_per_s']:,} route evals/s)")
     print(f"ratio compiled/hand: {result['ratio']} (target >= 0.5); verdicts identical on all {n} messages")
     print(json.dumps(result))

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from edgehub.core import Message
+from edgehub.core import Message, SystemProperty
 from edgehub.routing import ast
 from edgehub.routing.errors import Problem
 
@@ -109,6 +110,23 @@ class EvalContext:
 
 
 Fn = Callable[[EvalContext], Any]
+
+# The heads store system properties under these canonical names, so a route's name (any case) is mapped to
+# its canonical spelling once, at compile time; unknown names fall back to a case-insensitive lookup.
+_CANONICAL_SYS = {p.value.lower(): p.value for p in SystemProperty}
+
+
+def _sys_getter(lname: str) -> Fn:
+    canonical = _CANONICAL_SYS.get(lname)
+    if canonical is None:
+        return lambda ctx: ctx.sys(lname)
+
+    def get(ctx: EvalContext) -> Any:
+        v = ctx.message.system_properties.get(canonical, UNDEF)
+        return ctx.sys(lname) if v is UNDEF else v
+
+    return get
+
 
 NUMBER, STRING, BOOL, NULL, UNDEFINED, ANY = "number", "string", "bool", "null", "undefined", "any"
 _FLEX = frozenset({ANY, NULL, UNDEFINED})
@@ -207,13 +225,15 @@ def _compare(op: str) -> Callable[[Any, Any], Any]:
     return apply
 
 
-def _truth(v: Any) -> Any:
-    """A value in a logical context: True, False (false or null) or UNDEF."""
-    if v is True or v is False:
-        return v
-    if v is None:
-        return False
-    return UNDEF
+_FAST_OPS: dict[str, Callable[[Any, Any], bool]] = {
+    "=": operator.eq,
+    "!=": operator.ne,
+    "<>": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
 
 
 # ---------------------------------------------------------------- built-ins
@@ -430,8 +450,7 @@ class _Compiler:
         if node.escaped:
             if body is not None:
                 return CompiledExpr(ANY, body)
-            sysname = lname[1:]
-            return CompiledExpr(STRING, lambda ctx: ctx.sys(sysname))
+            return CompiledExpr(STRING, _sys_getter(lname[1:]))
         if body is not None:
             body_fn = body
 
@@ -440,11 +459,11 @@ class _Compiler:
                 return body_fn(ctx) if v is UNDEF else v
 
             return CompiledExpr(ANY, app_or_body)
-        sysname = lname[1:]
+        sys_get = _sys_getter(lname[1:])
 
         def app_or_sys(ctx: EvalContext) -> Any:
             v = ctx.props.get(lname, UNDEF)
-            return ctx.sys(sysname) if v is UNDEF else v
+            return sys_get(ctx) if v is UNDEF else v
 
         return CompiledExpr(STRING, app_or_sys)
 
@@ -480,6 +499,26 @@ class _Compiler:
         if builtin.sees_undefined and fns:
             f0 = fns[0]  # arity was checked: the is_* functions take exactly one argument
             return CompiledExpr(builtin.result, lambda ctx: impl(f0(ctx)))
+
+        if len(fns) == 1:
+            (g0,) = fns
+
+            def call1(ctx: EvalContext) -> Any:
+                v = g0(ctx)
+                return UNDEF if v is UNDEF else impl(v)
+
+            return CompiledExpr(builtin.result, call1)
+        if len(fns) == 2:
+            g0, g1 = fns
+
+            def call2(ctx: EvalContext) -> Any:
+                a = g0(ctx)
+                if a is UNDEF:
+                    return UNDEF
+                b = g1(ctx)
+                return UNDEF if b is UNDEF else impl(a, b)
+
+            return CompiledExpr(builtin.result, call2)
 
         def call(ctx: EvalContext) -> Any:
             values = [f(ctx) for f in fns]
@@ -553,24 +592,25 @@ class _Compiler:
             if op == "AND":
 
                 def and_(ctx: EvalContext) -> Any:
-                    a = _truth(lf(ctx))
-                    if a is False:
+                    a = lf(ctx)
+                    if a is False or a is None:  # FALSE wins; null is false
                         return False
-                    b = _truth(rf(ctx))
-                    if b is False:
+                    b = rf(ctx)
+                    if b is False or b is None:
                         return False
-                    return UNDEF if a is UNDEF or b is UNDEF else True
+                    return True if a is True and b is True else UNDEF
 
                 return CompiledExpr(BOOL, and_)
 
             def or_(ctx: EvalContext) -> Any:
-                a = _truth(lf(ctx))
+                a = lf(ctx)
                 if a is True:
                     return True
-                b = _truth(rf(ctx))
+                b = rf(ctx)
                 if b is True:
                     return True
-                return UNDEF if a is UNDEF or b is UNDEF else False
+                a_false = a is False or a is None
+                return False if a_false and (b is False or b is None) else UNDEF
 
             return CompiledExpr(BOOL, or_)
         if op in ("+", "-", "*", "/", "%"):
@@ -593,10 +633,25 @@ class _Compiler:
 
             return CompiledExpr(result_type, coalesce)
         compare = _compare(op)
-        # The common case, a property against a string literal, gets one closure instead of three.
-        if isinstance(node.left, ast.Property) and isinstance(node.right, ast.StringLit):
-            key, lit = node.left.name.lower(), node.right.value
-            return CompiledExpr(BOOL, lambda ctx: compare(ctx.props.get(key, UNDEF), lit))
+        # The common cases, anything against a literal, get one closure and a C-level operator when the
+        # value has the literal's type; the general compare handles undefined, null and body type mismatches.
+        if isinstance(node.right, ast.StringLit | ast.NumberLit | ast.BoolLit):
+            lit: Any = node.right.value
+            lit_type, fast = type(lit), _FAST_OPS[op]
+            if isinstance(node.left, ast.Property):
+                key = node.left.name.lower()
+
+                def prop_vs_literal(ctx: EvalContext) -> Any:
+                    a = ctx.props.get(key, UNDEF)
+                    return fast(a, lit) if type(a) is lit_type else compare(a, lit)
+
+                return CompiledExpr(BOOL, prop_vs_literal)
+
+            def expr_vs_literal(ctx: EvalContext) -> Any:
+                a = lf(ctx)
+                return fast(a, lit) if type(a) is lit_type else compare(a, lit)
+
+            return CompiledExpr(BOOL, expr_vs_literal)
         return CompiledExpr(BOOL, lambda ctx: compare(lf(ctx), rf(ctx)))
 
 

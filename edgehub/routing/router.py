@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 UPSTREAM = "$upstream"
 MAX_TTL_SECS = 4_294_967_295
+_SOURCE_CACHE_SIZE = 4096
 _MODULE_INPUT = re.compile(r"^/modules/[^/]+/inputs/[^/]+$")
 
 
@@ -174,6 +175,7 @@ class CompiledRoute:
     condition: Any  # Fn or None
     priority: int
     ttl_s: int | None
+    result: RouteResult  # what the route gives when it matches (constant, so built once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +220,11 @@ class Router:
                     condition=cond.fn if cond is not None else None,
                     priority=DEFAULT_PRIORITY if spec.priority is None else spec.priority,
                     ttl_s=spec.time_to_live_secs or None,
+                    result=RouteResult(
+                        endpoint=route.endpoint,
+                        priority=DEFAULT_PRIORITY if spec.priority is None else spec.priority,
+                        ttl_s=spec.time_to_live_secs or None,
+                    ),
                 )
             )
         if errors:
@@ -230,6 +237,9 @@ class Router:
             raise err
         self._routes = tuple(compiled)
         self.undefined_count = 0
+        # Which routes a message source can match depends on the source alone: cached per source (sources
+        # are few: one per device kind, module and output), and cleared if a flood of odd sources fills it.
+        self._by_source: dict[str, tuple[CompiledRoute, ...]] = {}
 
     @property
     def routes(self) -> tuple[CompiledRoute, ...]:
@@ -237,12 +247,16 @@ class Router:
 
     def route(self, message: Message) -> list[RouteResult]:
         """Where ``message`` goes: one result per endpoint, in the order of the routes that chose it."""
+        routes = self._by_source.get(message.source)
+        if routes is None:
+            source = message.source.lower() + "/"
+            routes = tuple(r for r in self._routes if source.startswith(r.prefix))
+            if len(self._by_source) >= _SOURCE_CACHE_SIZE:
+                self._by_source.clear()
+            self._by_source[message.source] = routes
         ctx = EvalContext(message)
-        source = message.source.lower() + "/"
         best: dict[str, RouteResult] = {}
-        for r in self._routes:
-            if not source.startswith(r.prefix):
-                continue
+        for r in routes:
             if r.condition is not None:
                 v = r.condition(ctx)
                 if v is not True:
@@ -250,7 +264,7 @@ class Router:
                         self.undefined_count += 1
                         log.debug("route.undefined route=%s source=%s", r.name, message.source)
                     continue
-            result = RouteResult(endpoint=r.route.endpoint, priority=r.priority, ttl_s=r.ttl_s)
+            result = r.result
             old = best.get(result.endpoint)
             if old is None or _better(result, old):
                 best[result.endpoint] = result
