@@ -4,6 +4,8 @@ import pytest
 
 import edgehub
 import edgehub.core
+import edgehub.manifest
+import edgehub.routing
 from edgehub import Message
 from edgehub.core import Identity
 
@@ -56,6 +58,6 @@ def test_identity_parses_and_prints_device_and_module() -> None:
 
 
 def test_all_lists_are_complete() -> None:
-    for module in (edgehub, edgehub.core):
+    for module in (edgehub, edgehub.core, edgehub.routing, edgehub.manifest):
         public = {n for n in vars(module) if not n.startswith("_") and n[0].isupper()}
         assert public <= set(module.__all__), public - set(module.__all__)
