@@ -147,7 +147,10 @@ def _scalar(value: Any) -> Any:
     if value is None or value is True or value is False or type(value) is str:
         return value
     if type(value) is int:
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # a JSON integer beyond the double range is an infinity, as IEEE parses it
+            return math.inf if value > 0 else -math.inf
     if type(value) is float:
         return value if value == value else UNDEF
     return UNDEF  # objects and arrays

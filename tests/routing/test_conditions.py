@@ -271,6 +271,13 @@ def test_body_queries_need_json_content_type_and_utf_encoding(sys: dict[str, str
     assert compile_condition("$body.t = 21")(m) is expected
 
 
+def test_a_body_integer_beyond_the_double_range_is_infinite_not_an_error() -> None:
+    m = msg(body={"big": 10**400, "neg": -(10**400)})
+    assert compile_condition("$body.big > 1e308")(m) is T
+    assert compile_condition("$body.neg < -1e308")(m) is T
+    assert compile_condition("is_number($body.big)")(m) is F
+
+
 def test_an_application_property_named_like_a_body_query_wins() -> None:
     m = msg(props={"$body.t": "app"}, body={"t": 21})
     assert compile_condition("$body.t = 'app'")(m) is T
