@@ -1,0 +1,149 @@
+"""The RocksDB backend, through rocksdict in raw mode. The only module that imports rocksdict; every error it
+raises is translated here: a refused write becomes ``StorageIOError`` (the batch is atomic, so nothing of it
+was applied and the store stays usable), use after close becomes ``StoreClosedError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import rocksdict
+
+from edgehub.core import StorageIOError, StoreClosedError, StoreError
+from edgehub.store.backend import Op
+
+__all__ = ["RocksBackend"]
+
+log = logging.getLogger(__name__)
+
+
+def _options() -> rocksdict.Options:
+    opts = rocksdict.Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    return opts
+
+
+class RocksBackend:
+    """A RocksDB database at ``path``; column families are created on first use."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._path = str(path)
+        Path(self._path).mkdir(parents=True, exist_ok=True)
+        try:
+            names = rocksdict.Rdict.list_cf(self._path, rocksdict.Options(raw_mode=True))
+        except Exception:
+            names = ["default"]  # a new database
+        try:
+            self._db = rocksdict.Rdict(
+                self._path, _options(), column_families={n: rocksdict.Options(raw_mode=True) for n in names}
+            )
+        except Exception as exc:
+            raise StorageIOError(f"cannot open store at {self._path}: {exc}") from exc
+        self._cfs: dict[str, rocksdict.Rdict] = {n: self._db.get_column_family(n) for n in names}
+        self._handles = {n: self._db.get_column_family_handle(n) for n in names}
+        self._lock = threading.Lock()  # guards family creation; RocksDB itself is thread safe
+        self._sync = rocksdict.WriteOptions()
+        self._sync.sync = True
+        self._nosync = rocksdict.WriteOptions()
+        self._closed = False
+
+    def _live(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"the store at {self._path} is closed")
+
+    def families(self) -> list[str]:
+        self._live()
+        return list(self._cfs)
+
+    def ensure_family(self, name: str) -> None:
+        self._live()
+        if name in self._cfs:
+            return
+        with self._lock:
+            if name in self._cfs:
+                return
+            try:
+                cf = self._db.create_column_family(name, rocksdict.Options(raw_mode=True))
+            except Exception as exc:
+                raise StorageIOError(f"cannot create column family {name!r}: {exc}") from exc
+            self._handles[name] = self._db.get_column_family_handle(name)
+            self._cfs[name] = cf
+
+    def get(self, family: str, key: bytes) -> bytes | None:
+        self._live()
+        cf = self._cfs.get(family)
+        if cf is None:
+            return None
+        value = cf.get(key)
+        return None if value is None else bytes(value)
+
+    def multi_get(self, family: str, keys: Sequence[bytes]) -> list[bytes | None]:
+        self._live()
+        cf = self._cfs.get(family)
+        if cf is None or not keys:
+            return [None] * len(keys)
+        values = cf.get(list(keys))
+        return [None if v is None else bytes(v) for v in (values or [])]
+
+    def scan(self, family: str, from_key: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        self._live()
+        cf = self._cfs.get(family)
+        if cf is None or limit <= 0:
+            return []
+        it = cf.iter()
+        it.seek(from_key)
+        out: list[tuple[bytes, bytes]] = []
+        while it.valid() and len(out) < limit:
+            out.append((it.key(), it.value()))
+            it.next()
+        return out
+
+    def last_key(self, family: str) -> bytes | None:
+        self._live()
+        cf = self._cfs.get(family)
+        if cf is None:
+            return None
+        it = cf.iter()
+        it.seek_to_last()
+        return bytes(it.key()) if it.valid() else None
+
+    def write(self, ops: Sequence[Op], *, sync: bool) -> None:
+        self._live()
+        for family, _, _ in ops:
+            if family not in self._cfs:
+                self.ensure_family(family)
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for family, key, value in ops:
+            if value is None:
+                batch.delete(key, self._handles[family])
+            else:
+                batch.put(key, value, self._handles[family])
+        try:
+            self._db.write(batch, self._sync if sync else self._nosync)
+        except rocksdict.DbClosedError as exc:
+            raise StoreClosedError(f"the store at {self._path} is closed") from exc
+        except Exception as exc:
+            log.warning("store.write_failed path=%s error=%s", self._path, exc)
+            raise StorageIOError(f"write to {self._path} failed: {exc}") from exc
+
+    def sync_wal(self) -> None:
+        self._live()
+        try:
+            self._db.flush_wal(True)
+        except Exception as exc:
+            raise StorageIOError(f"sync of {self._path} failed: {exc}") from exc
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._cfs.clear()
+            self._handles.clear()
+            self._db.close()
+        except Exception as exc:
+            raise StoreError(f"close of {self._path} failed: {exc}") from exc
