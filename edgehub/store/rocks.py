@@ -5,6 +5,7 @@ was applied and the store stays usable), use after close becomes ``StoreClosedEr
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from collections.abc import Sequence
@@ -33,6 +34,15 @@ class RocksBackend:
     def __init__(self, path: str | Path) -> None:
         self._path = str(path)
         Path(self._path).mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()  # guards family creation and reopening; RocksDB itself is thread safe
+        self._sync = rocksdict.WriteOptions()
+        self._sync.sync = True
+        self._nosync = rocksdict.WriteOptions()
+        self._closed = False
+        self._failed = False
+        self._open()
+
+    def _open(self) -> None:
         try:
             names = rocksdict.Rdict.list_cf(self._path, rocksdict.Options(raw_mode=True))
         except Exception:
@@ -45,11 +55,27 @@ class RocksBackend:
             raise StorageIOError(f"cannot open store at {self._path}: {exc}") from exc
         self._cfs: dict[str, rocksdict.Rdict] = {n: self._db.get_column_family(n) for n in names}
         self._handles = {n: self._db.get_column_family_handle(n) for n in names}
-        self._lock = threading.Lock()  # guards family creation; RocksDB itself is thread safe
-        self._sync = rocksdict.WriteOptions()
-        self._sync.sync = True
-        self._nosync = rocksdict.WriteOptions()
-        self._closed = False
+
+    def _recover(self) -> None:
+        """After a failed write RocksDB refuses every later write (a sticky background error) and rocksdict
+        offers no ``Resume``; closing and reopening replays the WAL without the failed batch."""
+        with self._lock:
+            if not self._failed:
+                return
+            self._cfs.clear()
+            self._handles.clear()
+            db = getattr(self, "_db", None)
+            if db is not None:
+                try:
+                    db.close()
+                except Exception as exc:
+                    log.info("store.close_after_failure path=%s error=%s", self._path, exc)
+                # close() raised before releasing the database: dropping the last reference releases its LOCK
+                del self._db, db
+                gc.collect()
+            self._open()
+            self._failed = False
+            log.info("store.reopened_after_failure path=%s", self._path)
 
     def _live(self) -> None:
         if self._closed:
@@ -113,6 +139,8 @@ class RocksBackend:
 
     def write(self, ops: Sequence[Op], *, sync: bool) -> None:
         self._live()
+        if self._failed:
+            self._recover()
         for family, _, _ in ops:
             if family not in self._cfs:
                 self.ensure_family(family)
@@ -128,6 +156,7 @@ class RocksBackend:
             raise StoreClosedError(f"the store at {self._path} is closed") from exc
         except Exception as exc:
             log.warning("store.write_failed path=%s error=%s", self._path, exc)
+            self._failed = True
             raise StorageIOError(f"write to {self._path} failed: {exc}") from exc
 
     def sync_wal(self) -> None:
@@ -135,15 +164,17 @@ class RocksBackend:
         try:
             self._db.flush_wal(True)
         except Exception as exc:
+            self._failed = True
             raise StorageIOError(f"sync of {self._path} failed: {exc}") from exc
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self._cfs.clear()
+        self._handles.clear()
         try:
-            self._cfs.clear()
-            self._handles.clear()
             self._db.close()
         except Exception as exc:
-            raise StoreError(f"close of {self._path} failed: {exc}") from exc
+            if not self._failed:
+                raise StoreError(f"close of {self._path} failed: {exc}") from exc
