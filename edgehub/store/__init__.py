@@ -1,5 +1,8 @@
 """edgehub.store: durable queues of message references over RocksDB (rocksdict) or memory.
 
+``edgehub.store.rocks.open_rocks_store(path, ...)`` opens the RocksDB store; that module is the only one that
+imports rocksdict, and this package does not import it (so layers above never load rocksdict through it).
+
 See ``edgehub.store.store`` for the API the hub and the executors call, and its invariants.
 """
 
@@ -11,6 +14,7 @@ from edgehub.store.store import (
     DeadLetter,
     EnqueueReceipt,
     FsyncPolicy,
+    Reference,
     RemovalReason,
     Store,
     StoredItem,
@@ -25,6 +29,7 @@ __all__ = [
     "GroupCommitter",
     "MemoryBackend",
     "QueueId",
+    "Reference",
     "RemovalReason",
     "Store",
     "StoredItem",

@@ -75,7 +75,9 @@ class MemoryBackend:
         keys = self._keys.get(family, [])
         d = self._data.get(family, {})
         i = bisect.bisect_left(keys, from_key)
-        return [(k, d[k]) for k in keys[i : i + limit]]
+        # tolerate a key deleted by a concurrent write (reads may run in a worker thread)
+        rows = [(k, d.get(k)) for k in keys[i : i + limit]]
+        return [(k, v) for k, v in rows if v is not None]
 
     def last_key(self, family: str) -> bytes | None:
         self._live()

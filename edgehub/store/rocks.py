@@ -10,13 +10,15 @@ import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import rocksdict
 
 from edgehub.core import StorageIOError, StoreClosedError, StoreError
 from edgehub.store.backend import Op
+from edgehub.store.store import Store
 
-__all__ = ["RocksBackend"]
+__all__ = ["RocksBackend", "open_rocks_store"]
 
 log = logging.getLogger(__name__)
 
@@ -178,3 +180,10 @@ class RocksBackend:
         except Exception as exc:
             if not self._failed:
                 raise StoreError(f"close of {self._path} failed: {exc}") from exc
+
+
+def open_rocks_store(path: str | Path, **settings: Any) -> Store:
+    """A ``Store`` over a RocksDB database at ``path`` (created if missing); ``settings`` as ``Store`` takes them.
+
+    Kept here, not on ``Store``, so that importing ``edgehub.store`` never loads rocksdict (layer contract)."""
+    return Store(RocksBackend(path), **settings)

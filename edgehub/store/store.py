@@ -2,7 +2,7 @@
 
 API the hub facade and the executors call (all on one event loop)::
 
-    store = Store.open_rocks(path, clock=clock, fsync=FsyncPolicy.ALWAYS)   # or Store.in_memory(clock=...)
+    store = open_rocks_store(path, clock=clock, fsync=FsyncPolicy.ALWAYS)  # edgehub.store.rocks; or Store.in_memory()
     receipt = await store.enqueue(message, route_results)   # returns when durable (per the fsync policy)
     items = store.read(queue, from_offset, limit)           # references at or after from_offset, in order
     await store.commit(queue, offset)                        # checkpoint: everything <= offset is delivered
@@ -37,7 +37,6 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
 
 from edgehub.core import Clock, Message, RouteResult, StoreClosedError, SystemClock, SystemProperty, utc_from_epoch
 from edgehub.store.backend import Backend, MemoryBackend, Op
@@ -65,6 +64,7 @@ __all__ = [
     "DeadLetter",
     "EnqueueReceipt",
     "FsyncPolicy",
+    "Reference",
     "RemovalReason",
     "Store",
     "StoredItem",
@@ -102,6 +102,21 @@ class StoredItem:
     queue: QueueId
     offset: int
     message: Message
+    message_key: int
+    enqueued_at_s: float
+    ttl_s: float
+    size_bytes: int
+
+    @property
+    def expires_at_s(self) -> float:
+        return self.enqueued_at_s + self.ttl_s
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """A reference without its message: what cleanup and quota accounting look at."""
+
+    offset: int
     message_key: int
     enqueued_at_s: float
     ttl_s: float
@@ -172,6 +187,7 @@ class Store:
             self._b.ensure_family(fam)
         self._checkpoints: dict[QueueId, CheckpointRecord] = {}
         self._next_offset: dict[QueueId, int] = {}
+        self._durable_end: dict[QueueId, int] = {}
         for name in self._b.families():
             if QueueId.is_queue_name(name):
                 q = QueueId.parse(name)
@@ -186,12 +202,6 @@ class Store:
 
     # -- construction -------------------------------------------------------------------------------------
     @classmethod
-    def open_rocks(cls, path: str | Path, **settings: object) -> Store:
-        from edgehub.store.rocks import RocksBackend  # the one home of rocksdict
-
-        return cls(RocksBackend(path), **settings)  # type: ignore[arg-type]
-
-    @classmethod
     def in_memory(cls, **settings: object) -> Store:
         return cls(MemoryBackend(), **settings)  # type: ignore[arg-type]
 
@@ -202,6 +212,7 @@ class Store:
         last = self._b.last_key(q.name)
         last_off = -1 if last is None else unpack_u64(last)
         self._next_offset[q] = max(last_off, cp.committed, cp.removed_high) + 1
+        self._durable_end[q] = self._next_offset[q]
 
     def _queue(self, q: QueueId) -> None:
         if q not in self._next_offset:
@@ -244,6 +255,9 @@ class Store:
             ops.append((q.name, pack_u64(off), encode_ref(RefRecord(VERSION, key, now, ttl, size))))
         ops.insert(0, (MESSAGES, pack_u64(key), encode_message(message, [(q.name, o) for q, o in refs])))
         await self._committer.submit(_Pending(ops))
+        for q, off in refs:
+            if self._durable_end.get(q, 0) <= off:
+                self._durable_end[q] = off + 1
         return EnqueueReceipt(message, tuple(refs))
 
     async def _write_group(self, group: list[_Pending]) -> None:
@@ -268,7 +282,12 @@ class Store:
         return sorted(qs, key=lambda q: (q.priority, q.endpoint))
 
     def next_offset(self, queue: QueueId) -> int:
+        """The offset the next enqueue to ``queue`` will get (writes in flight included)."""
         return self._next_offset.get(queue, 0)
+
+    def end_offset(self, queue: QueueId) -> int:
+        """One past the last durable reference of ``queue``: a reader that reached it has seen everything."""
+        return self._durable_end.get(queue, 0)
 
     def read(self, queue: QueueId, from_offset: int, limit: int) -> list[StoredItem]:
         """Up to ``limit`` references at or after ``from_offset`` and after the committed offset, in order."""
@@ -286,6 +305,17 @@ class Store:
                 continue
             msg = decode_message(body).to_message()
             out.append(StoredItem(queue, off, msg, r.message_key, r.enqueued_at_s, r.ttl_s, r.size_bytes))
+        return out
+
+    def references(self, queue: QueueId, from_offset: int, limit: int) -> list[Reference]:
+        """Up to ``limit`` references at or after ``from_offset``, delivered ones included, without bodies."""
+        self._live()
+        if queue not in self._next_offset or limit <= 0:
+            return []
+        out = []
+        for k, v in self._b.scan(queue.name, pack_u64(max(0, from_offset)), limit):
+            r = decode_ref(v)
+            out.append(Reference(unpack_u64(k), r.message_key, r.enqueued_at_s, r.ttl_s, r.size_bytes))
         return out
 
     def count(self, queue: QueueId) -> int:
@@ -469,12 +499,14 @@ class Store:
                 chosen = [(o, d) for o, d in chosen if o in wanted]
             ops: list[Op] = []
             requeued = 0
+            placed: list[tuple[QueueId, int]] = []
             bodies: dict[int, tuple[Message, list[tuple[str, int]]]] = {}
             for dlq_off, d in chosen:
                 q = QueueId.parse(d.queue)
                 self._queue(q)
                 off = self._next_offset[q]
                 self._next_offset[q] = off + 1
+                placed.append((q, off))
                 if d.message_key not in bodies:
                     raw = self._b.get(MESSAGES, pack_u64(d.message_key))
                     if raw is None:
@@ -490,6 +522,8 @@ class Store:
                 ops.append((MESSAGES, pack_u64(key), encode_message(msg, refs)))
             if ops:
                 await self._write(ops)
+            for q, off in placed:
+                self._durable_end[q] = max(self._durable_end.get(q, 0), off + 1)
         return requeued
 
     # -- metadata (identities and the like, for later issues) ----------------------------------------------

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from edgehub.store import MemoryBackend, Store
+from edgehub.store.rocks import open_rocks_store
 from edgehub.testing import ManualClock
 
 StoreFactory = Callable[..., Store]
@@ -31,7 +32,7 @@ def store_factory(store_kind: str, tmp_path: Path, clock: ManualClock) -> StoreF
     def open_store(**settings: object) -> Store:
         if store_kind == "memory":
             return Store(memory.reopened(), clock=clock, **settings)  # type: ignore[arg-type]
-        return Store.open_rocks(tmp_path / "db", clock=clock, **settings)
+        return open_rocks_store(tmp_path / "db", clock=clock, **settings)
 
     return open_store
 

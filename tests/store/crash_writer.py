@@ -13,11 +13,12 @@ import asyncio
 import sys
 
 from edgehub.core import Message, RouteResult
-from edgehub.store import QueueId, Store
+from edgehub.store import QueueId
+from edgehub.store.rocks import open_rocks_store
 
 
 async def main(path: str) -> None:
-    store = Store.open_rocks(path)
+    store = open_rocks_store(path)
     counter = iter(range(10**9))
     out = sys.stdout
 

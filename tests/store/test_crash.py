@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from edgehub.core import Message, RouteResult
-from edgehub.store import QueueId, Store
+from edgehub.store import QueueId
+from edgehub.store.rocks import open_rocks_store
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,7 +54,7 @@ async def test_sigkill_loses_no_acknowledged_write_and_resurrects_no_commit(
 ) -> None:
     db = tmp_path / "db"
     acked, committed = await run_and_kill(db, acks_before_kill)
-    store = Store.open_rocks(db)
+    store = open_rocks_store(db)
     try:
         mod = store.read(QueueId("mod", 5), 0, 10**6)
         stored = {int(it.message.body[1:]) for it in mod}

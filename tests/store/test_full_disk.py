@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from edgehub.core import Message, RouteResult, StorageIOError
-from edgehub.store import QueueId, Store
+from edgehub.store import QueueId
+from edgehub.store.rocks import open_rocks_store
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def fill(path: Path) -> None:
 
 
 async def test_write_on_full_disk_fails_that_group_and_store_recovers(small_disk: Path) -> None:
-    store = Store.open_rocks(small_disk / "db")
+    store = open_rocks_store(small_disk / "db")
     q = QueueId("up", 0)
     try:
         await store.enqueue(Message(body=b"before"), [RouteResult("up", 0)])
@@ -54,7 +55,7 @@ async def test_write_on_full_disk_fails_that_group_and_store_recovers(small_disk
         assert [it.message.body for it in store.read(q, 0, 10)] == [b"before", b"after"]
     finally:
         await store.close()
-    reopened = Store.open_rocks(small_disk / "db")
+    reopened = open_rocks_store(small_disk / "db")
     try:
         assert [it.message.body for it in reopened.read(q, 0, 10)] == [b"before", b"after"]
     finally:
