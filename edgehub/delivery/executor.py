@@ -175,7 +175,7 @@ class EndpointExecutor:
             qs = self._qs(q)
             if prefetch is not None and prefetch_q == q:
                 raw = await prefetch
-                if raw and raw[0].offset < qs.cursor:  # stale: read again
+                if not raw or raw[0].offset < qs.cursor:  # read before new arrivals, or stale: read again
                     raw = self._read(q, qs.cursor)
             else:
                 if prefetch is not None:
