@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Self
@@ -95,6 +95,7 @@ class EndpointExecutor:
         self._tasks: list[asyncio.Task[None]] = []
         self.batches_sent = 0
         self.cleanups_run = 0
+        self._changed = asyncio.Event()  # set after every commit, dead letter and cleanup (see wait_for)
         endpoint.bind(self._on_reachable)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
@@ -127,6 +128,13 @@ class EndpointExecutor:
     def _on_reachable(self) -> None:
         self._reachable.set()
         self._wake.set()
+
+    async def wait_for(self, condition: Callable[[], bool]) -> None:
+        """Return once ``condition()`` holds, checked after each commit, dead letter and cleanup. Bound it with
+        ``asyncio.timeout``: meant for tests and tools that wait for progress."""
+        while not condition():
+            self._changed.clear()
+            await self._changed.wait()
 
     def state(self, priority: int) -> State:
         qs = self._queues.get(QueueId(self._id, priority))
@@ -307,6 +315,7 @@ class EndpointExecutor:
     async def _dead_letter(self, q: QueueId, it: StoredItem, reason: str, error: str | None) -> None:
         attempts = self._attempts.pop((q, it.offset), 0) + (1 if reason == DeadLetterReason.INVALID else 0)
         await self._store.dead_letter(it, reason=reason, attempts=attempts, error=error)
+        self._changed.set()
 
     async def _commit(self, q: QueueId, offset: int) -> None:
         qs = self._qs(q)
@@ -317,6 +326,7 @@ class EndpointExecutor:
             )
         for key in [k for k in self._attempts if k[0] == q and k[1] <= offset]:
             del self._attempts[key]
+        self._changed.set()
 
     # -- cleanup ------------------------------------------------------------------------------------------
     async def _cleanup_loop(self) -> None:
@@ -353,5 +363,6 @@ class EndpointExecutor:
                     break
                 start = refs[-1].offset + 1
         self.cleanups_run += 1
+        self._changed.set()
         log.debug("executor.cleanup endpoint=%s delivered=%d ttl=%d", self._id, *removed.values())
         return removed

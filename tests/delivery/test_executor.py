@@ -29,8 +29,7 @@ async def test_executor_delivers_in_queue_order_and_commits(store: Store, clock:
         await ep.wait_delivered(7)
         assert bodies(ep) == [f"m{i}".encode() for i in range(7)]
         assert all(len(b) <= 3 for b in ep.batches)
-        while store.checkpoint(QueueId("ep", 1)).committed < 6:
-            await asyncio.sleep(0)
+        await ex.wait_for(lambda: store.checkpoint(QueueId("ep", 1)).committed >= 6)
     assert ep.closed
 
 
@@ -82,8 +81,7 @@ async def test_transient_failure_is_retried_after_the_policy_delay(store: Store,
         assert ep.delivered == []
         clock.advance(5)
         await ep.wait_delivered(1)
-        while store.checkpoint(QueueId("ep", 1)).committed < 0:
-            await asyncio.sleep(0)
+        await ex.wait_for(lambda: store.checkpoint(QueueId("ep", 1)).committed >= 0)
     assert ep.delivered[0].attempts == 2
     assert store.checkpoint(QueueId("ep", 1)).unhealthy_since_s is None
 
@@ -100,8 +98,7 @@ async def test_revived_endpoint_cuts_the_retry_wait_short(store: Store, clock: M
         await clock.wait_for_sleepers(2)
         ep.revive()  # no clock movement: only the reachability callback can wake the executor
         await ep.wait_delivered(1)
-        while store.checkpoint(QueueId("ep", 1)).committed < 0:
-            await asyncio.sleep(0)
+        await ex.wait_for(lambda: store.checkpoint(QueueId("ep", 1)).committed >= 0)
     assert ep.sends == 2
     assert store.checkpoint(QueueId("ep", 1)).last_revival_s == clock.time()
 
@@ -113,8 +110,7 @@ async def test_invalid_message_is_dead_lettered_and_the_rest_delivered(store: St
         for name in ("a", "bad", "c"):
             await put(store, ex, name, 2)
         await ep.wait_delivered(2)
-        while store.checkpoint(QueueId("ep", 2)).committed < 2:
-            await asyncio.sleep(0)
+        await ex.wait_for(lambda: store.checkpoint(QueueId("ep", 2)).committed >= 2)
     (dl,) = store.dead_letters("ep")
     assert (dl.message.body, dl.reason, dl.attempts) == (b"bad", DeadLetterReason.INVALID, 1)
     assert bodies(ep) == [b"a", b"c"]
@@ -127,8 +123,7 @@ async def test_message_failing_max_delivery_attempts_is_dead_lettered(store: Sto
     settings = ExecutorSettings(retry_policy=RetryPolicy(retries_with_no_delay=10), max_delivery_attempts=3)
     async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
         await put(store, ex, "doomed", 1)
-        while not store.dead_letters("ep"):
-            await asyncio.sleep(0)
+        await ex.wait_for(lambda: bool(store.dead_letters("ep")))
     (dl,) = store.dead_letters("ep")
     assert (dl.reason, dl.attempts) == (DeadLetterReason.MAX_DELIVERY_ATTEMPTS, 3)
     assert ep.sends == 3
@@ -142,8 +137,7 @@ async def test_exhausted_retry_policy_dead_letters_then_requeue_delivers(store: 
     )
     async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
         await put(store, ex, "m", 1)
-        while not store.dead_letters("ep"):
-            await asyncio.sleep(0)
+        await ex.wait_for(lambda: bool(store.dead_letters("ep")))
         (dl,) = store.dead_letters("ep")
         assert (dl.reason, dl.attempts) == (DeadLetterReason.RETRY_EXHAUSTED, 2)
         ep.revive()
@@ -159,8 +153,7 @@ async def test_restart_resumes_after_the_committed_offset(store: Store, clock: M
         for i in range(3):
             await put(store, ex, f"m{i}", 1)
         await ep.wait_delivered(3)
-        while store.checkpoint(QueueId("ep", 1)).committed < 2:
-            await asyncio.sleep(0)
+        await ex.wait_for(lambda: store.checkpoint(QueueId("ep", 1)).committed >= 2)
     await store.enqueue(Message(body=b"m3"), [RouteResult("ep", 1)])
     ep2 = TestEndpoint("ep")
     async with asyncio.timeout(10), EndpointExecutor(store, ep2, clock=clock):
@@ -195,12 +188,10 @@ async def test_cleanup_deletes_delivered_references_and_their_bodies(store: Stor
         await put(store, ex, "a", 1)
         await put(store, ex, "b", 1)
         await ep.wait_delivered(2)
-        while store.checkpoint(q).committed < 1:
-            await asyncio.sleep(0)
+        await ex.wait_for(lambda: store.checkpoint(q).committed >= 1)
         keys = [m.offset for m in ep.delivered]
         assert keys == [0, 1]
         clock.advance(60)  # the cleanup processor's own interval
-        while ex.cleanups_run < 1:
-            await asyncio.sleep(0)
+        await ex.wait_for(lambda: ex.cleanups_run >= 1)
     assert store.count(q) == 0
     assert store.removed[RemovalReason.DELIVERED] == 2
