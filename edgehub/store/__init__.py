@@ -8,6 +8,7 @@ See ``edgehub.store.store`` for the API the hub and the executors call, and its 
 
 from edgehub.store.backend import Backend, MemoryBackend
 from edgehub.store.group_commit import GroupCommitter
+from edgehub.store.policy import DEFAULT_MAX_MESSAGE_SIZE_BYTES, Overflow, QueuePolicy, StoreQuota
 from edgehub.store.queues import QueueId, dead_letter_name
 from edgehub.store.store import (
     Checkpoint,
@@ -21,6 +22,7 @@ from edgehub.store.store import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_MESSAGE_SIZE_BYTES",
     "Backend",
     "Checkpoint",
     "DeadLetter",
@@ -28,10 +30,13 @@ __all__ = [
     "FsyncPolicy",
     "GroupCommitter",
     "MemoryBackend",
+    "Overflow",
     "QueueId",
+    "QueuePolicy",
     "Reference",
     "RemovalReason",
     "Store",
+    "StoreQuota",
     "StoredItem",
     "dead_letter_name",
 ]

@@ -34,11 +34,23 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from edgehub.core import Clock, Message, RouteResult, StoreClosedError, SystemClock, SystemProperty, utc_from_epoch
+import msgspec
+
+from edgehub.core import (
+    Clock,
+    Message,
+    MessageTooLargeError,
+    QuotaExceededError,
+    RouteResult,
+    StoreClosedError,
+    SystemClock,
+    SystemProperty,
+    utc_from_epoch,
+)
 from edgehub.store.backend import Backend, MemoryBackend, Op
 from edgehub.store.codec import (
     VERSION,
@@ -57,6 +69,7 @@ from edgehub.store.codec import (
     unpack_u64,
 )
 from edgehub.store.group_commit import GroupCommitter
+from edgehub.store.policy import Overflow, QueuePolicy, StoreQuota
 from edgehub.store.queues import QueueId, dead_letter_name
 
 __all__ = [
@@ -157,9 +170,24 @@ class DeadLetter:
     ttl_s: float
 
 
+# Usage counters: (count, bytes) per endpoint id, and under STORE_WIDE for the whole store (bodies, once each).
+STORE_WIDE = ""
+Usage = dict[str, tuple[int, int]]
+
+
 @dataclass(slots=True)
 class _Pending:
     ops: list[Op]
+    deltas: Usage
+
+
+def _add(into: dict[str, tuple[int, int]], key: str, count: int, size: int) -> None:
+    c, b = into.get(key, (0, 0))
+    into[key] = (c + count, b + size)
+
+
+_STATS_INGEST = b"stats/i/"  # written only by the group-commit writer
+_STATS_MAINT = b"stats/m/"  # written only under the maintenance lock (removal, dead letters, requeue)
 
 
 class Store:
@@ -174,6 +202,9 @@ class Store:
         fsync_interval_ms: int = 10,
         default_ttl_s: float = DEFAULT_TTL_S,
         max_group: int = 1024,
+        default_policy: QueuePolicy | None = None,
+        endpoint_policies: Mapping[str, QueuePolicy] | None = None,
+        store_quota: StoreQuota | None = None,
     ) -> None:
         if fsync_interval_ms < 0:
             raise ValueError("fsync_interval_ms must be >= 0")
@@ -199,6 +230,39 @@ class Store:
         self._remove_lock = asyncio.Lock()
         self.removed: dict[RemovalReason, int] = dict.fromkeys(RemovalReason, 0)
         self._closed = False
+        self.default_policy = default_policy or QueuePolicy()
+        self.endpoint_policies: dict[str, QueuePolicy] = dict(endpoint_policies or {})
+        self.store_quota = store_quota or StoreQuota()
+        self._ingest: Usage = self._load_stats(_STATS_INGEST)
+        self._maint: Usage = self._load_stats(_STATS_MAINT)
+        self._inflight: Usage = {}
+        self._space_freed = asyncio.Event()
+        self.discarded_incoming = 0
+
+    def _load_stats(self, prefix: bytes) -> Usage:
+        out: Usage = {}
+        for k, v in self._b.scan(META, prefix, 1 << 30):
+            if not k.startswith(prefix):
+                break
+            c, b = msgspec.msgpack.decode(v, type=tuple[int, int])
+            out[k[len(prefix) :].decode()] = (c, b)
+        return out
+
+    @staticmethod
+    def _stats_ops(prefix: bytes, totals: Usage, keys: Iterable[str]) -> list[Op]:
+        return [(META, prefix + k.encode(), msgspec.msgpack.encode(totals[k])) for k in keys]
+
+    def usage(self, endpoint: str | None = None) -> tuple[int, int]:
+        """(messages, bytes) held for ``endpoint`` (None: the whole store), writes in flight included."""
+        key = STORE_WIDE if endpoint is None else endpoint
+        total = (0, 0)
+        for d in (self._ingest, self._maint, self._inflight):
+            c, b = d.get(key, (0, 0))
+            total = (total[0] + c, total[1] + b)
+        return total
+
+    def policy(self, endpoint: str) -> QueuePolicy:
+        return self.endpoint_policies.get(endpoint, self.default_policy)
 
     # -- construction -------------------------------------------------------------------------------------
     @classmethod
@@ -232,36 +296,144 @@ class Store:
         return message.with_system_properties(**updates) if updates else message
 
     async def enqueue(self, message: Message, route_results: Sequence[RouteResult]) -> EnqueueReceipt:
-        """Store ``message`` once with a reference in each routed queue; return when durable."""
+        """Store ``message`` once with a reference in each routed queue; return when durable.
+
+        Raises ``MessageTooLargeError`` over the strictest routed endpoint's ``max_message_size_bytes``, and
+        ``QuotaExceededError`` when a quota stays exceeded for ``enqueue_timeout_s`` under ``rejectIncoming``
+        (nothing is stored then, for any endpoint). Under ``discardIncoming`` the full endpoint's reference is
+        dropped (counted in ``removed[OVERFLOW]``) and the others are stored."""
         self._live()
+        size = message.size_bytes()  # as the producer sent it: the hub's own stamps are not charged to it
         message = self.stamp(message)
         queues: dict[QueueId, RouteResult] = {}
         for rr in route_results:
             queues.setdefault(QueueId(rr.endpoint, rr.priority), rr)
         if not queues:
             return EnqueueReceipt(message, ())
+        endpoints = {q.endpoint for q in queues}
+        limit = min(self.policy(e).max_message_size_bytes for e in endpoints)
+        if size > limit:
+            raise MessageTooLargeError(f"message of {size} bytes is over maxMessageSizeBytes={limit}")
+        dropped = await self._make_room(endpoints, queues, size)
+        queues = {q: rr for q, rr in queues.items() if q.endpoint not in dropped}
+        if not queues:
+            return EnqueueReceipt(message, ())
         now = self._clock.time()
-        size = message.size_bytes()
         key = self._next_message_key
         self._next_message_key += 1
         refs: list[tuple[QueueId, int]] = []
         ops: list[Op] = []
+        deltas: Usage = {STORE_WIDE: (1, size)}
         for q, rr in queues.items():
             self._queue(q)
             off = self._next_offset[q]
             self._next_offset[q] = off + 1
             refs.append((q, off))
+            _add(deltas, q.endpoint, 1, size)
             ttl = float(rr.ttl_s) if rr.ttl_s is not None else self.default_ttl_s
             ops.append((q.name, pack_u64(off), encode_ref(RefRecord(VERSION, key, now, ttl, size))))
         ops.insert(0, (MESSAGES, pack_u64(key), encode_message(message, [(q.name, o) for q, o in refs])))
-        await self._committer.submit(_Pending(ops))
+        for k, (c, b) in deltas.items():
+            _add(self._inflight, k, c, b)  # reserved now, so concurrent producers see it in their quota check
+        await self._committer.submit(_Pending(ops, deltas))
         for q, off in refs:
             if self._durable_end.get(q, 0) <= off:
                 self._durable_end[q] = off + 1
         return EnqueueReceipt(message, tuple(refs))
 
+    def _full(self, endpoints: Iterable[str], per_endpoint: Mapping[str, int], size: int) -> list[str | None]:
+        """Endpoints whose quota this message would exceed, and None when the store-wide quota would be."""
+        full: list[str | None] = []
+        for e in endpoints:
+            p = self.policy(e)
+            c, b = self.usage(e)
+            n = per_endpoint[e]
+            if (p.max_messages is not None and c + n > p.max_messages) or (
+                p.max_bytes is not None and b + n * size > p.max_bytes
+            ):
+                full.append(e)
+        c, b = self.usage(None)
+        if not self.store_quota.fits(c + 1, b + size):
+            full.append(None)
+        return full
+
+    async def _make_room(self, endpoints: set[str], queues: Mapping[QueueId, RouteResult], size: int) -> set[str]:
+        """Wait for space, then apply the overflow policy. Returns the endpoints to drop (discardIncoming)."""
+        per_endpoint = {e: sum(1 for q in queues if q.endpoint == e) for e in endpoints}
+        full = self._full(endpoints, per_endpoint, size)
+        if not full:
+            return set()
+        timeout = min(self.policy(e).enqueue_timeout_s if e else self.default_policy.enqueue_timeout_s for e in full)
+        deadline = self._clock.monotonic() + timeout
+        while full and (remaining := deadline - self._clock.monotonic()) > 0:
+            self._space_freed.clear()
+            sleeper = asyncio.ensure_future(self._clock.sleep(remaining))
+            freed = asyncio.ensure_future(self._space_freed.wait())
+            try:
+                await asyncio.wait({sleeper, freed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                freed.cancel()
+            full = self._full(endpoints, per_endpoint, size)
+        dropped: set[str] = set()
+        for e in full:
+            overflow = self.policy(e).overflow if e is not None else self.default_policy.overflow
+            where = f"endpoint {e}" if e is not None else "the store"
+            if overflow is Overflow.REJECT_INCOMING:
+                log.info("store.quota_exceeded where=%s", where)
+                raise QuotaExceededError(f"quota of {where} exceeded")
+            if overflow is Overflow.DISCARD_INCOMING:
+                if e is None:
+                    dropped |= endpoints
+                else:
+                    dropped.add(e)
+                continue
+            if not await self._evict(e, per_endpoint, size):
+                raise QuotaExceededError(f"quota of {where} exceeded and nothing left to discard")
+        if dropped:
+            self.removed[RemovalReason.OVERFLOW] += sum(per_endpoint[e] for e in dropped)
+            self.discarded_incoming += 1
+            log.info("store.discarded_incoming endpoints=%s", ",".join(sorted(dropped)))
+        return dropped
+
+    async def _evict(self, endpoint: str | None, per_endpoint: Mapping[str, int], size: int) -> bool:
+        """discardOldest: remove from the head of the lowest-priority queue first (of ``endpoint``, or of any
+        endpoint for the store-wide quota) until the message fits. False if it cannot be made to fit."""
+        while True:
+            still = [x for x in self._full([endpoint] if endpoint else [], per_endpoint, size) if x == endpoint]
+            if not still:
+                return True
+            candidates = [q for q in self.queues(endpoint) if self.references(q, 0, 1)]
+            if not candidates:
+                return False
+            victim = max(candidates, key=lambda q: (q.priority, q.endpoint))  # lowest priority
+            head = self.references(victim, 0, 16)
+            committed = self.checkpoint(victim).committed
+            delivered = [r.offset for r in head if r.offset <= committed]
+            if delivered:
+                await self.remove(victim, delivered, RemovalReason.DELIVERED)
+            else:
+                await self.remove(victim, [head[0].offset], RemovalReason.OVERFLOW)
+
     async def _write_group(self, group: list[_Pending]) -> None:
-        ops = [op for p in group for op in p.ops]
+        deltas: Usage = {}
+        for p in group:
+            for k, (c, b) in p.deltas.items():
+                _add(deltas, k, c, b)
+        totals = dict(self._ingest)
+        for k, (c, b) in deltas.items():
+            _add(totals, k, c, b)
+        ops = [op for p in group for op in p.ops] + self._stats_ops(_STATS_INGEST, totals, deltas)
+        try:
+            await self._write_ops(ops)
+            self._ingest = totals
+        finally:
+            for k, (c, b) in deltas.items():
+                _add(self._inflight, k, -c, -b)
+            if deltas:
+                self._space_freed.set()  # a failed group frees its reservation
+
+    async def _write_ops(self, ops: list[Op]) -> None:
         if self._fsync is FsyncPolicy.INTERVAL:
             await asyncio.to_thread(self._b.write, ops, sync=False)
             wait = self._last_sync + self._interval_s - time.monotonic()
@@ -356,13 +528,16 @@ class Store:
         self._checkpoints[queue] = cp
 
     # -- removal ------------------------------------------------------------------------------------------
-    def _removal_ops(self, refs: Iterable[tuple[str, int, int]]) -> list[Op]:
-        """Delete references (family, offset, message key), and each body whose last reference this is."""
+    def _removal_ops(self, refs: Sequence[tuple[str, int, int, int]], deltas: Usage) -> list[Op]:
+        """Delete references (family, offset, message key, size), and each body whose last reference this is.
+        Adds the usage changes to ``deltas``."""
         ops: list[Op] = []
-        gone = {(fam, off) for fam, off, _ in refs}
+        gone = {(fam, off) for fam, off, _, _ in refs}
         seen: set[int] = set()
-        for fam, off, key in refs:
+        for fam, off, key, size in refs:
             ops.append((fam, pack_u64(off), None))
+            if QueueId.is_queue_name(fam):
+                _add(deltas, QueueId.parse(fam).endpoint, -1, -size)
             if key in seen:
                 continue
             seen.add(key)
@@ -372,7 +547,18 @@ class Store:
             others = [(f, o) for f, o in decode_message(raw).refs if (f, o) not in gone]
             if not any(self._b.get(f, pack_u64(o)) is not None for f, o in others):
                 ops.append((MESSAGES, pack_u64(key), None))
+                _add(deltas, STORE_WIDE, -1, -size)
         return ops
+
+    async def _maint_write(self, ops: list[Op], deltas: Usage) -> None:
+        """Write maintenance ops with the usage counters they change. Call under ``_remove_lock``."""
+        totals = dict(self._maint)
+        for k, (c, b) in deltas.items():
+            _add(totals, k, c, b)
+        await self._write(ops + self._stats_ops(_STATS_MAINT, totals, deltas))
+        self._maint = totals
+        if any(c < 0 for c, _ in deltas.values()):
+            self._space_freed.set()
 
     async def remove(self, queue: QueueId, offsets: Sequence[int], reason: RemovalReason) -> int:
         """Remove these references (missing ones are ignored); count them under ``reason``."""
@@ -381,19 +567,24 @@ class Store:
             return 0
         async with self._remove_lock:
             raws = self._b.multi_get(queue.name, [pack_u64(o) for o in offsets])
-            present = [(queue.name, o, decode_ref(r).message_key) for o, r in zip(offsets, raws, strict=True) if r]
+            present = []
+            for o, r in zip(offsets, raws, strict=True):
+                if r is not None:
+                    ref = decode_ref(r)
+                    present.append((queue.name, o, ref.message_key, ref.size_bytes))
             if not present:
                 return 0
-            ops = self._removal_ops(present)
+            deltas: Usage = {}
+            ops = self._removal_ops(present, deltas)
             old = self._checkpoints[queue]
-            high = max(o for _, o, _ in present)
+            high = max(o for _, o, _, _ in present)
             cp = old
             if high > old.removed_high:
                 cp = CheckpointRecord(
                     VERSION, old.committed, old.unhealthy_since_s, old.last_revival_s, max(old.removed_high, high)
                 )
                 ops.append((CHECKPOINTS, queue.name.encode(), encode_checkpoint(cp)))
-            await self._write(ops)
+            await self._maint_write(ops, deltas)
             self._checkpoints[queue] = cp
         self.removed[reason] += len(present)
         log.debug("store.removed queue=%s count=%d reason=%s", queue, len(present), reason)
@@ -438,7 +629,7 @@ class Store:
                 (MESSAGES, pack_u64(item.message_key), encode_message(rec.to_message(), refs)),
                 (fam, pack_u64(dlq_off), encode_dead_letter(dl)),
             ]
-            await self._write(ops)
+            await self._maint_write(ops, {item.queue.endpoint: (-1, -item.size_bytes)})
         self.removed[RemovalReason.DEADLETTER] += 1
         log.info(
             "store.dead_lettered queue=%s offset=%d reason=%s attempts=%d", item.queue, item.offset, reason, attempts
@@ -483,7 +674,9 @@ class Store:
                 chosen = [(o, d) for o, d in chosen if o in wanted]
             if not chosen:
                 return 0
-            await self._write(self._removal_ops([(fam, o, d.message_key) for o, d in chosen]))
+            deltas: Usage = {}
+            ops = self._removal_ops([(fam, o, d.message_key, d.size_bytes) for o, d in chosen], deltas)
+            await self._maint_write(ops, deltas)
         return len(chosen)
 
     async def requeue_dead_letters(self, endpoint: str, dlq_offsets: Sequence[int] | None = None) -> int:
@@ -500,6 +693,7 @@ class Store:
             ops: list[Op] = []
             requeued = 0
             placed: list[tuple[QueueId, int]] = []
+            deltas: Usage = {}
             bodies: dict[int, tuple[Message, list[tuple[str, int]]]] = {}
             for dlq_off, d in chosen:
                 q = QueueId.parse(d.queue)
@@ -517,11 +711,12 @@ class Store:
                 ref = RefRecord(VERSION, d.message_key, now, d.ttl_s, d.size_bytes)
                 ops.append((q.name, pack_u64(off), encode_ref(ref)))
                 ops.append((fam, pack_u64(dlq_off), None))
+                _add(deltas, q.endpoint, 1, d.size_bytes)
                 requeued += 1
             for key, (msg, refs) in bodies.items():
                 ops.append((MESSAGES, pack_u64(key), encode_message(msg, refs)))
             if ops:
-                await self._write(ops)
+                await self._maint_write(ops, deltas)
             for q, off in placed:
                 self._durable_end[q] = max(self._durable_end.get(q, 0), off + 1)
         return requeued
