@@ -29,7 +29,7 @@ from edgehub.core import Clock, FailureKind, SystemClock
 from edgehub.delivery.checkpointer import Checkpointer
 from edgehub.delivery.endpoint import Endpoint, QueuedMessage, SendResult
 from edgehub.delivery.fsm import Event, State, next_state
-from edgehub.delivery.retry import RetryPolicy
+from edgehub.delivery.retry import RetryPolicy, effective_policy
 from edgehub.store import QueueId, RemovalReason, Store, StoredItem
 
 __all__ = ["DeadLetterReason", "EndpointExecutor", "ExecutorSettings"]
@@ -45,7 +45,8 @@ class DeadLetterReason:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ExecutorSettings:
-    retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
+    retry_policy: RetryPolicy = field(default_factory=RetryPolicy)  # the hub's
+    endpoint_retry_policy: RetryPolicy | None = None  # this endpoint's override (ignored if the hub's says so)
     max_delivery_attempts: int | None = None  # None: no limit (the retry policy and TTL decide)
     cleanup_interval_s: float = 60.0
     check_entire_queue_on_cleanup: bool = False
@@ -228,7 +229,7 @@ class EndpointExecutor:
         by_offset = {it.offset: it for it in items}
         qs.checkpointer.propose(by_offset)
         qs.fire(Event.BATCH)
-        policy = self._settings.retry_policy
+        policy = effective_policy(self._settings.retry_policy, self._settings.endpoint_retry_policy)
         failures = 0
         pending = items
         while True:

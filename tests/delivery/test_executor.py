@@ -195,3 +195,16 @@ async def test_cleanup_deletes_delivered_references_and_their_bodies(store: Stor
         await ex.wait_for(lambda: ex.cleanups_run >= 1)
     assert store.count(q) == 0
     assert store.removed[RemovalReason.DELIVERED] == 2
+
+
+async def test_hub_policy_ignoring_overrides_governs_the_endpoint(store: Store, clock: ManualClock) -> None:
+    ep = TestEndpoint("ep")
+    ep.go_down()
+    hub = RetryPolicy(
+        retries_with_no_delay=1, backoff_retries=0, maximum_delay_retries=0, ignore_endpoint_override=True
+    )
+    settings = ExecutorSettings(retry_policy=hub, endpoint_retry_policy=RetryPolicy())  # override: retry for ever
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        await put(store, ex, "m", 1)
+        await ex.wait_for(lambda: bool(store.dead_letters("ep")))
+    assert store.dead_letters("ep")[0].reason == DeadLetterReason.RETRY_EXHAUSTED

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from edgehub.core import DEFAULT_PRIORITY, Message, RouteResult, StoreClosedError, SystemProperty
-from edgehub.store import QueueId, RemovalReason, Store
+from edgehub.store import FsyncPolicy, QueueId, RemovalReason, Store
 from edgehub.testing import ManualClock
 from tests.store.conftest import StoreFactory
 
@@ -144,3 +144,18 @@ async def test_closed_store_refuses_use(store_factory: StoreFactory) -> None:
         await s.enqueue(msg(1), [RouteResult("up")])
     with pytest.raises(StoreClosedError):
         s.read(QueueId("up", 0), 0, 1)
+
+
+@pytest.mark.parametrize("fsync", [FsyncPolicy.INTERVAL, FsyncPolicy.NONE])
+async def test_every_fsync_policy_acknowledges_and_keeps_writes(
+    store_factory: StoreFactory, fsync: FsyncPolicy
+) -> None:
+    s = store_factory(fsync=fsync, fsync_interval_ms=5)
+    async with asyncio.timeout(10):
+        await asyncio.gather(*(s.enqueue(msg(i), [RouteResult("up", 0)]) for i in range(50)))
+    await s.close()
+    s = store_factory()
+    try:
+        assert len(s.read(QueueId("up", 0), 0, 100)) == 50
+    finally:
+        await s.close()
