@@ -261,6 +261,15 @@ class Store:
             total = (total[0] + c, total[1] + b)
         return total
 
+    @property
+    def _quotas_set(self) -> bool:
+        policies = [self.default_policy, *self.endpoint_policies.values()]
+        return (
+            any(p.max_bytes is not None or p.max_messages is not None for p in policies)
+            or self.store_quota.max_bytes is not None
+            or self.store_quota.max_messages is not None
+        )
+
     def policy(self, endpoint: str) -> QueuePolicy:
         return self.endpoint_policies.get(endpoint, self.default_policy)
 
@@ -359,6 +368,8 @@ class Store:
 
     async def _make_room(self, endpoints: set[str], queues: Mapping[QueueId, RouteResult], size: int) -> set[str]:
         """Wait for space, then apply the overflow policy. Returns the endpoints to drop (discardIncoming)."""
+        if not self._quotas_set:  # the common case: nothing to check
+            return set()
         per_endpoint = {e: sum(1 for q in queues if q.endpoint == e) for e in endpoints}
         full = self._full(endpoints, per_endpoint, size)
         if not full:
