@@ -1,0 +1,167 @@
+"""Store benchmark: ingest through group commit vs raw rocksdict, drain through the executor, 1M recovery.
+
+Usage: python -m bench.store [--messages N] [--queued N] [--dir PATH]
+
+* ingest: 8 concurrent producers enqueue 200-byte messages routed to two endpoints, fsync=always, against the
+  limit measured in the same run: raw rocksdict synced write batches of the same group size writing the same
+  records (one body and two references per message). Routing itself is not in the loop (the route results
+  are given), so this measures the store's share of the ingest path.
+* drain: the executor delivers the ingested ``$upstream`` queue to a null endpoint.
+* recovery: a store holding ``--queued`` messages (default 1,000,000, routed to two endpoints) is built in a
+  subprocess, then reopened in a fresh subprocess that delivers the first message; its time and peak RSS.
+
+Last line: one JSON object with ingest_msgs_per_s, ingest_vs_raw_ratio, drain_msgs_per_s, recovery_s, rss_mb_1m.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import rocksdict
+
+from edgehub.core import Message, RouteResult
+from edgehub.delivery import EndpointExecutor, ExecutorSettings
+from edgehub.store import FsyncPolicy, QueueId, Store
+from edgehub.store.codec import VERSION, RefRecord, encode_message, encode_ref, pack_u64
+from edgehub.store.rocks import open_rocks_store
+from edgehub.testing import NullEndpoint
+
+ROUTES = [RouteResult("$upstream", 0), RouteResult("module", 5)]
+BODY = b"x" * 200
+PRODUCERS = 8
+
+
+async def ingest(path: Path, n: int) -> tuple[float, float, Store]:
+    store = open_rocks_store(path, fsync=FsyncPolicy.ALWAYS)
+    per = n // PRODUCERS
+
+    async def producer() -> None:
+        for _ in range(per):
+            await store.enqueue(Message(body=BODY), ROUTES)
+
+    t0 = time.perf_counter()
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(PRODUCERS):
+            tg.create_task(producer())
+    dt = time.perf_counter() - t0
+    group = per * PRODUCERS / max(1, store.groups_written)
+    return per * PRODUCERS / dt, group, store
+
+
+def raw(path: Path, n: int, group: int) -> float:
+    opts = rocksdict.Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    names = ["messages", "q:p0:$upstream", "q:p5:module"]
+    db = rocksdict.Rdict(str(path), opts, column_families={k: rocksdict.Options(raw_mode=True) for k in names})
+    handles = [db.get_column_family_handle(k) for k in names]
+    wo = rocksdict.WriteOptions()
+    wo.sync = True
+    msg = Message(body=BODY, system_properties={"edgeMessageId": "0" * 32, "enqueuedTime": "2026-01-01T00:00:00+00:00"})
+    body = encode_message(msg, [("q:p0:$upstream", 0), ("q:p5:module", 0)])
+    ref = encode_ref(RefRecord(VERSION, 0, 0.0, 7200.0, 200))
+    t0 = time.perf_counter()
+    i = 0
+    while i < n:
+        wb = rocksdict.WriteBatch(raw_mode=True)
+        for j in range(i, min(n, i + group)):
+            k = pack_u64(j)
+            wb.put(k, body, handles[0])
+            wb.put(k, ref, handles[1])
+            wb.put(k, ref, handles[2])
+        db.write(wb, wo)
+        i += group
+    dt = time.perf_counter() - t0
+    del handles
+    db.close()
+    return n / dt
+
+
+async def drain(store: Store, n: int) -> float:
+    ep = NullEndpoint("$upstream", max_batch_messages=500)
+    t0 = time.perf_counter()
+    async with asyncio.timeout(600), EndpointExecutor(store, ep, settings=ExecutorSettings()) as ex:
+        await ep.wait_delivered(n)
+        await ex.wait_for(lambda: store.checkpoint(QueueId("$upstream", 0)).committed >= n - 1)
+    return n / (time.perf_counter() - t0)
+
+
+async def build(path: Path, n: int) -> None:
+    store = open_rocks_store(path, fsync=FsyncPolicy.NONE, max_group=4096)
+    batch = 2048
+    for start in range(0, n, batch):
+        await asyncio.gather(*(store.enqueue(Message(body=BODY), ROUTES) for _ in range(min(batch, n - start))))
+    await store.close()
+
+
+async def recover(path: Path) -> dict[str, float]:
+    t0 = time.perf_counter()
+    store = open_rocks_store(path)
+    ep = NullEndpoint("$upstream", max_batch_messages=1)
+    async with asyncio.timeout(120), EndpointExecutor(store, ep):
+        await ep.wait_delivered(1)
+        dt = time.perf_counter() - t0
+    await store.close()
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"recovery_s": dt, "rss_mb": rss_mb}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=20_000)
+    ap.add_argument("--queued", type=int, default=1_000_000)
+    ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--role", choices=["build", "recover"], default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.role == "build":
+        asyncio.run(build(args.dir, args.queued))
+        return
+    if args.role == "recover":
+        print(json.dumps(asyncio.run(recover(args.dir))))
+        return
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        base = Path(tmp)
+
+        async def run_ingest_drain() -> tuple[float, float, float]:
+            rate, group, store = await ingest(base / "ingest", args.messages)
+            try:
+                drained = await drain(store, args.messages)
+            finally:
+                await store.close()
+            return rate, group, drained
+
+        ingest_rate, group, drain_rate = asyncio.run(run_ingest_drain())
+        raw_rate = raw(base / "raw", args.messages, max(1, round(group)))
+        print(f"ingest  {ingest_rate:10.0f} msg/s  (8 producers, fsync=always, mean group {group:.1f})")
+        print(f"raw     {raw_rate:10.0f} msg/s  (rocksdict synced batches of {max(1, round(group))})")
+        print(f"drain   {drain_rate:10.0f} msg/s  (executor -> null endpoint)")
+        t0 = time.perf_counter()
+        here = [sys.executable, "-m", "bench.store", "--dir", str(base / "big"), "--queued", str(args.queued)]
+        subprocess.run([*here, "--role", "build"], check=True)
+        print(f"built   {args.queued} queued messages in {time.perf_counter() - t0:.1f} s")
+        out = subprocess.run([*here, "--role", "recover"], check=True, capture_output=True, text=True).stdout
+        rec = json.loads(out.strip().splitlines()[-1])
+        print(f"recover {rec['recovery_s']:.3f} s to first delivery; peak RSS {rec['rss_mb']:.1f} MB")
+        print(
+            json.dumps(
+                {
+                    "ingest_msgs_per_s": round(ingest_rate),
+                    "ingest_vs_raw_ratio": round(ingest_rate / raw_rate, 3),
+                    "drain_msgs_per_s": round(drain_rate),
+                    "recovery_s": round(rec["recovery_s"], 3),
+                    "rss_mb_1m": round(rec["rss_mb"], 1),
+                }
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""How records are laid out on disk: msgspec msgpack arrays, each starting with a format version. Never pickle.
+
+Keys are big-endian u64 so that RocksDB's byte order is numeric order. A version we do not know raises
+``StoreError`` naming it, so an old binary never misreads a newer store.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import msgspec
+
+from edgehub.core import Message, StoreError
+
+__all__ = [
+    "CheckpointRecord",
+    "DeadLetterRecord",
+    "MessageRecord",
+    "RefRecord",
+    "decode_checkpoint",
+    "decode_dead_letter",
+    "decode_message",
+    "decode_ref",
+    "encode_checkpoint",
+    "encode_dead_letter",
+    "encode_message",
+    "encode_ref",
+    "pack_u64",
+    "unpack_u64",
+]
+
+VERSION = 1
+_U64 = struct.Struct(">Q")
+
+
+def pack_u64(n: int) -> bytes:
+    return _U64.pack(n)
+
+
+def unpack_u64(b: bytes) -> int:
+    return int(_U64.unpack(b)[0])
+
+
+class MessageRecord(msgspec.Struct, array_like=True, frozen=True):
+    """A message body, written once; ``refs`` lists the (queue name, offset) pairs that point at it."""
+
+    v: int
+    body: bytes
+    properties: dict[str, str | None]
+    system_properties: dict[str, str]
+    refs: list[tuple[str, int]]
+
+    def to_message(self) -> Message:
+        return Message(body=self.body, properties=self.properties, system_properties=self.system_properties)
+
+
+class RefRecord(msgspec.Struct, array_like=True, frozen=True):
+    """One queue's reference to a message: TTL and enqueue time fixed at enqueue."""
+
+    v: int
+    message_key: int
+    enqueued_at_s: float
+    ttl_s: float
+    size_bytes: int
+
+
+class CheckpointRecord(msgspec.Struct, array_like=True, frozen=True):
+    """A queue's committed offset (-1: none yet), its health, and the highest offset ever removed."""
+
+    v: int
+    committed: int = -1
+    unhealthy_since_s: float | None = None
+    last_revival_s: float | None = None
+    removed_high: int = -1
+
+
+class DeadLetterRecord(msgspec.Struct, array_like=True, frozen=True):
+    v: int
+    queue: str
+    offset: int
+    message_key: int
+    enqueued_at_s: float
+    ttl_s: float
+    size_bytes: int
+    reason: str
+    attempts: int
+    error: str | None
+    dead_at_s: float
+
+
+_enc = msgspec.msgpack.Encoder()
+_dec_msg = msgspec.msgpack.Decoder(MessageRecord)
+_dec_ref = msgspec.msgpack.Decoder(RefRecord)
+_dec_cp = msgspec.msgpack.Decoder(CheckpointRecord)
+_dec_dl = msgspec.msgpack.Decoder(DeadLetterRecord)
+
+
+def _check(v: int, what: str) -> None:
+    if v != VERSION:
+        raise StoreError(f"{what} record has format version {v}; this build reads version {VERSION}")
+
+
+def encode_message(message: Message, refs: list[tuple[str, int]]) -> bytes:
+    return _enc.encode(
+        MessageRecord(VERSION, message.body, dict(message.properties), dict(message.system_properties), refs)
+    )
+
+
+def decode_message(data: bytes) -> MessageRecord:
+    try:
+        rec = _dec_msg.decode(data)
+    except msgspec.DecodeError as exc:
+        raise StoreError(f"corrupt message record: {exc}") from exc
+    _check(rec.v, "message")
+    return rec
+
+
+def encode_ref(ref: RefRecord) -> bytes:
+    return _enc.encode(ref)
+
+
+def decode_ref(data: bytes) -> RefRecord:
+    try:
+        rec = _dec_ref.decode(data)
+    except msgspec.DecodeError as exc:
+        raise StoreError(f"corrupt reference record: {exc}") from exc
+    _check(rec.v, "reference")
+    return rec
+
+
+def encode_checkpoint(cp: CheckpointRecord) -> bytes:
+    return _enc.encode(cp)
+
+
+def decode_checkpoint(data: bytes) -> CheckpointRecord:
+    try:
+        rec = _dec_cp.decode(data)
+    except msgspec.DecodeError as exc:
+        raise StoreError(f"corrupt checkpoint record: {exc}") from exc
+    _check(rec.v, "checkpoint")
+    return rec
+
+
+def encode_dead_letter(rec: DeadLetterRecord) -> bytes:
+    return _enc.encode(rec)
+
+
+def decode_dead_letter(data: bytes) -> DeadLetterRecord:
+    try:
+        rec = _dec_dl.decode(data)
+    except msgspec.DecodeError as exc:
+        raise StoreError(f"corrupt dead-letter record: {exc}") from exc
+    _check(rec.v, "dead-letter")
+    return rec

@@ -1,0 +1,147 @@
+"""Test endpoints: complete implementations of ``edgehub.delivery.Endpoint`` that a test steers.
+
+``TestEndpoint`` records every delivered message (``delivered``, in delivery order, and ``batches``) and can be
+told to fail the next N sends (``fail_next``), to call some messages invalid (``reject_when``), to stall until
+released (``stall`` / ``release``), or to be unreachable until revived (``go_down`` / ``revive``: revive calls the
+executor's ``on_reachable``). ``wait_delivered(n)`` and ``wait_sends(n)`` wait for progress (bound them with
+``asyncio.timeout``). ``NullEndpoint`` takes everything and keeps only a count (benchmarks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from edgehub.core import FailureKind, Message
+from edgehub.delivery.endpoint import QueuedMessage, SendResult
+
+__all__ = ["NullEndpoint", "TestEndpoint"]
+
+
+class TestEndpoint:
+    __test__ = False  # not a pytest class
+
+    def __init__(self, endpoint_id: str = "test", *, max_batch_messages: int = 10) -> None:
+        self._id = endpoint_id
+        self._max = max_batch_messages
+        self.delivered: list[QueuedMessage] = []
+        self.batches: list[list[QueuedMessage]] = []
+        self.sends = 0
+        self._fail_left = 0
+        self._fail_kind = FailureKind.TRANSIENT
+        self._down = False
+        self._invalid: Callable[[Message], bool] = lambda _m: False
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._stalled = asyncio.Event()
+        self._progress = asyncio.Event()
+        self._on_reachable: Callable[[], None] | None = None
+        self.closed = False
+
+    # -- the Endpoint protocol ----------------------------------------------------------------------------
+    @property
+    def endpoint_id(self) -> str:
+        return self._id
+
+    @property
+    def max_batch_messages(self) -> int:
+        return self._max
+
+    def bind(self, on_reachable: Callable[[], None]) -> None:
+        self._on_reachable = on_reachable
+
+    async def send(self, batch: Sequence[QueuedMessage]) -> SendResult:
+        self.sends += 1
+        try:
+            if not self._gate.is_set():
+                self._stalled.set()
+                await self._gate.wait()
+            if self._down or self._fail_left > 0:
+                self._fail_left = max(0, self._fail_left - 1)
+                return SendResult.all_failed(batch, self._fail_kind, "test endpoint told to fail")
+            invalid = [m for m in batch if self._invalid(m.message)]
+            ok = [m for m in batch if not self._invalid(m.message)]
+            self.delivered.extend(ok)
+            self.batches.append(list(batch))
+            return SendResult(
+                succeeded=ok,
+                invalid=invalid,
+                failure_kind=FailureKind.INVALID_INPUT if invalid else None,
+                error="rejected by test endpoint" if invalid else None,
+            )
+        finally:
+            self._progress.set()
+
+    async def close(self) -> None:
+        self.closed = True
+
+    # -- steering -----------------------------------------------------------------------------------------
+    def fail_next(self, n: int, kind: FailureKind = FailureKind.TRANSIENT) -> None:
+        self._fail_left = n
+        self._fail_kind = kind
+
+    def reject_when(self, predicate: Callable[[Message], bool]) -> None:
+        self._invalid = predicate
+
+    def go_down(self) -> None:
+        self._down = True
+
+    def revive(self) -> None:
+        """Become reachable and tell the executor (as a link coming up would)."""
+        self._down = False
+        if self._on_reachable is not None:
+            self._on_reachable()
+
+    def stall(self) -> None:
+        self._stalled.clear()
+        self._gate.clear()
+
+    def release(self) -> None:
+        self._gate.set()
+
+    async def wait_stalled(self) -> None:
+        await self._stalled.wait()
+
+    async def wait_delivered(self, n: int) -> None:
+        while len(self.delivered) < n:
+            self._progress.clear()
+            await self._progress.wait()
+
+    async def wait_sends(self, n: int) -> None:
+        while self.sends < n:
+            self._progress.clear()
+            await self._progress.wait()
+
+
+class NullEndpoint:
+    """Takes every batch at once; counts messages. ``wait_delivered(n)`` as in ``TestEndpoint``."""
+
+    def __init__(self, endpoint_id: str = "null", *, max_batch_messages: int = 500) -> None:
+        self._id = endpoint_id
+        self._max = max_batch_messages
+        self.count = 0
+        self._progress = asyncio.Event()
+
+    @property
+    def endpoint_id(self) -> str:
+        return self._id
+
+    @property
+    def max_batch_messages(self) -> int:
+        return self._max
+
+    def bind(self, on_reachable: Callable[[], None]) -> None:
+        pass
+
+    async def send(self, batch: Sequence[QueuedMessage]) -> SendResult:
+        self.count += len(batch)
+        self._progress.set()
+        return SendResult(succeeded=batch)
+
+    async def close(self) -> None:
+        pass
+
+    async def wait_delivered(self, n: int) -> None:
+        while self.count < n:
+            self._progress.clear()
+            await self._progress.wait()

@@ -1,0 +1,161 @@
+"""The store contract, run over the in-memory and the RocksDB store alike."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from edgehub.core import DEFAULT_PRIORITY, Message, RouteResult, StoreClosedError, SystemProperty
+from edgehub.store import FsyncPolicy, QueueId, RemovalReason, Store
+from edgehub.testing import ManualClock
+from tests.store.conftest import StoreFactory
+
+
+def msg(i: int) -> Message:
+    return Message(body=f"m{i}".encode(), properties={"i": str(i)})
+
+
+async def test_enqueue_writes_one_reference_per_routed_queue(store: Store) -> None:
+    receipt = await store.enqueue(msg(1), [RouteResult("up", 0), RouteResult("mod", 3, ttl_s=5)])
+    assert [q for q, _ in receipt.refs] == [QueueId("up", 0), QueueId("mod", 3)]
+    (up,) = store.read(QueueId("up", 0), 0, 10)
+    (mod,) = store.read(QueueId("mod", 3), 0, 10)
+    assert up.message == mod.message == receipt.message
+    assert up.message_key == mod.message_key  # one body, two references
+    assert mod.ttl_s == 5.0
+    assert up.ttl_s == store.default_ttl_s
+
+
+async def test_enqueue_stamps_edge_message_id_and_enqueued_time(store: Store, clock: ManualClock) -> None:
+    receipt = await store.enqueue(msg(1), [RouteResult("up")])
+    sp = receipt.message.system_properties
+    assert len(sp[SystemProperty.EDGE_MESSAGE_ID]) == 32
+    assert sp[SystemProperty.ENQUEUED_TIME].startswith("2023-11-14T22:13:20")
+    assert receipt.refs == ((QueueId("up", DEFAULT_PRIORITY), 0),)
+
+
+async def test_message_routed_nowhere_is_not_stored(store: Store) -> None:
+    receipt = await store.enqueue(msg(1), [])
+    assert receipt.refs == ()
+    assert store.queues() == []
+
+
+async def test_offsets_grow_and_read_returns_queue_order(store: Store) -> None:
+    q = QueueId("up", 1)
+    for i in range(5):
+        await store.enqueue(msg(i), [RouteResult("up", 1)])
+    items = store.read(q, 0, 10)
+    assert [it.offset for it in items] == [0, 1, 2, 3, 4]
+    assert [it.message.body for it in items] == [f"m{i}".encode() for i in range(5)]
+    assert [it.offset for it in store.read(q, 3, 10)] == [3, 4]
+    assert [it.offset for it in store.read(q, 0, 2)] == [0, 1]
+
+
+async def test_concurrent_producers_are_grouped_and_all_acknowledged(store: Store) -> None:
+    async with asyncio.timeout(10):
+        await asyncio.gather(*(store.enqueue(msg(i), [RouteResult("up", 0)]) for i in range(200)))
+    items = store.read(QueueId("up", 0), 0, 1000)
+    assert sorted(it.message.body for it in items) == sorted(f"m{i}".encode() for i in range(200))
+    # acks in arrival order: offsets follow the order the calls were made
+    assert [it.message.body for it in items] == [f"m{i}".encode() for i in range(200)]
+    assert store.groups_written < 200
+
+
+async def test_commit_hides_delivered_and_survives_reopen(store_factory: StoreFactory) -> None:
+    s = store_factory()
+    q = QueueId("up", 0)
+    for i in range(4):
+        await s.enqueue(msg(i), [RouteResult("up", 0)])
+    await s.commit(q, 1, unhealthy_since_s=12.0)
+    assert [it.offset for it in s.read(q, 0, 10)] == [2, 3]
+    await s.close()
+    s = store_factory()
+    try:
+        assert s.checkpoint(q).committed == 1
+        assert s.checkpoint(q).unhealthy_since_s == 12.0
+        assert [it.offset for it in s.read(q, 0, 10)] == [2, 3]
+    finally:
+        await s.close()
+
+
+async def test_offsets_keep_growing_after_queue_emptied_and_reopened(store_factory: StoreFactory) -> None:
+    s = store_factory()
+    q = QueueId("up", 0)
+    for i in range(3):
+        await s.enqueue(msg(i), [RouteResult("up", 0)])
+    await s.remove(q, [0, 1, 2], RemovalReason.TTL)
+    await s.close()
+    s = store_factory()
+    try:
+        receipt = await s.enqueue(msg(9), [RouteResult("up", 0)])
+        assert receipt.refs == ((q, 3),)
+    finally:
+        await s.close()
+
+
+async def test_body_is_deleted_with_its_last_reference(store: Store) -> None:
+    r = await store.enqueue(msg(1), [RouteResult("a", 0), RouteResult("b", 0)])
+    key = store.read(QueueId("a", 0), 0, 1)[0].message_key
+    await store.remove(QueueId("a", 0), [0], RemovalReason.DELIVERED)
+    assert store.read(QueueId("b", 0), 0, 1)[0].message == r.message  # b still has it
+    await store.remove(QueueId("b", 0), [0], RemovalReason.TTL)
+    assert not store.has_message(key)
+    assert store.removed[RemovalReason.DELIVERED] == 1
+    assert store.removed[RemovalReason.TTL] == 1
+
+
+async def test_dead_letters_are_listed_requeued_and_purged(store: Store) -> None:
+    q = QueueId("up", 2)
+    await store.enqueue(msg(1), [RouteResult("up", 2)])
+    await store.enqueue(msg(2), [RouteResult("up", 2)])
+    first = store.read(q, 0, 1)[0]
+    await store.dead_letter(first, reason="invalid", attempts=3, error="bad json")
+    assert [it.offset for it in store.read(q, 0, 10)] == [1]
+    (dl,) = store.dead_letters("up")
+    assert (dl.reason, dl.attempts, dl.error, dl.message.body) == ("invalid", 3, "bad json", b"m1")
+    assert await store.requeue_dead_letters("up") == 1
+    assert store.dead_letters("up") == []
+    items = store.read(q, 0, 10)
+    assert [(it.offset, it.message.body) for it in items] == [(1, b"m2"), (2, b"m1")]
+    await store.dead_letter(items[1], reason="maxDeliveryAttempts", attempts=5)
+    assert await store.purge_dead_letters("up") == 1
+    assert store.dead_letters("up") == []
+    assert not store.has_message(items[1].message_key)
+
+
+async def test_metadata_round_trips(store_factory: StoreFactory) -> None:
+    s = store_factory()
+    await s.put_metadata("identity/dev1", b"x")
+    await s.close()
+    s = store_factory()
+    try:
+        assert s.get_metadata("identity/dev1") == b"x"
+        await s.put_metadata("identity/dev1", None)
+        assert s.get_metadata("identity/dev1") is None
+    finally:
+        await s.close()
+
+
+async def test_closed_store_refuses_use(store_factory: StoreFactory) -> None:
+    s = store_factory()
+    await s.close()
+    with pytest.raises(StoreClosedError):
+        await s.enqueue(msg(1), [RouteResult("up")])
+    with pytest.raises(StoreClosedError):
+        s.read(QueueId("up", 0), 0, 1)
+
+
+@pytest.mark.parametrize("fsync", [FsyncPolicy.INTERVAL, FsyncPolicy.NONE])
+async def test_every_fsync_policy_acknowledges_and_keeps_writes(
+    store_factory: StoreFactory, fsync: FsyncPolicy
+) -> None:
+    s = store_factory(fsync=fsync, fsync_interval_ms=5)
+    async with asyncio.timeout(10):
+        await asyncio.gather(*(s.enqueue(msg(i), [RouteResult("up", 0)]) for i in range(50)))
+    await s.close()
+    s = store_factory()
+    try:
+        assert len(s.read(QueueId("up", 0), 0, 100)) == 50
+    finally:
+        await s.close()
