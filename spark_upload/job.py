@@ -63,11 +63,14 @@ __all__ = [
     "RECORD_SCHEMA",
     "REQUIRED_FIELDS",
     "JobSettings",
+    "RunState",
     "build_session",
     "compact",
     "device_minute_stats",
+    "finish",
     "main",
     "run",
+    "start",
 ]
 
 _log = logging.getLogger(__name__)
@@ -140,12 +143,18 @@ class JobSettings:
 
 
 def build_session(
-    *, master: str | None = None, app_name: str = "edgehub-ingest", shuffle_partitions: int = 8
+    *,
+    master: str | None = None,
+    app_name: str = "edgehub-ingest",
+    shuffle_partitions: int = 8,
+    extra_conf: dict[str, str] | None = None,
 ) -> SparkSession:
     """A session with the settings the job relies on (UTC, RocksDB state). ``master=None`` keeps spark-submit's."""
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
     spark = (
         builder.config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
@@ -298,14 +307,19 @@ class _BatchCounts:
 
 
 @dataclass(slots=True)
-class _Run:
+class RunState:
     settings: JobSettings
     lake: _Lake
     counts: dict[int, _BatchCounts] = field(default_factory=dict)
     emitted: set[int] = field(default_factory=set)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.Condition = field(default_factory=threading.Condition)
     metrics_file: str | None = None
     listener: StreamingQueryListener | None = None
+
+    def wait_for_batches(self, n: int, *, timeout_s: float) -> bool:
+        """Block until ``n`` batches were handled by this run (committed or skipped); False on timeout."""
+        with self.lock:
+            return self.lock.wait_for(lambda: len(self.counts) >= n, timeout=timeout_s)
 
 
 def _silver(bronze: DataFrame) -> DataFrame:
@@ -371,13 +385,17 @@ def device_minute_stats(spark: SparkSession, lake: str) -> DataFrame:
     return msgs.join(stats, ["device_id", "minute"], "left").orderBy("device_id", "minute", "field")
 
 
-def _write_batch(run: _Run, batch: DataFrame, batch_id: int) -> None:
+def _write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
     lake, settings = run.lake, run.settings
     tag = _batch_tag(batch_id)
     if lake.exists("_committed", tag):
         _log.info("ingest.batch_replay_skipped batch=%d", batch_id)
+        # The rows are already in the tables, but the dedup state of this batch must still be committed, and
+        # Spark checks that every state partition was: run the plan into the no-op sink.
+        batch.write.format("noop").mode("overwrite").save()
         with run.lock:
             run.counts[batch_id] = _BatchCounts(skipped_replay=True)
+            run.lock.notify_all()
         return
     # A half-done earlier attempt may have moved some files in: take them out before writing again.
     for table in _TABLES:
@@ -431,9 +449,10 @@ def _write_batch(run: _Run, batch: DataFrame, batch_id: int) -> None:
         batch.unpersist()
     with run.lock:
         run.counts[batch_id] = counts
+        run.lock.notify_all()
 
 
-def _emit_metrics(run: _Run, progress: dict[str, Any]) -> None:
+def _emit_metrics(run: RunState, progress: dict[str, Any]) -> None:
     batch_id = int(progress["batchId"])
     with run.lock:
         if batch_id in run.emitted or batch_id not in run.counts:
@@ -461,7 +480,7 @@ def _emit_metrics(run: _Run, progress: dict[str, Any]) -> None:
 
 
 class _MetricsListener(StreamingQueryListener):
-    def __init__(self, run: _Run, query_id: list[str]) -> None:
+    def __init__(self, run: RunState, query_id: list[str]) -> None:
         self._run = run
         self._query_id = query_id
 
@@ -491,10 +510,10 @@ def _local_metrics_file(settings: JobSettings, lake: _Lake) -> str | None:
     return target
 
 
-def start(spark: SparkSession, settings: JobSettings) -> tuple[StreamingQuery, _Run]:
+def start(spark: SparkSession, settings: JobSettings) -> tuple[StreamingQuery, RunState]:
     """Start the streaming query; the caller waits on it and must stop it."""
     lake = _Lake(spark, settings.lake)
-    run = _Run(settings=settings, lake=lake)
+    run = RunState(settings=settings, lake=lake)
     run.metrics_file = _local_metrics_file(settings, lake)
     stream = _deduplicated(classify(_read_landing(spark, settings)), settings.dedup_window)
     writer = stream.writeStream.option("checkpointLocation", settings.checkpoint).foreachBatch(
@@ -513,7 +532,7 @@ def start(spark: SparkSession, settings: JobSettings) -> tuple[StreamingQuery, _
     return query, run
 
 
-def finish(spark: SparkSession, query: StreamingQuery, run: _Run) -> None:
+def finish(spark: SparkSession, query: StreamingQuery, run: RunState) -> None:
     """Emit metrics the listener has not delivered yet, then drop the listener."""
     for progress in query.recentProgress:
         _emit_metrics(run, json.loads(progress.json))
@@ -535,16 +554,14 @@ def run(spark: SparkSession, settings: JobSettings) -> None:
 # --- compaction ---------------------------------------------------------------------------------------------
 
 
-def compact(
-    spark: SparkSession, lake_root: str, *, older_than_days: int = 2, max_records_per_file: int = 500_000
-) -> dict[str, int]:
-    """Rewrite each table partition older than ``older_than_days`` into as few files as the cap allows.
+def compact(spark: SparkSession, lake_root: str, *, before: str, max_records_per_file: int = 500_000) -> dict[str, int]:
+    """Rewrite each table partition with ``ingest_date < before`` (ISO date) into as few files as the cap allows.
 
     Returns ``{table/partition: files_after}`` for the partitions it rewrote (those with more than one file).
     The swap is: write to ``_compact/...``, move the old files to ``_compact_trash``, move the new ones in.
     """
     lake = _Lake(spark, lake_root)
-    cutoff = (datetime.now(UTC) - timedelta(days=older_than_days)).date().isoformat()
+    cutoff = before
     done: dict[str, int] = {}
     for table in _TABLES:
         for part in lake.glob(f"{table}/ingest_date=*"):
@@ -620,9 +637,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.command == "compact":
         spark = build_session(master=ns.master, app_name="edgehub-compact")
         try:
-            done = compact(
-                spark, ns.lake, older_than_days=ns.older_than_days, max_records_per_file=ns.max_records_per_file
-            )
+            before = (datetime.now(UTC) - timedelta(days=ns.older_than_days)).date().isoformat()
+            done = compact(spark, ns.lake, before=before, max_records_per_file=ns.max_records_per_file)
             print(json.dumps({"compacted": done}))
         finally:
             spark.stop()
