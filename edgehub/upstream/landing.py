@@ -85,16 +85,27 @@ class LandingZone:
 
     def write(self, name: SegmentName, data: bytes) -> WriteOutcome:
         """Publish ``data`` as segment ``name``. Durable (local) and visible on return."""
-        final = self.path_of(name)
+        return self.write_path(name.path, data)
+
+    def write_path(self, relative_path: str, data: bytes) -> WriteOutcome:
+        """``write`` for a name that is not a ``SegmentName`` (e.g. content-addressed), with the same guarantees.
+
+        Each part of ``relative_path`` must be a plain name not starting with ``.`` or ``_``.
+        """
+        parts = relative_path.split("/")
+        if not relative_path or any(not p or p in (".", "..") or p[0] in "._" or "\\" in p for p in parts):
+            raise ValueError(f"bad landing path {relative_path!r}")
+        final = f"{self._root}/{relative_path}"
+        name = relative_path
         try:
             outcome = _write_local(self._root, final, data) if self._local else self._write_remote(final, data)
         except TransportError:
             raise
         except Exception as exc:
             kind = _kind_of(exc)
-            _log.warning("landing.write_failed url=%s segment=%s kind=%s error=%s", self.url, name.path, kind, exc)
-            raise TransportError(f"landing zone {self.url!r}: writing {name.path} failed: {exc}", kind=kind) from exc
-        _log.debug("landing.%s url=%s segment=%s bytes=%d", outcome, self.url, name.path, len(data))
+            _log.warning("landing.write_failed url=%s segment=%s kind=%s error=%s", self.url, name, kind, exc)
+            raise TransportError(f"landing zone {self.url!r}: writing {name} failed: {exc}", kind=kind) from exc
+        _log.debug("landing.%s url=%s segment=%s bytes=%d", outcome, self.url, name, len(data))
         return outcome
 
     def _write_remote(self, final: str, data: bytes) -> WriteOutcome:

@@ -93,3 +93,12 @@ def test_other_fsspec_protocols_write_through_a_move_and_stay_idempotent() -> No
         assert fs.cat_file(files[0]) == _segment("first")
     finally:
         fs.rm("/landing-test-idempotent", recursive=True)
+
+
+def test_write_path_refuses_names_that_escape_or_hide(tmp_path: Path) -> None:
+    zone = LandingZone(str(tmp_path))
+    for bad in ("", "../x.jsonl.gz", "a/.hidden.jsonl.gz", "_tmp/x", "a//b"):
+        with pytest.raises(ValueError, match="bad landing path"):
+            zone.write_path(bad, b"x")
+    assert zone.write_path("received/abc.jsonl.gz", b"x") == WriteOutcome.WRITTEN
+    assert (tmp_path / "received" / "abc.jsonl.gz").read_bytes() == b"x"
