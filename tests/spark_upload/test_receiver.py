@@ -80,8 +80,10 @@ def _publish(broker: str, payload: bytes, tmp_path: Path, *, segment: str | None
     subprocess.run(cmd, check=True, timeout=10)
 
 
-def _receiver(broker: str, landing: Path, reports: queue.Queue[Received], **kw: str) -> Receiver:
-    settings = ReceiverSettings(broker=broker, topic="edgehub/+/batches", landing=str(landing), **kw)
+def _receiver(
+    broker: str, landing: Path, reports: queue.Queue[Received], *, client_id: str = "edgehub-landing-receiver"
+) -> Receiver:
+    settings = ReceiverSettings(broker=broker, topic="edgehub/+/batches", landing=str(landing), client_id=client_id)
     receiver = Receiver(settings, on_landed=reports.put)
     receiver.start()
     assert receiver.subscribed.wait(timeout=10)
