@@ -1,0 +1,173 @@
+"""The landing zone: where segments land in the cloud for the Spark job to read, through fsspec.
+
+``LandingZone(url).write(name, data)`` stores one segment's bytes at ``{url}/{name.path}``. A plain folder path
+or a ``file://`` URL is the default; any other protocol works through its fsspec plugin when it is installed
+(``s3://`` with s3fs, ``abfs://`` with adlfs, ``memory://`` for tests).
+
+Invariants:
+
+* **Idempotent.** Segment names are a pure function of the batch, so writing the same name twice leaves one
+  file, unchanged: the second write finds it and returns. Locally the publish step is ``os.link``, which
+  refuses to replace an existing file, so two racing writers of one name still leave the first one's bytes.
+* **Atomically visible.** Bytes go first to a temp name starting with ``.`` in the same folder (Spark's file
+  sources skip such names), are fsync'ed (local), and are then published under the final name by a link or a
+  move, so a reader sees the whole segment or nothing. Locally the folder is fsync'ed too, so a returned
+  ``write`` survives a power cut.
+* **Errors are ours.** Every failure is a ``TransportError`` whose ``kind`` says what to do next: a full disk
+  or a flaky store is ``TRANSIENT``, a refused permission or an unknown protocol is ``PERMANENT``.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import uuid
+from enum import StrEnum
+from typing import Any
+
+import fsspec
+
+from edgehub.core import FailureKind, TransportError
+from edgehub.upstream.segment import SegmentName
+
+__all__ = ["LandingZone", "WriteOutcome"]
+
+_log = logging.getLogger(__name__)
+
+_PERMANENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR})
+
+
+class WriteOutcome(StrEnum):
+    """Whether a write published a new file or found the segment already there."""
+
+    WRITTEN = "written"
+    ALREADY_PRESENT = "already_present"
+
+
+def _kind_of(exc: BaseException) -> FailureKind:
+    if isinstance(exc, PermissionError):
+        return FailureKind.PERMANENT
+    if isinstance(exc, TimeoutError):
+        return FailureKind.TIMEOUT
+    if isinstance(exc, OSError) and exc.errno in _PERMANENT_ERRNOS:
+        return FailureKind.PERMANENT
+    return FailureKind.TRANSIENT
+
+
+class LandingZone:
+    """A landing zone at ``url``; ``write`` is safe to call again with the same name after any failure."""
+
+    def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None) -> None:
+        if not url:
+            raise ValueError("landing zone url must not be empty")
+        try:
+            fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        except (ImportError, ValueError) as exc:
+            # An unknown protocol or a missing plugin: retrying will not help.
+            raise TransportError(
+                f"landing zone {url!r}: no usable filesystem ({exc})", kind=FailureKind.PERMANENT
+            ) from exc
+        self.url = url
+        self._fs = fs
+        self._root = root.rstrip("/") if root != "/" else root
+        self._local = "file" in _protocols(fs)
+
+    def path_of(self, name: SegmentName) -> str:
+        """The full path (in the filesystem's own terms) a segment lands at."""
+        return f"{self._root}/{name.path}"
+
+    def exists(self, name: SegmentName) -> bool:
+        try:
+            return bool(self._fs.exists(self.path_of(name)))
+        except Exception as exc:
+            raise TransportError(f"landing zone {self.url!r}: exists failed: {exc}", kind=_kind_of(exc)) from exc
+
+    def write(self, name: SegmentName, data: bytes) -> WriteOutcome:
+        """Publish ``data`` as segment ``name``. Durable (local) and visible on return."""
+        return self.write_path(name.path, data)
+
+    def write_path(self, relative_path: str, data: bytes) -> WriteOutcome:
+        """``write`` for a name that is not a ``SegmentName`` (e.g. content-addressed), with the same guarantees.
+
+        Each part of ``relative_path`` must be a plain name not starting with ``.`` or ``_``.
+        """
+        parts = relative_path.split("/")
+        if not relative_path or any(not p or p in (".", "..") or p[0] in "._" or "\\" in p for p in parts):
+            raise ValueError(f"bad landing path {relative_path!r}")
+        final = f"{self._root}/{relative_path}"
+        name = relative_path
+        try:
+            outcome = _write_local(self._root, final, data) if self._local else self._write_remote(final, data)
+        except TransportError:
+            raise
+        except Exception as exc:
+            kind = _kind_of(exc)
+            _log.warning("landing.write_failed url=%s segment=%s kind=%s error=%s", self.url, name, kind, exc)
+            raise TransportError(f"landing zone {self.url!r}: writing {name} failed: {exc}", kind=kind) from exc
+        _log.debug("landing.%s url=%s segment=%s bytes=%d", outcome, self.url, name, len(data))
+        return outcome
+
+    def _write_remote(self, final: str, data: bytes) -> WriteOutcome:
+        fs = self._fs
+        if fs.exists(final):
+            return WriteOutcome.ALREADY_PRESENT
+        folder, base = final.rsplit("/", 1)
+        tmp = f"{folder}/.{base}.{uuid.uuid4().hex}.tmp"
+        fs.makedirs(folder, exist_ok=True)
+        fs.pipe_file(tmp, data)
+        try:
+            # Object stores have no no-replace rename; a racing writer of the same name writes the same bytes
+            # (names are a function of the batch), so last-writer-wins is harmless there.
+            if fs.exists(final):
+                return WriteOutcome.ALREADY_PRESENT
+            fs.mv(tmp, final)
+        finally:
+            if fs.exists(tmp):
+                fs.rm(tmp)
+        return WriteOutcome.WRITTEN
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    proto = fs.protocol
+    return (proto,) if isinstance(proto, str) else tuple(proto)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_local(root: str, final: str, data: bytes) -> WriteOutcome:
+    if os.path.exists(final):
+        return WriteOutcome.ALREADY_PRESENT
+    folder, base = os.path.split(final)
+    if not os.path.isdir(folder):
+        os.makedirs(folder, exist_ok=True)
+        # New folders are entries in their parents: sync those up to the root so the path survives a crash.
+        parent = folder
+        while parent != root and parent.startswith(root) and parent != os.path.dirname(parent):
+            parent = os.path.dirname(parent)
+            _fsync_dir(parent)
+    tmp = os.path.join(folder, f".{base}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, final)  # never replaces: the first writer of a name wins
+            outcome = WriteOutcome.WRITTEN
+        except FileExistsError:
+            outcome = WriteOutcome.ALREADY_PRESENT
+    finally:
+        os.unlink(tmp)
+    _fsync_dir(folder)
+    return outcome

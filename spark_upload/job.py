@@ -1,0 +1,667 @@
+"""The cloud ingestion job: landing zone segments to lake tables, exactly once.
+
+Usage:
+    python -m spark_upload.job --landing URL --lake DIR --checkpoint DIR \\
+        [--trigger available-now|continuous] [--master local[2]]
+    spark-submit --master spark://HOST:7077 spark_upload/job.py \\
+        --landing URL --lake DIR --checkpoint DIR --trigger available-now
+    python -m spark_upload.job compact --lake DIR [--older-than-days 2] [--max-records-per-file N]
+
+What it does, per micro-batch of new landing files (Structured Streaming, built-in text source; gzip is
+decoded by the file source from the ``.gz`` suffix):
+
+* every line is classified: a good record goes to **bronze** (all segment fields typed, body decoded to bytes),
+  anything else to **quarantine** with a ``reason`` and its ``source_file``: ``empty_line``,
+  ``unparseable_line`` (not JSON or not an object), ``unsupported_version``, ``malformed_record`` (a field of the
+  wrong type), ``missing_fields:a,b`` (required field absent or null), ``bad_enqueued_at``,
+  ``body_not_base64``. Nothing is dropped silently;
+* records whose ``edge_message_id`` was already seen within the dedup window are removed
+  (``dropDuplicatesWithinWatermark`` over the ingest time, which is the micro-batch time and so never "late");
+* **silver** is bronze with the body parsed to a VARIANT (``parse_json``; null when the body is not JSON, which
+  is legal: bodies are bytes) and device, module, priority and times as columns;
+* **device_minute** holds partial aggregates per batch (per device and minute and numeric top-level body field:
+  count, sum, min, max) that ``device_minute_stats`` combines into count/min/max/avg;
+* one JSON line of metrics per batch (input, bronze, duplicates, quarantined) goes to ``{lake}/_metrics`` and
+  to stdout.
+
+Invariants:
+
+* **Exactly once across restarts.** The checkpoint (offsets, dedup state) decides what each batch holds, and
+  replaying a batch gives the same rows. The sink is idempotent: a batch is written to ``_staging/{batch}``,
+  its files are moved into the tables under names carrying the batch id (``part-b{batch}-...``), and a marker
+  ``_committed/{batch}`` is written last. A batch with a marker is skipped; one without first deletes any files
+  a half-done attempt moved in, then writes again.
+* Tables are Parquet partitioned by ``ingest_date`` (UTC); files hold at most ``max_records_per_file`` rows;
+  ``compact`` rewrites partitions older than N days into fewer files (run it when the job is not writing to
+  those partitions; it never touches today's).
+* Names starting with ``_`` or ``.`` inside the lake are bookkeeping; Spark readers skip them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.streaming.listener import StreamingQueryListener
+from pyspark.sql.streaming.query import StreamingQuery
+
+from edgehub.upstream.segment import SEGMENT_FORMAT_VERSION, SEGMENT_SUFFIX
+
+__all__ = [
+    "BRONZE_COLUMNS",
+    "RECORD_SCHEMA",
+    "REQUIRED_FIELDS",
+    "JobSettings",
+    "RunState",
+    "build_session",
+    "compact",
+    "device_minute_stats",
+    "finish",
+    "main",
+    "run",
+    "start",
+]
+
+_log = logging.getLogger(__name__)
+
+# The segment record, field for field (edgehub.upstream.segment.RECORD_FIELDS; a test keeps them in step).
+RECORD_SCHEMA = T.StructType(
+    [
+        T.StructField("v", T.IntegerType()),
+        T.StructField("edge_message_id", T.StringType()),
+        T.StructField("message_id", T.StringType()),
+        T.StructField("device_id", T.StringType()),
+        T.StructField("module_id", T.StringType()),
+        T.StructField("hub_id", T.StringType()),
+        T.StructField("enqueued_at", T.StringType()),
+        T.StructField("priority", T.IntegerType()),
+        T.StructField("ttl_s", T.DoubleType()),
+        T.StructField("source", T.StringType()),
+        T.StructField("properties", T.MapType(T.StringType(), T.StringType(), valueContainsNull=True)),
+        T.StructField("system_properties", T.MapType(T.StringType(), T.StringType(), valueContainsNull=True)),
+        T.StructField("body", T.StringType()),
+    ]
+)
+REQUIRED_FIELDS: tuple[str, ...] = ("edge_message_id", "hub_id", "enqueued_at", "priority", "ttl_s", "source", "body")
+_CORRUPT = "_corrupt_record"
+_PARSE_SCHEMA = T.StructType([*RECORD_SCHEMA.fields, T.StructField(_CORRUPT, T.StringType())])
+_ENQUEUED_AT_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSX"
+_NUMERIC_VARIANT = r"^(TINYINT|SMALLINT|INT|BIGINT|FLOAT|DOUBLE|DECIMAL)"
+
+BRONZE_COLUMNS: tuple[str, ...] = (
+    "v",
+    "edge_message_id",
+    "message_id",
+    "device_id",
+    "module_id",
+    "hub_id",
+    "enqueued_at",
+    "priority",
+    "ttl_s",
+    "source",
+    "properties",
+    "system_properties",
+    "body",
+    "source_file",
+    "ingest_at",
+    "ingest_date",
+)
+_TABLES = ("bronze", "quarantine", "silver", "device_minute")
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings:
+    """Where the job reads and writes, and how it batches. Paths are Hadoop paths or URLs."""
+
+    landing: str
+    lake: str
+    checkpoint: str
+    trigger: str = "available-now"  # or "continuous": a micro-batch every processing_interval
+    processing_interval: str = "10 seconds"
+    dedup_window: str = "6 hours"
+    max_records_per_file: int = 500_000
+    max_files_per_trigger: int | None = None
+    metrics_path: str | None = None  # a local file; default {lake}/_metrics/batches.jsonl when lake is local
+    print_metrics: bool = True
+
+    def __post_init__(self) -> None:
+        if self.trigger not in ("available-now", "continuous"):
+            raise ValueError(f"trigger must be available-now or continuous, not {self.trigger!r}")
+        if self.max_records_per_file <= 0:
+            raise ValueError("max_records_per_file must be positive")
+
+
+def build_session(
+    *,
+    master: str | None = None,
+    app_name: str = "edgehub-ingest",
+    shuffle_partitions: int = 8,
+    extra_conf: dict[str, str] | None = None,
+) -> SparkSession:
+    """A session with the settings the job relies on (UTC, RocksDB state). ``master=None`` keeps spark-submit's."""
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
+    spark = (
+        builder.config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    return spark
+
+
+# --- classification ---------------------------------------------------------------------------------------
+
+
+def _missing_fields(rec: Column) -> Column:
+    names = [F.when(rec[name].isNull(), F.lit(name)) for name in REQUIRED_FIELDS]
+    return F.concat_ws(",", *names)
+
+
+def classify(lines: DataFrame) -> DataFrame:
+    """Lines (``value``, ``source_file``, ``ingest_at``) to typed rows with a ``reason`` (null when good)."""
+    rec = F.from_json("value", _PARSE_SCHEMA, {"columnNameOfCorruptRecord": _CORRUPT, "mode": "PERMISSIVE"})
+    parsed = lines.select(
+        "value",
+        "source_file",
+        "ingest_at",
+        rec.alias("r"),
+        F.try_parse_json("value").alias("_json"),
+    )
+    r = F.col("r")
+    missing = _missing_fields(r)
+    enqueued_ts = F.try_to_timestamp(r["enqueued_at"], F.lit(_ENQUEUED_AT_FORMAT))
+    body = F.try_to_binary(r["body"], F.lit("base64"))
+    reason = (
+        F.when(F.trim("value") == "", F.lit("empty_line"))
+        .when(
+            F.col("_json").isNull() | ~F.schema_of_variant("_json").startswith("OBJECT"),
+            F.lit("unparseable_line"),
+        )
+        .when(
+            F.variant_get("_json", "$.v", "string").isNull()
+            | (F.try_variant_get("_json", "$.v", "string") != F.lit(str(SEGMENT_FORMAT_VERSION))),
+            F.lit("unsupported_version"),
+        )
+        .when(r[_CORRUPT].isNotNull(), F.lit("malformed_record"))
+        .when(missing != "", F.concat(F.lit("missing_fields:"), missing))
+        .when(enqueued_ts.isNull(), F.lit("bad_enqueued_at"))
+        .when(body.isNull(), F.lit("body_not_base64"))
+    )
+    return parsed.select(
+        "value",
+        "source_file",
+        "ingest_at",
+        reason.alias("reason"),
+        F.lit(SEGMENT_FORMAT_VERSION).alias("v"),
+        r["edge_message_id"].alias("edge_message_id"),
+        r["message_id"].alias("message_id"),
+        r["device_id"].alias("device_id"),
+        r["module_id"].alias("module_id"),
+        r["hub_id"].alias("hub_id"),
+        enqueued_ts.alias("enqueued_at"),
+        r["priority"].alias("priority"),
+        r["ttl_s"].alias("ttl_s"),
+        r["source"].alias("source"),
+        r["properties"].alias("properties"),
+        r["system_properties"].alias("system_properties"),
+        body.alias("body"),
+    )
+
+
+def _read_landing(spark: SparkSession, settings: JobSettings) -> DataFrame:
+    reader = spark.readStream.format("text").option("pathGlobFilter", f"*{SEGMENT_SUFFIX}")
+    reader = reader.option("recursiveFileLookup", "true")
+    if settings.max_files_per_trigger is not None:
+        reader = reader.option("maxFilesPerTrigger", str(settings.max_files_per_trigger))
+    raw = reader.load(settings.landing)
+    # current_timestamp() is the micro-batch's time, fixed in the offset log: a replayed batch gets the same.
+    return raw.select(
+        "value", F.col("_metadata.file_path").alias("source_file"), F.current_timestamp().alias("ingest_at")
+    )
+
+
+def _deduplicated(classified: DataFrame, dedup_window: str) -> DataFrame:
+    # Good rows are keyed by edge_message_id; bad rows by where they came from, so they are never merged with a
+    # good row (two byte-identical bad lines in one file are one quarantine row).
+    key = F.when(F.col("reason").isNull(), F.concat(F.lit("m:"), F.col("edge_message_id"))).otherwise(
+        F.concat(F.lit("q:"), F.col("source_file"), F.lit(":"), F.sha2(F.col("value"), 256))
+    )
+    return (
+        classified.withColumn("dedup_key", key)
+        .withWatermark("ingest_at", dedup_window)
+        .dropDuplicatesWithinWatermark(["dedup_key"])
+    )
+
+
+# --- the idempotent sink ------------------------------------------------------------------------------------
+
+
+class _Lake:
+    """Hadoop FileSystem operations on the lake (local, HDFS, s3a, abfs: whatever the session can reach)."""
+
+    def __init__(self, spark: SparkSession, root: str) -> None:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        self._jvm = jvm
+        self._root_path = jvm.org.apache.hadoop.fs.Path(root)
+        self._fs = self._root_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        self.root = self._root_path.toString()
+
+    def path(self, *parts: str) -> Any:
+        return self._jvm.org.apache.hadoop.fs.Path(self.root + "/" + "/".join(parts))
+
+    def exists(self, *parts: str) -> bool:
+        return bool(self._fs.exists(self.path(*parts)))
+
+    def delete(self, *parts: str) -> None:
+        self._fs.delete(self.path(*parts), True)
+
+    def touch(self, *parts: str, text: str = "") -> None:
+        out = self._fs.create(self.path(*parts), True)
+        try:
+            out.write(bytearray(text.encode("utf-8")))
+        finally:
+            out.close()
+
+    def glob(self, pattern: str) -> list[Any]:
+        found = self._fs.globStatus(self.path(pattern))
+        return [] if found is None else [s.getPath() for s in found]
+
+    def mkdirs(self, p: Any) -> None:
+        self._fs.mkdirs(p)
+
+    def rename(self, src: Any, dst: Any) -> None:
+        if not self._fs.rename(src, dst):
+            raise OSError(f"rename {src.toString()} -> {dst.toString()} failed")
+
+
+def _batch_tag(batch_id: int) -> str:
+    return f"b{batch_id:010d}"
+
+
+@dataclass(slots=True)
+class _BatchCounts:
+    bronze: int = 0
+    quarantined: int = 0
+    silver_json: int = 0
+    skipped_replay: bool = False
+
+
+@dataclass(slots=True)
+class RunState:
+    settings: JobSettings
+    lake: _Lake
+    counts: dict[int, _BatchCounts] = field(default_factory=dict)
+    emitted: set[int] = field(default_factory=set)
+    lock: threading.Condition = field(default_factory=threading.Condition)
+    metrics_file: str | None = None
+    listener: StreamingQueryListener | None = None
+
+    def wait_for_batches(self, n: int, *, timeout_s: float) -> bool:
+        """Block until ``n`` batches were handled by this run (committed or skipped); False on timeout."""
+        with self.lock:
+            return self.lock.wait_for(lambda: len(self.counts) >= n, timeout=timeout_s)
+
+
+def _silver(bronze: DataFrame) -> DataFrame:
+    return bronze.select(
+        "edge_message_id",
+        "hub_id",
+        "device_id",
+        "module_id",
+        "priority",
+        "enqueued_at",
+        "ingest_at",
+        "ingest_date",
+        "properties",
+        F.try_parse_json(F.col("body").cast("string")).alias("body"),
+    )
+
+
+def _device_minute_partials(silver: DataFrame, batch_id: int) -> DataFrame:
+    fields = silver.where(F.col("body").isNotNull()).select(
+        "device_id",
+        F.date_trunc("minute", "enqueued_at").alias("minute"),
+        "ingest_date",
+        F.explode(F.expr("cast(body as map<string,variant>)")).alias("field", "value"),
+    )
+    numeric = fields.where(F.schema_of_variant("value").rlike(_NUMERIC_VARIANT)).select(
+        "device_id", "minute", "ingest_date", "field", F.variant_get("value", "$", "double").alias("x")
+    )
+    per_field = numeric.groupBy("ingest_date", "device_id", "minute", "field").agg(
+        F.count("x").alias("n"), F.sum("x").alias("sum"), F.min("x").alias("min"), F.max("x").alias("max")
+    )
+    messages = (
+        silver.select("device_id", F.date_trunc("minute", "enqueued_at").alias("minute"), "ingest_date")
+        .groupBy("ingest_date", "device_id", "minute")
+        .agg(F.count(F.lit(1)).alias("n"))
+        .select(
+            "ingest_date",
+            "device_id",
+            "minute",
+            F.lit(None).cast("string").alias("field"),  # the row counting messages, fields or not
+            "n",
+            F.lit(None).cast("double").alias("sum"),
+            F.lit(None).cast("double").alias("min"),
+            F.lit(None).cast("double").alias("max"),
+        )
+    )
+    return per_field.unionByName(messages).withColumn("batch_id", F.lit(batch_id).cast("long"))
+
+
+def device_minute_stats(spark: SparkSession, lake: str) -> DataFrame:
+    """The example aggregate: per device and minute, the message count and min/max/avg of each numeric field."""
+    partials = spark.read.parquet(f"{lake}/device_minute")
+    msgs = partials.where(F.col("field").isNull()).groupBy("device_id", "minute").agg(F.sum("n").alias("count"))
+    stats = (
+        partials.where(F.col("field").isNotNull())
+        .groupBy("device_id", "minute", "field")
+        .agg(
+            F.min("min").alias("min"),
+            F.max("max").alias("max"),
+            (F.sum("sum") / F.sum("n")).alias("avg"),
+            F.sum("n").alias("n"),
+        )
+    )
+    return msgs.join(stats, ["device_id", "minute"], "left").orderBy("device_id", "minute", "field")
+
+
+def _write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
+    lake, settings = run.lake, run.settings
+    tag = _batch_tag(batch_id)
+    if lake.exists("_committed", tag):
+        _log.info("ingest.batch_replay_skipped batch=%d", batch_id)
+        # The rows are already in the tables, but the dedup state of this batch must still be committed, and
+        # Spark checks that every state partition was: run the plan into the no-op sink.
+        batch.write.format("noop").mode("overwrite").save()
+        with run.lock:
+            run.counts[batch_id] = _BatchCounts(skipped_replay=True)
+            run.lock.notify_all()
+        return
+    # A half-done earlier attempt may have moved some files in: take them out before writing again.
+    for table in _TABLES:
+        for leftover in lake.glob(f"{table}/*/part-{tag}-*"):
+            lake._fs.delete(leftover, False)
+    lake.delete("_staging", tag)
+
+    batch = batch.withColumn("ingest_date", F.to_date("ingest_at")).persist()
+    try:
+        good = batch.where(F.col("reason").isNull()).select(*BRONZE_COLUMNS)
+        bad = batch.where(F.col("reason").isNotNull()).select(
+            "reason",
+            "source_file",
+            F.col("value").alias("line"),
+            "edge_message_id",
+            "ingest_at",
+            "ingest_date",
+        )
+        silver = _silver(good)
+        outputs: dict[str, DataFrame] = {
+            "bronze": good,
+            "quarantine": bad,
+            "silver": silver,
+            "device_minute": _device_minute_partials(silver, batch_id),
+        }
+        counts = _BatchCounts(bronze=good.count(), quarantined=bad.count())
+        for table, frame in outputs.items():
+            if table in ("bronze", "silver") and counts.bronze == 0:
+                continue
+            if table == "device_minute" and counts.bronze == 0:
+                continue
+            if table == "quarantine" and counts.quarantined == 0:
+                continue
+            (
+                frame.write.mode("overwrite")
+                .option("maxRecordsPerFile", settings.max_records_per_file)
+                .partitionBy("ingest_date")
+                .parquet(lake.path("_staging", tag, table).toString())
+            )
+        for table in outputs:
+            staged = lake.glob(f"_staging/{tag}/{table}/*/part-*")
+            for i, src in enumerate(sorted(staged, key=lambda p: p.toString())):
+                partition = src.getParent().getName()
+                dst_dir = lake.path(table, partition)
+                lake.mkdirs(dst_dir)
+                suffix = src.getName().split(".", 1)[1] if "." in src.getName() else "parquet"
+                lake.rename(src, lake.path(table, partition, f"part-{tag}-{i:05d}.{suffix}"))
+        lake.touch("_committed", tag, text=json.dumps({"bronze": counts.bronze, "quarantined": counts.quarantined}))
+        lake.delete("_staging", tag)
+    finally:
+        batch.unpersist()
+    with run.lock:
+        run.counts[batch_id] = counts
+        run.lock.notify_all()
+
+
+def _emit_metrics(run: RunState, progress: dict[str, Any]) -> None:
+    batch_id = int(progress["batchId"])
+    with run.lock:
+        if batch_id in run.emitted or batch_id not in run.counts:
+            return
+        run.emitted.add(batch_id)
+        counts = run.counts[batch_id]
+    input_rows = int(progress.get("numInputRows", 0))
+    # Every input row ends in bronze or quarantine unless the dedup step removed it.
+    dropped = 0 if counts.skipped_replay else input_rows - counts.bronze - counts.quarantined
+    line = {
+        "batch_id": batch_id,
+        "at": progress.get("timestamp"),
+        "input_rows": input_rows,
+        "bronze_rows": counts.bronze,
+        "duplicates": dropped,
+        "quarantined": counts.quarantined,
+        "replay_skipped": counts.skipped_replay,
+    }
+    text = json.dumps(line, separators=(",", ":"))
+    if run.metrics_file is not None:
+        with open(run.metrics_file, "a", encoding="utf-8") as out:
+            out.write(text + "\n")
+    if run.settings.print_metrics:
+        print(f"ingest.batch {text}", flush=True)
+
+
+class _MetricsListener(StreamingQueryListener):
+    def __init__(self, run: RunState, query_id: list[str]) -> None:
+        self._run = run
+        self._query_id = query_id
+
+    def onQueryStarted(self, event: Any) -> None:
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:
+        progress = json.loads(event.progress.json)
+        if self._query_id and progress.get("id") == self._query_id[0]:
+            _emit_metrics(self._run, progress)
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        pass
+
+
+def _local_metrics_file(settings: JobSettings, lake: _Lake) -> str | None:
+    if settings.metrics_path is not None:
+        target = settings.metrics_path
+    elif "://" not in settings.lake or settings.lake.startswith("file:"):
+        target = settings.lake.removeprefix("file://") + "/_metrics/batches.jsonl"
+    else:
+        return None
+    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+    return target
+
+
+def start(spark: SparkSession, settings: JobSettings) -> tuple[StreamingQuery, RunState]:
+    """Start the streaming query; the caller waits on it and must stop it."""
+    lake = _Lake(spark, settings.lake)
+    run = RunState(settings=settings, lake=lake)
+    run.metrics_file = _local_metrics_file(settings, lake)
+    stream = _deduplicated(classify(_read_landing(spark, settings)), settings.dedup_window)
+    writer = stream.writeStream.option("checkpointLocation", settings.checkpoint).foreachBatch(
+        lambda df, batch_id: _write_batch(run, df, batch_id)
+    )
+    if settings.trigger == "available-now":
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=settings.processing_interval)
+    query_id: list[str] = []
+    listener = _MetricsListener(run, query_id)
+    spark.streams.addListener(listener)
+    query = writer.start()
+    query_id.append(str(query.id))
+    run.listener = listener
+    return query, run
+
+
+def finish(spark: SparkSession, query: StreamingQuery, run: RunState) -> None:
+    """Emit metrics the listener has not delivered yet, then drop the listener."""
+    for progress in query.recentProgress:
+        _emit_metrics(run, json.loads(progress.json))
+    if run.listener is not None:
+        spark.streams.removeListener(run.listener)
+        run.listener = None
+
+
+def run(spark: SparkSession, settings: JobSettings) -> None:
+    """Run the job until the landing zone is drained (available-now) or until interrupted (continuous)."""
+    query, state = start(spark, settings)
+    try:
+        query.awaitTermination()
+    finally:
+        query.stop()
+        finish(spark, query, state)
+
+
+# --- compaction ---------------------------------------------------------------------------------------------
+
+
+def compact(spark: SparkSession, lake_root: str, *, before: str, max_records_per_file: int = 500_000) -> dict[str, int]:
+    """Rewrite each table partition with ``ingest_date < before`` (ISO date) into as few files as the cap allows.
+
+    Returns ``{table/partition: files_after}`` for the partitions it rewrote (those with more than one file).
+    The swap is: write to ``_compact/...``, move the old files to ``_compact_trash``, move the new ones in.
+    """
+    lake = _Lake(spark, lake_root)
+    cutoff = before
+    done: dict[str, int] = {}
+    for table in _TABLES:
+        for part in lake.glob(f"{table}/ingest_date=*"):
+            day = part.getName().split("=", 1)[1]
+            if day >= cutoff:
+                continue
+            files = [p for p in lake.glob(f"{table}/{part.getName()}/part-*")]
+            if len(files) <= 1:
+                continue
+            frame = spark.read.parquet(*[f.toString() for f in files])
+            rows = frame.count()
+            n_files = max(1, -(-rows // max_records_per_file))
+            staging = lake.path("_compact", table, part.getName())
+            lake.delete("_compact", table, part.getName())
+            frame.repartition(n_files).write.mode("overwrite").option(
+                "maxRecordsPerFile", max_records_per_file
+            ).parquet(staging.toString())
+            trash = lake.path("_compact_trash", table, part.getName())
+            lake.mkdirs(trash)
+            for f in files:
+                lake.rename(f, lake.path("_compact_trash", table, part.getName(), f.getName()))
+            new_files = lake.glob(f"_compact/{table}/{part.getName()}/part-*")
+            stamp = datetime.now(UTC).strftime("%Y%m%d%H%M%S")
+            for i, src in enumerate(sorted(new_files, key=lambda p: p.toString())):
+                suffix = src.getName().split(".", 1)[1]
+                lake.rename(src, lake.path(table, part.getName(), f"part-c{stamp}-{i:05d}.{suffix}"))
+            lake.delete("_compact_trash", table, part.getName())
+            lake.delete("_compact", table, part.getName())
+            done[f"{table}/{part.getName()}"] = len(new_files)
+            _log.info(
+                "ingest.compacted table=%s partition=%s files_before=%d files_after=%d",
+                table,
+                day,
+                len(files),
+                len(new_files),
+            )
+    return done
+
+
+# --- command line -------------------------------------------------------------------------------------------
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    if argv and argv[0] == "compact":
+        p = argparse.ArgumentParser(prog="python -m spark_upload.job compact", description=compact.__doc__)
+        p.add_argument("--lake", required=True)
+        p.add_argument("--older-than-days", type=int, default=2)
+        p.add_argument("--max-records-per-file", type=int, default=500_000)
+        p.add_argument("--master", default=None)
+        ns = p.parse_args(list(argv[1:]))
+        ns.command = "compact"
+        return ns
+    p = argparse.ArgumentParser(prog="python -m spark_upload.job", description=__doc__.split("\n\n")[0])
+    p.add_argument("--landing", required=True, help="landing zone folder or URL (file://, s3a://, abfss://)")
+    p.add_argument("--lake", required=True, help="where the tables go")
+    p.add_argument("--checkpoint", required=True, help="the query's checkpoint location")
+    p.add_argument("--trigger", choices=("available-now", "continuous"), default="available-now")
+    p.add_argument("--master", default=None, help="e.g. local[2]; omitted under spark-submit")
+    p.add_argument("--processing-interval", default="10 seconds")
+    p.add_argument("--dedup-window", default="6 hours")
+    p.add_argument("--max-records-per-file", type=int, default=500_000)
+    p.add_argument("--max-files-per-trigger", type=int, default=None)
+    p.add_argument("--shuffle-partitions", type=int, default=8)
+    p.add_argument("--metrics", default=None, help="local JSON lines file (default: {lake}/_metrics/batches.jsonl)")
+    ns = p.parse_args(list(argv))
+    ns.command = "ingest"
+    return ns
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = _parse(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if ns.command == "compact":
+        spark = build_session(master=ns.master, app_name="edgehub-compact")
+        try:
+            before = (datetime.now(UTC) - timedelta(days=ns.older_than_days)).date().isoformat()
+            done = compact(spark, ns.lake, before=before, max_records_per_file=ns.max_records_per_file)
+            print(json.dumps({"compacted": done}))
+        finally:
+            spark.stop()
+        return 0
+    settings = JobSettings(
+        landing=ns.landing,
+        lake=ns.lake,
+        checkpoint=ns.checkpoint,
+        trigger=ns.trigger,
+        processing_interval=ns.processing_interval,
+        dedup_window=ns.dedup_window,
+        max_records_per_file=ns.max_records_per_file,
+        max_files_per_trigger=ns.max_files_per_trigger,
+        metrics_path=ns.metrics,
+    )
+    spark = build_session(master=ns.master, shuffle_partitions=ns.shuffle_partitions)
+    spark.sparkContext.setLogLevel("WARN")
+    try:
+        run(spark, settings)
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

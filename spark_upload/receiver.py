@@ -1,0 +1,255 @@
+"""The landing receiver: MQTT batch payloads from the cloud broker to landing-zone segments.
+
+Usage:
+    python -m spark_upload.receiver --broker mqtt://HOST:1883 --topic 'edgehub/+/batches' --landing URL \\
+        [--group ingest] [--client-id ID] [--mqtt-version 5|3.1.1]
+
+Each PUBLISH payload is one segment (``edgehub.upstream.segment``), stored with the same bytes through
+``edgehub.upstream.landing``. Under MQTT 5 it subscribes with a shared subscription (``$share/{group}/{topic}``),
+so several receivers split the load.
+
+Invariants:
+
+* **Ack means landed.** QoS 1 messages are acknowledged (paho ``manual_ack``) only after the landing write
+  returned, that is after the segment is durable and visible. A write that fails is not acknowledged: the
+  receiver drops its connection so that the broker redelivers the message on the persistent session
+  (``clean_start=False``, a session expiry interval), to this receiver or another one of the group.
+* **Idempotent names.** A payload's name is the ``segment`` MQTT 5 user property when the sender gives one (it is
+  the ``SegmentName`` path); otherwise ``received/{sha256 of the payload}.jsonl.gz``. A redelivered message so
+  lands on the file it already wrote, and the landing zone keeps one copy.
+* **Nothing dropped silently, nothing poisons the job.** A payload that is not gzip cannot be a segment and would
+  stop Spark's gzip reader, so it lands under ``rejected/{sha256}.bin`` (outside the job's ``*.jsonl.gz``
+  filter), is counted and logged, and is acknowledged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import re
+import socket
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from edgehub.core import TransportError
+from edgehub.upstream.landing import LandingZone
+from edgehub.upstream.segment import SEGMENT_SUFFIX
+
+__all__ = ["Received", "Receiver", "ReceiverSettings", "main"]
+
+_log = logging.getLogger(__name__)
+_GZIP_MAGIC = b"\x1f\x8b"
+# A SegmentName path: hub/lane/pNN/first-last.jsonl.gz
+_SEGMENT_PATH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*/[A-Za-z0-9][A-Za-z0-9_\-]*/p\d{2}/\d{20}-\d{20}\.jsonl\.gz$")
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiverSettings:
+    """Where to subscribe and where to land. ``broker`` is ``mqtt://host:port``."""
+
+    broker: str
+    topic: str
+    landing: str
+    group: str = "edgehub-ingest"
+    client_id: str = "edgehub-landing-receiver"
+    mqtt_version: str = "5"
+    session_expiry_s: int = 3600
+    keepalive_s: int = 30
+
+    def __post_init__(self) -> None:
+        if self.mqtt_version not in ("5", "3.1.1"):
+            raise ValueError(f"mqtt_version must be 5 or 3.1.1, not {self.mqtt_version!r}")
+        url = urlsplit(self.broker)
+        if url.scheme not in ("mqtt", "tcp") or not url.hostname:
+            raise ValueError(f"broker must look like mqtt://host:port, not {self.broker!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """What happened to one delivered message (handed to the ``on_landed`` hook after the ack, or failure)."""
+
+    topic: str
+    path: str
+    outcome: str  # "written", "already_present", "rejected", or "failed"
+    acked: bool
+
+
+def landing_path_for(payload: bytes, segment_property: str | None) -> tuple[str, bool]:
+    """The landing path of a payload and whether it is a segment at all."""
+    digest = hashlib.sha256(payload).hexdigest()
+    if not payload.startswith(_GZIP_MAGIC):
+        return f"rejected/{digest}.bin", False
+    if segment_property is not None and _SEGMENT_PATH.match(segment_property):
+        return segment_property, True
+    return f"received/{digest}{SEGMENT_SUFFIX}", True
+
+
+class Receiver:
+    """One paho client that lands what it receives; ``start``/``stop`` run its network loop in a thread."""
+
+    def __init__(self, settings: ReceiverSettings, *, on_landed: Callable[[Received], None] | None = None) -> None:
+        self.settings = settings
+        self._zone = LandingZone(settings.landing)
+        self._on_landed = on_landed
+        self._v5 = settings.mqtt_version == "5"
+        self.subscribed = threading.Event()
+        self.landed_count = 0
+        self.rejected_count = 0
+        self.failed_count = 0
+        client = mqtt.Client(
+            callback_api_version=CallbackAPIVersion.VERSION2,
+            client_id=settings.client_id,
+            protocol=mqtt.MQTTv5 if self._v5 else mqtt.MQTTv311,
+            clean_session=None if self._v5 else False,
+            manual_ack=True,
+        )
+        client.on_connect = self._on_connect
+        client.on_subscribe = self._on_subscribe
+        client.on_message = self._on_message
+        client.reconnect_delay_set(min_delay=1, max_delay=30)
+        self._client = client
+
+    @property
+    def subscription(self) -> str:
+        return f"$share/{self.settings.group}/{self.settings.topic}" if self._v5 else self.settings.topic
+
+    def start(self) -> None:
+        url = urlsplit(self.settings.broker)
+        if self._v5:
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            props.SessionExpiryInterval = self.settings.session_expiry_s
+            self._client.connect(
+                url.hostname or "127.0.0.1",
+                url.port or 1883,
+                keepalive=self.settings.keepalive_s,
+                clean_start=False,
+                properties=props,
+            )
+        else:
+            self._client.connect(url.hostname or "127.0.0.1", url.port or 1883, keepalive=self.settings.keepalive_s)
+        self._client.loop_start()
+
+    def stop(self) -> None:
+        self._client.disconnect()
+        self._client.loop_stop()
+
+    def _on_connect(
+        self,
+        client: mqtt.Client,
+        userdata: object,
+        flags: mqtt.ConnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        if reason_code.is_failure:
+            _log.warning("receiver.connect_refused broker=%s reason=%s", self.settings.broker, reason_code)
+            return
+        _log.info("receiver.connected broker=%s session_present=%s", self.settings.broker, flags.session_present)
+        client.subscribe(self.subscription, qos=1)
+
+    def _on_subscribe(
+        self,
+        client: mqtt.Client,
+        userdata: object,
+        mid: int,
+        reason_codes: list[ReasonCode],
+        properties: Properties | None,
+    ) -> None:
+        if any(rc.is_failure for rc in reason_codes):
+            _log.warning("receiver.subscribe_refused topic=%s reasons=%s", self.subscription, reason_codes)
+            return
+        _log.info("receiver.subscribed topic=%s", self.subscription)
+        self.subscribed.set()
+
+    def _segment_property(self, message: mqtt.MQTTMessage) -> str | None:
+        props = getattr(message, "properties", None)
+        for key, value in getattr(props, "UserProperty", None) or []:
+            if key == "segment":
+                return str(value)
+        return None
+
+    def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
+        payload = bytes(message.payload)
+        path, is_segment = landing_path_for(payload, self._segment_property(message))
+        try:
+            outcome = str(self._zone.write_path(path, payload))
+        except TransportError as exc:
+            self.failed_count += 1
+            _log.warning(
+                "receiver.land_failed topic=%s path=%s kind=%s error=%s; not acked, reconnecting for redelivery",
+                message.topic,
+                path,
+                exc.kind,
+                exc,
+            )
+            self._report(Received(topic=message.topic, path=path, outcome="failed", acked=False))
+            # Without an ack the broker resends only on a new connection. Cutting the socket (not disconnect(),
+            # which would end paho's loop) makes paho reconnect, paced by reconnect_delay_set.
+            sock = client.socket()
+            if isinstance(sock, socket.socket):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            return
+        if not is_segment:
+            self.rejected_count += 1
+            outcome = "rejected"
+            _log.warning("receiver.not_a_segment topic=%s path=%s bytes=%d", message.topic, path, len(payload))
+        else:
+            self.landed_count += 1
+        if message.qos > 0:
+            client.ack(message.mid, message.qos)
+        self._report(Received(topic=message.topic, path=path, outcome=outcome, acked=message.qos > 0))
+
+    def _report(self, received: Received) -> None:
+        if self._on_landed is not None:
+            self._on_landed(received)
+
+
+def _parse(argv: Sequence[str]) -> ReceiverSettings:
+    p = argparse.ArgumentParser(prog="python -m spark_upload.receiver", description=__doc__.split("\n\n")[0])
+    p.add_argument("--broker", required=True, help="mqtt://host:port")
+    p.add_argument("--topic", required=True, help="the upstream batch topic filter")
+    p.add_argument("--landing", required=True, help="landing zone folder or fsspec URL")
+    p.add_argument("--group", default="edgehub-ingest", help="shared subscription group (MQTT 5)")
+    p.add_argument("--client-id", default="edgehub-landing-receiver")
+    p.add_argument("--mqtt-version", choices=("5", "3.1.1"), default="5")
+    ns = p.parse_args(list(argv))
+    return ReceiverSettings(
+        broker=ns.broker,
+        topic=ns.topic,
+        landing=ns.landing,
+        group=ns.group,
+        client_id=ns.client_id,
+        mqtt_version=ns.mqtt_version,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = _parse(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    receiver = Receiver(settings)
+    receiver.start()
+    stop = threading.Event()
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        receiver.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+from __future__ import annotations
+
+import gzip
+import json
+from datetime import date, timedelta
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from edgehub import Message
+from edgehub.upstream.landing import LandingZone
+from edgehub.upstream.segment import (
+    RECORD_FIELDS,
+    SegmentName,
+    SegmentRecord,
+    encode_segment,
+    format_enqueued_at,
+    record_from_message,
+)
+from spark_upload.job import (
+    BRONZE_COLUMNS,
+    RECORD_SCHEMA,
+    JobSettings,
+    compact,
+    device_minute_stats,
+    finish,
+    run,
+    start,
+)
+
+BASE_S = 1_795_000_020.0  # 2026-11-18T11:07:00Z, a whole minute
+
+
+def _record(i: int, *, device: str = "dev1", body: bytes | None = None, second: float = 0.0) -> SegmentRecord:
+    msg = Message(
+        body=body if body is not None else json.dumps({"temp": 20 + i, "hum": 0.5, "label": "x"}).encode(),
+        properties={"alert": "yes", "nothing": None},
+        system_properties={"connectionDeviceId": device, "connectionModuleId": "m1", "messageId": f"m-{i}"},
+    )
+    return record_from_message(
+        msg, hub_id="hub1", edge_message_id=f"e-{i:06d}", enqueued_at_s=BASE_S + second, priority=3, ttl_s=60.5
+    )
+
+
+def _land(zone: LandingZone, first: int, last: int, *, lane: str = "upstream") -> list[SegmentRecord]:
+    records = [_record(i) for i in range(first, last + 1)]
+    zone.write(SegmentName("hub1", lane, 3, first, last), encode_segment(records))
+    return records
+
+
+def _settings(tmp_path: Path, **kw: object) -> JobSettings:
+    return JobSettings(
+        landing=str(tmp_path / "landing"),
+        lake=str(tmp_path / "lake"),
+        checkpoint=str(tmp_path / "checkpoint"),
+        print_metrics=False,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _metrics(tmp_path: Path) -> list[dict[str, object]]:
+    path = tmp_path / "lake" / "_metrics" / "batches.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _bronze_ids(spark: SparkSession, tmp_path: Path) -> list[str]:
+    rows = spark.read.parquet(str(tmp_path / "lake" / "bronze")).select("edge_message_id").collect()
+    return sorted(r.edge_message_id for r in rows)
+
+
+def test_spark_schema_is_in_step_with_the_segment_record_fields() -> None:
+    assert tuple(f.name for f in RECORD_SCHEMA.fields) == RECORD_FIELDS
+    assert BRONZE_COLUMNS[: len(RECORD_FIELDS)] == RECORD_FIELDS
+
+
+@pytest.mark.spark
+def test_segments_written_by_the_landing_zone_read_back_field_for_field(spark: SparkSession, tmp_path: Path) -> None:
+    zone = LandingZone(str(tmp_path / "landing"))
+    written = [*_land(zone, 0, 4), _record(5, body=bytes(range(256)))]
+    zone.write(SegmentName("hub1", "upstream", 3, 5, 5), encode_segment(written[5:]))
+    run(spark, _settings(tmp_path))
+
+    rows = {r.edge_message_id: r for r in spark.read.parquet(str(tmp_path / "lake" / "bronze")).collect()}
+    assert sorted(rows) == [r.edge_message_id for r in written]
+    for rec in written:
+        row = rows[rec.edge_message_id]
+        assert row.v == 1
+        assert row.message_id == rec.message_id
+        assert row.device_id == rec.device_id
+        assert row.module_id == rec.module_id
+        assert row.hub_id == rec.hub_id
+        assert format_enqueued_at(row.enqueued_at.timestamp()) == rec.enqueued_at
+        assert row.priority == rec.priority
+        assert row.ttl_s == rec.ttl_s
+        assert row.source == rec.source
+        assert row.properties == dict(rec.properties)
+        assert row.system_properties == dict(rec.system_properties)
+        assert bytes(row.body) == rec.body
+        assert row.source_file.endswith(
+            SegmentName("hub1", "upstream", 3, 5, 5).path if rec.edge_message_id == "e-000005" else ".jsonl.gz"
+        )
+        assert str(row.ingest_date) == row.ingest_at.date().isoformat()
+    assert _metrics(tmp_path)[0] == {
+        **_metrics(tmp_path)[0],
+        "input_rows": 6,
+        "bronze_rows": 6,
+        "duplicates": 0,
+        "quarantined": 0,
+    }
+
+
+@pytest.mark.spark
+def test_duplicates_by_edge_message_id_are_removed_across_segments_and_batches(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    zone = LandingZone(str(tmp_path / "landing"))
+    _land(zone, 0, 9)
+    _land(zone, 5, 14)  # a batch cut differently after a restart overlaps the first
+    settings = _settings(tmp_path)
+    run(spark, settings)
+    _land(zone, 0, 9, lane="upstream-p1")  # the same messages retried under another name, in a later batch
+    _land(zone, 15, 19)
+    run(spark, settings)
+
+    assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(20)]
+    metrics = [m for m in _metrics(tmp_path) if m["input_rows"]]
+    assert [(m["input_rows"], m["bronze_rows"], m["duplicates"]) for m in metrics] == [(20, 15, 5), (15, 5, 10)]
+
+
+@pytest.mark.spark
+def test_each_kind_of_bad_record_is_quarantined_with_its_reason_and_the_job_keeps_going(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    good = _record(1).to_json_obj()
+
+    def line(**changes: object) -> str:
+        obj = {**good, **changes}
+        return json.dumps({k: v for k, v in obj.items() if v != "DROP"})
+
+    lines = {
+        "empty_line": "   ",
+        "unparseable_line": "{not json",
+        "unparseable_line ": "[1, 2]",
+        "unsupported_version": line(v=2, edge_message_id="bad-v"),
+        "malformed_record": line(priority="high", edge_message_id="bad-prio"),
+        "missing_fields:edge_message_id,body": line(edge_message_id="DROP", body="DROP"),
+        "missing_fields:hub_id": line(hub_id=None, edge_message_id="bad-hub"),
+        "bad_enqueued_at": line(enqueued_at="yesterday", edge_message_id="bad-time"),
+        "body_not_base64": line(body="%%%not-base64%%%", edge_message_id="bad-body"),
+    }
+    text = "\n".join([json.dumps(good), *lines.values(), json.dumps(_record(2).to_json_obj())]) + "\n"
+    folder = tmp_path / "landing" / "hub1" / "upstream" / "p03"
+    folder.mkdir(parents=True)
+    (folder / "bad.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    run(spark, _settings(tmp_path))
+
+    quarantine = spark.read.parquet(str(tmp_path / "lake" / "quarantine")).collect()
+    got = sorted((r.reason, r.line) for r in quarantine)
+    assert got == sorted((reason.strip(), raw) for reason, raw in lines.items())
+    assert all(r.source_file.endswith("/hub1/upstream/p03/bad.jsonl.gz") for r in quarantine)
+    assert _bronze_ids(spark, tmp_path) == ["e-000001", "e-000002"]
+    (m,) = [m for m in _metrics(tmp_path) if m["input_rows"]]
+    assert (m["input_rows"], m["bronze_rows"], m["quarantined"], m["duplicates"]) == (11, 2, 9, 0)
+
+
+@pytest.mark.spark
+def test_a_job_stopped_mid_stream_resumes_from_its_checkpoint_with_nothing_twice_and_nothing_missing(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    zone = LandingZone(str(tmp_path / "landing"))
+    for k in range(6):
+        _land(zone, k * 10, k * 10 + 9)
+    settings = _settings(tmp_path, max_files_per_trigger=1)
+    query, state = start(spark, settings)
+    try:
+        assert state.wait_for_batches(2, timeout_s=60)
+    finally:
+        query.stop()
+        finish(spark, query, state)
+    first_run = _bronze_ids(spark, tmp_path)
+    assert 20 <= len(first_run) < 60  # stopped with work left
+
+    _land(zone, 60, 69)
+    run(spark, settings)
+    assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(70)]
+    run(spark, settings)  # nothing new: nothing written
+    assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(70)]
+
+
+@pytest.mark.spark
+def test_a_batch_replayed_after_a_crash_before_its_commit_is_written_once(spark: SparkSession, tmp_path: Path) -> None:
+    zone = LandingZone(str(tmp_path / "landing"))
+    _land(zone, 0, 9)
+    settings = _settings(tmp_path)
+    run(spark, settings)
+    # A crash after the sink moved its files in but before Spark and the sink recorded the batch: the next run
+    # must replay batch 0 and replace, not add to, what it had moved in.
+    (tmp_path / "lake" / "_committed" / "b0000000000").unlink()
+    checkpoint = tmp_path / "checkpoint"
+    for log, first_dropped in (("commits", 0), ("offsets", 1)):
+        for entry in (checkpoint / log).iterdir():
+            if int(entry.name.strip(".").removesuffix(".crc")) >= first_dropped:
+                entry.unlink()
+    run(spark, settings)
+    assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(10)]
+    silver = spark.read.parquet(str(tmp_path / "lake" / "silver"))
+    assert silver.count() == 10
+
+
+@pytest.mark.spark
+def test_silver_holds_json_bodies_as_variant_and_the_example_aggregate_sums_up(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    zone = LandingZone(str(tmp_path / "landing"))
+    records = [
+        _record(0, second=1, body=b'{"temp": 20, "hum": 0.5, "label": "a"}'),
+        _record(1, second=30, body=b'{"temp": 24.5, "label": "b"}'),
+        _record(2, second=61, body=b'{"temp": 30}'),
+        _record(3, second=62, body=b"\x00\x01 not json"),
+    ]
+    zone.write(SegmentName("hub1", "upstream", 3, 0, 3), encode_segment(records))
+    run(spark, _settings(tmp_path))
+
+    silver = spark.read.parquet(str(tmp_path / "lake" / "silver"))
+    assert dict(silver.dtypes)["body"] == "variant"
+    temps = silver.selectExpr("edge_message_id", "variant_get(body, '$.temp', 'double') AS temp").collect()
+    assert sorted((r.edge_message_id, r.temp) for r in temps) == [
+        ("e-000000", 20.0),
+        ("e-000001", 24.5),
+        ("e-000002", 30.0),
+        ("e-000003", None),
+    ]
+    stats = [r.asDict() for r in device_minute_stats(spark, str(tmp_path / "lake")).collect()]
+    minute0 = [s for s in stats if s["minute"].timestamp() == BASE_S]
+    assert {(s["field"], s["count"], s["n"], s["min"], s["max"], s["avg"]) for s in minute0} == {
+        ("hum", 2, 1, 0.5, 0.5, 0.5),
+        ("temp", 2, 2, 20.0, 24.5, 22.25),
+    }
+    minute1 = [s for s in stats if s["minute"].timestamp() == BASE_S + 60]
+    assert {(s["field"], s["count"], s["n"], s["min"], s["max"]) for s in minute1} == {("temp", 2, 1, 30.0, 30.0)}
+
+
+@pytest.mark.spark
+def test_files_are_capped_and_compaction_merges_old_partitions_without_losing_rows(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    zone = LandingZone(str(tmp_path / "landing"))
+    settings = _settings(tmp_path, max_records_per_file=4)
+    for k in range(3):
+        _land(zone, k * 10, k * 10 + 9)
+        run(spark, settings)
+    bronze = tmp_path / "lake" / "bronze"
+    (partition,) = list(bronze.iterdir())
+    before = sorted(partition.glob("part-*.parquet"))
+    assert len(before) >= 3 * 3  # 10 rows per batch at 4 per file
+
+    tomorrow = (date.today() + timedelta(days=2)).isoformat()
+    done = compact(spark, str(tmp_path / "lake"), before=tomorrow, max_records_per_file=16)
+    after = sorted(partition.glob("part-*.parquet"))
+    assert done[f"bronze/{partition.name}"] == len(after) == 2
+    assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(30)]
+    rows = spark.read.parquet(str(bronze)).where("edge_message_id = 'e-000007'").collect()
+    assert [bytes(r.body) for r in rows] == [_record(7).body]

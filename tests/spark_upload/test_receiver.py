@@ -1,0 +1,191 @@
+from __future__ import annotations
+
+import gzip
+import hashlib
+import queue
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edgehub.upstream.segment import SegmentName, SegmentRecord, decode_segment, encode_segment
+from spark_upload.receiver import Received, Receiver, ReceiverSettings, landing_path_for
+
+pytestmark = pytest.mark.interop
+
+TOPIC = "edgehub/hub1/batches"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[str]:
+    """Debian's mosquitto on 127.0.0.1 and a free port; yields its URL once it logs that it runs."""
+    port = _free_port()
+    conf = tmp_path / "mosquitto.conf"
+    conf.write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\nlog_type all\n"
+    )
+    proc = subprocess.Popen(
+        [shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if " running" in line:
+                break
+        else:
+            raise AssertionError(f"mosquitto exited with {proc.wait()}")
+        yield f"mqtt://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def _segment(first: int, last: int) -> tuple[SegmentName, bytes]:
+    records = [
+        SegmentRecord(
+            edge_message_id=f"e-{i}",
+            hub_id="hub1",
+            enqueued_at="2026-11-22T21:33:06.123Z",
+            priority=0,
+            ttl_s=60,
+            source="/messages/events",
+            body=b'{"t": 1}',
+        )
+        for i in range(first, last + 1)
+    ]
+    return SegmentName("hub1", "upstream", 0, first, last), encode_segment(records)
+
+
+def _publish(broker: str, payload: bytes, tmp_path: Path, *, segment: str | None = None) -> None:
+    """Publish with mosquitto_pub (a foreign client), QoS 1, MQTT 5."""
+    port = broker.rsplit(":", 1)[1]
+    src = tmp_path / f"payload-{hashlib.sha256(payload).hexdigest()}"
+    src.write_bytes(payload)
+    cmd = ["mosquitto_pub", "-h", "127.0.0.1", "-p", port, "-V", "mqttv5", "-q", "1", "-t", TOPIC, "-f", str(src)]
+    if segment is not None:
+        cmd += ["-D", "publish", "user-property", "segment", segment]
+    subprocess.run(cmd, check=True, timeout=10)
+
+
+def _receiver(
+    broker: str, landing: Path, reports: queue.Queue[Received], *, client_id: str = "edgehub-landing-receiver"
+) -> Receiver:
+    settings = ReceiverSettings(broker=broker, topic="edgehub/+/batches", landing=str(landing), client_id=client_id)
+    receiver = Receiver(settings, on_landed=reports.put)
+    receiver.start()
+    assert receiver.subscribed.wait(timeout=10)
+    return receiver
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def test_received_segments_land_with_the_same_bytes_under_their_segment_name(broker: str, tmp_path: Path) -> None:
+    reports: queue.Queue[Received] = queue.Queue()
+    receiver = _receiver(broker, tmp_path / "landing", reports)
+    try:
+        name, data = _segment(0, 9)
+        _publish(broker, data, tmp_path, segment=name.path)
+        got = reports.get(timeout=10)
+        assert (got.path, got.outcome, got.acked) == (name.path, "written", True)
+        assert (tmp_path / "landing" / name.path).read_bytes() == data
+
+        _, unnamed = _segment(10, 19)  # a sender that gives no name: content-addressed
+        _publish(broker, unnamed, tmp_path)
+        got = reports.get(timeout=10)
+        assert got.path == f"received/{hashlib.sha256(unnamed).hexdigest()}.jsonl.gz"
+        assert decode_segment((tmp_path / "landing" / got.path).read_bytes())[0].edge_message_id == "e-10"
+    finally:
+        receiver.stop()
+
+
+def test_a_segment_received_twice_lands_once(broker: str, tmp_path: Path) -> None:
+    reports: queue.Queue[Received] = queue.Queue()
+    receiver = _receiver(broker, tmp_path / "landing", reports)
+    try:
+        name, data = _segment(0, 4)
+        _publish(broker, data, tmp_path, segment=name.path)
+        _publish(broker, data, tmp_path, segment=name.path)
+        outcomes = [reports.get(timeout=10).outcome for _ in range(2)]
+        assert outcomes == ["written", "already_present"]
+        assert _files(tmp_path / "landing") == [name.path]
+    finally:
+        receiver.stop()
+
+
+def test_a_payload_that_is_not_a_segment_is_set_aside_outside_the_jobs_filter(broker: str, tmp_path: Path) -> None:
+    reports: queue.Queue[Received] = queue.Queue()
+    receiver = _receiver(broker, tmp_path / "landing", reports)
+    try:
+        _publish(broker, b"plain text, not gzip", tmp_path, segment="../../etc/evil.jsonl.gz")
+        got = reports.get(timeout=10)
+        assert got.outcome == "rejected"
+        assert got.acked
+        assert _files(tmp_path / "landing") == [f"rejected/{hashlib.sha256(b'plain text, not gzip').hexdigest()}.bin"]
+        assert receiver.rejected_count == 1
+    finally:
+        receiver.stop()
+
+
+def test_a_message_that_could_not_land_is_not_acked_and_is_redelivered_to_the_next_receiver(
+    broker: str, tmp_path: Path
+) -> None:
+    blocked = tmp_path / "blocked"
+    blocked.write_bytes(b"a file where the landing folder should be")
+    reports: queue.Queue[Received] = queue.Queue()
+    failing = _receiver(broker, blocked, reports, client_id="ingest-1")
+    name, data = _segment(0, 2)
+    try:
+        _publish(broker, data, tmp_path, segment=name.path)
+        got = reports.get(timeout=10)
+        assert (got.outcome, got.acked) == ("failed", False)
+    finally:
+        failing.stop()
+
+    healthy_reports: queue.Queue[Received] = queue.Queue()
+    healthy = _receiver(broker, tmp_path / "landing", healthy_reports, client_id="ingest-1")
+    try:
+        got = healthy_reports.get(timeout=20)
+        assert (got.path, got.outcome, got.acked) == (name.path, "written", True)
+        assert (tmp_path / "landing" / name.path).read_bytes() == data
+    finally:
+        healthy.stop()
+
+
+def test_receivers_of_one_shared_group_split_the_batches_and_each_lands_once(broker: str, tmp_path: Path) -> None:
+    reports: queue.Queue[Received] = queue.Queue()
+    receivers = [_receiver(broker, tmp_path / "landing", reports, client_id=f"ingest-{i}") for i in range(2)]
+    try:
+        names = []
+        for k in range(6):
+            name, data = _segment(k * 10, k * 10 + 9)
+            names.append(name.path)
+            _publish(broker, data, tmp_path, segment=name.path)
+        got = [reports.get(timeout=10) for _ in range(6)]
+        assert sorted(r.path for r in got) == sorted(names)
+        assert _files(tmp_path / "landing") == sorted(names)
+        assert all(r.landed_count > 0 for r in receivers)
+        assert reports.empty()
+    finally:
+        for r in receivers:
+            r.stop()
+
+
+def test_a_segment_property_that_is_not_a_segment_name_falls_back_to_the_content_hash() -> None:
+    payload = gzip.compress(b"{}\n", mtime=0)
+    assert landing_path_for(payload, None) == (f"received/{hashlib.sha256(payload).hexdigest()}.jsonl.gz", True)
+    assert landing_path_for(payload, "hub1/upstream/p00/x.jsonl.gz")[0].startswith("received/")
