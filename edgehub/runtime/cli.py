@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 import edgehub
+from edgehub.runtime.linksim_cli import link_sim
 
 __all__ = ["main"]
 
@@ -19,3 +20,6 @@ def main() -> None:
 def run() -> None:
     """Start the hub on its embedded defaults."""
     click.echo(f"edgehub {edgehub.__version__}")
+
+
+main.add_command(link_sim)
