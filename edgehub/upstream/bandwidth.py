@@ -75,7 +75,7 @@ class TokenBucket:
                     return
                 # Go when the bucket holds n, or, for n above the burst, when it is full (the rest is debt).
                 need = min(float(n), float(self.burst_bytes))
-                if self._tokens >= need - 1e-6:  # float refill must not leave a sliver to wait for
+                if self._tokens >= need - 0.01:  # float refill must not leave a sliver to wait for
                     self._tokens -= n
                     return
                 await self._clock.sleep((need - self._tokens) * 8 / rate)
