@@ -10,7 +10,8 @@ port chosen free at start (Mosquitto cannot bind port 0 itself, so a free port i
 if another process took it first), and ``start()`` returns only once the broker answers an MQTT CONNECT with
 a CONNACK, so a test never races the broker's start-up.
 
-``extra_config`` lines are appended verbatim (a bridge to another broker, listeners, limits).
+``extra_config`` lines are appended verbatim after the listener, so listener options (``cafile``, ``certfile``,
+``require_certificate``) apply to it; also a bridge to another broker, a ``password_file``, limits.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ async def _mqtt_answers(host: str, port: int) -> bool:
     try:
         writer.write(_PROBE_CONNECT)
         async with asyncio.timeout(2):
-            return await reader.readexactly(4) == _CONNACK_OK
+            # Any CONNACK will do: a broker that refuses anonymous clients still answers.
+            return (await reader.readexactly(4))[:2] == _CONNACK_OK[:2]
     except (OSError, asyncio.IncompleteReadError, TimeoutError):
         return False
     finally:
@@ -109,6 +111,7 @@ class MosquittoPeer:
         workdir: Path,
         *,
         persistence: bool = False,
+        allow_anonymous: bool = True,
         extra_config: Sequence[str] = (),
         way: PeerWay | None = None,
         start_timeout_s: float = 20.0,
@@ -117,6 +120,7 @@ class MosquittoPeer:
         """``way=None`` picks the container when a Docker engine answers, else the binary."""
         self.workdir = workdir / name
         self.persistence = persistence
+        self.allow_anonymous = allow_anonymous
         self.extra_config = tuple(extra_config)
         self._way = way
         self.start_timeout_s = start_timeout_s
@@ -135,7 +139,7 @@ class MosquittoPeer:
         data = "/mosquitto/data/" if in_container else f"{self.workdir / 'data'}/"
         lines = [
             f"listener {port}" if in_container else f"listener {port} 127.0.0.1",
-            "allow_anonymous true",
+            f"allow_anonymous {'true' if self.allow_anonymous else 'false'}",
             f"persistence {'true' if self.persistence else 'false'}",
             f"persistence_location {data}",
             "log_dest stderr",
