@@ -67,7 +67,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 from edgehub.core import Clock, FailureKind, SystemClock, SystemProperty, TransportError
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.bandwidth import RateEstimator, TokenBucket, bdp_bytes
-from edgehub.upstream.segment import encode_segment, record_from_message
+from edgehub.upstream.batching import edge_message_id, segment_bytes
 
 __all__ = [
     "MqttProtocol",
@@ -509,22 +509,11 @@ class MqttUpstream:
         )
 
     def _edge_id(self, qm: QueuedMessage) -> str:
-        return qm.message.edge_message_id or f"{self.settings.hub_id}.{self.settings.lane}.{qm.priority}.{qm.offset}"
+        return edge_message_id(qm, hub_id=self.settings.hub_id, lane=self.settings.lane)
 
     def _segment_payload(self, msgs: Sequence[QueuedMessage]) -> bytes:
         s = self.settings
-        records = (
-            record_from_message(
-                qm.message,
-                hub_id=s.hub_id,
-                edge_message_id=self._edge_id(qm),
-                enqueued_at_s=qm.enqueued_at_s,
-                priority=qm.priority,
-                ttl_s=qm.ttl_s,
-            )
-            for qm in msgs
-        )
-        return encode_segment(records, compresslevel=s.compresslevel)
+        return segment_bytes(msgs, hub_id=s.hub_id, lane=s.lane, compresslevel=s.compresslevel)
 
     def _units(self, batch: Sequence[QueuedMessage]) -> list[_Unit]:
         if self.settings.wire_mode is WireMode.MESSAGE:
