@@ -145,7 +145,7 @@ class MqttUpstreamSettings:
     link_rtt_s: float = 0.6
     max_inflight_bytes: int | None = None  # None: one bandwidth-delay product of the hints
     max_uplink_bps: float | None = None  # maxUplinkBps: cap on PUBLISH wire bytes; None = no cap
-    max_batch_bytes: int = 4096  # about this many compressed bytes per segment (one PUBLISH)
+    max_batch_bytes: int | None = None  # compressed bytes per segment (one PUBLISH); None: a quarter window
     max_batch_messages: int = 1000  # the most messages the executor should hand over in one send
     linger_s: float = 0.2  # for the executor: how long to wait for a batch to fill before sending it
     compresslevel: int = 6
@@ -153,7 +153,7 @@ class MqttUpstreamSettings:
     reconnect_max_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.max_batch_bytes <= 0 or self.max_batch_messages <= 0:
+        if (self.max_batch_bytes is not None and self.max_batch_bytes <= 0) or self.max_batch_messages <= 0:
             raise ValueError("max_batch_bytes and max_batch_messages must be positive")
         if self.max_inflight_bytes is not None and self.max_inflight_bytes <= 0:
             raise ValueError("max_inflight_bytes must be positive")
@@ -165,6 +165,13 @@ class MqttUpstreamSettings:
         if self.max_inflight_bytes is not None:
             return self.max_inflight_bytes
         return bdp_bytes(self.link_rate_bps, self.link_rtt_s)
+
+    @property
+    def segment_bytes(self) -> int:
+        """Segments of a quarter window keep the window flowing: while one is acked, three are on the wire."""
+        if self.max_batch_bytes is not None:
+            return self.max_batch_bytes
+        return max(512, self.window_bytes // 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +308,8 @@ class _Connection:
 
     def publish(self, unit: _Unit) -> asyncio.Future[None]:
         fut: asyncio.Future[None] = self.loop.create_future()
+        # A send cancelled mid-way (close, shutdown) leaves futures nobody awaits; their failure is expected.
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         info = self.client.publish(unit.topic, unit.payload, qos=1, properties=unit.properties)
         if info.rc != paho.MQTT_ERR_SUCCESS:
             fut.set_exception(TransportError(f"publish refused by client: {paho.error_string(info.rc)}"))
@@ -334,7 +343,7 @@ class MqttUpstream:
         self._window_event = asyncio.Event()
         self._connected_event = asyncio.Event()
         self._bucket = TokenBucket(
-            rate_bps=settings.max_uplink_bps, burst_bytes=max(settings.max_batch_bytes, 1500), clock=self._clock
+            rate_bps=settings.max_uplink_bps, burst_bytes=max(settings.segment_bytes, 1500), clock=self._clock
         )
         self._rate = RateEstimator(clock=self._clock)
         self._connects = 0
@@ -359,7 +368,7 @@ class MqttUpstream:
 
     @property
     def max_batch_bytes(self) -> int:
-        return self.settings.max_batch_bytes
+        return self.settings.segment_bytes
 
     def bind(self, on_reachable: Callable[[], None]) -> None:
         self._on_reachable = on_reachable
@@ -534,7 +543,7 @@ class MqttUpstream:
         while stack:
             run = stack.pop()
             payload = self._segment_payload(run)
-            if len(payload) > s.max_batch_bytes and len(run) > 1:
+            if len(payload) > s.segment_bytes and len(run) > 1:
                 mid = len(run) // 2
                 stack.append(run[mid:])
                 stack.append(run[:mid])
