@@ -238,3 +238,23 @@ def test_sas_token_has_the_iot_hub_shape() -> None:
     assert token.endswith("&se=1800000000")
     assert generate_sas_token("r", "c2VjcmV0", 1) == generate_sas_token("r", "c2VjcmV0", 1)
     assert generate_sas_token("r", "c2VjcmV0", 1) != generate_sas_token("r", "c2VjcmV1", 1)
+
+
+async def test_max_uplink_bps_caps_the_rate_of_publish_bytes(link: LinkSim) -> None:
+    cap_bps = 32_000.0  # 4 kB/s; the link itself is unshaped
+    up = MqttUpstream(_settings(link, max_uplink_bps=cap_bps, max_batch_bytes=1000, max_inflight_bytes=8000))
+    batch = [
+        QueuedMessage(message=Message(body=os.urandom(200)), offset=i, priority=5, enqueued_at_s=1.7e9, ttl_s=60)
+        for i in range(60)
+    ]
+    async with asyncio.timeout(30), up:
+        await up.wait_connected()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        result = await up.send(batch)
+        elapsed = loop.time() - t0
+    wire = int(result.details["wire_bytes"])
+    assert len(result.succeeded) == 60
+    # The bucket starts full (one segment's worth of burst); everything after it goes at the cap.
+    burst = 1500
+    assert elapsed >= (wire - burst) * 8 / cap_bps * 0.9
