@@ -10,6 +10,7 @@ import edgehub
 from edgehub.core import ConfigurationError
 from edgehub.manifest import load_desired_file
 from edgehub.routing import Router
+from edgehub.runtime.linksim_cli import link_sim
 from edgehub.runtime.routes_cli import describe_routes, routes
 
 __all__ = ["DEFAULT_MANIFEST", "main"]
@@ -24,6 +25,7 @@ def main() -> None:
 
 
 main.add_command(routes)
+main.add_command(link_sim)
 
 
 def show_routes(manifest: Path) -> None:

@@ -1,0 +1,74 @@
+"""``edgehub link-sim``: run the link simulator (``edgehub.testing.linksim``) as a standalone proxy.
+
+Usage::
+
+    edgehub link-sim --listen 127.0.0.1:18830 --target 127.0.0.1:1883 --rate 64kbit --delay 300ms \\
+        [--jitter 20ms] [--outage 60s/300s] [--outage-mode silent|cut]
+
+Runs until interrupted (Ctrl-C). Rates as ``tc`` writes them (``64kbit``, ``2mbit``), durations as ``300ms``,
+``60s``, ``5m``. ``--outage DOWN/PERIOD`` takes the link down for DOWN at the end of every PERIOD.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import click
+
+from edgehub.testing.linksim import LinkSim, OutageMode, parse_duration_s, parse_rate_bps
+
+__all__ = ["link_sim"]
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise click.BadParameter(f"{text!r} is not HOST:PORT")
+    return host or "127.0.0.1", int(port)
+
+
+@click.command("link-sim")
+@click.option("--listen", "listen", required=True, help="HOST:PORT to accept connections on.")
+@click.option("--target", "target", required=True, help="HOST:PORT to forward to.")
+@click.option("--rate", default=None, help="Rate each way, e.g. 64kbit (default: unshaped).")
+@click.option("--delay", default="0ms", show_default=True, help="One-way delay, e.g. 300ms.")
+@click.option("--jitter", default="0ms", show_default=True, help="Uniform jitter around the delay.")
+@click.option("--outage", default=None, help="DOWN/PERIOD, e.g. 60s/300s.")
+@click.option("--outage-mode", type=click.Choice([m.value for m in OutageMode]), default="silent", show_default=True)
+def link_sim(
+    listen: str, target: str, rate: str | None, delay: str, jitter: str, outage: str | None, outage_mode: str
+) -> None:
+    """Run a shaped TCP link between LISTEN and TARGET."""
+    try:
+        lhost, lport = _host_port(listen)
+        thost, tport = _host_port(target)
+        rate_bps = parse_rate_bps(rate) if rate else None
+        delay_s, jitter_s = parse_duration_s(delay), parse_duration_s(jitter)
+        outage_s: tuple[float, float] | None = None
+        if outage:
+            down, _, period = outage.partition("/")
+            outage_s = (parse_duration_s(down), parse_duration_s(period))
+        sim = LinkSim(
+            target_host=thost,
+            target_port=tport,
+            listen_host=lhost,
+            listen_port=lport,
+            rate_bps=rate_bps,
+            delay_s=delay_s,
+            jitter_s=jitter_s,
+            outage=outage_s,
+            outage_mode=OutageMode(outage_mode),
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    async def _run() -> None:
+        async with sim:
+            click.echo(f"link-sim listening on {lhost}:{sim.port} -> {thost}:{tport}", err=True)
+            await asyncio.Event().wait()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_run())

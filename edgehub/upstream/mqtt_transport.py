@@ -1,0 +1,660 @@
+"""The MQTT upstream transport: ``$upstream`` as an ``Endpoint`` over MQTT 3.1.1 or 5 to any broker or parent hub.
+
+What it guarantees
+------------------
+* **The PUBACK is the checkpoint.** Every PUBLISH is QoS 1. ``send`` reports a message as succeeded only when
+  the PUBACK for the PUBLISH that carried it has come back on the connection that sent it. A connection that
+  drops, or a link that goes silent (no acks, no FIN: paho's keepalive or our ``ack_timeout_s`` notices), fails
+  every unacknowledged message of the batch; nothing is reported delivered without its ack. A message may
+  arrive twice (a PUBLISH that got through but whose PUBACK was lost); consumers remove duplicates by
+  ``edge_message_id`` (segment records) or ``$.mid`` (message mode).
+* **Bytes in flight are bounded** by ``max_inflight_bytes`` (default: one bandwidth-delay product of the link
+  hints ``link_rate_bps`` x ``link_rtt_s``): a PUBLISH is handed to the socket only while the unacknowledged
+  wire bytes plus its own stay within the bound (one PUBLISH larger than the bound goes alone). Socket
+  buffers therefore never hold more than one window, so a priority-0 batch waits behind at most one window
+  of lower-priority bytes once the executor hands it over.
+* **``max_uplink_bps``**: a token bucket on PUBLISH wire bytes; a backlog after an outage cannot exceed it.
+  ``status()`` reports the achieved rate (acknowledged bytes over a 10 s window) and wire bytes per message.
+* **Reconnect** runs in its own task with exponential backoff and jitter (tenacity); ``reconnect_now()`` cuts a
+  wait short. Each successful CONNACK calls the executor's ``on_reachable``. Every connection is a fresh paho
+  client with ``reconnect_on_failure=False``: paho never resends a previous connection's PUBLISHes behind our
+  back, so what is in flight is exactly what this module counts.
+
+Wire modes
+----------
+* ``batch`` (default): one PUBLISH carries one segment (``edgehub.upstream.segment``, format v1, gzip) of one
+  priority, on ``batch_topic`` (default ``edgehub/segments/{hub_id}/{lane}/p{priority:02d}``). A ``send``'s
+  batch is cut into segments of at most about ``max_batch_bytes`` compressed bytes. On MQTT 5 the PUBLISH also
+  carries content type ``application/x-edgehub-segment;v=1;encoding=gzip`` and user property
+  ``edgehub-segment-version=1``. zstd is not in format v1; a v2 would flag it in that content type
+  (``encoding=zstd``) on MQTT 5 and by a ``/zstd`` topic suffix on 3.1.1, so a v1 reader never mistakes it.
+* ``message``: one PUBLISH per message on the IoT Hub telemetry topic
+  ``devices/{device_id}/messages/events/{property_bag}`` (``devices/{d}/modules/{m}/...`` when ``module_id``
+  is set), the bag holding the application properties URL-encoded and the system properties as IoT Hub names
+  them (``$.mid``, ``$.cid``, ``$.ct``, ``$.ce``, ``$.cdid``, ``$.cmid``, ``$.on``, ``$.ctime``), plus
+  ``$.sid`` / ``$.pk`` for session id and partition key (see ``edgehub.upstream.partitions``).
+
+Authentication: username/password; an IoT Hub SAS token (the password; the username defaults to
+``{host}/{client_id}/?api-version=2021-04-12``); TLS with a CA file and optionally a client certificate.
+
+Why paho directly, on its own network thread: paho is already the project's MQTT client; aiomqtt would add a
+dependency and its ``publish`` awaits each PUBACK in turn, while this transport needs a window of PUBLISHes
+outstanding and the PUBACK of each by packet id. paho's thread calls back through
+``loop.call_soon_threadsafe``; every piece of state is touched on the asyncio loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import logging
+import ssl
+import urllib.parse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential, wait_random
+
+from edgehub.core import Clock, FailureKind, SystemClock, SystemProperty, TransportError
+from edgehub.delivery.endpoint import QueuedMessage, SendResult
+from edgehub.upstream.bandwidth import RateEstimator, TokenBucket, bdp_bytes
+from edgehub.upstream.batching import edge_message_id, segment_bytes
+
+__all__ = [
+    "MqttProtocol",
+    "MqttUpstream",
+    "MqttUpstreamSettings",
+    "TlsSettings",
+    "UpstreamStatus",
+    "WireMode",
+    "generate_sas_token",
+    "publish_wire_bytes",
+]
+
+log = logging.getLogger(__name__)
+
+SEGMENT_CONTENT_TYPE = "application/x-edgehub-segment;v=1;encoding=gzip"
+_BAG_NAMES = {
+    SystemProperty.MESSAGE_ID: "$.mid",
+    SystemProperty.CORRELATION_ID: "$.cid",
+    SystemProperty.CONTENT_TYPE: "$.ct",
+    SystemProperty.CONTENT_ENCODING: "$.ce",
+    SystemProperty.CONNECTION_DEVICE_ID: "$.cdid",
+    SystemProperty.CONNECTION_MODULE_ID: "$.cmid",
+    SystemProperty.OUTPUT_NAME: "$.on",
+    SystemProperty.CREATION_TIME: "$.ctime",
+    SystemProperty.TO: "$.to",
+    SystemProperty.USER_ID: "$.uid",
+    SystemProperty.SESSION_ID: "$.sid",
+    SystemProperty.PARTITION_KEY: "$.pk",
+}
+
+
+class WireMode(StrEnum):
+    BATCH = "batch"
+    MESSAGE = "message"
+
+
+class MqttProtocol(StrEnum):
+    V311 = "3.1.1"
+    V5 = "5"
+
+
+@dataclass(frozen=True, slots=True)
+class TlsSettings:
+    """TLS to the broker. ``ca_certs`` None: the system's trust store."""
+
+    ca_certs: str | None = None
+    certfile: str | None = None  # client certificate (X.509 authentication)
+    keyfile: str | None = None
+    check_hostname: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MqttUpstreamSettings:
+    """Every knob of the MQTT upstream. Units are in the names."""
+
+    host: str
+    port: int = 1883
+    client_id: str  # the MQTT client id; in IoT Hub terms the hub's device id (or "device/module")
+    hub_id: str  # goes into segment records and topics
+    device_id: str | None = None  # message mode's topic device; default: client_id before any "/"
+    module_id: str | None = None  # message mode's topic module, when the hub sends as a module
+    lane: str = "upstream"  # "upstream", or "upstream-p3" for partition 3
+    endpoint_id: str = "$upstream"
+    wire_mode: WireMode = WireMode.BATCH
+    protocol: MqttProtocol = MqttProtocol.V311
+    batch_topic: str = "edgehub/segments/{hub_id}/{lane}/p{priority:02d}"
+    username: str | None = None
+    password: str | None = None
+    sas_token: str | None = None  # when set, it is the password (IoT Hub style)
+    tls: TlsSettings | None = None
+    keepalive_s: int = 30  # a silent link is noticed within about twice this
+    connect_timeout_s: float = 10.0  # TCP + TLS + CONNACK
+    ack_timeout_s: float = 30.0  # a PUBACK later than this fails its messages and drops the connection
+    link_rate_bps: float = 64_000.0  # link hints for the default window
+    link_rtt_s: float = 0.6
+    max_inflight_bytes: int | None = None  # None: one bandwidth-delay product of the hints
+    max_uplink_bps: float | None = None  # maxUplinkBps: cap on PUBLISH wire bytes; None = no cap
+    max_batch_bytes: int | None = None  # compressed bytes per segment (one PUBLISH); None: a quarter window
+    max_batch_messages: int = 1000  # the most messages the executor should hand over in one send
+    linger_s: float = 0.2  # for the executor: how long to wait for a batch to fill before sending it
+    compresslevel: int = 6
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if (self.max_batch_bytes is not None and self.max_batch_bytes <= 0) or self.max_batch_messages <= 0:
+            raise ValueError("max_batch_bytes and max_batch_messages must be positive")
+        if self.max_inflight_bytes is not None and self.max_inflight_bytes <= 0:
+            raise ValueError("max_inflight_bytes must be positive")
+        if self.keepalive_s <= 0 or self.ack_timeout_s <= 0 or self.connect_timeout_s <= 0:
+            raise ValueError("keepalive_s, ack_timeout_s and connect_timeout_s must be positive")
+
+    @property
+    def window_bytes(self) -> int:
+        if self.max_inflight_bytes is not None:
+            return self.max_inflight_bytes
+        return bdp_bytes(self.link_rate_bps, self.link_rtt_s)
+
+    @property
+    def segment_bytes(self) -> int:
+        """Segments of a quarter window keep the window flowing: while one is acked, three are on the wire."""
+        if self.max_batch_bytes is not None:
+            return self.max_batch_bytes
+        return max(512, self.window_bytes // 4)
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamStatus:
+    """What ``status()`` reports for one lane."""
+
+    connected: bool
+    connects: int  # successful CONNACKs so far
+    inflight_bytes: int
+    peak_inflight_bytes: int
+    window_bytes: int
+    achieved_bps: float
+    messages_acked: int
+    publishes_acked: int
+    wire_bytes_acked: int
+    wire_bytes_per_message: float  # PUBLISH bytes (fixed header to payload) per acknowledged message
+
+
+def generate_sas_token(resource_uri: str, key_b64: str, expiry_epoch_s: int, policy: str | None = None) -> str:
+    """An IoT Hub / Service Bus shared access signature for ``resource_uri`` valid until ``expiry_epoch_s``."""
+    uri = urllib.parse.quote(resource_uri, safe="")
+    to_sign = f"{uri}\n{expiry_epoch_s}".encode()
+    sig = base64.b64encode(hmac.new(base64.b64decode(key_b64), to_sign, hashlib.sha256).digest()).decode()
+    token = f"SharedAccessSignature sr={uri}&sig={urllib.parse.quote(sig, safe='')}&se={expiry_epoch_s}"
+    return token + (f"&skn={policy}" if policy else "")
+
+
+def _publish_properties(user: list[tuple[str, str]], content_type: str | None = None) -> tuple[Properties, int]:
+    """MQTT 5 PUBLISH properties and their encoded length (without the length prefix)."""
+    props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    if content_type is not None:
+        props.ContentType = content_type
+    props.UserProperty = user
+    packed: bytes = props.pack()  # type: ignore[no-untyped-call]
+    return props, len(packed) - _varint_len(len(packed) - 1)
+
+
+def _varint_len(n: int) -> int:
+    length = 1
+    while n >= 128:
+        n //= 128
+        length += 1
+    return length
+
+
+def publish_wire_bytes(topic: str, payload_len: int, *, qos: int = 1, properties_len: int | None = None) -> int:
+    """Bytes of a PUBLISH on the wire: fixed header, topic, packet id, MQTT 5 properties, payload."""
+    rem = 2 + len(topic.encode()) + (2 if qos else 0) + payload_len
+    if properties_len is not None:
+        rem += _varint_len(properties_len) + properties_len
+    return 1 + _varint_len(rem) + rem
+
+
+@dataclass(slots=True)
+class _Unit:
+    """One PUBLISH and the messages it carries."""
+
+    topic: str
+    payload: bytes
+    messages: Sequence[QueuedMessage]
+    properties: Properties | None
+    wire_bytes: int
+
+
+@dataclass(slots=True)
+class _Pending:
+    future: asyncio.Future[None]
+    wire_bytes: int
+
+
+class _Connection:
+    """One paho client and its network thread. All state below is touched on the asyncio loop only."""
+
+    def __init__(self, owner: MqttUpstream, client: paho.Client, loop: asyncio.AbstractEventLoop) -> None:
+        self.owner = owner
+        self.client = client
+        self.loop = loop
+        self.pending: dict[int, _Pending] = {}
+        self.inflight_bytes = 0
+        self.alive = False
+        self.connack: asyncio.Future[None] = loop.create_future()
+        self.lost = asyncio.Event()
+        self.lost_reason = ""
+        client.on_connect = self._t_on_connect
+        client.on_disconnect = self._t_on_disconnect
+        client.on_publish = self._t_on_publish
+
+    # paho's thread: hand everything to the loop.
+    def _t_on_connect(self, c: paho.Client, u: Any, flags: Any, rc: Any, props: Any) -> None:
+        self.loop.call_soon_threadsafe(self._on_connect, bool(rc.is_failure), str(rc))
+
+    def _t_on_disconnect(self, c: paho.Client, u: Any, flags: Any, rc: Any, props: Any) -> None:
+        self.loop.call_soon_threadsafe(self._on_lost, f"disconnected: {rc}")
+
+    def _t_on_publish(self, c: paho.Client, u: Any, mid: int, rc: Any, props: Any) -> None:
+        self.loop.call_soon_threadsafe(self._on_ack, mid, bool(rc.is_failure), str(rc))
+
+    # the loop.
+    def _on_connect(self, failed: bool, reason: str) -> None:
+        if self.connack.done():
+            return
+        if failed:
+            self.connack.set_exception(TransportError(f"CONNACK refused: {reason}", kind=FailureKind.PERMANENT))
+        else:
+            self.alive = True
+            self.connack.set_result(None)
+
+    def _on_ack(self, mid: int, failed: bool, reason: str) -> None:
+        p = self.pending.pop(mid, None)
+        if p is None:
+            return
+        self.inflight_bytes -= p.wire_bytes
+        if not p.future.done():
+            if failed:
+                p.future.set_exception(TransportError(f"PUBACK {reason}", kind=FailureKind.PERMANENT))
+            else:
+                p.future.set_result(None)
+        self.owner._window_changed()
+
+    def _on_lost(self, reason: str) -> None:
+        if self.lost.is_set():
+            return
+        self.alive = False
+        self.lost_reason = reason
+        if not self.connack.done():
+            self.connack.set_exception(TransportError(f"connection lost before CONNACK: {reason}"))
+        for p in self.pending.values():
+            if not p.future.done():
+                p.future.set_exception(TransportError(f"connection lost before PUBACK: {reason}"))
+        self.pending.clear()
+        self.inflight_bytes = 0
+        self.lost.set()
+        self.owner._window_changed()
+
+    def publish(self, unit: _Unit) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = self.loop.create_future()
+        # A send cancelled mid-way (close, shutdown) leaves futures nobody awaits; their failure is expected.
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        info = self.client.publish(unit.topic, unit.payload, qos=1, properties=unit.properties)
+        if info.rc != paho.MQTT_ERR_SUCCESS:
+            fut.set_exception(TransportError(f"publish refused by client: {paho.error_string(info.rc)}"))
+            return fut
+        # Registered before the loop runs again, so the PUBACK (delivered via call_soon_threadsafe) finds it.
+        self.pending[info.mid] = _Pending(fut, unit.wire_bytes)
+        self.inflight_bytes += unit.wire_bytes
+        return fut
+
+    def drop(self, reason: str) -> None:
+        """Give up on this connection now (ack timeout, close): fail what is pending, stop the client."""
+        self._on_lost(reason)
+        with contextlib.suppress(Exception):
+            self.client.disconnect()
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.client.loop_stop)
+
+
+class MqttUpstream:
+    """``$upstream`` over MQTT. ``await start()`` (or ``async with``) before the executor's first send."""
+
+    def __init__(self, settings: MqttUpstreamSettings, *, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self._clock = clock or SystemClock()
+        self._on_reachable: Callable[[], None] = lambda: None
+        self._conn: _Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._wake = asyncio.Event()  # cuts a reconnect wait short
+        self._window_event = asyncio.Event()
+        self._connected_event = asyncio.Event()
+        self._bucket = TokenBucket(
+            rate_bps=settings.max_uplink_bps, burst_bytes=max(settings.segment_bytes, 1500), clock=self._clock
+        )
+        self._rate = RateEstimator(clock=self._clock)
+        self._connects = 0
+        self._peak_inflight = 0
+        self._messages_acked = 0
+        self._publishes_acked = 0
+        self._wire_acked = 0
+
+    # -- Endpoint ---------------------------------------------------------------------------------------------
+
+    @property
+    def endpoint_id(self) -> str:
+        return self.settings.endpoint_id
+
+    @property
+    def max_batch_messages(self) -> int:
+        return self.settings.max_batch_messages
+
+    @property
+    def linger_s(self) -> float:
+        return self.settings.linger_s
+
+    @property
+    def max_batch_bytes(self) -> int:
+        return self.settings.segment_bytes
+
+    def bind(self, on_reachable: Callable[[], None]) -> None:
+        self._on_reachable = on_reachable
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._connection_loop(), name=f"upstream.mqtt.{self.settings.lane}")
+
+    async def __aenter__(self) -> MqttUpstream:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.drop("closed")
+            await conn.stop()
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and self._conn.alive
+
+    async def wait_connected(self) -> None:
+        """Return once a connection is up. Bound it with ``asyncio.timeout``."""
+        while not self.connected:
+            self._connected_event.clear()
+            await self._connected_event.wait()
+
+    def reconnect_now(self) -> None:
+        """Cut a reconnect backoff short (the executor learned the link is back some other way)."""
+        self._wake.set()
+
+    def set_max_uplink_bps(self, rate_bps: float | None) -> None:
+        self._bucket.set_rate(rate_bps)
+
+    def status(self) -> UpstreamStatus:
+        conn = self._conn
+        return UpstreamStatus(
+            connected=self.connected,
+            connects=self._connects,
+            inflight_bytes=conn.inflight_bytes if conn is not None else 0,
+            peak_inflight_bytes=self._peak_inflight,
+            window_bytes=self.settings.window_bytes,
+            achieved_bps=self._rate.rate_bps(),
+            messages_acked=self._messages_acked,
+            publishes_acked=self._publishes_acked,
+            wire_bytes_acked=self._wire_acked,
+            wire_bytes_per_message=self._wire_acked / self._messages_acked if self._messages_acked else 0.0,
+        )
+
+    async def send(self, batch: Sequence[QueuedMessage]) -> SendResult:
+        if not batch:
+            return SendResult()
+        conn = self._conn
+        if conn is None or not conn.alive:
+            return SendResult.all_failed(batch, FailureKind.TRANSIENT, "upstream not connected")
+        try:
+            units = self._units(batch)
+        except Exception as exc:  # an encoding failure is this batch's, not the link's
+            log.exception("upstream.encode_failed lane=%s", self.settings.lane)
+            return SendResult(invalid=tuple(batch), failure_kind=FailureKind.INVALID_INPUT, error=repr(exc))
+        sent: list[tuple[_Unit, asyncio.Future[None]]] = []
+        for unit in units:
+            if not await self._wait_window(conn, unit.wire_bytes):
+                break
+            await self._bucket.take(unit.wire_bytes)
+            if not conn.alive:
+                break
+            sent.append((unit, conn.publish(unit)))
+            self._peak_inflight = max(self._peak_inflight, conn.inflight_bytes)
+        return await self._collect(conn, units, sent)
+
+    # -- internals --------------------------------------------------------------------------------------------
+
+    def _window_changed(self) -> None:
+        self._window_event.set()
+
+    async def _wait_window(self, conn: _Connection, size: int) -> bool:
+        window = self.settings.window_bytes
+        while conn.alive and conn.inflight_bytes > 0 and conn.inflight_bytes + size > window:
+            self._window_event.clear()
+            await self._window_event.wait()
+        return conn.alive
+
+    async def _collect(
+        self, conn: _Connection, units: list[_Unit], sent: list[tuple[_Unit, asyncio.Future[None]]]
+    ) -> SendResult:
+        succeeded: list[QueuedMessage] = []
+        failed: list[QueuedMessage] = []
+        invalid: list[QueuedMessage] = []
+        kind: FailureKind | None = None
+        error: str | None = None
+        deadline = asyncio.get_running_loop().time() + self.settings.ack_timeout_s
+        wire = 0
+        for unit, fut in sent:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await asyncio.shield(fut)
+            except TimeoutError:
+                conn.drop(f"no PUBACK within {self.settings.ack_timeout_s}s")
+                kind, error = FailureKind.TIMEOUT, f"no PUBACK within {self.settings.ack_timeout_s}s"
+                failed.extend(unit.messages)
+                continue
+            except TransportError as exc:
+                if exc.kind is FailureKind.PERMANENT:
+                    invalid.extend(unit.messages)
+                else:
+                    failed.extend(unit.messages)
+                kind, error = kind or exc.kind, error or str(exc)
+                continue
+            succeeded.extend(unit.messages)
+            wire += unit.wire_bytes
+            self._rate.record(unit.wire_bytes)
+            self._publishes_acked += 1
+        unsent = units[len(sent) :]
+        for unit in unsent:
+            failed.extend(unit.messages)
+        if unsent and kind is None:
+            kind, error = FailureKind.TRANSIENT, f"connection lost: {conn.lost_reason}"
+        self._messages_acked += len(succeeded)
+        self._wire_acked += wire
+        details = {"publishes": str(len(units)), "wire_bytes": str(wire)}
+        if succeeded:
+            details["wire_bytes_per_msg"] = f"{wire / len(succeeded):.1f}"
+        if failed or invalid:
+            log.info(
+                "upstream.send_failed lane=%s acked=%d failed=%d invalid=%d kind=%s error=%s",
+                self.settings.lane, len(succeeded), len(failed), len(invalid), kind, error,
+            )  # fmt: skip
+        return SendResult(
+            succeeded=tuple(succeeded),
+            failed=tuple(failed),
+            invalid=tuple(invalid),
+            failure_kind=kind,
+            error=error,
+            details=details,
+        )
+
+    def _edge_id(self, qm: QueuedMessage) -> str:
+        return edge_message_id(qm, hub_id=self.settings.hub_id, lane=self.settings.lane)
+
+    def _segment_payload(self, msgs: Sequence[QueuedMessage]) -> bytes:
+        s = self.settings
+        return segment_bytes(msgs, hub_id=s.hub_id, lane=s.lane, compresslevel=s.compresslevel)
+
+    def _units(self, batch: Sequence[QueuedMessage]) -> list[_Unit]:
+        if self.settings.wire_mode is WireMode.MESSAGE:
+            return [self._message_unit(qm) for qm in batch]
+        return self._segment_units(batch)
+
+    def _segment_units(self, batch: Sequence[QueuedMessage]) -> list[_Unit]:
+        s = self.settings
+        topic = s.batch_topic.format(hub_id=s.hub_id, lane=s.lane, priority=batch[0].priority)
+        props: Properties | None = None
+        props_len: int | None = None
+        if s.protocol is MqttProtocol.V5:
+            props, props_len = _publish_properties([("edgehub-segment-version", "1")], SEGMENT_CONTENT_TYPE)
+        # Cut into runs whose compressed size is about max_batch_bytes: halve a run until it fits (or is one
+        # message), so compression still sees as many messages as fit.
+        units: list[_Unit] = []
+        stack: list[Sequence[QueuedMessage]] = [batch]
+        while stack:
+            run = stack.pop()
+            payload = self._segment_payload(run)
+            if len(payload) > s.segment_bytes and len(run) > 1:
+                mid = len(run) // 2
+                stack.append(run[mid:])
+                stack.append(run[:mid])
+                continue
+            wire = publish_wire_bytes(topic, len(payload), properties_len=props_len)
+            units.append(_Unit(topic, payload, run, props, wire))
+        return units
+
+    def _message_unit(self, qm: QueuedMessage) -> _Unit:
+        s = self.settings
+        m = qm.message
+        device = s.device_id or s.client_id.split("/")[0]
+        base = f"devices/{device}/modules/{s.module_id}" if s.module_id else f"devices/{device}"
+        bag: list[tuple[str, str]] = []
+        for k, v in m.properties.items():
+            bag.append((k, v if v is not None else ""))
+        for name, short in _BAG_NAMES.items():
+            value = m.system_properties.get(name)
+            if value is not None:
+                bag.append((short, value))
+        if SystemProperty.MESSAGE_ID not in m.system_properties:
+            bag.append(("$.mid", self._edge_id(qm)))
+        topic = f"{base}/messages/events/{urllib.parse.urlencode(bag, quote_via=urllib.parse.quote)}"
+        props_len: int | None = None
+        props: Properties | None = None
+        if s.protocol is MqttProtocol.V5:
+            props, props_len = _publish_properties(bag)
+            topic = f"{base}/messages/events/"
+        return _Unit(topic, m.body, (qm,), props, publish_wire_bytes(topic, len(m.body), properties_len=props_len))
+
+    # -- connection -------------------------------------------------------------------------------------------
+
+    def _new_client(self) -> paho.Client:
+        s = self.settings
+        v5 = s.protocol is MqttProtocol.V5
+        client = paho.Client(
+            callback_api_version=CallbackAPIVersion.VERSION2,
+            client_id=s.client_id,
+            clean_session=None if v5 else True,
+            protocol=paho.MQTTv5 if v5 else paho.MQTTv311,
+            reconnect_on_failure=False,  # one connection per client: see the module docstring
+        )
+        client.connect_timeout = s.connect_timeout_s
+        client.max_inflight_messages_set(0)  # 0: no count limit; the byte window is the bound
+        client.max_queued_messages_set(0)
+        password = s.sas_token or s.password
+        username = s.username
+        if s.sas_token and username is None:
+            username = f"{s.host}/{s.client_id}/?api-version=2021-04-12"
+        if username is not None or password is not None:
+            client.username_pw_set(username, password)
+        if s.tls is not None:
+            ctx = ssl.create_default_context(cafile=s.tls.ca_certs)
+            ctx.check_hostname = s.tls.check_hostname
+            if s.tls.certfile:
+                ctx.load_cert_chain(s.tls.certfile, s.tls.keyfile)
+            client.tls_set_context(ctx)
+        return client
+
+    async def _connect_once(self) -> _Connection:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        client = self._new_client()
+        conn = _Connection(self, client, loop)
+        try:
+            await asyncio.to_thread(client.connect, s.host, s.port, s.keepalive_s)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            raise TransportError(f"connect to {s.host}:{s.port} failed: {exc!r}") from exc
+        client.loop_start()
+        try:
+            async with asyncio.timeout(s.connect_timeout_s):
+                await conn.connack
+        except (TimeoutError, TransportError) as exc:
+            conn.drop(f"no CONNACK: {exc!r}")
+            await conn.stop()
+            if isinstance(exc, TransportError):
+                raise
+            raise TransportError(f"no CONNACK from {s.host}:{s.port} within {s.connect_timeout_s}s") from exc
+        return conn
+
+    async def _backoff_sleep(self, delay_s: float) -> None:
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay_s):
+                await self._wake.wait()
+
+    def _log_connect_failed(self, rs: RetryCallState) -> None:
+        error = rs.outcome.exception() if rs.outcome is not None else None
+        log.info("upstream.connect_failed lane=%s attempt=%d error=%s", self.settings.lane, rs.attempt_number, error)
+
+    async def _connection_loop(self) -> None:
+        s = self.settings
+        while not self._closed:
+            retrying = AsyncRetrying(
+                wait=wait_exponential(multiplier=s.reconnect_min_s, max=s.reconnect_max_s)
+                + wait_random(0, s.reconnect_min_s),
+                retry=retry_if_exception_type(TransportError),
+                sleep=self._backoff_sleep,
+                before_sleep=self._log_connect_failed,
+                reraise=True,
+            )
+            conn: _Connection | None = None
+            async for attempt in retrying:
+                with attempt:
+                    conn = await self._connect_once()
+            assert conn is not None
+            self._conn = conn
+            self._connects += 1
+            self._connected_event.set()
+            log.info("upstream.connected lane=%s host=%s port=%d connects=%d", s.lane, s.host, s.port, self._connects)
+            self._on_reachable()
+            await conn.lost.wait()
+            log.info("upstream.lost lane=%s reason=%s", s.lane, conn.lost_reason)
+            await conn.stop()
