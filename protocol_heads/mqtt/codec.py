@@ -30,8 +30,10 @@ from typing import Final
 from edgehub.core import LocalProtocolError, RemoteProtocolError
 
 __all__ = [
+    "MAX_VARINT",
     "MQTT_50",
     "MQTT_311",
+    "NO_PROPERTIES",
     "Auth",
     "ConnAck",
     "Connect",
