@@ -5,5 +5,6 @@ that fail, stall or revive, a link that can be cut.
 """
 
 from edgehub.testing.clock import ManualClock
+from edgehub.testing.hub import InMemoryHub
 
-__all__ = ["ManualClock"]
+__all__ = ["InMemoryHub", "ManualClock"]
