@@ -116,6 +116,15 @@ class InMemoryHub:
         async with self._changed:
             await self._changed.wait_for(lambda: len(self.stored) >= count)
 
+    async def wait_connected(self, identity: Identity) -> None:
+        """Return once ``identity`` has a link. Bound it with ``asyncio.timeout``."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._link_of(identity) is not None)
+
+    def _link_of(self, identity: Identity) -> ClientLink | None:
+        box = self._mailboxes.get(identity.id)
+        return None if box is None else box.link
+
     async def wait_acked(self, count: int) -> None:
         async with self._changed:
             await self._changed.wait_for(lambda: len(self.acked) >= count)
