@@ -67,6 +67,7 @@ class InMemoryHub:
         self.groups: list[int] = []
         self.acked: list[tuple[Identity, int, bool]] = []
         self.connects: list[Identity] = []
+        self.disconnects: list[str] = []
         self.twins: dict[str, dict[str, Any]] = {}
         self._secrets: dict[str, _Secrets] = {}
         self._refusals: deque[str] = deque()
@@ -120,6 +121,11 @@ class InMemoryHub:
         """Return once ``identity`` has a link. Bound it with ``asyncio.timeout``."""
         async with self._changed:
             await self._changed.wait_for(lambda: self._link_of(identity) is not None)
+
+    async def wait_disconnected(self, identity: Identity) -> None:
+        """Return once ``identity`` was connected and its link has gone (its will, if any, is stored by then)."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: identity.id in self.disconnects)
 
     def _link_of(self, identity: Identity) -> ClientLink | None:
         box = self._mailboxes.get(identity.id)
@@ -203,6 +209,8 @@ class InMemoryHub:
             return
         box.link = None
         self._requeue(box)
+        self.disconnects.append(identity.id)
+        await self._notify()
 
     def delivered(self, identity: Identity, delivery_id: int, ok: bool) -> None:
         box = self._mailboxes.get(identity.id)

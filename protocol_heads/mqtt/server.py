@@ -504,8 +504,8 @@ class _Client:
         if identity is not None and self.server._clients.get(identity.id) is self:
             del self.server._clients[identity.id]
         if identity is not None and self.registered:
-            await self.hub.disconnect(identity, self.link)
             await self._publish_will(identity)
+            await self.hub.disconnect(identity, self.link)
         self.writer.close()
         with contextlib.suppress(Exception):
             await self.writer.wait_closed()

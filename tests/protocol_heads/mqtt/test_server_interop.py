@@ -4,20 +4,24 @@ over TCP and over TLS with a test CA, against the in-memory hub."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import paho.mqtt.client as mqtt
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
-from edgehub.core import Message
+from edgehub.core import Identity, Message
 from edgehub.testing import InMemoryHub
 from edgehub.testing.certs import TestCA
-from protocol_heads.mqtt.codec import Connect, Decoder, encode
+from protocol_heads.mqtt.codec import Connect, Decoder, Disconnect, Will, encode
 from protocol_heads.mqtt.server import MqttServer
 from tests.protocol_heads.mqtt.conftest import (
     DEV,
     DEVICE_KEY,
+    HOST,
     MOD,
     MODULE_KEY,
     Paho,
@@ -293,3 +297,66 @@ async def test_mosquitto_pub_and_sub_over_tls(head: MqttServer, hub: InMemoryHub
     [(_, msg)] = hub.stored
     assert msg.body == b"from-pub"
     assert msg.properties == {"a": "b"}
+
+
+async def test_v311_client_is_disconnected_instead_of_a_negative_ack(head: MqttServer, hub: InMemoryHub) -> None:
+    dev = Paho.make("dev1")
+    dev.client.reconnect_delay_set(60, 120)
+    await dev.connect(head.ports["tcp"], user=username(DEV), password=sas_password(DEV, DEVICE_KEY))
+    hub.refuse("quota_exceeded")
+    dev.publish("devices/dev1/messages/events/", b"refused")
+    async with asyncio.timeout(10):
+        rc = await dev.disconnects.get()
+    assert rc != 0
+    assert dev.publishes.empty()
+    await dev.close()
+
+
+async def test_client_certificate_thumbprint_authenticates_over_tls(
+    head: MqttServer, hub: InMemoryHub, ca: TestCA
+) -> None:
+    pair = ca.client("certdev")
+    der = x509.load_pem_x509_certificate(pair.cert.read_bytes()).public_bytes(serialization.Encoding.DER)
+    hub.add_identity(Identity.parse("certdev"), thumbprint=hashlib.sha256(der).hexdigest())
+    dev = Paho.make("certdev")
+    dev.client.tls_set(ca_certs=str(ca.ca_pem), certfile=str(pair.cert), keyfile=str(pair.key))
+    rc = await dev.connect(head.ports["tls"], user=f"{HOST}/certdev/?api-version=2021-04-12")
+    assert rc == 0
+    mid = dev.publish("devices/certdev/messages/events/", b"x")
+    async with asyncio.timeout(10):
+        assert await dev.publishes.get() == (mid, 0)
+    assert hub.stored[0][1].system_properties["connectionAuthMethod"] == "x509"
+    await dev.close()
+
+
+async def test_silent_client_is_closed_after_one_and_a_half_keepalives(head: MqttServer) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", head.ports["tcp"])
+    connect = Connect("dev1", keepalive_s=1, username=username(DEV), password=sas_password(DEV, DEVICE_KEY).encode())
+    writer.write(encode(connect))
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(10):
+        assert (await reader.read(4))[:1] == b"\x20"
+        started = loop.time()
+        assert await reader.read() == b""
+    assert loop.time() - started >= 1.4
+    writer.close()
+
+
+@pytest.mark.parametrize(("goodbye", "will_stored"), [(b"", True), (encode(Disconnect()), False)])
+async def test_will_is_published_only_when_the_client_vanishes(
+    head: MqttServer, hub: InMemoryHub, goodbye: bytes, will_stored: bool
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", head.ports["tcp"])
+    connect = Connect(
+        "dev1",
+        username=username(DEV),
+        password=sas_password(DEV, DEVICE_KEY).encode(),
+        will=Will("devices/dev1/messages/events/kind=will", b"gone"),
+    )
+    writer.write(encode(connect))
+    async with asyncio.timeout(10):
+        await reader.read(4)
+        writer.write(goodbye)
+        writer.close()
+        await hub.wait_disconnected(DEV)
+    assert [(m.body, m.properties) for _, m in hub.stored] == ([(b"gone", {"kind": "will"})] if will_stored else [])
