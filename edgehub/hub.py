@@ -1,6 +1,141 @@
-"""The hub facade: the one interface the protocol heads call (ingest, connect for delivery, disconnect).
+"""The hub facade: the one interface the protocol heads call. Heads never see the router or the store.
 
-Built by the MQTT-head issue; until then it holds nothing but its place in the layers.
+A head, for each connected client:
+1. ``authenticate(credentials)`` → an ``AuthResult`` (or ``AuthenticationError``);
+2. ``connect(identity, link, clean_session=...)`` registers the client as the delivery target of its module
+   inputs (and, later, device-bound messages); the hub then calls ``link.send(delivery)`` whenever
+   ``link.window_free`` allows, and the head answers each with ``delivered(identity, delivery_id, ok)``;
+3. ``ingest(identity, messages)`` for every group of messages that arrived in one read, and acks each message
+   only as its outcome says;
+4. ``disconnect(identity, link)`` when the connection ends (a link that is no longer the registered one, after a
+   session takeover, is ignored).
+
+Guarantees the implementations give:
+* ``ingest`` returns one outcome per message, in order. ``Stored`` means routed and durable in every queue the
+  message goes to (an ack may go out); ``Rejected.reason`` is a stable word (``IngestRejected.reason``:
+  ``quota_exceeded``, ``too_large``, ``invalid``, ``not_authorized``, ``topic_invalid``). It raises only
+  ``StoreError`` (nothing was stored; the head should close the connection without acking).
+* Deliveries to one link go out in queue order; an unacknowledged delivery is sent again with
+  ``redelivery=True`` after the client reconnects. ``link.send`` never blocks.
 """
 
-__all__: list[str] = []
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from edgehub.core import Identity, Message
+
+__all__ = [
+    "AuthResult",
+    "ClientLink",
+    "Credentials",
+    "Delivery",
+    "Hub",
+    "IngestOutcome",
+    "Rejected",
+    "SessionInfo",
+    "Stored",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """What a client presented. ``identity`` is the one it claims (from its client id); ``password`` is a SAS
+    token or a plain password; ``cert_thumbprint`` (SHA-256, hex) and ``cert_subject_cn`` come from a TLS
+    client certificate the listener verified against its CAs (``cert_chain_verified``)."""
+
+    identity: Identity
+    username: str | None = None
+    password: bytes | None = None
+    cert_thumbprint: str | None = None
+    cert_subject_cn: str | None = None
+    cert_chain_verified: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AuthResult:
+    identity: Identity
+    auth_method: str  # "sas", "x509", "password": becomes the connectionAuthMethod system property
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """Routed and durable: the head may ack."""
+
+    edge_message_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """Refused at ingest; nothing was stored."""
+
+    reason: str
+    detail: str = ""
+
+
+IngestOutcome = Stored | Rejected
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message for a connected client. ``input_name`` None means device-bound."""
+
+    delivery_id: int
+    message: Message
+    input_name: str | None = None
+    redelivery: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    session_present: bool = False
+
+
+class ClientLink(Protocol):
+    """A connected client as the hub sees it: a window and a non-blocking send."""
+
+    @property
+    def window_free(self) -> int:
+        """How many more deliveries the client may have unacknowledged now."""
+        ...
+
+    def send(self, delivery: Delivery) -> None:
+        """Queue ``delivery`` to the client. Raises ``DeliveryError`` (transient) when the link has closed or
+        the window is full; never blocks."""
+        ...
+
+
+class Hub(Protocol):
+    async def authenticate(self, credentials: Credentials) -> AuthResult:
+        """Prove who the client is; raises ``AuthenticationError``."""
+        ...
+
+    async def ingest(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:
+        """Route and durably store a group of messages from one identity; one outcome per message."""
+        ...
+
+    async def connect(self, identity: Identity, link: ClientLink, *, clean_session: bool) -> SessionInfo:
+        """Make ``link`` the delivery target of ``identity`` (replacing an older link)."""
+        ...
+
+    async def disconnect(self, identity: Identity, link: ClientLink) -> None:
+        """``link`` is gone; deliveries in flight on it will be redelivered on the next link."""
+        ...
+
+    def delivered(self, identity: Identity, delivery_id: int, ok: bool) -> None:
+        """The client acknowledged (``ok``) or refused a delivery."""
+        ...
+
+    def link_ready(self, identity: Identity, link: ClientLink) -> None:
+        """The link's window has room again (a delivery was acknowledged)."""
+        ...
+
+    async def get_twin(self, identity: Identity) -> Mapping[str, Any]:
+        """The identity's twin as IoT Hub returns it to a device (``{"desired": ..., "reported": ...}``)."""
+        ...
+
+    async def update_reported(self, identity: Identity, patch: Mapping[str, Any]) -> int:
+        """Merge a reported-properties patch; returns the new reported version."""
+        ...

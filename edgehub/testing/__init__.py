@@ -1,10 +1,11 @@
 """Steerable collaborators for tests, shipped with the package (after bytewax's ``testing``).
 
 Each one is a complete implementation of the seam it stands in for, never a mock: a manual clock, endpoints
-that fail, stall or revive, a link that can be cut.
+that fail, stall or revive, an in-memory hub facade, a link that can be cut.
 """
 
 from edgehub.testing.clock import ManualClock
 from edgehub.testing.endpoints import NullEndpoint, TestEndpoint
+from edgehub.testing.hub import InMemoryHub
 
-__all__ = ["ManualClock", "NullEndpoint", "TestEndpoint"]
+__all__ = ["InMemoryHub", "ManualClock", "NullEndpoint", "TestEndpoint"]

@@ -1,0 +1,176 @@
+"""Shared access signatures and connection strings, the IoT Hub way. Standard library only.
+
+A token is ``SharedAccessSignature sr={URL-encoded resource}&sig={URL-encoded signature}&se={expiry}``
+(optionally ``&skn={policy}``). The signature is base64(HMAC-SHA256(base64-decoded key, sr + "\\n" + se)),
+where sr is the URL-encoded resource exactly as it appears in the token, and the resource of an identity is
+``{HostName}/devices/{deviceId}[/modules/{moduleId}]``.
+
+Invariants:
+* ``verify_sas_token`` raises ``AuthenticationError`` (with the reason) for a malformed token, a wrong
+  resource, a bad signature or an expired one; it never raises anything else for bad input. Signatures are
+  compared in constant time.
+* Expiry is checked against the given ``Clock`` (so tests can steer it); ``se`` is epoch seconds.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+from dataclasses import dataclass
+from urllib.parse import quote, unquote
+
+from edgehub.core.clock import Clock
+from edgehub.core.errors import AuthenticationError
+from edgehub.core.identity import Identity
+
+__all__ = [
+    "ConnectionString",
+    "SasToken",
+    "generate_sas_token",
+    "parse_sas_token",
+    "resource_uri",
+    "verify_sas_token",
+]
+
+_PREFIX = "SharedAccessSignature "
+
+
+def resource_uri(host_name: str, identity: Identity) -> str:
+    """``{host}/devices/{d}[/modules/{m}]``: what a device or module token is scoped to (not URL-encoded)."""
+    uri = f"{host_name}/devices/{identity.device_id}"
+    if identity.module_id is not None:
+        uri += f"/modules/{identity.module_id}"
+    return uri
+
+
+def _sign(key_b64: str, string_to_sign: str) -> str:
+    try:
+        key = base64.b64decode(key_b64, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError("the shared access key is not base64") from exc
+    return base64.b64encode(hmac.new(key, string_to_sign.encode(), hashlib.sha256).digest()).decode()
+
+
+def generate_sas_token(resource: str, key_b64: str, expiry_s: int, *, policy: str | None = None) -> str:
+    """A token for ``resource`` (not yet URL-encoded) that expires at ``expiry_s`` epoch seconds."""
+    sr = quote(resource, safe="")
+    sig = _sign(key_b64, f"{sr}\n{expiry_s}")
+    token = f"{_PREFIX}sr={sr}&sig={quote(sig, safe='')}&se={expiry_s}"
+    if policy:
+        token += f"&skn={quote(policy, safe='')}"
+    return token
+
+
+@dataclass(frozen=True, slots=True)
+class SasToken:
+    """A parsed token. ``sr_raw`` is the resource as it appeared in the token (still URL-encoded): the
+    signature covers exactly that text."""
+
+    resource: str
+    sr_raw: str
+    signature: str
+    expiry_s: int
+    policy: str | None = None
+
+
+def parse_sas_token(token: str) -> SasToken:
+    """Parse a token; raises AuthenticationError when it is not one."""
+    if not token.startswith(_PREFIX):
+        raise AuthenticationError("not a SharedAccessSignature token")
+    raw: dict[str, str] = {}
+    for part in token[len(_PREFIX) :].split("&"):
+        name, sep, value = part.partition("=")
+        if not sep or name in raw:
+            raise AuthenticationError(f"malformed SAS token field {name!r}")
+        raw[name] = value
+    try:
+        sr, sig, se = raw["sr"], raw["sig"], raw["se"]
+    except KeyError as exc:
+        raise AuthenticationError(f"SAS token without {exc.args[0]}") from exc
+    if not se.isdigit():
+        raise AuthenticationError("SAS token expiry is not a number")
+    skn = raw.get("skn")
+    return SasToken(unquote(sr), sr, unquote(sig), int(se), unquote(skn) if skn is not None else None)
+
+
+def verify_sas_token(token: str, *, resource: str, key_b64: str, clock: Clock) -> SasToken:
+    """Check that ``token`` is for ``resource`` (case-insensitive, as IoT Hub host names are), signed with
+    ``key_b64`` and not expired at ``clock.time()``. Returns the parsed token."""
+    parsed = parse_sas_token(token)
+    if parsed.resource.rstrip("/").lower() != resource.rstrip("/").lower():
+        raise AuthenticationError(f"SAS token is for {parsed.resource!r}, not {resource!r}")
+    try:
+        expected = _sign(key_b64, f"{parsed.sr_raw}\n{parsed.expiry_s}")
+    except ValueError as exc:
+        raise AuthenticationError("the identity's key is not base64") from exc
+    if not hmac.compare_digest(expected.encode(), parsed.signature.encode()):
+        raise AuthenticationError(f"SAS token signature does not match for {resource!r}")
+    if parsed.expiry_s <= clock.time():
+        raise AuthenticationError(f"SAS token for {resource!r} expired at {parsed.expiry_s}")
+    return parsed
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionString:
+    """``HostName=...;DeviceId=...;ModuleId=...;SharedAccessKey=...;GatewayHostName=...``.
+
+    ``format()`` writes the fields in that order; ``parse`` accepts any order and keeps unknown keys out
+    (they raise ValueError, so that a typo is not silently ignored)."""
+
+    host_name: str
+    device_id: str
+    shared_access_key: str | None = None
+    module_id: str | None = None
+    gateway_host_name: str | None = None
+    shared_access_key_name: str | None = None
+
+    _FIELDS = {
+        "HostName": "host_name",
+        "DeviceId": "device_id",
+        "ModuleId": "module_id",
+        "SharedAccessKey": "shared_access_key",
+        "SharedAccessKeyName": "shared_access_key_name",
+        "GatewayHostName": "gateway_host_name",
+    }
+
+    @property
+    def identity(self) -> Identity:
+        return Identity.parse(self.device_id if self.module_id is None else f"{self.device_id}/{self.module_id}")
+
+    @classmethod
+    def parse(cls, text: str) -> ConnectionString:
+        values: dict[str, str] = {}
+        for part in text.strip().strip(";").split(";"):
+            # Keys are base64 and may end in '=': split at the first '=' only.
+            name, sep, value = part.strip().partition("=")
+            attr = cls._FIELDS.get(name)
+            if not sep or attr is None:
+                raise ValueError(f"unknown connection string field {name!r}")
+            if attr in values:
+                raise ValueError(f"connection string field {name!r} given twice")
+            values[attr] = value
+        if "host_name" not in values or "device_id" not in values:
+            raise ValueError("a connection string needs HostName and DeviceId")
+        return cls(**values)
+
+    def format(self) -> str:
+        parts = []
+        for name, attr in self._FIELDS.items():
+            value = getattr(self, attr)
+            if value is not None:
+                parts.append(f"{name}={value}")
+        return ";".join(parts)
+
+    def resource(self) -> str:
+        return resource_uri(self.host_name, self.identity)
+
+    def sas_token(self, expiry_s: int) -> str:
+        """A device or module token signed with this connection string's key."""
+        if self.shared_access_key is None:
+            raise ValueError("connection string has no SharedAccessKey")
+        return generate_sas_token(self.resource(), self.shared_access_key, expiry_s)
+
+    def __str__(self) -> str:
+        return self.format()

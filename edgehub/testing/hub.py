@@ -1,0 +1,272 @@
+"""A complete in-memory ``edgehub.hub.Hub`` for testing protocol heads: it routes nothing and stores in memory.
+
+Steering:
+* ``add_identity(identity, key_b64=..., password=..., thumbprint=...)`` makes an identity that can log in with a
+  SAS token (resource ``{host_name}/devices/{d}[/modules/{m}]``), a plain password, or a certificate thumbprint.
+* ``refuse(reason, count=1)`` makes the next ``count`` messages come back ``Rejected(reason)``.
+* ``hold()`` makes ``ingest`` wait (messages are not durable yet) until ``release()``; ``held_groups`` tells
+  how many groups wait, and ``wait_held(n)`` waits for that.
+* ``enqueue(identity, input_name, message)`` queues a message for a module input (or device-bound with
+  ``input_name=None``); it goes out over the identity's link as its window allows, and is redelivered with
+  ``redelivery=True`` if it was in flight when the link went away.
+
+Invariants: outcomes come back in message order; ``stored`` holds exactly the messages answered ``Stored``,
+in ingest order; ``groups`` records the size of every ingest call (one per socket read on the head side).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgehub.core import AuthenticationError, Clock, DeliveryError, Identity, Message, SystemClock
+from edgehub.core.sas import resource_uri, verify_sas_token
+from edgehub.hub import (
+    AuthResult,
+    ClientLink,
+    Credentials,
+    Delivery,
+    IngestOutcome,
+    Rejected,
+    SessionInfo,
+    Stored,
+)
+
+__all__ = ["InMemoryHub"]
+
+
+@dataclass(slots=True)
+class _Secrets:
+    key_b64: str | None = None
+    password: bytes | None = None
+    thumbprint: str | None = None
+
+
+@dataclass(slots=True)
+class _Mailbox:
+    """Deliveries for one identity: waiting ones, and those in flight on the current link."""
+
+    waiting: deque[Delivery] = field(default_factory=deque)
+    inflight: dict[int, Delivery] = field(default_factory=dict)
+    link: ClientLink | None = None
+
+
+class InMemoryHub:
+    """Implements ``edgehub.hub.Hub``; see the module docstring for how to steer it."""
+
+    def __init__(self, *, host_name: str = "edgehub.local", clock: Clock | None = None) -> None:
+        self.host_name = host_name
+        self.clock: Clock = clock or SystemClock()
+        self.stored: list[tuple[Identity, Message]] = []
+        self.rejected: list[tuple[Identity, Message, str]] = []
+        self.groups: list[int] = []
+        self.acked: list[tuple[Identity, int, bool]] = []
+        self.connects: list[Identity] = []
+        self.disconnects: list[str] = []
+        self.twins: dict[str, dict[str, Any]] = {}
+        self._secrets: dict[str, _Secrets] = {}
+        self._refusals: deque[str] = deque()
+        self._held = False
+        self._release = asyncio.Event()
+        self._held_count = 0
+        self._changed = asyncio.Condition()
+        self._mailboxes: dict[str, _Mailbox] = {}
+        self._ids = itertools.count(1)
+        self._edge_ids = itertools.count(1)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- steering ----------------------------------------------------------------------------------------
+
+    def add_identity(
+        self,
+        identity: Identity,
+        *,
+        key_b64: str | None = None,
+        password: bytes | None = None,
+        thumbprint: str | None = None,
+    ) -> None:
+        self._secrets[identity.id] = _Secrets(key_b64, password, thumbprint)
+
+    def refuse(self, reason: str, count: int = 1) -> None:
+        self._refusals.extend([reason] * count)
+
+    def hold(self) -> None:
+        self._held = True
+        self._release.clear()
+
+    def release(self) -> None:
+        self._held = False
+        self._release.set()
+
+    @property
+    def held_groups(self) -> int:
+        return self._held_count
+
+    async def wait_held(self, count: int = 1) -> None:
+        """Return once ``count`` ingest groups are held. Bound it with ``asyncio.timeout``."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._held_count >= count)
+
+    async def wait_stored(self, count: int) -> None:
+        """Return once ``count`` messages are stored. Bound it with ``asyncio.timeout``."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: len(self.stored) >= count)
+
+    async def wait_connected(self, identity: Identity) -> None:
+        """Return once ``identity`` has a link. Bound it with ``asyncio.timeout``."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._link_of(identity) is not None)
+
+    async def wait_disconnected(self, identity: Identity) -> None:
+        """Return once ``identity`` was connected and its link has gone (its will, if any, is stored by then)."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: identity.id in self.disconnects)
+
+    def _link_of(self, identity: Identity) -> ClientLink | None:
+        box = self._mailboxes.get(identity.id)
+        return None if box is None else box.link
+
+    async def wait_acked(self, count: int) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: len(self.acked) >= count)
+
+    def enqueue(self, identity: Identity, input_name: str | None, message: Message) -> int:
+        box = self._mailboxes.setdefault(identity.id, _Mailbox())
+        delivery = Delivery(next(self._ids), message, input_name)
+        box.waiting.append(delivery)
+        self._pump(box)
+        return delivery.delivery_id
+
+    def pending(self, identity: Identity) -> int:
+        """Deliveries not yet acknowledged (waiting or in flight)."""
+        box = self._mailboxes.get(identity.id)
+        return 0 if box is None else len(box.waiting) + len(box.inflight)
+
+    # --- Hub ---------------------------------------------------------------------------------------------
+
+    async def authenticate(self, credentials: Credentials) -> AuthResult:
+        identity = credentials.identity
+        secrets = self._secrets.get(identity.id)
+        if secrets is None:
+            raise AuthenticationError(f"unknown identity {identity}")
+        if credentials.cert_thumbprint is not None and secrets.thumbprint is not None:
+            if credentials.cert_thumbprint.lower() == secrets.thumbprint.lower():
+                return AuthResult(identity, "x509")
+            raise AuthenticationError(f"certificate thumbprint does not match for {identity}")
+        if credentials.password is None:
+            raise AuthenticationError(f"no credentials for {identity}")
+        text = credentials.password.decode("utf-8", errors="replace")
+        if text.startswith("SharedAccessSignature ") and secrets.key_b64 is not None:
+            resource = resource_uri(self.host_name, identity)
+            verify_sas_token(text, resource=resource, key_b64=secrets.key_b64, clock=self.clock)
+            return AuthResult(identity, "sas")
+        if secrets.password is not None and credentials.password == secrets.password:
+            return AuthResult(identity, "password")
+        raise AuthenticationError(f"bad credentials for {identity}")
+
+    async def ingest(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:
+        self.groups.append(len(messages))
+        if self._held:
+            self._held_count += 1
+            await self._notify()
+            try:
+                await self._release.wait()
+            finally:
+                self._held_count -= 1
+        outcomes: list[IngestOutcome] = []
+        for message in messages:
+            if self._refusals:
+                reason = self._refusals.popleft()
+                self.rejected.append((identity, message, reason))
+                outcomes.append(Rejected(reason))
+                continue
+            edge_id = str(next(self._edge_ids))
+            self.stored.append((identity, message.with_system_properties(edgeMessageId=edge_id)))
+            outcomes.append(Stored(edge_id))
+        await self._notify()
+        return outcomes
+
+    async def connect(self, identity: Identity, link: ClientLink, *, clean_session: bool) -> SessionInfo:
+        box = self._mailboxes.setdefault(identity.id, _Mailbox())
+        present = not clean_session and bool(box.waiting or box.inflight)
+        self._requeue(box)
+        if clean_session:
+            box.waiting.clear()
+        box.link = link
+        self.connects.append(identity)
+        self._pump(box)
+        await self._notify()
+        return SessionInfo(session_present=present)
+
+    async def disconnect(self, identity: Identity, link: ClientLink) -> None:
+        box = self._mailboxes.get(identity.id)
+        if box is None or box.link is not link:
+            return
+        box.link = None
+        self._requeue(box)
+        self.disconnects.append(identity.id)
+        await self._notify()
+
+    def delivered(self, identity: Identity, delivery_id: int, ok: bool) -> None:
+        box = self._mailboxes.get(identity.id)
+        if box is None or box.inflight.pop(delivery_id, None) is None:
+            return
+        self.acked.append((identity, delivery_id, ok))
+        self._pump(box)
+        task = asyncio.get_running_loop().create_task(self._notify())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def link_ready(self, identity: Identity, link: ClientLink) -> None:
+        box = self._mailboxes.get(identity.id)
+        if box is not None and box.link is link:
+            self._pump(box)
+
+    async def get_twin(self, identity: Identity) -> Mapping[str, Any]:
+        twin = self.twins.setdefault(identity.id, {"desired": {"$version": 1}, "reported": {"$version": 1}})
+        return copy.deepcopy(twin)
+
+    async def update_reported(self, identity: Identity, patch: Mapping[str, Any]) -> int:
+        twin = self.twins.setdefault(identity.id, {"desired": {"$version": 1}, "reported": {"$version": 1}})
+        reported = twin["reported"]
+        _merge(reported, patch)
+        reported["$version"] = int(reported["$version"]) + 1
+        return int(reported["$version"])
+
+    # --- internals ---------------------------------------------------------------------------------------
+
+    def _requeue(self, box: _Mailbox) -> None:
+        again = [Delivery(d.delivery_id, d.message, d.input_name, True) for d in box.inflight.values()]
+        box.inflight.clear()
+        box.waiting.extendleft(reversed(again))
+
+    def _pump(self, box: _Mailbox) -> None:
+        link = box.link
+        while link is not None and box.waiting and link.window_free > 0:
+            delivery = box.waiting[0]
+            try:
+                link.send(delivery)
+            except DeliveryError:
+                return
+            box.waiting.popleft()
+            box.inflight[delivery.delivery_id] = delivery
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+
+def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
+    """JSON merge patch as twins use it: null deletes, objects merge, anything else replaces."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)

@@ -1,0 +1,644 @@
+"""The server side of one MQTT connection, sans-IO: ``receive_data(bytes)`` → events; actions → ``data_to_send()``.
+
+The whole protocol logic is the transition table ``TRANSITIONS`` below plus one handler per trigger; the
+asyncio adapter (``server.py``) only moves bytes, runs timers and asks the hub.
+
+Invariants:
+* CONNECT first: any other packet before it closes the connection. Packets a client pipelines after CONNECT
+  are held, unprocessed, until the server ``accept``s (they come back from ``accept()``) or refuses.
+* Inbound QoS 1 and 2 messages get an ack slot (a *ticket*) in arrival order. The ack (PUBACK, or PUBREC for
+  QoS 2) goes out only when the hub ``settle``s the ticket, and acks leave **in arrival order**: a settled
+  ticket waits behind an unsettled older one. A negative settlement (reason ≥ 0x80) is sent as a negative ack
+  to an MQTT 5 client; an MQTT 3.1.1 client, which has no negative ack, is disconnected instead, without that
+  ack or any later one.
+* QoS 2 is exactly-once towards the hub: a PUBLISH whose packet id is still awaiting PUBREL is not delivered
+  again; PUBREL is answered with PUBCOMP.
+* Outbound messages are QoS 0 or 1, at most ``outbound_window`` (and the client's Receive Maximum) in flight;
+  ``inflight()`` gives them back for redelivery with DUP on a later connection of the same session.
+* Every protocol failure ends in state CLOSED with the reason told to the peer where MQTT 5 allows it
+  (CONNACK before the session exists, DISCONNECT after); the failure is reported as a ``ProtocolFailed``
+  event, never raised out of ``receive_data``. Misuse of this API by the server raises ``LocalProtocolError``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Final
+
+from edgehub.core import LocalProtocolError, RemoteProtocolError
+from protocol_heads.mqtt.codec import (
+    MAX_VARINT,
+    MQTT_50,
+    NO_PROPERTIES,
+    Auth,
+    ConnAck,
+    Connect,
+    Decoder,
+    Disconnect,
+    Packet,
+    PacketType,
+    PingReq,
+    PingResp,
+    Properties,
+    PropertyId,
+    ProtocolViolation,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    ReasonCode,
+    SubAck,
+    Subscribe,
+    UnsubAck,
+    Unsubscribe,
+    encode,
+)
+
+__all__ = [
+    "TRANSITIONS",
+    "ConnectRequested",
+    "ConnectionState",
+    "DeliveryAcked",
+    "Disconnected",
+    "Event",
+    "MessageReceived",
+    "PeerPacketTooLarge",
+    "ProtocolFailed",
+    "ServerConnection",
+    "SubscribeRequested",
+    "Trigger",
+    "UnsubscribeRequested",
+    "v311_connack_code",
+]
+
+log = logging.getLogger(__name__)
+
+
+class ConnectionState(Enum):
+    AWAIT_CONNECT = "await_connect"
+    AUTHENTICATING = "authenticating"  # CONNECT received; the server has not answered yet
+    CONNECTED = "connected"
+    CLOSED = "closed"
+
+
+class Trigger(Enum):
+    """What moves the state machine: a packet from the client, or an action of the server."""
+
+    CONNECT = "CONNECT"
+    PUBLISH = "PUBLISH"
+    PUBACK = "PUBACK"
+    PUBREL = "PUBREL"
+    SUBSCRIBE = "SUBSCRIBE"
+    UNSUBSCRIBE = "UNSUBSCRIBE"
+    PINGREQ = "PINGREQ"
+    DISCONNECT = "DISCONNECT"
+    AUTH = "AUTH"
+    # Server actions.
+    ACCEPT = "accept"
+    REFUSE = "refuse"
+    SETTLE = "settle"
+    SEND_MESSAGE = "send_message"
+    ANSWER_SUBSCRIPTION = "answer_subscription"
+    CLOSE = "close"
+
+
+_S = ConnectionState
+_T = Trigger
+
+# The one table: (state, trigger) → next state. A pair that is not here is a protocol violation when the client
+# caused it, and a LocalProtocolError when the server did.
+TRANSITIONS: Final[Mapping[ConnectionState, Mapping[Trigger, ConnectionState]]] = {
+    _S.AWAIT_CONNECT: {
+        _T.CONNECT: _S.AUTHENTICATING,
+        _T.CLOSE: _S.CLOSED,
+    },
+    _S.AUTHENTICATING: {
+        _T.ACCEPT: _S.CONNECTED,
+        _T.REFUSE: _S.CLOSED,
+        _T.CLOSE: _S.CLOSED,
+    },
+    _S.CONNECTED: {
+        _T.PUBLISH: _S.CONNECTED,
+        _T.PUBACK: _S.CONNECTED,
+        _T.PUBREL: _S.CONNECTED,
+        _T.SUBSCRIBE: _S.CONNECTED,
+        _T.UNSUBSCRIBE: _S.CONNECTED,
+        _T.PINGREQ: _S.CONNECTED,
+        _T.AUTH: _S.CONNECTED,
+        _T.DISCONNECT: _S.CLOSED,
+        _T.SETTLE: _S.CONNECTED,
+        _T.SEND_MESSAGE: _S.CONNECTED,
+        _T.ANSWER_SUBSCRIPTION: _S.CONNECTED,
+        _T.CLOSE: _S.CLOSED,
+    },
+    # Settling after close is allowed and does nothing: the hub may finish a write after the client left.
+    _S.CLOSED: {_T.SETTLE: _S.CLOSED, _T.CLOSE: _S.CLOSED},
+}
+
+_PACKET_TRIGGER: Final[Mapping[int, Trigger]] = {
+    PacketType.CONNECT: _T.CONNECT,
+    PacketType.PUBLISH: _T.PUBLISH,
+    PacketType.PUBACK: _T.PUBACK,
+    PacketType.PUBREL: _T.PUBREL,
+    PacketType.SUBSCRIBE: _T.SUBSCRIBE,
+    PacketType.UNSUBSCRIBE: _T.UNSUBSCRIBE,
+    PacketType.PINGREQ: _T.PINGREQ,
+    PacketType.DISCONNECT: _T.DISCONNECT,
+    PacketType.AUTH: _T.AUTH,
+}
+
+_PACKET_TYPE: Final[Mapping[type, PacketType]] = {
+    Connect: PacketType.CONNECT,
+    ConnAck: PacketType.CONNACK,
+    Publish: PacketType.PUBLISH,
+    PubAck: PacketType.PUBACK,
+    PubRec: PacketType.PUBREC,
+    PubRel: PacketType.PUBREL,
+    PubComp: PacketType.PUBCOMP,
+    Subscribe: PacketType.SUBSCRIBE,
+    SubAck: PacketType.SUBACK,
+    Unsubscribe: PacketType.UNSUBSCRIBE,
+    UnsubAck: PacketType.UNSUBACK,
+    PingReq: PacketType.PINGREQ,
+    PingResp: PacketType.PINGRESP,
+    Disconnect: PacketType.DISCONNECT,
+    Auth: PacketType.AUTH,
+}
+
+
+# --- events ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectRequested:
+    """A CONNECT arrived. Answer with ``accept()`` or ``refuse(reason)``."""
+
+    connect: Connect
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReceived:
+    """A PUBLISH for the hub. ``ticket`` is its ack slot (None for QoS 0): settle it once the hub has
+    stored the message (or refused it). The topic alias, if any, is already resolved in ``publish.topic``."""
+
+    publish: Publish
+    ticket: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeRequested:
+    """Answer with ``answer_subscribe(packet_id, reason_codes)``."""
+
+    subscribe: Subscribe
+
+
+@dataclass(frozen=True, slots=True)
+class UnsubscribeRequested:
+    """Answer with ``answer_unsubscribe(packet_id, reason_codes)``."""
+
+    unsubscribe: Unsubscribe
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryAcked:
+    """The client acknowledged an outbound QoS 1 message (``reason_code`` ≥ 0x80: it refused it)."""
+
+    packet_id: int
+    reason_code: int
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnected:
+    """The client sent DISCONNECT. ``publish_will`` is True only for MQTT 5's 0x04 (disconnect with will)."""
+
+    reason_code: int
+    publish_will: bool
+    session_expiry_s: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolFailed:
+    """The client broke the protocol; the connection is CLOSED and the goodbye is in ``data_to_send()``."""
+
+    error: RemoteProtocolError
+
+
+Event = (
+    ConnectRequested
+    | MessageReceived
+    | SubscribeRequested
+    | UnsubscribeRequested
+    | DeliveryAcked
+    | Disconnected
+    | ProtocolFailed
+)
+
+
+class PeerPacketTooLarge(LocalProtocolError):
+    """An outbound packet is over the client's Maximum Packet Size; it was not sent."""
+
+
+def v311_connack_code(reason: int) -> int:
+    """The MQTT 3.1.1 CONNACK return code closest to an MQTT 5 reason code."""
+    if reason < 0x80:
+        return 0
+    table: dict[int, int] = {
+        ReasonCode.UNSUPPORTED_PROTOCOL_VERSION: 0x01,
+        ReasonCode.CLIENT_IDENTIFIER_NOT_VALID: 0x02,
+        ReasonCode.SERVER_UNAVAILABLE: 0x03,
+        ReasonCode.SERVER_BUSY: 0x03,
+        ReasonCode.SERVER_SHUTTING_DOWN: 0x03,
+        ReasonCode.BAD_USERNAME_OR_PASSWORD: 0x04,
+    }
+    return table.get(reason, 0x05)
+
+
+@dataclass(slots=True)
+class _AckSlot:
+    ticket: int
+    qos: int
+    packet_id: int
+    reason: int | None = None
+
+
+@dataclass(slots=True)
+class _Qos2:
+    ticket: int
+    rec_sent: bool = False
+    rec_reason: int = 0
+
+
+class ServerConnection:
+    """One client connection, server side. Not thread-safe; one asyncio task drives it.
+
+    Settings (keyword-only):
+    * ``max_packet_size``: the largest packet accepted from the client; larger ones close the connection
+      with 0x95 (announced to MQTT 5 clients in CONNACK).
+    * ``receive_maximum``: how many unsettled QoS 1/2 messages the client may have; more is 0x93.
+    * ``outbound_window``: how many outbound QoS 1 messages may be in flight at once.
+    * ``topic_alias_maximum``: how many inbound topic aliases an MQTT 5 client may use.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_packet_size: int = 1 << 20,
+        receive_maximum: int = 1024,
+        outbound_window: int = 16,
+        topic_alias_maximum: int = 16,
+    ) -> None:
+        if not 1 <= receive_maximum <= 0xFFFF or outbound_window < 1 or not 0 <= topic_alias_maximum <= 0xFFFF:
+            raise ValueError("receive_maximum, outbound_window or topic_alias_maximum out of range")
+        self.state = ConnectionState.AWAIT_CONNECT
+        self.max_packet_size = max_packet_size
+        self.receive_maximum = receive_maximum
+        self.outbound_window = outbound_window
+        self.topic_alias_maximum = topic_alias_maximum
+        self.connect: Connect | None = None
+        self.protocol_level = 4
+        self._decoder = Decoder(max_packet_size=max_packet_size)
+        self._out = bytearray()
+        self._held: list[Packet] = []
+        self._acks: deque[_AckSlot] = deque()
+        self._slots: dict[int, _AckSlot] = {}
+        self._next_ticket = 1
+        self._qos2: dict[int, _Qos2] = {}
+        self._aliases: dict[int, str] = {}
+        self._inflight: dict[int, Publish] = {}
+        self._next_packet_id = 1
+        self._peer_receive_maximum = 0xFFFF
+        self._peer_max_packet_size = MAX_VARINT + 5
+
+    # --- properties --------------------------------------------------------------------------------------
+
+    @property
+    def v5(self) -> bool:
+        return self.protocol_level == MQTT_50
+
+    @property
+    def closed(self) -> bool:
+        return self.state is ConnectionState.CLOSED
+
+    @property
+    def keepalive_timeout_s(self) -> float | None:
+        """How long the client may stay silent: 1.5 times its keepalive [MQTT-3.1.2-24]; None when 0."""
+        if self.connect is None or self.connect.keepalive_s == 0:
+            return None
+        return 1.5 * self.connect.keepalive_s
+
+    @property
+    def unsettled(self) -> int:
+        """Inbound QoS 1/2 messages whose ack has not gone out yet."""
+        return len(self._acks)
+
+    @property
+    def window_free(self) -> int:
+        """How many more outbound QoS 1 messages may be sent now."""
+        return max(0, min(self.outbound_window, self._peer_receive_maximum) - len(self._inflight))
+
+    def inflight(self) -> dict[int, Publish]:
+        """Outbound QoS 1 messages not yet acknowledged, by packet id, in send order."""
+        return dict(self._inflight)
+
+    def data_to_send(self) -> bytes:
+        """Bytes to write to the socket, accumulated since the last call."""
+        out = bytes(self._out)
+        self._out.clear()
+        return out
+
+    # --- inbound -----------------------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Feed bytes from the socket; every event they complete, in order. Never raises for bad input."""
+        if self.closed:
+            return []
+        try:
+            packets = self._decoder.receive_data(data)
+        except RemoteProtocolError as exc:
+            return [self._fail(exc)]
+        events: list[Event] = []
+        for packet in packets:
+            if self.closed:
+                break
+            if self.state is ConnectionState.AUTHENTICATING:
+                # Pipelined after CONNECT: kept until the server has decided.
+                self._held.append(packet)
+                continue
+            try:
+                self._handle(packet, events)
+            except RemoteProtocolError as exc:
+                events.append(self._fail(exc))
+        return events
+
+    def _handle(self, packet: Packet, events: list[Event]) -> None:
+        trigger = _PACKET_TRIGGER.get(_PACKET_TYPE[type(packet)])
+        if trigger is None:
+            raise ProtocolViolation(f"a client does not send {type(packet).__name__.upper()}")
+        nxt = TRANSITIONS[self.state].get(trigger)
+        if nxt is None:
+            raise ProtocolViolation(f"{trigger.value} in state {self.state.value}")
+        if isinstance(packet, Connect):
+            self._on_connect(packet, events)
+        elif isinstance(packet, Publish):
+            self._on_publish(packet, events)
+        elif isinstance(packet, PubAck):
+            if self._inflight.pop(packet.packet_id, None) is not None:
+                events.append(DeliveryAcked(packet.packet_id, packet.reason_code))
+        elif isinstance(packet, PubRel):
+            self._on_pubrel(packet)
+        elif isinstance(packet, Subscribe):
+            events.append(SubscribeRequested(packet))
+        elif isinstance(packet, Unsubscribe):
+            events.append(UnsubscribeRequested(packet))
+        elif isinstance(packet, PingReq):
+            self._send(PingResp())
+        elif isinstance(packet, Disconnect):
+            expiry = packet.properties.get_int(PropertyId.SESSION_EXPIRY_INTERVAL)
+            events.append(Disconnected(packet.reason_code, packet.reason_code == 0x04, expiry))
+        elif isinstance(packet, Auth):
+            # Enhanced authentication is not offered; an AUTH packet is a protocol error [MQTT-4.12.0-1].
+            raise ProtocolViolation("AUTH without an authentication method", reason_code=ReasonCode.PROTOCOL_ERROR)
+        self.state = nxt
+
+    def _on_connect(self, c: Connect, events: list[Event]) -> None:
+        self.connect = c
+        self.protocol_level = c.protocol_level
+        if c.protocol_level == MQTT_50:
+            rm = c.properties.get_int(PropertyId.RECEIVE_MAXIMUM)
+            if rm == 0:
+                raise ProtocolViolation("Receive Maximum 0")
+            self._peer_receive_maximum = rm if rm is not None else 0xFFFF
+            mps = c.properties.get_int(PropertyId.MAXIMUM_PACKET_SIZE)
+            if mps == 0:
+                raise ProtocolViolation("Maximum Packet Size 0")
+            if mps is not None:
+                self._peer_max_packet_size = mps
+        events.append(ConnectRequested(c))
+
+    def _on_publish(self, p: Publish, events: list[Event]) -> None:
+        if self.v5:
+            alias = p.properties.get_int(PropertyId.TOPIC_ALIAS)
+            if alias is not None:
+                if alias == 0 or alias > self.topic_alias_maximum:
+                    raise ProtocolViolation(f"topic alias {alias}", reason_code=ReasonCode.TOPIC_ALIAS_INVALID)
+                if p.topic:
+                    self._aliases[alias] = p.topic
+                elif alias in self._aliases:
+                    p = replace(p, topic=self._aliases[alias])
+                else:
+                    raise ProtocolViolation(f"unknown topic alias {alias}")
+        if not p.topic:
+            raise ProtocolViolation("empty topic name", reason_code=ReasonCode.TOPIC_NAME_INVALID)
+        if p.qos == 0:
+            events.append(MessageReceived(p, None))
+            return
+        assert p.packet_id is not None  # the decoder guarantees it for QoS > 0
+        if p.qos == 2:
+            known = self._qos2.get(p.packet_id)
+            if known is not None:
+                # A resend of a message the hub already has: never deliver twice; repeat PUBREC if it went out.
+                if known.rec_sent:
+                    self._send(PubRec(p.packet_id, known.rec_reason))
+                return
+        if len(self._acks) >= self.receive_maximum:
+            raise ProtocolViolation("more unacknowledged messages than Receive Maximum", reason_code=0x93)
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        slot = _AckSlot(ticket, p.qos, p.packet_id)
+        self._acks.append(slot)
+        self._slots[ticket] = slot
+        if p.qos == 2:
+            self._qos2[p.packet_id] = _Qos2(ticket)
+        events.append(MessageReceived(p, ticket))
+
+    def _on_pubrel(self, rel: PubRel) -> None:
+        state = self._qos2.get(rel.packet_id)
+        if state is None:
+            self._send(PubComp(rel.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
+            return
+        if not state.rec_sent:
+            raise ProtocolViolation(f"PUBREL {rel.packet_id} before PUBREC")
+        del self._qos2[rel.packet_id]
+        self._send(PubComp(rel.packet_id))
+
+    # --- server actions ----------------------------------------------------------------------------------
+
+    def _require(self, trigger: Trigger) -> ConnectionState:
+        nxt = TRANSITIONS[self.state].get(trigger)
+        if nxt is None:
+            raise LocalProtocolError(f"cannot {trigger.value} in state {self.state.value}")
+        return nxt
+
+    def accept(self, *, session_present: bool = False, properties: Properties | None = None) -> list[Event]:
+        """Send CONNACK success; returns the events of packets the client pipelined after CONNECT."""
+        self.state = self._require(Trigger.ACCEPT)
+        if self.v5:
+            values: dict[PropertyId, int | str | bytes] = {
+                PropertyId.RECEIVE_MAXIMUM: self.receive_maximum,
+                PropertyId.MAXIMUM_QOS: 2,
+                PropertyId.RETAIN_AVAILABLE: 0,
+                PropertyId.MAXIMUM_PACKET_SIZE: self.max_packet_size,
+                PropertyId.TOPIC_ALIAS_MAXIMUM: self.topic_alias_maximum,
+                PropertyId.WILDCARD_SUBSCRIPTION_AVAILABLE: 1,
+                PropertyId.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 0,
+                PropertyId.SHARED_SUBSCRIPTION_AVAILABLE: 0,
+            }
+            user: tuple[tuple[str, str], ...] = ()
+            if properties is not None:
+                values.update(properties.values)
+                user = properties.user
+            self._send(ConnAck(0, session_present, Properties(values, user)))
+        else:
+            self._send(ConnAck(0, session_present))
+        held, self._held = self._held, []
+        events: list[Event] = []
+        for packet in held:
+            if self.closed:
+                break
+            try:
+                self._handle(packet, events)
+            except RemoteProtocolError as exc:
+                events.append(self._fail(exc))
+        return events
+
+    def refuse(self, reason_code: int, *, reason: str | None = None) -> None:
+        """Send a failing CONNACK (the 3.1.1 return code closest to ``reason_code``) and close."""
+        if reason_code < 0x80:
+            raise ValueError("a refusal needs a reason code of 0x80 or more")
+        self.state = self._require(Trigger.REFUSE)
+        self._held.clear()
+        if self.v5:
+            props = Properties({PropertyId.REASON_STRING: reason}) if reason else NO_PROPERTIES
+            self._send(ConnAck(reason_code, False, props))
+        else:
+            self._send(ConnAck(v311_connack_code(reason_code), False))
+
+    def settle(self, ticket: int, reason_code: int = ReasonCode.SUCCESS) -> None:
+        """The hub's answer for one inbound message: 0 stored, ≥ 0x80 refused. Acks go out in arrival order."""
+        self.state = self._require(Trigger.SETTLE)
+        slot = self._slots.get(ticket)
+        if slot is None:
+            if self.closed:
+                return
+            raise LocalProtocolError(f"unknown or already settled ticket {ticket}")
+        if slot.reason is not None:
+            raise LocalProtocolError(f"ticket {ticket} settled twice")
+        slot.reason = reason_code
+        while self._acks and self._acks[0].reason is not None and not self.closed:
+            head = self._acks.popleft()
+            del self._slots[head.ticket]
+            rc = head.reason
+            assert rc is not None
+            if rc >= 0x80 and not self.v5:
+                # 3.1.1 has no negative ack: the client learns by losing the connection [issue 4].
+                log.info("mqtt.nack_disconnect client=%s reason=0x%02x", self._client_id(), rc)
+                self._close_quietly()
+                return
+            if head.qos == 1:
+                self._send(PubAck(head.packet_id, rc))
+            else:
+                q2 = self._qos2.get(head.packet_id)
+                if rc >= 0x80:
+                    # A failing PUBREC ends the exchange; the packet id is free again [MQTT-4.3.3].
+                    self._qos2.pop(head.packet_id, None)
+                elif q2 is not None:
+                    q2.rec_sent = True
+                    q2.rec_reason = rc
+                self._send(PubRec(head.packet_id, rc))
+
+    def answer_subscribe(self, packet_id: int, reason_codes: Iterable[int]) -> None:
+        """SUBACK: per filter, the granted QoS (0..2) or a failure (0x80; MQTT 5 may use its specific codes)."""
+        self.state = self._require(Trigger.ANSWER_SUBSCRIPTION)
+        codes = tuple(reason_codes)
+        if not self.v5:
+            codes = tuple(c if c < 0x80 else 0x80 for c in codes)
+        self._send(SubAck(packet_id, codes))
+
+    def answer_unsubscribe(self, packet_id: int, reason_codes: Iterable[int]) -> None:
+        self.state = self._require(Trigger.ANSWER_SUBSCRIPTION)
+        self._send(UnsubAck(packet_id, tuple(reason_codes) if self.v5 else ()))
+
+    def send_message(
+        self, topic: str, payload: bytes, *, qos: int = 1, properties: Properties = NO_PROPERTIES, dup: bool = False
+    ) -> int | None:
+        """Send an outbound PUBLISH; returns its packet id (None for QoS 0). Raises LocalProtocolError when the
+        window is full, and ``PeerPacketTooLarge`` when the client could not take the packet."""
+        self.state = self._require(Trigger.SEND_MESSAGE)
+        if qos not in (0, 1):
+            raise LocalProtocolError(f"outbound QoS {qos}: the head sends QoS 0 and 1 only")
+        packet_id = None
+        if qos == 1:
+            if self.window_free == 0:
+                raise LocalProtocolError("outbound window full")
+            packet_id = self._allocate_packet_id()
+        publish = Publish(topic, payload, qos, False, dup, packet_id, properties if self.v5 else NO_PROPERTIES)
+        self._send_publish(publish)
+        return packet_id
+
+    def resume(self, inflight: Mapping[int, Publish]) -> None:
+        """Redeliver a session's unacknowledged messages with DUP, keeping their packet ids [MQTT-4.4.0-1]."""
+        self._require(Trigger.SEND_MESSAGE)
+        for packet_id, publish in inflight.items():
+            again = replace(publish, dup=True, packet_id=packet_id)
+            self._send_publish(again)
+
+    def close(self, reason_code: int = ReasonCode.UNSPECIFIED_ERROR, *, reason: str | None = None) -> None:
+        """Server-initiated close: MQTT 5 clients get DISCONNECT (or CONNACK before the session) with the reason."""
+        if self.closed:
+            return
+        before = self.state
+        self.state = self._require(Trigger.CLOSE)
+        if not self.v5:
+            return
+        props = Properties({PropertyId.REASON_STRING: reason}) if reason else NO_PROPERTIES
+        if before is ConnectionState.CONNECTED:
+            self._send(Disconnect(reason_code, props))
+        elif before is ConnectionState.AUTHENTICATING:
+            self._send(ConnAck(max(reason_code, 0x80), False, props))
+
+    # --- internals ---------------------------------------------------------------------------------------
+
+    def _send_publish(self, publish: Publish) -> None:
+        wire = encode(publish, self.protocol_level)
+        if len(wire) > self._peer_max_packet_size:
+            raise PeerPacketTooLarge(f"PUBLISH of {len(wire)} bytes over the client's {self._peer_max_packet_size}")
+        if publish.packet_id is not None:
+            self._inflight[publish.packet_id] = publish
+        self._out += wire
+
+    def _allocate_packet_id(self) -> int:
+        for _ in range(0xFFFF):
+            pid = self._next_packet_id
+            self._next_packet_id = pid % 0xFFFF + 1
+            if pid not in self._inflight:
+                return pid
+        raise LocalProtocolError("no free packet identifier")
+
+    def _send(self, packet: Packet) -> None:
+        self._out += encode(packet, self.protocol_level)
+
+    def _client_id(self) -> str:
+        return self.connect.client_id if self.connect is not None else "?"
+
+    def _close_quietly(self) -> None:
+        self.state = ConnectionState.CLOSED
+        self._held.clear()
+
+    def _fail(self, exc: RemoteProtocolError) -> ProtocolFailed:
+        rc = exc.reason_code if exc.reason_code is not None else ReasonCode.PROTOCOL_ERROR
+        log.info("mqtt.protocol_error client=%s reason=0x%02x detail=%s", self._client_id(), rc, exc)
+        if self.state is ConnectionState.AWAIT_CONNECT:
+            if rc == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
+                # The level is unknown or unsupported: answer in 3.1.1's words [MQTT-3.1.2-2].
+                self._out += encode(ConnAck(0x01, False), 4)
+        elif self.v5 and self.state is ConnectionState.CONNECTED:
+            self._send(Disconnect(rc))
+        elif self.v5 and self.state is ConnectionState.AUTHENTICATING:
+            self._send(ConnAck(rc, False))
+        self._close_quietly()
+        return ProtocolFailed(exc)

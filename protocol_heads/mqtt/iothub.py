@@ -1,0 +1,389 @@
+"""Azure IoT Hub's MQTT conventions as pure functions, so that existing device and module code connects unchanged.
+
+* Client id ``deviceId`` or ``deviceId/moduleId``; username ``{host}/{deviceId}[/{moduleId}]/?api-version=...``.
+* Telemetry: ``devices/{d}/messages/events/{bag}`` and ``devices/{d}/modules/{m}/messages/events/{bag}``;
+  module inputs: ``devices/{d}/modules/{m}/inputs/{input}/{bag}``; device-bound:
+  ``devices/{d}/messages/devicebound/{bag}``.
+* The property bag is ``k=v&k=v`` with keys and values URL-encoded (``%20`` for space, ``+`` literal). Keys
+  starting ``$.`` are system properties (``SYSTEM_KEYS``); the rest are application properties. A key with no
+  ``=`` is an application property with a null value.
+* MQTT 5: content type → ``contentType``; correlation data (UTF-8) → ``cid``; message expiry interval →
+  ``absolute-expiry-time``; user properties are read like the property bag (``$.`` names are system
+  properties). On delivery the same properties go out both in the topic's bag and, to MQTT 5 clients, as
+  MQTT 5 properties.
+* Plain MQTT topics (granted by an ACL) enter routing as telemetry of the identity, with the MQTT topic kept in
+  the application property ``PLAIN_TOPIC_PROPERTY`` (``mqtt-topic``).
+* The connection system properties (``connectionDeviceId``, ``connectionModuleId``,
+  ``connectionAuthMethod``) always come from the authenticated identity, never from what the client sent.
+
+Every function here is pure: no I/O, no clock (times are passed in).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from urllib.parse import parse_qsl, quote, unquote
+
+from edgehub.core import Identity, InvalidMessageError, Message, SystemProperty
+
+__all__ = [
+    "PLAIN_TOPIC_PROPERTY",
+    "SYSTEM_KEYS",
+    "Acl",
+    "PlainTopic",
+    "TelemetryTopic",
+    "TopicError",
+    "TwinRequest",
+    "TwinResponse",
+    "UsernameInfo",
+    "decode_property_bag",
+    "delivery_user_properties",
+    "device_bound_topic",
+    "encode_property_bag",
+    "message_from_publish",
+    "module_input_topic",
+    "parse_client_id",
+    "parse_publish_topic",
+    "parse_twin_request",
+    "parse_username",
+    "telemetry_topic",
+    "topic_matches",
+    "twin_response_topic",
+]
+
+PLAIN_TOPIC_PROPERTY = "mqtt-topic"
+
+# Property-bag keys and the system properties they carry.
+SYSTEM_KEYS: Mapping[str, SystemProperty] = {
+    "$.mid": SystemProperty.MESSAGE_ID,
+    "$.cid": SystemProperty.CORRELATION_ID,
+    "$.ct": SystemProperty.CONTENT_TYPE,
+    "$.ce": SystemProperty.CONTENT_ENCODING,
+    "$.to": SystemProperty.TO,
+    "$.uid": SystemProperty.USER_ID,
+    "$.exp": SystemProperty.ABSOLUTE_EXPIRY_TIME,
+    "$.schema": SystemProperty.MESSAGE_SCHEMA,
+    "$.ctime": SystemProperty.CREATION_TIME,
+    "$.on": SystemProperty.OUTPUT_NAME,
+    "$.cdid": SystemProperty.CONNECTION_DEVICE_ID,
+    "$.cmid": SystemProperty.CONNECTION_MODULE_ID,
+}
+_KEY_OF: Mapping[str, str] = {v.value: k for k, v in SYSTEM_KEYS.items()}
+# What a client may not set about itself: it is taken from the authenticated connection.
+_CONNECTION_OWNED = frozenset(
+    {
+        SystemProperty.CONNECTION_DEVICE_ID,
+        SystemProperty.CONNECTION_MODULE_ID,
+        SystemProperty.CONNECTION_AUTH_METHOD,
+    }
+)
+
+
+class TopicError(InvalidMessageError):
+    """A topic name that is not one the hub accepts from this identity (MQTT 5: 0x90 topic name invalid)."""
+
+    reason = "topic_invalid"
+
+
+# --- client id and username -------------------------------------------------------------------------------------
+
+
+def parse_client_id(client_id: str) -> Identity:
+    """``deviceId`` or ``deviceId/moduleId``; raises ValueError for anything else."""
+    if client_id.count("/") > 1:
+        raise ValueError(f"client id {client_id!r} is not deviceId or deviceId/moduleId")
+    return Identity.parse(client_id)
+
+
+@dataclass(frozen=True, slots=True)
+class UsernameInfo:
+    host: str
+    identity: Identity
+    params: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def api_version(self) -> str | None:
+        return self.params.get("api-version")
+
+
+def parse_username(username: str) -> UsernameInfo:
+    """``{host}/{deviceId}[/{moduleId}]/?api-version=...[&k=v...]``; raises ValueError when it is not that."""
+    path, sep, query = username.partition("/?")
+    if not sep:
+        raise ValueError(f"username {username!r} has no '/?' query part")
+    parts = path.split("/")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise ValueError(f"username {username!r} is not host/device[/module]/?...")
+    identity = Identity.parse("/".join(parts[1:]))
+    return UsernameInfo(parts[0], identity, dict(parse_qsl(query, keep_blank_values=True)))
+
+
+# --- property bag ------------------------------------------------------------------------------------------------
+
+
+def encode_property_bag(system: Mapping[str, str], properties: Mapping[str, str | None]) -> str:
+    """The bag for these system properties (only those with a ``$.`` key) and application properties."""
+    parts: list[str] = []
+    for name, value in system.items():
+        key = _KEY_OF.get(name)
+        if key is not None:
+            parts.append(f"{quote(key, safe='$.')}={quote(value, safe='')}")
+    for name, app_value in properties.items():
+        if app_value is None:
+            parts.append(quote(name, safe=""))
+        else:
+            parts.append(f"{quote(name, safe='')}={quote(app_value, safe='')}")
+    return "&".join(parts)
+
+
+def decode_property_bag(bag: str) -> tuple[dict[str, str], dict[str, str | None]]:
+    """``(system, application)`` from a bag; system keys are SystemProperty names. Unknown ``$.`` keys are
+    kept as application properties, so that nothing the client sent is lost."""
+    system: dict[str, str] = {}
+    app: dict[str, str | None] = {}
+    if not bag:
+        return system, app
+    for part in bag.split("&"):
+        if not part:
+            continue
+        raw_key, sep, raw_value = part.partition("=")
+        key = unquote(raw_key)
+        value = unquote(raw_value) if sep else None
+        sp = SYSTEM_KEYS.get(key)
+        if sp is not None:
+            system[sp.value] = value or ""
+        else:
+            app[key] = value
+    return system, app
+
+
+# --- topics ------------------------------------------------------------------------------------------------------
+
+_SEG = r"([^/#+]+)"
+_DEVICE_EVENTS = re.compile(rf"^devices/{_SEG}/messages/events(?:/(.*))?$")
+_MODULE_EVENTS = re.compile(rf"^devices/{_SEG}/modules/{_SEG}/messages/events(?:/(.*))?$")
+_TWIN_REQUEST = re.compile(r"^\$iothub/twin/(GET|PATCH/properties/reported)/\?(.*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryTopic:
+    identity: Identity
+    bag: str
+
+
+@dataclass(frozen=True, slots=True)
+class TwinRequest:
+    """``$iothub/twin/GET/?$rid=..`` (``operation`` "GET") or ``$iothub/twin/PATCH/properties/reported/?$rid=..``
+    (``operation`` "PATCH_REPORTED")."""
+
+    operation: str
+    rid: str
+    params: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TwinResponse:
+    topic: str
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PlainTopic:
+    topic: str
+
+
+def parse_twin_request(topic: str) -> TwinRequest | None:
+    m = _TWIN_REQUEST.match(topic)
+    if m is None:
+        return None
+    params = dict(parse_qsl(m.group(2), keep_blank_values=True))
+    op = "GET" if m.group(1) == "GET" else "PATCH_REPORTED"
+    return TwinRequest(op, params.get("$rid", ""), params)
+
+
+def twin_response_topic(status: int, rid: str, *, version: int | None = None) -> str:
+    """``$iothub/twin/res/{status}/?$rid={rid}[&$version={v}]``."""
+    topic = f"$iothub/twin/res/{status}/?$rid={rid}"
+    if version is not None:
+        topic += f"&$version={version}"
+    return topic
+
+
+def parse_publish_topic(topic: str) -> TelemetryTopic | TwinRequest | PlainTopic:
+    """What a PUBLISH topic is. Telemetry topics carry the identity they name (the ACL checks it)."""
+    m = _MODULE_EVENTS.match(topic)
+    if m is not None:
+        return TelemetryTopic(Identity.parse(f"{m.group(1)}/{m.group(2)}"), (m.group(3) or "").rstrip("/"))
+    m = _DEVICE_EVENTS.match(topic)
+    if m is not None:
+        return TelemetryTopic(Identity.parse(m.group(1)), (m.group(2) or "").rstrip("/"))
+    twin = parse_twin_request(topic)
+    if twin is not None:
+        return twin
+    return PlainTopic(topic)
+
+
+def telemetry_topic(identity: Identity, message: Message | None = None) -> str:
+    """The topic a device or module sends ``message`` on (its bag from the message's properties)."""
+    base = f"devices/{identity.device_id}"
+    if identity.module_id is not None:
+        base += f"/modules/{identity.module_id}"
+    bag = encode_property_bag(message.system_properties, message.properties) if message is not None else ""
+    return f"{base}/messages/events/{bag}"
+
+
+def _outbound_system(message: Message) -> dict[str, str]:
+    # The output name is the sender's business; the receiver learns the sender from $.cdid/$.cmid.
+    return {k: v for k, v in message.system_properties.items() if k != SystemProperty.OUTPUT_NAME}
+
+
+def module_input_topic(identity: Identity, input_name: str, message: Message) -> str:
+    """``devices/{d}/modules/{m}/inputs/{input}/{bag}``: how a module receives ``message`` on ``input_name``."""
+    if identity.module_id is None:
+        raise ValueError("module inputs need a module identity")
+    bag = encode_property_bag(_outbound_system(message), message.properties)
+    return f"devices/{identity.device_id}/modules/{identity.module_id}/inputs/{input_name}/{bag}"
+
+
+def device_bound_topic(identity: Identity, message: Message) -> str:
+    """``devices/{d}/messages/devicebound/{bag}``."""
+    bag = encode_property_bag(_outbound_system(message), message.properties)
+    return f"devices/{identity.device_id}/messages/devicebound/{bag}"
+
+
+def delivery_user_properties(message: Message) -> tuple[tuple[str, str], ...]:
+    """MQTT 5 user properties for an outbound message: the same names as the bag."""
+    out: list[tuple[str, str]] = []
+    for name, value in _outbound_system(message).items():
+        key = _KEY_OF.get(name)
+        if key is not None:
+            out.append((key, value))
+    out.extend((k, v if v is not None else "") for k, v in message.properties.items())
+    return tuple(out)
+
+
+# --- topic filters and ACLs --------------------------------------------------------------------------------------
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """MQTT topic filter matching (``+`` one level, ``#`` the rest); ``$`` topics never match a leading
+    wildcard [MQTT-4.7.2-1]."""
+    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+        return False
+    f_parts = topic_filter.split("/")
+    t_parts = topic.split("/")
+    for i, fp in enumerate(f_parts):
+        if fp == "#":
+            return i == len(f_parts) - 1
+        if i >= len(t_parts):
+            return False
+        if fp != "+" and fp != t_parts[i]:
+            return False
+    return len(f_parts) == len(t_parts)
+
+
+def _filter_within(topic_filter: str, allowed: str) -> bool:
+    """Whether every topic ``topic_filter`` can match is matched by ``allowed``. A wildcard level becomes
+    U+0000, which no real topic level can hold, so it matches only a wildcard of ``allowed``."""
+    return topic_matches(allowed, topic_filter.replace("+", "\x00").replace("#", "\x00"))
+
+
+@dataclass(frozen=True, slots=True)
+class Acl:
+    """Who may publish and subscribe where.
+
+    Built in: a device publishes only to its own telemetry and twin topics (and method responses); a module
+    only to its own. A device subscribes to its own device-bound, twin and method topics; a module to its own
+    inputs (``devices/{d}/modules/{m}/inputs/#`` or ``devices/{d}/modules/{m}/#``), twin and method topics.
+    ``publish_grants``/``subscribe_grants`` add plain MQTT topic filters per identity id (``d`` or ``d/m``).
+    """
+
+    publish_grants: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    subscribe_grants: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+    def may_publish(self, identity: Identity, topic: str) -> bool:
+        parsed = parse_publish_topic(topic)
+        if isinstance(parsed, TelemetryTopic):
+            return parsed.identity == identity
+        if isinstance(parsed, TwinRequest) or topic.startswith("$iothub/methods/res/"):
+            return True
+        return any(topic_matches(f, topic) for f in self.publish_grants.get(identity.id, ()))
+
+    def may_subscribe(self, identity: Identity, topic_filter: str) -> bool:
+        allowed: Iterable[str] = _own_subscriptions(identity)
+        if any(topic_filter == a or _filter_within(topic_filter, a) for a in allowed):
+            return True
+        return any(
+            topic_filter == g or _filter_within(topic_filter, g) for g in self.subscribe_grants.get(identity.id, ())
+        )
+
+
+def _own_subscriptions(identity: Identity) -> list[str]:
+    common = ["$iothub/twin/res/#", "$iothub/twin/PATCH/properties/desired/#", "$iothub/methods/POST/#"]
+    if identity.module_id is None:
+        return [f"devices/{identity.device_id}/messages/devicebound/#", *common]
+    return [f"devices/{identity.device_id}/modules/{identity.module_id}/#", *common]
+
+
+# --- messages ----------------------------------------------------------------------------------------------------
+
+
+def _iso(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+def message_from_publish(
+    identity: Identity,
+    topic: str,
+    payload: bytes,
+    *,
+    auth_method: str,
+    now_s: float,
+    content_type: str | None = None,
+    correlation_data: bytes | None = None,
+    message_expiry_s: int | None = None,
+    user_properties: Sequence[tuple[str, str]] = (),
+) -> Message:
+    """The hub message for a telemetry or plain PUBLISH from ``identity`` (ACL already checked).
+
+    Raises ``TopicError`` for a twin topic (not a message) or a telemetry topic of another identity, and
+    ``InvalidMessageError`` for correlation data that is not UTF-8."""
+    parsed = parse_publish_topic(topic)
+    system: dict[str, str] = {}
+    app: dict[str, str | None] = {}
+    if isinstance(parsed, TelemetryTopic):
+        if parsed.identity != identity:
+            raise TopicError(f"{identity} may not publish as {parsed.identity}", reason="topic_invalid")
+        system, app = decode_property_bag(parsed.bag)
+    elif isinstance(parsed, TwinRequest):
+        raise TopicError("twin requests are not messages", reason="topic_invalid")
+    else:
+        app[PLAIN_TOPIC_PROPERTY] = topic
+    for key, value in user_properties:
+        sp = SYSTEM_KEYS.get(key)
+        if sp is not None:
+            system[sp.value] = value
+        else:
+            app[key] = value
+    if content_type is not None:
+        system[SystemProperty.CONTENT_TYPE] = content_type
+    if correlation_data is not None:
+        try:
+            system[SystemProperty.CORRELATION_ID] = correlation_data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidMessageError("correlation data is not UTF-8 text") from exc
+    if message_expiry_s is not None:
+        system[SystemProperty.ABSOLUTE_EXPIRY_TIME] = _iso(now_s + message_expiry_s)
+    for owned in _CONNECTION_OWNED:
+        system.pop(owned, None)
+    if identity.module_id is None:
+        # Output names belong to modules (ROUTE_LANGUAGE.md: a device's messages have source /messages).
+        system.pop(SystemProperty.OUTPUT_NAME, None)
+    system[SystemProperty.CONNECTION_DEVICE_ID] = identity.device_id
+    if identity.module_id is not None:
+        system[SystemProperty.CONNECTION_MODULE_ID] = identity.module_id
+    system[SystemProperty.CONNECTION_AUTH_METHOD] = auth_method
+    return Message(body=payload, properties=app, system_properties=system)

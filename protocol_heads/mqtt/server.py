@@ -1,0 +1,527 @@
+"""The asyncio adapter of the MQTT head: listeners, one task per client, and the calls into the hub facade.
+
+It only moves bytes between sockets and ``ServerConnection``, runs the timers and asks the hub; the protocol
+lives in ``connection.py`` and the IoT Hub conventions in ``iothub.py``.
+
+Invariants:
+* Every task runs in the server's ``TaskGroup`` under a name (``mqtt.client {peer}``); a client task catches
+  everything but cancellation, so one bad client never cancels the server or another client.
+* All PUBLISHes of one socket read go to ``Hub.ingest`` as one group; reading goes on while earlier groups
+  are being stored (at most ``max_groups_in_flight`` per connection), and acks still leave in arrival order
+  because ``ServerConnection.settle`` orders them.
+* A CONNECT that does not arrive (and authenticate) within ``connect_timeout_s`` closes the socket; a client
+  silent for 1.5x its keepalive is closed (MQTT 5: 0x8D).
+* One live connection per identity: a new one takes the session over and the old one is closed (MQTT 5:
+  0x8E); the hub is told with ``Hub.connect`` and the old link's deliveries come again on the new link.
+* A refused message gets MQTT 5's reason (``REJECT_REASONS``); a 3.1.1 client is disconnected instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self
+
+from edgehub.core import (
+    AuthenticationError,
+    Clock,
+    DeliveryError,
+    EdgeHubError,
+    FailureKind,
+    Identity,
+    InvalidMessageError,
+    LocalProtocolError,
+    Message,
+    StoreError,
+    SystemClock,
+    SystemProperty,
+)
+from edgehub.hub import Credentials, Delivery, Hub, Rejected
+from protocol_heads.mqtt.codec import Connect, Properties, PropertyId, Publish, ReasonCode
+from protocol_heads.mqtt.connection import (
+    ConnectRequested,
+    DeliveryAcked,
+    Disconnected,
+    Event,
+    MessageReceived,
+    PeerPacketTooLarge,
+    ProtocolFailed,
+    ServerConnection,
+    SubscribeRequested,
+    UnsubscribeRequested,
+)
+from protocol_heads.mqtt.iothub import (
+    Acl,
+    TopicError,
+    TwinRequest,
+    delivery_user_properties,
+    device_bound_topic,
+    message_from_publish,
+    module_input_topic,
+    parse_client_id,
+    parse_twin_request,
+    parse_username,
+    topic_matches,
+    twin_response_topic,
+)
+
+__all__ = ["REJECT_REASONS", "MqttServer", "MqttSettings"]
+
+log = logging.getLogger(__name__)
+
+# Hub rejection reasons → MQTT 5 reason codes of the negative PUBACK/PUBREC.
+REJECT_REASONS: Mapping[str, int] = {
+    "quota_exceeded": ReasonCode.QUOTA_EXCEEDED,
+    "too_large": ReasonCode.PACKET_TOO_LARGE,
+    "not_authorized": ReasonCode.NOT_AUTHORIZED,
+    "topic_invalid": ReasonCode.TOPIC_NAME_INVALID,
+    "invalid": ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
+}
+
+_READ_SIZE = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MqttSettings:
+    """Listener and connection settings.
+
+    * ``host``: the address to listen on (127.0.0.1 in tests).
+    * ``tcp_port``: plain MQTT port; None (the default) keeps it off. 0 picks a free port.
+    * ``tls_port``: MQTT over TLS (8883 by default); needs ``ssl_context``. None turns it off.
+    * ``connect_timeout_s``: how long a new socket may take to send CONNECT and be authenticated.
+    * ``max_packet_size``: the largest packet accepted (announced to MQTT 5 clients); over it closes with 0x95.
+    * ``receive_maximum``: unacknowledged inbound QoS 1/2 messages allowed per client.
+    * ``outbound_window``: deliveries in flight per client (the module endpoint's window).
+    * ``max_groups_in_flight``: ingest groups a connection may have waiting on the hub before reading pauses.
+    * ``acl``: who may publish and subscribe where, beyond the IoT Hub defaults.
+    """
+
+    host: str = "127.0.0.1"
+    tcp_port: int | None = None
+    tls_port: int | None = 8883
+    ssl_context: ssl.SSLContext | None = None
+    connect_timeout_s: float = 10.0
+    max_packet_size: int = 256 * 1024 + 1024
+    receive_maximum: int = 1024
+    outbound_window: int = 16
+    max_groups_in_flight: int = 32
+    acl: Acl = field(default_factory=Acl)
+    clock: Clock = field(default_factory=SystemClock)
+
+
+class MqttServer:
+    """``async with MqttServer(hub, settings=...) as server:`` listens until the block ends.
+    ``server.ports`` maps ``"tcp"``/``"tls"`` to the bound port numbers."""
+
+    def __init__(self, hub: Hub, *, settings: MqttSettings) -> None:
+        if settings.tls_port is not None and settings.ssl_context is None:
+            raise ValueError("a TLS listener needs an ssl_context")
+        self.hub = hub
+        self.settings = settings
+        self.ports: dict[str, int] = {}
+        self._tg = asyncio.TaskGroup()
+        self._servers: list[asyncio.Server] = []
+        self._clients: dict[str, _Client] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> Self:
+        await self._tg.__aenter__()
+        s = self.settings
+        try:
+            if s.tcp_port is not None:
+                srv = await asyncio.start_server(self._accept, s.host, s.tcp_port, limit=_READ_SIZE)
+                self._servers.append(srv)
+                self.ports["tcp"] = srv.sockets[0].getsockname()[1]
+            if s.tls_port is not None:
+                srv = await asyncio.start_server(
+                    self._accept,
+                    s.host,
+                    s.tls_port,
+                    ssl=s.ssl_context,
+                    limit=_READ_SIZE,
+                    ssl_handshake_timeout=s.connect_timeout_s,
+                )
+                self._servers.append(srv)
+                self.ports["tls"] = srv.sockets[0].getsockname()[1]
+        except BaseException as exc:
+            await self.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        log.info("mqtt.listening host=%s ports=%s", s.host, self.ports)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for srv in self._servers:
+            srv.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await self._tg.__aexit__(exc_type, exc, tb)
+        for srv in self._servers:
+            await srv.wait_closed()
+
+    @property
+    def connected(self) -> list[str]:
+        """Identity ids with a live, authenticated connection."""
+        return sorted(self._clients)
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        task = self._tg.create_task(self._run_client(reader, writer), name=f"mqtt.client {peer}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        client = _Client(self, reader, writer)
+        try:
+            await client.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # One bad client never takes the server down.
+            log.exception("mqtt.client_crashed peer=%s", client.peer)
+        finally:
+            await client.cleanup()
+
+
+class _Link:
+    """The ``ClientLink`` the hub sends deliveries through."""
+
+    def __init__(self, client: _Client) -> None:
+        self._client = client
+        self.pending: dict[int, int] = {}  # packet id → delivery id
+
+    @property
+    def window_free(self) -> int:
+        conn = self._client.conn
+        return 0 if conn.closed else conn.window_free
+
+    def send(self, delivery: Delivery) -> None:
+        client = self._client
+        conn = client.conn
+        if conn.closed or client.identity is None:
+            raise DeliveryError("client is not connected", endpoint=client.peer, kind=FailureKind.TRANSIENT)
+        m = delivery.message
+        if delivery.input_name is None:
+            topic = device_bound_topic(client.identity, m)
+        else:
+            topic = module_input_topic(client.identity, delivery.input_name, m)
+        values: dict[PropertyId, int | str | bytes] = {}
+        ct = m.system_properties.get(SystemProperty.CONTENT_TYPE)
+        if ct:
+            values[PropertyId.CONTENT_TYPE] = ct
+        cid = m.system_properties.get(SystemProperty.CORRELATION_ID)
+        if cid:
+            values[PropertyId.CORRELATION_DATA] = cid.encode()
+        props = Properties(values, delivery_user_properties(m))
+        try:
+            packet_id = conn.send_message(topic, m.body, qos=1, properties=props, dup=delivery.redelivery)
+        except PeerPacketTooLarge as exc:
+            raise DeliveryError(str(exc), endpoint=client.peer, kind=FailureKind.PERMANENT) from exc
+        except LocalProtocolError as exc:
+            raise DeliveryError(str(exc), endpoint=client.peer, kind=FailureKind.TRANSIENT) from exc
+        assert packet_id is not None
+        self.pending[packet_id] = delivery.delivery_id
+        client.flush()
+
+
+class _Client:
+    """One connection: read loop, ingest groups, deliveries."""
+
+    def __init__(self, server: MqttServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.server = server
+        self.hub = server.hub
+        self.settings = server.settings
+        self.reader = reader
+        self.writer = writer
+        self.peer = str(writer.get_extra_info("peername"))
+        s = self.settings
+        self.conn = ServerConnection(
+            max_packet_size=s.max_packet_size, receive_maximum=s.receive_maximum, outbound_window=s.outbound_window
+        )
+        self.identity: Identity | None = None
+        self.auth_method = ""
+        self.link = _Link(self)
+        self.subscriptions: set[str] = set()
+        self.registered = False
+        self.clean_exit = False
+        self._groups = asyncio.Semaphore(s.max_groups_in_flight)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data and not self.writer.is_closing():
+            self.writer.write(data)
+
+    async def run(self) -> None:
+        try:
+            async with asyncio.timeout(self.settings.connect_timeout_s):
+                connect, pipelined = await self._handshake()
+        except TimeoutError:
+            log.info("mqtt.connect_timeout peer=%s", self.peer)
+            return
+        if connect is None:
+            return
+        await self._dispatch(pipelined)
+        while not self.conn.closed:
+            self.flush()
+            await self.writer.drain()
+            timeout = self.conn.keepalive_timeout_s
+            try:
+                async with asyncio.timeout(timeout):
+                    data = await self.reader.read(_READ_SIZE)
+            except TimeoutError:
+                log.info("mqtt.keepalive_timeout client=%s", self.identity)
+                self.conn.close(ReasonCode.KEEP_ALIVE_TIMEOUT)
+                break
+            if not data:
+                break
+            await self._dispatch(self.conn.receive_data(data))
+        self.flush()
+
+    async def _handshake(self) -> tuple[Connect | None, list[Event]]:
+        while True:
+            data = await self.reader.read(_READ_SIZE)
+            if not data:
+                return None, []
+            events = self.conn.receive_data(data)
+            for event in events:
+                if isinstance(event, ProtocolFailed):
+                    self.flush()
+                    return None, []
+                if isinstance(event, ConnectRequested):
+                    return await self._authenticate(event.connect)
+
+    async def _authenticate(self, c: Connect) -> tuple[Connect | None, list[Event]]:
+        if c.properties.get_str(PropertyId.AUTHENTICATION_METHOD) is not None:
+            return self._refuse(ReasonCode.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not offered")
+        try:
+            claimed = parse_client_id(c.client_id)
+        except ValueError:
+            return self._refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "client id is not deviceId[/moduleId]")
+        if c.username is not None and "/?" in c.username:
+            try:
+                named = parse_username(c.username).identity
+            except ValueError:
+                return self._refuse(ReasonCode.BAD_USERNAME_OR_PASSWORD, "malformed username")
+            if named != claimed:
+                return self._refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "username and client id disagree")
+        thumbprint, cn, verified = self._peer_certificate()
+        creds = Credentials(claimed, c.username, c.password, thumbprint, cn, verified)
+        try:
+            result = await self.hub.authenticate(creds)
+        except AuthenticationError as exc:
+            log.info("mqtt.auth_refused client=%s detail=%s", c.client_id, exc)
+            return self._refuse(ReasonCode.NOT_AUTHORIZED, "authentication failed")
+        if result.identity != claimed:
+            return self._refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "client id is not the authenticated identity")
+        self.identity = result.identity
+        self.auth_method = result.auth_method
+        old = self.server._clients.get(self.identity.id)
+        if old is not None:
+            log.info("mqtt.session_takeover client=%s", self.identity)
+            old.take_over()
+        self.server._clients[self.identity.id] = self
+        info = await self.hub.connect(self.identity, self.link, clean_session=c.clean_start)
+        self.registered = True
+        pipelined = self.conn.accept(session_present=info.session_present)
+        self.flush()
+        log.info("mqtt.connected client=%s level=%d auth=%s", self.identity, c.protocol_level, self.auth_method)
+        self.hub.link_ready(self.identity, self.link)
+        return c, pipelined
+
+    def _refuse(self, reason: int, text: str) -> tuple[None, list[Event]]:
+        self.conn.refuse(reason, reason=text)
+        self.flush()
+        return None, []
+
+    def _peer_certificate(self) -> tuple[str | None, str | None, bool]:
+        ssl_object = self.writer.get_extra_info("ssl_object")
+        if ssl_object is None:
+            return None, None, False
+        der = ssl_object.getpeercert(binary_form=True)
+        if not der:
+            return None, None, False
+        cn = None
+        info = ssl_object.getpeercert()
+        if info:
+            for rdn in info.get("subject", ()):
+                for key, value in rdn:
+                    if key == "commonName":
+                        cn = value
+        return hashlib.sha256(der).hexdigest(), cn, bool(info)
+
+    def take_over(self) -> None:
+        """A newer connection of the same identity won: say so and close."""
+        self.conn.close(ReasonCode.SESSION_TAKEN_OVER)
+        self.clean_exit = True  # a takeover does not publish the will [MQTT-3.1.4-3 notwithstanding, as IoT Hub]
+        self.flush()
+        self.writer.close()
+
+    async def _dispatch(self, events: list[Event]) -> None:
+        group: list[MessageReceived] = []
+        for event in events:
+            if isinstance(event, MessageReceived):
+                group.append(event)
+            elif isinstance(event, SubscribeRequested):
+                self._on_subscribe(event)
+            elif isinstance(event, UnsubscribeRequested):
+                codes: list[int] = []
+                for f in event.unsubscribe.topic_filters:
+                    codes.append(ReasonCode.SUCCESS if f in self.subscriptions else ReasonCode.NO_SUBSCRIPTION_EXISTED)
+                    self.subscriptions.discard(f)
+                self.conn.answer_unsubscribe(event.unsubscribe.packet_id, codes)
+            elif isinstance(event, DeliveryAcked):
+                delivery_id = self.link.pending.pop(event.packet_id, None)
+                if delivery_id is not None and self.identity is not None:
+                    self.hub.delivered(self.identity, delivery_id, event.reason_code < 0x80)
+                    self.hub.link_ready(self.identity, self.link)
+            elif isinstance(event, Disconnected):
+                self.clean_exit = not event.publish_will
+            elif isinstance(event, ProtocolFailed):
+                pass  # the connection is closed; run() ends after flushing the goodbye
+        if group:
+            await self._groups.acquire()
+            task = asyncio.get_running_loop().create_task(self._ingest(group), name=f"mqtt.ingest {self.identity}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        self.flush()
+
+    def _on_subscribe(self, event: SubscribeRequested) -> None:
+        assert self.identity is not None
+        codes: list[int] = []
+        for sub in event.subscribe.subscriptions:
+            if self.settings.acl.may_subscribe(self.identity, sub.topic_filter):
+                self.subscriptions.add(sub.topic_filter)
+                codes.append(min(sub.qos, 1))
+            else:
+                log.info("mqtt.subscribe_refused client=%s filter=%s", self.identity, sub.topic_filter)
+                codes.append(ReasonCode.NOT_AUTHORIZED)
+        self.conn.answer_subscribe(event.subscribe.packet_id, codes)
+
+    async def _ingest(self, group: list[MessageReceived]) -> None:
+        try:
+            await self._ingest_group(group)
+        except StoreError as exc:
+            log.warning("mqtt.ingest_failed client=%s detail=%s", self.identity, exc)
+            self.conn.close(ReasonCode.UNSPECIFIED_ERROR, reason="store failure")
+            self.flush()
+            self.writer.close()
+        finally:
+            self._groups.release()
+
+    async def _ingest_group(self, group: list[MessageReceived]) -> None:
+        identity = self.identity
+        assert identity is not None
+        now = self.settings.clock.time()
+        settle: list[tuple[int | None, int]] = []  # (ticket, reason), in arrival order
+        to_store: list[Message] = []
+        store_tickets: list[int | None] = []
+        for event in group:
+            p = event.publish
+            twin = parse_twin_request(p.topic)
+            if twin is not None:
+                await self._on_twin(identity, twin, p)
+                settle.append((event.ticket, 0))
+                continue
+            if not self.settings.acl.may_publish(identity, p.topic):
+                log.info("mqtt.publish_refused client=%s topic=%s", identity, p.topic)
+                settle.append((event.ticket, ReasonCode.NOT_AUTHORIZED))
+                continue
+            try:
+                msg = self._message(identity, p, now)
+            except TopicError:
+                settle.append((event.ticket, ReasonCode.TOPIC_NAME_INVALID))
+                continue
+            except InvalidMessageError:
+                settle.append((event.ticket, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR))
+                continue
+            settle.append((event.ticket, -1 - len(to_store)))  # placeholder: index into the hub's outcomes
+            to_store.append(msg)
+            store_tickets.append(event.ticket)
+        outcomes = await self.hub.ingest(identity, to_store) if to_store else []
+        for ticket, reason in settle:
+            if reason < 0:
+                outcome = outcomes[-1 - reason]
+                reason = REJECT_REASONS.get(outcome.reason, 0x80) if isinstance(outcome, Rejected) else 0
+            if ticket is None:
+                if reason:
+                    log.info("mqtt.qos0_dropped client=%s reason=0x%02x", identity, reason)
+                continue
+            self.conn.settle(ticket, reason)
+        self.flush()
+        if self.conn.closed:
+            self.writer.close()
+
+    def _message(self, identity: Identity, p: Publish, now: float) -> Message:
+        props = p.properties
+        return message_from_publish(
+            identity,
+            p.topic,
+            p.payload,
+            auth_method=self.auth_method,
+            now_s=now,
+            content_type=props.get_str(PropertyId.CONTENT_TYPE),
+            correlation_data=props.get_bytes(PropertyId.CORRELATION_DATA),
+            message_expiry_s=props.get_int(PropertyId.MESSAGE_EXPIRY_INTERVAL),
+            user_properties=props.user,
+        )
+
+    async def _on_twin(self, identity: Identity, twin: TwinRequest, p: Publish) -> None:
+        if twin.operation == "GET":
+            doc: Mapping[str, Any] = await self.hub.get_twin(identity)
+            self._respond(twin_response_topic(200, twin.rid), json.dumps(doc).encode())
+            return
+        try:
+            patch = json.loads(p.payload or b"{}")
+            if not isinstance(patch, dict):
+                raise ValueError("a reported patch is a JSON object")
+        except ValueError:
+            self._respond(twin_response_topic(400, twin.rid), b"")
+            return
+        version = await self.hub.update_reported(identity, patch)
+        self._respond(twin_response_topic(204, twin.rid, version=version), b"")
+
+    def _respond(self, topic: str, payload: bytes) -> None:
+        if self.conn.closed or not any(topic_matches(f, topic) for f in self.subscriptions):
+            return
+        self.conn.send_message(topic, payload, qos=0)
+
+    async def cleanup(self) -> None:
+        for task in list(self._tasks):
+            if not task.done():
+                # Let stores finish: the message may be durable; its ack just cannot go out any more.
+                with contextlib.suppress(Exception):
+                    await task
+        identity = self.identity
+        if identity is not None and self.server._clients.get(identity.id) is self:
+            del self.server._clients[identity.id]
+        if identity is not None and self.registered:
+            await self._publish_will(identity)
+            await self.hub.disconnect(identity, self.link)
+        self.writer.close()
+        with contextlib.suppress(Exception):
+            await self.writer.wait_closed()
+
+    async def _publish_will(self, identity: Identity) -> None:
+        c = self.conn.connect
+        if self.clean_exit or c is None or c.will is None:
+            return
+        will = c.will
+        if not self.settings.acl.may_publish(identity, will.topic):
+            return
+        try:
+            msg = message_from_publish(
+                identity, will.topic, will.payload, auth_method=self.auth_method, now_s=self.settings.clock.time()
+            )
+            await self.hub.ingest(identity, [msg])
+            log.info("mqtt.will_published client=%s topic=%s", identity, will.topic)
+        except EdgeHubError as exc:
+            log.info("mqtt.will_dropped client=%s detail=%s", identity, exc)
