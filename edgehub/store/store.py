@@ -737,9 +737,24 @@ class Store:
         self._live()
         return self._b.get(META, key.encode())
 
-    async def put_metadata(self, key: str, value: bytes | None) -> None:
-        """Set (or, with None, delete) a metadata value durably."""
+    def metadata_items(self, prefix: str) -> list[tuple[str, bytes]]:
+        """Every metadata (key, value) whose key starts with ``prefix`` (e.g. ``identity/``), in key order."""
         self._live()
+        if not prefix or prefix.startswith("stats/"):
+            raise ValueError("give a prefix outside the store's own stats/ keys")
+        p = prefix.encode()
+        out = []
+        for k, v in self._b.scan(META, p, 1 << 30):
+            if not k.startswith(p):
+                break
+            out.append((k.decode(), v))
+        return out
+
+    async def put_metadata(self, key: str, value: bytes | None) -> None:
+        """Set (or, with None, delete) a metadata value durably. Keys under ``stats/`` are the store's own."""
+        self._live()
+        if key.startswith("stats/"):
+            raise ValueError("stats/ keys belong to the store")
         await self._write([(META, key.encode(), value)])
 
     # -- lifecycle ----------------------------------------------------------------------------------------

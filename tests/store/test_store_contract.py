@@ -131,6 +131,11 @@ async def test_metadata_round_trips(store_factory: StoreFactory) -> None:
     s = store_factory()
     try:
         assert s.get_metadata("identity/dev1") == b"x"
+        await s.put_metadata("identity/dev2", b"y")
+        await s.put_metadata("other", b"z")
+        assert s.metadata_items("identity/") == [("identity/dev1", b"x"), ("identity/dev2", b"y")]
+        with pytest.raises(ValueError):
+            await s.put_metadata("stats/i/up", b"")
         await s.put_metadata("identity/dev1", None)
         assert s.get_metadata("identity/dev1") is None
     finally:
