@@ -11,15 +11,23 @@ API the hub facade and the executors call (all on one event loop)::
     store.dead_letters(endpoint); await store.requeue_dead_letters(endpoint); await store.purge_dead_letters(endpoint)
     await store.close()
 
+The hub calls ``executor.notify()`` for each routed endpoint after ``enqueue`` returns. Policies:
+``Store(..., default_policy=QueuePolicy(...), endpoint_policies={endpoint: QueuePolicy(...)},
+store_quota=StoreQuota(...))``; ``usage(endpoint)`` / ``usage(None)`` give (messages, bytes) held; every removal
+is counted in ``removed`` by ``RemovalReason``. Metadata: ``get_metadata`` / ``put_metadata`` /
+``metadata_items(prefix)`` (keys under ``stats/`` are the store's own).
+
 ``enqueue`` stamps the message before writing it: ``edgeMessageId`` (a fresh UUID) and ``enqueuedTime``
 (ISO 8601 UTC, from the store's clock) when the message does not carry them yet; the stamped message is in
-the receipt. Stamping here keeps it in the one place every accepted message passes. Refusals (quotas, size)
+the receipt. Stamping here keeps it in the one place every accepted message passes. Sizes for quotas and
+``maxMessageSizeBytes`` are measured before stamping (the hub's stamps are not charged). Refusals (quotas, size)
 raise ``IngestRejected`` subclasses; a disk failure raises ``StorageIOError`` for that group only.
 
 Layout (column families): ``messages`` (u64 message key -> body record listing its references),
 one ``q:p<n>:<endpoint>`` per queue (u64 offset -> reference with enqueue time and TTL), ``checkpoints``
 (queue name -> committed offset, health, highest removed offset), ``dlq:<endpoint>`` (dead letters),
-``meta`` (for later issues: identities and the like).
+``meta`` (usage counters under ``stats/``, written in the same batch as the change they count; the rest for
+later issues: identities and the like).
 
 Invariants:
 * offsets of a queue only grow, across restarts: the next offset is one past the largest of the last key,
