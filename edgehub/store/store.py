@@ -541,10 +541,15 @@ class Store:
         """Record that everything up to ``offset`` is delivered, with the queue's health. Never moves back."""
         self._live()
         self._queue(queue)
-        old = self._checkpoints[queue]
-        cp = CheckpointRecord(VERSION, max(old.committed, offset), unhealthy_since_s, last_revival_s, old.removed_high)
-        await self._write([(CHECKPOINTS, queue.name.encode(), encode_checkpoint(cp))])
-        self._checkpoints[queue] = cp
+        # Under the maintenance lock: a removal rewrites the same checkpoint record (its removed_high), and two
+        # read-modify-writes of one record must not interleave, or a commit could be undone.
+        async with self._remove_lock:
+            old = self._checkpoints[queue]
+            cp = CheckpointRecord(
+                VERSION, max(old.committed, offset), unhealthy_since_s, last_revival_s, old.removed_high
+            )
+            await self._write([(CHECKPOINTS, queue.name.encode(), encode_checkpoint(cp))])
+            self._checkpoints[queue] = cp
 
     # -- removal ------------------------------------------------------------------------------------------
     def _removal_ops(self, refs: Sequence[tuple[str, int, int, int]], deltas: Usage) -> list[Op]:
