@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Self
 
-from edgehub.core import Clock, FailureKind, SystemClock
+from edgehub.core import Clock, FailureKind, StoreClosedError, StoreError, SystemClock
 from edgehub.delivery.checkpointer import Checkpointer
 from edgehub.delivery.endpoint import Endpoint, QueuedMessage, SendResult
 from edgehub.delivery.fsm import Event, State, next_state
@@ -35,6 +35,8 @@ from edgehub.store import QueueId, RemovalReason, Store, StoredItem
 __all__ = ["DeadLetterReason", "EndpointExecutor", "ExecutorSettings"]
 
 log = logging.getLogger(__name__)
+
+STORE_RETRY_S = 1.0  # after a store failure, the pump starts over this much later
 
 
 class DeadLetterReason:
@@ -172,6 +174,19 @@ class EndpointExecutor:
         return [it for it in items if it.expires_at_s > now]
 
     async def _pump(self) -> None:
+        """Run the pump; a store failure (a full disk) is logged, the in-memory queue state is rebuilt from the
+        committed checkpoints (at-least-once: what was in flight is sent again) and the pump starts over."""
+        while True:
+            try:
+                await self._pump_once()
+            except StoreClosedError:
+                raise
+            except StoreError as exc:
+                log.warning("executor.store_failed endpoint=%s error=%s retry_in_s=%s", self._id, exc, STORE_RETRY_S)
+                self._queues.clear()
+                await self._clock.sleep(STORE_RETRY_S)
+
+    async def _pump_once(self) -> None:
         prefetch: asyncio.Task[list[StoredItem]] | None = None
         prefetch_q: QueueId | None = None
         while True:
@@ -333,7 +348,12 @@ class EndpointExecutor:
     async def _cleanup_loop(self) -> None:
         while True:
             await self._clock.sleep(self._settings.cleanup_interval_s)
-            await self.cleanup()
+            try:
+                await self.cleanup()
+            except StoreClosedError:
+                raise
+            except StoreError as exc:  # a full disk: try again next interval
+                log.warning("executor.cleanup_failed endpoint=%s error=%s", self._id, exc)
 
     async def cleanup(self) -> dict[RemovalReason, int]:
         """Remove delivered and expired references once; returns what was removed, by reason."""

@@ -185,7 +185,10 @@ class RocksBackend:
                 try:
                     cf.flush(True)
                 except Exception as exc:
+                    # nothing is lost: the WAL holds it and the next open replays it
                     log.warning("store.flush_failed path=%s error=%s", self._path, exc)
+                    self._failed = True
+                    break
         self._cfs.clear()
         self._handles.clear()
         try:

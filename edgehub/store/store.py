@@ -11,15 +11,23 @@ API the hub facade and the executors call (all on one event loop)::
     store.dead_letters(endpoint); await store.requeue_dead_letters(endpoint); await store.purge_dead_letters(endpoint)
     await store.close()
 
+The hub calls ``executor.notify()`` for each routed endpoint after ``enqueue`` returns. Policies:
+``Store(..., default_policy=QueuePolicy(...), endpoint_policies={endpoint: QueuePolicy(...)},
+store_quota=StoreQuota(...))``; ``usage(endpoint)`` / ``usage(None)`` give (messages, bytes) held; every removal
+is counted in ``removed`` by ``RemovalReason``. Metadata: ``get_metadata`` / ``put_metadata`` /
+``metadata_items(prefix)`` (keys under ``stats/`` are the store's own).
+
 ``enqueue`` stamps the message before writing it: ``edgeMessageId`` (a fresh UUID) and ``enqueuedTime``
 (ISO 8601 UTC, from the store's clock) when the message does not carry them yet; the stamped message is in
-the receipt. Stamping here keeps it in the one place every accepted message passes. Refusals (quotas, size)
+the receipt. Stamping here keeps it in the one place every accepted message passes. Sizes for quotas and
+``maxMessageSizeBytes`` are measured before stamping (the hub's stamps are not charged). Refusals (quotas, size)
 raise ``IngestRejected`` subclasses; a disk failure raises ``StorageIOError`` for that group only.
 
 Layout (column families): ``messages`` (u64 message key -> body record listing its references),
 one ``q:p<n>:<endpoint>`` per queue (u64 offset -> reference with enqueue time and TTL), ``checkpoints``
 (queue name -> committed offset, health, highest removed offset), ``dlq:<endpoint>`` (dead letters),
-``meta`` (for later issues: identities and the like).
+``meta`` (usage counters under ``stats/``, written in the same batch as the change they count; the rest for
+later issues: identities and the like).
 
 Invariants:
 * offsets of a queue only grow, across restarts: the next offset is one past the largest of the last key,
@@ -533,10 +541,15 @@ class Store:
         """Record that everything up to ``offset`` is delivered, with the queue's health. Never moves back."""
         self._live()
         self._queue(queue)
-        old = self._checkpoints[queue]
-        cp = CheckpointRecord(VERSION, max(old.committed, offset), unhealthy_since_s, last_revival_s, old.removed_high)
-        await self._write([(CHECKPOINTS, queue.name.encode(), encode_checkpoint(cp))])
-        self._checkpoints[queue] = cp
+        # Under the maintenance lock: a removal rewrites the same checkpoint record (its removed_high), and two
+        # read-modify-writes of one record must not interleave, or a commit could be undone.
+        async with self._remove_lock:
+            old = self._checkpoints[queue]
+            cp = CheckpointRecord(
+                VERSION, max(old.committed, offset), unhealthy_since_s, last_revival_s, old.removed_high
+            )
+            await self._write([(CHECKPOINTS, queue.name.encode(), encode_checkpoint(cp))])
+            self._checkpoints[queue] = cp
 
     # -- removal ------------------------------------------------------------------------------------------
     def _removal_ops(self, refs: Sequence[tuple[str, int, int, int]], deltas: Usage) -> list[Op]:
@@ -737,9 +750,24 @@ class Store:
         self._live()
         return self._b.get(META, key.encode())
 
-    async def put_metadata(self, key: str, value: bytes | None) -> None:
-        """Set (or, with None, delete) a metadata value durably."""
+    def metadata_items(self, prefix: str) -> list[tuple[str, bytes]]:
+        """Every metadata (key, value) whose key starts with ``prefix`` (e.g. ``identity/``), in key order."""
         self._live()
+        if not prefix or prefix.startswith("stats/"):
+            raise ValueError("give a prefix outside the store's own stats/ keys")
+        p = prefix.encode()
+        out = []
+        for k, v in self._b.scan(META, p, 1 << 30):
+            if not k.startswith(p):
+                break
+            out.append((k.decode(), v))
+        return out
+
+    async def put_metadata(self, key: str, value: bytes | None) -> None:
+        """Set (or, with None, delete) a metadata value durably. Keys under ``stats/`` are the store's own."""
+        self._live()
+        if key.startswith("stats/"):
+            raise ValueError("stats/ keys belong to the store")
         await self._write([(META, key.encode(), value)])
 
     # -- lifecycle ----------------------------------------------------------------------------------------

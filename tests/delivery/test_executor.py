@@ -75,6 +75,7 @@ async def test_transient_failure_is_retried_after_the_policy_delay(store: Store,
         await clock.wait_for_sleepers(2)  # cleanup's sleep and the retry wait
         assert clock.next_deadline() == clock.time() + 5
         assert ex.state(1) is State.FAILING
+        assert store.checkpoint(QueueId("ep", 1)).unhealthy_since_s == clock.time()  # health is persisted
         clock.advance(5)
         await ep.wait_sends(2)
         await clock.wait_for_sleepers(2)
@@ -208,3 +209,22 @@ async def test_hub_policy_ignoring_overrides_governs_the_endpoint(store: Store, 
         await put(store, ex, "m", 1)
         await ex.wait_for(lambda: bool(store.dead_letters("ep")))
     assert store.dead_letters("ep")[0].reason == DeadLetterReason.RETRY_EXHAUSTED
+
+
+async def test_queue_failing_past_the_threshold_is_dead_until_revived(store: Store, clock: ManualClock) -> None:
+    ep = TestEndpoint("ep")
+    ep.go_down()
+    settings = ExecutorSettings(retry_policy=FAST, unhealthy_after_s=10)
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        await put(store, ex, "m", 1)
+        for sends in (1, 2):
+            await ep.wait_sends(sends)
+            await clock.wait_for_sleepers(2)
+            assert ex.state(1) is State.FAILING
+            clock.advance(5)
+        await ep.wait_sends(3)
+        await clock.wait_for_sleepers(2)
+        assert ex.state(1) is State.DEAD  # failing for 10 s now
+        ep.revive()
+        await ex.wait_for(lambda: store.checkpoint(QueueId("ep", 1)).committed == 0)
+        assert ex.state(1) is State.IDLE

@@ -1,14 +1,10 @@
 """A store on a full disk: the write that hits ENOSPC fails its group only, and the store stays usable.
 
-The disk is a real 8 MB tmpfs filled with a real file; mounting needs root (CAP_SYS_ADMIN), which the test
-machines and CI containers have.
+The disk is a real 8 MB tmpfs filled with a real file (``tests.store.fulldisk``).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,30 +12,9 @@ import pytest
 from edgehub.core import Message, RouteResult, StorageIOError
 from edgehub.store import QueueId
 from edgehub.store.rocks import open_rocks_store
+from tests.store.fulldisk import fill, small_disk
 
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
-
-
-def fill(path: Path) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"\0" * 65536)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+__all__ = ["small_disk"]  # the fixture, imported for use here
 
 
 async def test_write_on_full_disk_fails_that_group_and_store_recovers(small_disk: Path) -> None:

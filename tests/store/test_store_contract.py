@@ -131,6 +131,11 @@ async def test_metadata_round_trips(store_factory: StoreFactory) -> None:
     s = store_factory()
     try:
         assert s.get_metadata("identity/dev1") == b"x"
+        await s.put_metadata("identity/dev2", b"y")
+        await s.put_metadata("other", b"z")
+        assert s.metadata_items("identity/") == [("identity/dev1", b"x"), ("identity/dev2", b"y")]
+        with pytest.raises(ValueError):
+            await s.put_metadata("stats/i/up", b"")
         await s.put_metadata("identity/dev1", None)
         assert s.get_metadata("identity/dev1") is None
     finally:
@@ -159,3 +164,17 @@ async def test_every_fsync_policy_acknowledges_and_keeps_writes(
         assert len(s.read(QueueId("up", 0), 0, 100)) == 50
     finally:
         await s.close()
+
+
+async def test_commit_and_removal_racing_never_undo_the_commit(store: Store) -> None:
+    q = QueueId("up", 0)
+    for i in range(20):
+        await store.enqueue(msg(i), [RouteResult("up", 0)])
+    async with asyncio.timeout(10):
+        await asyncio.gather(
+            *(store.commit(q, i) for i in range(10)),
+            *(store.remove(q, [i], RemovalReason.DELIVERED) for i in range(10)),
+            *(store.remove(q, [i], RemovalReason.TTL) for i in range(15, 20)),
+        )
+    assert store.checkpoint(q).committed == 9
+    assert [it.offset for it in store.read(q, 0, 100)] == [10, 11, 12, 13, 14]
