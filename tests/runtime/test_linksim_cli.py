@@ -61,3 +61,15 @@ async def test_link_sim_command_forwards_to_its_target_with_delay() -> None:
         proc.terminate()
         await proc.wait()
         server.close()
+
+
+def test_tc_mode_refuses_delay_which_tbf_cannot_do() -> None:
+    result = CliRunner().invoke(main, ["link-sim", "--tc-netns", "x", "--rate", "64kbit", "--delay", "300ms"])
+    assert result.exit_code == 2
+    assert "rate only" in result.output
+
+
+def test_proxy_mode_needs_listen_and_target() -> None:
+    result = CliRunner().invoke(main, ["link-sim", "--rate", "64kbit"])
+    assert result.exit_code == 2
+    assert "--listen and --target are required" in result.output

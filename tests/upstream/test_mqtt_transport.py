@@ -181,6 +181,7 @@ async def test_silent_link_never_reports_unacked_messages_as_delivered_and_resto
         reachable.clear()
         link.go_silent()  # no acks, no FIN, no RST
         result = await up.send(_batch(10))
+        assert result.details["publishes"] == "1"  # it was published into the dead link, not refused up front
         assert not result.succeeded
         assert _ids(result.failed) == list(range(10))
         assert result.failure_kind in (FailureKind.TIMEOUT, FailureKind.TRANSIENT)
