@@ -84,10 +84,10 @@ def compile_condition(text: str, *, source: str | None = None) -> Condition:
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """A parsed route: its source, its condition's text (None without WHERE) and its sink, as written."""
+    """A parsed route: its source, its condition's text (``"true"`` without WHERE) and its sink, as written."""
 
     source: str
-    condition: str | None
+    condition: str
     sink: str
     endpoint: str
     text: str
@@ -144,7 +144,9 @@ def _compile_route(text: str) -> tuple[Route, CompiledExpr | None]:
     sink_text = (
         tree.sink.name if isinstance(tree.sink, ast.SystemSink) else f'{tree.sink.function}("{tree.sink.argument}")'
     )
-    return Route(tree.source, tree.condition_text, sink_text, endpoint, text), compiled
+    # A route with no WHERE has the condition true (ROUTE_LANGUAGE.md).
+    condition_text = tree.condition_text if tree.condition_text is not None else "true"
+    return Route(tree.source, condition_text, sink_text, endpoint, text), compiled
 
 
 def parse_route(text: str) -> Route:

@@ -33,7 +33,7 @@ def test_parse_route_gives_source_condition_and_sink_as_written() -> None:
     r = parse_route("FROM /messages/* WHERE alert = 'yes' INTO $upstream")
     assert (r.source, r.condition, r.sink, r.endpoint) == ("/messages/*", "alert = 'yes'", "$upstream", "$upstream")
     r2 = parse_route("select * from /messages into BrokeredEndpoint('/modules/m2/inputs/in1')")
-    assert r2.condition is None
+    assert r2.condition == "true"
     assert r2.endpoint == "/modules/m2/inputs/in1"
     assert parse_route('FROM /* INTO brokeredendpoint("/modules/a/inputs/b")').endpoint == "/modules/a/inputs/b"
     assert parse_route("FROM /* INTO $UPSTREAM").endpoint == "$upstream"
