@@ -4,8 +4,8 @@ Usage: python -m bench.store [--messages N] [--rounds N] [--queued N] [--dir PAT
 
 * ingest: 8 concurrent producers enqueue 200-byte messages routed to two endpoints, fsync=always, against the
   limit measured in the same run: raw rocksdict synced write batches of the same group size writing the same
-  records (one body and two references per message). Routing itself is not in the loop (the route results
-  are given), so this measures the store's share of the ingest path.
+  records (one body and two references per message). Each message is routed by a compiled Router (two routes,
+  one per endpoint) before it is enqueued, as the hub's ingest does.
 * drain: the executor delivers the ingested ``$upstream`` queue to a null endpoint.
 * recovery: a store holding ``--queued`` messages (default 1,000,000, routed to two endpoints) is built in a
   subprocess, then reopened in a fresh subprocess that delivers the first message; its time and peak RSS.
@@ -28,15 +28,26 @@ from pathlib import Path
 
 import rocksdict
 
-from edgehub.core import Message, RouteResult
+from edgehub.core import Message
 from edgehub.delivery import EndpointExecutor, ExecutorSettings
+from edgehub.routing import Router, RouteSpec
 from edgehub.store import FsyncPolicy, QueueId, Store
 from edgehub.store.codec import VERSION, RefRecord, encode_message, encode_ref, pack_u64
 from edgehub.store.rocks import RocksBackend, open_rocks_store
 from edgehub.testing import NullEndpoint
 
-ROUTES = [RouteResult("$upstream", 0), RouteResult("module", 5)]
+ROUTER = Router(
+    {
+        "up": RouteSpec(route="FROM /messages/* INTO $upstream", priority=0),
+        "mod": RouteSpec(
+            route="FROM /messages/* WHERE kind = 'data' INTO BrokeredEndpoint('/modules/m/inputs/in')", priority=5
+        ),
+    }
+)
 BODY = b"x" * 200
+PROPS = {"kind": "data"}
+ROUTES = ROUTER.route(Message(body=BODY, properties=PROPS))
+QUEUES = [QueueId(r.endpoint, r.priority).name for r in ROUTES]
 PRODUCERS = 8
 
 
@@ -46,7 +57,8 @@ async def ingest(path: Path, n: int) -> tuple[float, float, Store]:
 
     async def producer() -> None:
         for _ in range(per):
-            await store.enqueue(Message(body=BODY), ROUTES)
+            msg = Message(body=BODY, properties=PROPS, system_properties={"connectionDeviceId": "dev1"})
+            await store.enqueue(msg, ROUTER.route(msg))
 
     t0 = time.perf_counter()
     async with asyncio.TaskGroup() as tg:
@@ -61,13 +73,13 @@ def raw(path: Path, n: int, group: int) -> float:
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
-    names = ["messages", "q:p0:$upstream", "q:p5:module"]
+    names = ["messages", *QUEUES]
     db = rocksdict.Rdict(str(path), opts, column_families={k: rocksdict.Options(raw_mode=True) for k in names})
     handles = [db.get_column_family_handle(k) for k in names]
     wo = rocksdict.WriteOptions()
     wo.sync = True
     msg = Message(body=BODY, system_properties={"edgeMessageId": "0" * 32, "enqueuedTime": "2026-01-01T00:00:00+00:00"})
-    body = encode_message(msg, [("q:p0:$upstream", 0), ("q:p5:module", 0)])
+    body = encode_message(msg, [(q, 0) for q in QUEUES])
     ref = encode_ref(RefRecord(VERSION, 0, 0.0, 7200.0, 200))
     t0 = time.perf_counter()
     i = 0
@@ -102,7 +114,7 @@ def build(path: Path, n: int) -> None:
     are the ones ``enqueue`` writes (same codec, same keys), only the usage counters are left out (they are a
     handful of keys read at open, so their absence does not change the measure)."""
     backend = RocksBackend(path)
-    names = [QueueId(r.endpoint, r.priority).name for r in ROUTES]
+    names = QUEUES
     now = time.time()
     batch = 20_000
     for start in range(0, n, batch):
