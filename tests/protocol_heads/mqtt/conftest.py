@@ -103,6 +103,7 @@ class Paho:
         def put(q: asyncio.Queue[Any], item: Any) -> None:
             p.loop.call_soon_threadsafe(q.put_nowait, item)
 
+        client.reconnect_delay_set(60, 120)  # a test never wants paho to reconnect behind its back
         client.on_connect = lambda c, u, flags, rc, props: put(p.connects, rc)
         client.on_publish = lambda c, u, mid, rc, props: put(p.publishes, (mid, rc.value))
         client.on_message = lambda c, u, msg: put(p.messages, msg)
