@@ -4,6 +4,8 @@ with the codec, the server answers, and the client decodes what the server sent.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from edgehub.core import LocalProtocolError
 from protocol_heads.mqtt.codec import (
@@ -344,3 +346,17 @@ def test_unsupported_protocol_level_gets_connack_0x01() -> None:
 
 def test_the_table_has_no_way_out_of_closed_but_settling_and_closing() -> None:
     assert set(TRANSITIONS[ConnectionState.CLOSED].values()) == {ConnectionState.CLOSED}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400), st.sampled_from([4, MQTT_50]))
+def test_any_bytes_after_connect_give_events_never_exceptions(data: bytes, level: int) -> None:
+    pair = Pair(level)
+    pair.connect()
+    events = pair.server.receive_data(data)
+    for event in events:
+        if isinstance(event, MessageReceived) and event.ticket is not None:
+            pair.server.settle(event.ticket, ReasonCode.QUOTA_EXCEEDED)
+    if any(isinstance(e, ProtocolFailed) for e in events):
+        assert pair.server.closed
+    pair.server.data_to_send()
