@@ -480,7 +480,7 @@ class ServerConnection:
         if self.v5:
             values: dict[PropertyId, int | str | bytes] = {
                 PropertyId.RECEIVE_MAXIMUM: self.receive_maximum,
-                PropertyId.MAXIMUM_QOS: 2,
+                # Maximum QoS is left out: it may only say 0 or 1, and absent means 2 [MQTT-3.2.2-9].
                 PropertyId.RETAIN_AVAILABLE: 0,
                 PropertyId.MAXIMUM_PACKET_SIZE: self.max_packet_size,
                 PropertyId.TOPIC_ALIAS_MAXIMUM: self.topic_alias_maximum,

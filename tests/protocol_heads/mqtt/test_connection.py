@@ -360,3 +360,11 @@ def test_any_bytes_after_connect_give_events_never_exceptions(data: bytes, level
     if any(isinstance(e, ProtocolFailed) for e in events):
         assert pair.server.closed
     pair.server.data_to_send()
+
+
+def test_connack_v5_never_announces_maximum_qos_2() -> None:
+    pair = Pair(MQTT_50)
+    pair.connect()
+    [ack] = pair.received()
+    assert isinstance(ack, ConnAck)
+    assert PropertyId.MAXIMUM_QOS not in ack.properties.values
