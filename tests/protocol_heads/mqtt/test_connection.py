@@ -368,3 +368,16 @@ def test_connack_v5_never_announces_maximum_qos_2() -> None:
     [ack] = pair.received()
     assert isinstance(ack, ConnAck)
     assert PropertyId.MAXIMUM_QOS not in ack.properties.values
+
+
+def test_retained_publish_closes_a_v5_client_with_0x9a_and_is_ignored_for_v311() -> None:
+    v5 = Pair(MQTT_50)
+    v5.connect()
+    v5.received()
+    [failed] = v5.send(Publish("t", b"", retain=True))
+    assert isinstance(failed, ProtocolFailed)
+    assert v5.received() == [Disconnect(ReasonCode.RETAIN_NOT_SUPPORTED)]
+    v3 = Pair()
+    v3.connect()
+    [event] = v3.send(Publish("t", b"", retain=True))
+    assert isinstance(event, MessageReceived)
