@@ -16,7 +16,7 @@ from paho.mqtt.properties import Properties as PahoProperties
 from edgehub.core import Identity, Message
 from edgehub.testing import InMemoryHub
 from edgehub.testing.certs import TestCA
-from protocol_heads.mqtt.codec import Connect, Decoder, Disconnect, Will, encode
+from protocol_heads.mqtt.codec import Connect, Decoder, Disconnect, ReasonCode, Will, encode
 from protocol_heads.mqtt.server import MqttServer
 from tests.protocol_heads.mqtt.conftest import (
     DEV,
@@ -366,3 +366,16 @@ async def test_will_is_published_only_when_the_client_vanishes(
         await writer.wait_closed()
         await hub.wait_disconnected(DEV)
     assert [(m.body, m.properties) for _, m in hub.stored] == ([(b"gone", {"kind": "will"})] if will_stored else [])
+
+
+async def test_store_failure_closes_a_v5_client_without_acking(head: MqttServer, hub: InMemoryHub) -> None:
+    dev = Paho.make("dev1", protocol=mqtt.MQTTv5)
+    await dev.connect(head.ports["tcp"], user=username(DEV), password=sas_password(DEV, DEVICE_KEY))
+    hub.fail_next_ingest()
+    dev.publish("devices/dev1/messages/events/", b"lost?")
+    async with asyncio.timeout(10):
+        rc = await dev.disconnects.get()
+    assert rc.value == ReasonCode.UNSPECIFIED_ERROR
+    assert dev.publishes.empty()
+    assert hub.stored == []
+    await dev.close()
