@@ -4,6 +4,7 @@ Steering:
 * ``add_identity(identity, key_b64=..., password=..., thumbprint=...)`` makes an identity that can log in with a
   SAS token (resource ``{host_name}/devices/{d}[/modules/{m}]``), a plain password, or a certificate thumbprint.
 * ``refuse(reason, count=1)`` makes the next ``count`` messages come back ``Rejected(reason)``.
+* ``fail_next_ingest()`` makes the next ``ingest`` raise ``StorageIOError`` (the disk said no; nothing stored).
 * ``hold()`` makes ``ingest`` wait (messages are not durable yet) until ``release()``; ``held_groups`` tells
   how many groups wait, and ``wait_held(n)`` waits for that.
 * ``enqueue(identity, input_name, message)`` queues a message for a module input (or device-bound with
@@ -24,7 +25,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgehub.core import AuthenticationError, Clock, DeliveryError, Identity, Message, SystemClock
+from edgehub.core import (
+    AuthenticationError,
+    Clock,
+    DeliveryError,
+    Identity,
+    Message,
+    StorageIOError,
+    SystemClock,
+)
 from edgehub.core.sas import resource_uri, verify_sas_token
 from edgehub.hub import (
     AuthResult,
@@ -72,6 +81,7 @@ class InMemoryHub:
         self._secrets: dict[str, _Secrets] = {}
         self._refusals: deque[str] = deque()
         self._held = False
+        self._fail_next = False
         self._release = asyncio.Event()
         self._held_count = 0
         self._changed = asyncio.Condition()
@@ -94,6 +104,9 @@ class InMemoryHub:
 
     def refuse(self, reason: str, count: int = 1) -> None:
         self._refusals.extend([reason] * count)
+
+    def fail_next_ingest(self) -> None:
+        self._fail_next = True
 
     def hold(self) -> None:
         self._held = True
@@ -171,6 +184,9 @@ class InMemoryHub:
 
     async def ingest(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:
         self.groups.append(len(messages))
+        if self._fail_next:
+            self._fail_next = False
+            raise StorageIOError("in-memory hub told to fail this ingest")
         if self._held:
             self._held_count += 1
             await self._notify()

@@ -22,7 +22,7 @@ Errors::
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Final
@@ -905,8 +905,3 @@ def _encode_connect(c: Connect) -> bytes:
     if v5:
         header += _properties(c.properties)
     return _packet(0x10, header, *payload)
-
-
-def packet_ids(packets: Sequence[Packet]) -> list[int | None]:
-    """The packet identifier of each packet (None where it has none). A convenience for tests and logs."""
-    return [getattr(p, "packet_id", None) for p in packets]

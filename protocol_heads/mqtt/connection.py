@@ -434,6 +434,10 @@ class ServerConnection:
                     raise ProtocolViolation(f"unknown topic alias {alias}")
         if not p.topic:
             raise ProtocolViolation("empty topic name", reason_code=ReasonCode.TOPIC_NAME_INVALID)
+        if p.retain and self.v5:
+            # CONNACK said Retain Available 0; a retained PUBLISH is then 0x9A [MQTT-3.3.1-8]. A 3.1.1 client
+            # has no way to be told, so its retain flag is ignored (the message is still telemetry).
+            raise ProtocolViolation("retained messages are not available", reason_code=ReasonCode.RETAIN_NOT_SUPPORTED)
         if p.qos == 0:
             events.append(MessageReceived(p, None))
             return
@@ -480,7 +484,7 @@ class ServerConnection:
         if self.v5:
             values: dict[PropertyId, int | str | bytes] = {
                 PropertyId.RECEIVE_MAXIMUM: self.receive_maximum,
-                PropertyId.MAXIMUM_QOS: 2,
+                # Maximum QoS is left out: it may only say 0 or 1, and absent means 2 [MQTT-3.2.2-9].
                 PropertyId.RETAIN_AVAILABLE: 0,
                 PropertyId.MAXIMUM_PACKET_SIZE: self.max_packet_size,
                 PropertyId.TOPIC_ALIAS_MAXIMUM: self.topic_alias_maximum,

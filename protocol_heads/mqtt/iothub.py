@@ -21,6 +21,7 @@ Every function here is pure: no I/O, no clock (times are passed in).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -142,10 +143,17 @@ def encode_property_bag(system: Mapping[str, str], properties: Mapping[str, str 
 def decode_property_bag(bag: str) -> tuple[dict[str, str], dict[str, str | None]]:
     """``(system, application)`` from a bag; system keys are SystemProperty names. Unknown ``$.`` keys are
     kept as application properties, so that nothing the client sent is lost."""
+    system_items, app_items = _decode_bag(bag)
+    return dict(system_items), dict(app_items)
+
+
+# Telemetry topics repeat (same device, same properties): parsing each distinct one once is the cheapest path.
+@functools.lru_cache(maxsize=4096)
+def _decode_bag(bag: str) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str | None], ...]]:
     system: dict[str, str] = {}
     app: dict[str, str | None] = {}
     if not bag:
-        return system, app
+        return (), ()
     for part in bag.split("&"):
         if not part:
             continue
@@ -157,7 +165,7 @@ def decode_property_bag(bag: str) -> tuple[dict[str, str], dict[str, str | None]
             system[sp.value] = value or ""
         else:
             app[key] = value
-    return system, app
+    return tuple(system.items()), tuple(app.items())
 
 
 # --- topics ------------------------------------------------------------------------------------------------------
@@ -212,6 +220,7 @@ def twin_response_topic(status: int, rid: str, *, version: int | None = None) ->
     return topic
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_publish_topic(topic: str) -> TelemetryTopic | TwinRequest | PlainTopic:
     """What a PUBLISH topic is. Telemetry topics carry the identity they name (the ACL checks it)."""
     m = _MODULE_EVENTS.match(topic)

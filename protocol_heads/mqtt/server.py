@@ -495,20 +495,25 @@ class _Client:
         self.conn.send_message(topic, payload, qos=0)
 
     async def cleanup(self) -> None:
-        for task in list(self._tasks):
-            if not task.done():
-                # Let stores finish: the message may be durable; its ack just cannot go out any more.
-                with contextlib.suppress(Exception):
-                    await task
-        identity = self.identity
-        if identity is not None and self.server._clients.get(identity.id) is self:
-            del self.server._clients[identity.id]
-        if identity is not None and self.registered:
-            await self._publish_will(identity)
-            await self.hub.disconnect(identity, self.link)
-        self.writer.close()
-        with contextlib.suppress(Exception):
-            await self.writer.wait_closed()
+        try:
+            for task in list(self._tasks):
+                if not task.done():
+                    # Let stores finish: the message may be durable; its ack just cannot go out any more.
+                    with contextlib.suppress(Exception):
+                        await task
+            identity = self.identity
+            if identity is not None and self.server._clients.get(identity.id) is self:
+                del self.server._clients[identity.id]
+            if identity is not None and self.registered:
+                await self._publish_will(identity)
+                await self.hub.disconnect(identity, self.link)
+        finally:
+            # Also when cancelled (server shutdown): the socket never outlives its client task.
+            for task in list(self._tasks):
+                task.cancel()
+            self.writer.close()
+            with contextlib.suppress(Exception):
+                await self.writer.wait_closed()
 
     async def _publish_will(self, identity: Identity) -> None:
         c = self.conn.connect

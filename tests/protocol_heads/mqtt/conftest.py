@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -78,6 +79,7 @@ class Paho:
     messages: asyncio.Queue[mqtt.MQTTMessage]
     disconnects: asyncio.Queue[Any]
     subscribes: asyncio.Queue[list[Any]]
+    gone: bool = False  # set by paho's thread once the connection is over
 
     @classmethod
     def make(
@@ -103,10 +105,16 @@ class Paho:
         def put(q: asyncio.Queue[Any], item: Any) -> None:
             p.loop.call_soon_threadsafe(q.put_nowait, item)
 
+        client.reconnect_delay_set(60, 120)  # a test never wants paho to reconnect behind its back
         client.on_connect = lambda c, u, flags, rc, props: put(p.connects, rc)
         client.on_publish = lambda c, u, mid, rc, props: put(p.publishes, (mid, rc.value))
         client.on_message = lambda c, u, msg: put(p.messages, msg)
-        client.on_disconnect = lambda c, u, flags, rc, props: put(p.disconnects, rc)
+
+        def on_disconnect(c: mqtt.Client, u: object, flags: object, rc: object, props: object) -> None:
+            p.gone = True
+            put(p.disconnects, rc)
+
+        client.on_disconnect = on_disconnect
         client.on_subscribe = lambda c, u, mid, rcs, props: put(p.subscribes, [r.value for r in rcs])
         return p
 
@@ -127,5 +135,19 @@ class Paho:
         return info.mid
 
     async def close(self) -> None:
-        self.client.disconnect()
+        """Disconnect, wait until paho has let go of its socket, then stop its thread."""
+        if not self.gone:
+            self.client.disconnect()
+            async with asyncio.timeout(10):
+                await self.disconnects.get()
         await asyncio.to_thread(self.client.loop_stop)
+        sock = self.client.socket()
+        if sock is not None:
+            sock.close()
+        # paho 2.1 leaves the wake-up socket pair of loop_start() open (found with PYTHONTRACEMALLOC);
+        # close it so that warnings-as-errors do not blame a later test.
+        for name in ("_sockpairR", "_sockpairW"):
+            pair_end = getattr(self.client, name, None)
+            if isinstance(pair_end, socket.socket):
+                pair_end.close()
+                setattr(self.client, name, None)

@@ -4,6 +4,8 @@ with the codec, the server answers, and the client decodes what the server sent.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from edgehub.core import LocalProtocolError
 from protocol_heads.mqtt.codec import (
@@ -344,3 +346,38 @@ def test_unsupported_protocol_level_gets_connack_0x01() -> None:
 
 def test_the_table_has_no_way_out_of_closed_but_settling_and_closing() -> None:
     assert set(TRANSITIONS[ConnectionState.CLOSED].values()) == {ConnectionState.CLOSED}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400), st.sampled_from([4, MQTT_50]))
+def test_any_bytes_after_connect_give_events_never_exceptions(data: bytes, level: int) -> None:
+    pair = Pair(level)
+    pair.connect()
+    events = pair.server.receive_data(data)
+    for event in events:
+        if isinstance(event, MessageReceived) and event.ticket is not None:
+            pair.server.settle(event.ticket, ReasonCode.QUOTA_EXCEEDED)
+    if any(isinstance(e, ProtocolFailed) for e in events):
+        assert pair.server.closed
+    pair.server.data_to_send()
+
+
+def test_connack_v5_never_announces_maximum_qos_2() -> None:
+    pair = Pair(MQTT_50)
+    pair.connect()
+    [ack] = pair.received()
+    assert isinstance(ack, ConnAck)
+    assert PropertyId.MAXIMUM_QOS not in ack.properties.values
+
+
+def test_retained_publish_closes_a_v5_client_with_0x9a_and_is_ignored_for_v311() -> None:
+    v5 = Pair(MQTT_50)
+    v5.connect()
+    v5.received()
+    [failed] = v5.send(Publish("t", b"", retain=True))
+    assert isinstance(failed, ProtocolFailed)
+    assert v5.received() == [Disconnect(ReasonCode.RETAIN_NOT_SUPPORTED)]
+    v3 = Pair()
+    v3.connect()
+    [event] = v3.send(Publish("t", b"", retain=True))
+    assert isinstance(event, MessageReceived)

@@ -16,7 +16,7 @@ from paho.mqtt.properties import Properties as PahoProperties
 from edgehub.core import Identity, Message
 from edgehub.testing import InMemoryHub
 from edgehub.testing.certs import TestCA
-from protocol_heads.mqtt.codec import Connect, Decoder, Disconnect, Will, encode
+from protocol_heads.mqtt.codec import Connect, Decoder, Disconnect, ReasonCode, Will, encode
 from protocol_heads.mqtt.server import MqttServer
 from tests.protocol_heads.mqtt.conftest import (
     DEV,
@@ -163,6 +163,7 @@ async def test_deliveries_in_flight_are_redelivered_after_a_reconnect(head: Mqtt
         while not got:
             got = list(decoder.receive_data(await reader.read(1024)))
     writer.close()
+    await writer.wait_closed()
     mod = Paho.make("dev1/filter", clean_session=False)
     await mod.connect(head.ports["tcp"], user=username(MOD), password=sas_password(MOD, MODULE_KEY))
     async with asyncio.timeout(10):
@@ -214,6 +215,7 @@ async def test_connect_that_never_comes_closes_the_socket(hub: InMemoryHub, ca: 
         async with asyncio.timeout(10):
             assert await reader.read() == b""
         writer.close()
+        await writer.wait_closed()
 
 
 async def test_a_garbage_client_does_not_disturb_another(head: MqttServer, hub: InMemoryHub) -> None:
@@ -224,6 +226,7 @@ async def test_a_garbage_client_does_not_disturb_another(head: MqttServer, hub: 
     async with asyncio.timeout(10):
         assert await reader.read() == b""
     writer.close()
+    await writer.wait_closed()
     mid = dev.publish("devices/dev1/messages/events/", b"still here")
     async with asyncio.timeout(10):
         assert await dev.publishes.get() == (mid, 0)
@@ -247,6 +250,7 @@ async def test_pipelined_publishes_of_one_read_reach_the_hub_as_one_group(head: 
     assert hub.groups == [20]
     assert [getattr(a, "packet_id", None) for a in acks[1:]] == list(range(1, 21))
     writer.close()
+    await writer.wait_closed()
 
 
 async def test_mosquitto_pub_and_sub_over_tls(head: MqttServer, hub: InMemoryHub, ca: TestCA) -> None:
@@ -340,6 +344,7 @@ async def test_silent_client_is_closed_after_one_and_a_half_keepalives(head: Mqt
         assert await reader.read() == b""
     assert loop.time() - started >= 1.4
     writer.close()
+    await writer.wait_closed()
 
 
 @pytest.mark.parametrize(("goodbye", "will_stored"), [(b"", True), (encode(Disconnect()), False)])
@@ -358,5 +363,19 @@ async def test_will_is_published_only_when_the_client_vanishes(
         await reader.read(4)
         writer.write(goodbye)
         writer.close()
+        await writer.wait_closed()
         await hub.wait_disconnected(DEV)
     assert [(m.body, m.properties) for _, m in hub.stored] == ([(b"gone", {"kind": "will"})] if will_stored else [])
+
+
+async def test_store_failure_closes_a_v5_client_without_acking(head: MqttServer, hub: InMemoryHub) -> None:
+    dev = Paho.make("dev1", protocol=mqtt.MQTTv5)
+    await dev.connect(head.ports["tcp"], user=username(DEV), password=sas_password(DEV, DEVICE_KEY))
+    hub.fail_next_ingest()
+    dev.publish("devices/dev1/messages/events/", b"lost?")
+    async with asyncio.timeout(10):
+        rc = await dev.disconnects.get()
+    assert rc.value == ReasonCode.UNSPECIFIED_ERROR
+    assert dev.publishes.empty()
+    assert hub.stored == []
+    await dev.close()

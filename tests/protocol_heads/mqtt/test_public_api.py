@@ -1,0 +1,24 @@
+"""Every public name of the MQTT head's modules is in its ``__all__`` (and every name there exists)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+import edgehub.hub
+import edgehub.testing.hub
+from edgehub.core import sas
+from protocol_heads.mqtt import codec, connection, iothub, server
+
+
+@pytest.mark.parametrize("module", [codec, connection, iothub, server, sas, edgehub.hub, edgehub.testing.hub])
+def test_all_lists_exactly_the_public_names_defined_here(module: types.ModuleType) -> None:
+    public = {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_") and callable(value) and getattr(value, "__module__", None) == module.__name__
+    }
+    exported = set(module.__all__)
+    assert exported <= set(vars(module))
+    assert public <= exported
