@@ -45,6 +45,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -656,8 +657,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     spark = build_session(master=ns.master, shuffle_partitions=ns.shuffle_partitions)
     spark.sparkContext.setLogLevel("WARN")
+    started = time.perf_counter()
     try:
         run(spark, settings)
+        print(f"ingest.run_done elapsed_s={time.perf_counter() - started:.3f}", flush=True)
     finally:
         spark.stop()
     return 0
