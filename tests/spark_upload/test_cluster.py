@@ -40,7 +40,7 @@ def _land(landing: Path) -> None:
 
 def _table(spark: SparkSession, lake: Path, name: str, *cols: str) -> list[tuple[object, ...]]:
     frame: DataFrame = spark.read.parquet(str(lake / name))
-    return sorted(tuple(r) for r in frame.select(*cols).collect())
+    return sorted(tuple(r) for r in frame.selectExpr(*cols).collect())
 
 
 def test_the_job_submitted_to_a_standalone_cluster_writes_the_same_tables_as_local_mode(
