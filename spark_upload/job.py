@@ -180,26 +180,20 @@ def _missing_fields(rec: Column) -> Column:
 def classify(lines: DataFrame) -> DataFrame:
     """Lines (``value``, ``source_file``, ``ingest_at``) to typed rows with a ``reason`` (null when good)."""
     rec = F.from_json("value", _PARSE_SCHEMA, {"columnNameOfCorruptRecord": _CORRUPT, "mode": "PERMISSIVE"})
-    parsed = lines.select(
-        "value",
-        "source_file",
-        "ingest_at",
-        rec.alias("r"),
-        F.try_parse_json("value").alias("_json"),
-    )
+    parsed = lines.select("value", "source_file", "ingest_at", rec.alias("r"))
     r = F.col("r")
+    corrupt = r[_CORRUPT].isNotNull()
     missing = _missing_fields(r)
     enqueued_ts = F.try_to_timestamp(r["enqueued_at"], F.lit(_ENQUEUED_AT_FORMAT))
     body = F.try_to_binary(r["body"], F.lit("base64"))
+    # The second JSON parse (is it JSON at all, and an object?) only runs for the rare corrupt lines: CASE WHEN
+    # and AND evaluate lazily, and the expression occurs once so it is not hoisted.
+    is_object = F.coalesce(F.schema_of_variant(F.try_parse_json("value")), F.lit("")).startswith("OBJECT")
     reason = (
         F.when(F.trim("value") == "", F.lit("empty_line"))
+        .when(corrupt & ~is_object, F.lit("unparseable_line"))
         .when(
-            F.col("_json").isNull() | ~F.schema_of_variant("_json").startswith("OBJECT"),
-            F.lit("unparseable_line"),
-        )
-        .when(
-            F.variant_get("_json", "$.v", "string").isNull()
-            | (F.try_variant_get("_json", "$.v", "string") != F.lit(str(SEGMENT_FORMAT_VERSION))),
+            ~corrupt & (r["v"].isNull() | (r["v"] != F.lit(SEGMENT_FORMAT_VERSION))),
             F.lit("unsupported_version"),
         )
         .when(r[_CORRUPT].isNotNull(), F.lit("malformed_record"))

@@ -79,7 +79,10 @@ def test_segments_written_by_the_landing_zone_read_back_field_for_field(spark: S
     zone = LandingZone(str(tmp_path / "landing"))
     written = [*_land(zone, 0, 4), _record(5, body=bytes(range(256)))]
     zone.write(SegmentName("hub1", "upstream", 3, 5, 5), encode_segment(written[5:]))
+    # What the receiver sets aside is not a segment and must not reach (or stop) the job.
+    zone.write_path("rejected/0123.bin", b"not gzip at all")
     run(spark, _settings(tmp_path))
+    assert not (tmp_path / "lake" / "quarantine").exists()
 
     rows = {r.edge_message_id: r for r in spark.read.parquet(str(tmp_path / "lake" / "bronze")).collect()}
     assert sorted(rows) == [r.edge_message_id for r in written]
