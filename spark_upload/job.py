@@ -15,7 +15,7 @@ decoded by the file source from the ``.gz`` suffix):
   ``unparseable_line`` (not JSON or not an object), ``unsupported_version``, ``malformed_record`` (a field of the
   wrong type), ``missing_fields:a,b`` (required field absent or null), ``bad_enqueued_at``,
   ``body_not_base64``. Nothing is dropped silently;
-* records whose ``edge_message_id`` was already seen within the dedup window are removed
+* records whose ``(hub_id, edge_message_id)`` was already seen within the dedup window are removed
   (``dropDuplicatesWithinWatermark`` over the ingest time, which is the micro-batch time and so never "late");
 * **silver** is bronze with the body parsed to a VARIANT (``parse_json``; null when the body is not JSON, which
   is legal: bodies are bytes) and device, module, priority and times as columns;
@@ -235,9 +235,10 @@ def _read_landing(spark: SparkSession, settings: JobSettings) -> DataFrame:
 
 
 def _deduplicated(classified: DataFrame, dedup_window: str) -> DataFrame:
-    # Good rows are keyed by edge_message_id; bad rows by where they came from, so they are never merged with a
-    # good row (two byte-identical bad lines in one file are one quarantine row).
-    key = F.when(F.col("reason").isNull(), F.concat(F.lit("m:"), F.col("edge_message_id"))).otherwise(
+    # Good rows are keyed by (hub_id, edge_message_id): the id is unique per hub only. Bad rows are keyed by where
+    # they came from, so they never merge with a good row (two byte-identical bad lines in one file are one row).
+    good_key = F.concat(F.lit("m:"), F.col("hub_id"), F.lit(":"), F.col("edge_message_id"))
+    key = F.when(F.col("reason").isNull(), good_key).otherwise(
         F.concat(F.lit("q:"), F.col("source_file"), F.lit(":"), F.sha2(F.col("value"), 256))
     )
     return (
