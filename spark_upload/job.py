@@ -15,7 +15,7 @@ decoded by the file source from the ``.gz`` suffix):
   ``unparseable_line`` (not JSON or not an object), ``unsupported_version``, ``malformed_record`` (a field of the
   wrong type), ``missing_fields:a,b`` (required field absent or null), ``bad_enqueued_at``,
   ``body_not_base64``. Nothing is dropped silently;
-* records whose ``edge_message_id`` was already seen within the dedup window are removed
+* records whose ``(hub_id, edge_message_id)`` was already seen within the dedup window are removed
   (``dropDuplicatesWithinWatermark`` over the ingest time, which is the micro-batch time and so never "late");
 * **silver** is bronze with the body parsed to a VARIANT (``parse_json``; null when the body is not JSON, which
   is legal: bodies are bytes) and device, module, priority and times as columns;
@@ -45,6 +45,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -179,26 +180,20 @@ def _missing_fields(rec: Column) -> Column:
 def classify(lines: DataFrame) -> DataFrame:
     """Lines (``value``, ``source_file``, ``ingest_at``) to typed rows with a ``reason`` (null when good)."""
     rec = F.from_json("value", _PARSE_SCHEMA, {"columnNameOfCorruptRecord": _CORRUPT, "mode": "PERMISSIVE"})
-    parsed = lines.select(
-        "value",
-        "source_file",
-        "ingest_at",
-        rec.alias("r"),
-        F.try_parse_json("value").alias("_json"),
-    )
+    parsed = lines.select("value", "source_file", "ingest_at", rec.alias("r"))
     r = F.col("r")
+    corrupt = r[_CORRUPT].isNotNull()
     missing = _missing_fields(r)
     enqueued_ts = F.try_to_timestamp(r["enqueued_at"], F.lit(_ENQUEUED_AT_FORMAT))
     body = F.try_to_binary(r["body"], F.lit("base64"))
+    # The second JSON parse (is it JSON at all, and an object?) only runs for the rare corrupt lines: CASE WHEN
+    # and AND evaluate lazily, and the expression occurs once so it is not hoisted.
+    is_object = F.coalesce(F.schema_of_variant(F.try_parse_json("value")), F.lit("")).startswith("OBJECT")
     reason = (
         F.when(F.trim("value") == "", F.lit("empty_line"))
+        .when(corrupt & ~is_object, F.lit("unparseable_line"))
         .when(
-            F.col("_json").isNull() | ~F.schema_of_variant("_json").startswith("OBJECT"),
-            F.lit("unparseable_line"),
-        )
-        .when(
-            F.variant_get("_json", "$.v", "string").isNull()
-            | (F.try_variant_get("_json", "$.v", "string") != F.lit(str(SEGMENT_FORMAT_VERSION))),
+            ~corrupt & (r["v"].isNull() | (r["v"] != F.lit(SEGMENT_FORMAT_VERSION))),
             F.lit("unsupported_version"),
         )
         .when(r[_CORRUPT].isNotNull(), F.lit("malformed_record"))
@@ -240,9 +235,10 @@ def _read_landing(spark: SparkSession, settings: JobSettings) -> DataFrame:
 
 
 def _deduplicated(classified: DataFrame, dedup_window: str) -> DataFrame:
-    # Good rows are keyed by edge_message_id; bad rows by where they came from, so they are never merged with a
-    # good row (two byte-identical bad lines in one file are one quarantine row).
-    key = F.when(F.col("reason").isNull(), F.concat(F.lit("m:"), F.col("edge_message_id"))).otherwise(
+    # Good rows are keyed by (hub_id, edge_message_id): the id is unique per hub only. Bad rows are keyed by where
+    # they came from, so they never merge with a good row (two byte-identical bad lines in one file are one row).
+    good_key = F.concat(F.lit("m:"), F.col("hub_id"), F.lit(":"), F.col("edge_message_id"))
+    key = F.when(F.col("reason").isNull(), good_key).otherwise(
         F.concat(F.lit("q:"), F.col("source_file"), F.lit(":"), F.sha2(F.col("value"), 256))
     )
     return (
@@ -656,8 +652,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     spark = build_session(master=ns.master, shuffle_partitions=ns.shuffle_partitions)
     spark.sparkContext.setLogLevel("WARN")
+    started = time.perf_counter()
     try:
         run(spark, settings)
+        print(f"ingest.run_done elapsed_s={time.perf_counter() - started:.3f}", flush=True)
     finally:
         spark.stop()
     return 0

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -79,7 +80,10 @@ def test_segments_written_by_the_landing_zone_read_back_field_for_field(spark: S
     zone = LandingZone(str(tmp_path / "landing"))
     written = [*_land(zone, 0, 4), _record(5, body=bytes(range(256)))]
     zone.write(SegmentName("hub1", "upstream", 3, 5, 5), encode_segment(written[5:]))
+    # What the receiver sets aside is not a segment and must not reach (or stop) the job.
+    zone.write_path("rejected/0123.bin", b"not gzip at all")
     run(spark, _settings(tmp_path))
+    assert not (tmp_path / "lake" / "quarantine").exists()
 
     rows = {r.edge_message_id: r for r in spark.read.parquet(str(tmp_path / "lake" / "bronze")).collect()}
     assert sorted(rows) == [r.edge_message_id for r in written]
@@ -121,11 +125,18 @@ def test_duplicates_by_edge_message_id_are_removed_across_segments_and_batches(
     run(spark, settings)
     _land(zone, 0, 9, lane="upstream-p1")  # the same messages retried under another name, in a later batch
     _land(zone, 15, 19)
+    # Another hub's ids are its own: the same edge_message_id from hub2 is a different message.
+    other = [replace(r, hub_id="hub2") for r in (_record(0), _record(1))]
+    zone.write(SegmentName("hub2", "upstream", 3, 0, 1), encode_segment(other))
     run(spark, settings)
 
-    assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(20)]
+    rows = spark.read.parquet(str(tmp_path / "lake" / "bronze")).select("hub_id", "edge_message_id").collect()
+    assert sorted((r.hub_id, r.edge_message_id) for r in rows) == [("hub1", f"e-{i:06d}") for i in range(20)] + [
+        ("hub2", "e-000000"),
+        ("hub2", "e-000001"),
+    ]
     metrics = [m for m in _metrics(tmp_path) if m["input_rows"]]
-    assert [(m["input_rows"], m["bronze_rows"], m["duplicates"]) for m in metrics] == [(20, 15, 5), (15, 5, 10)]
+    assert [(m["input_rows"], m["bronze_rows"], m["duplicates"]) for m in metrics] == [(20, 15, 5), (17, 7, 10)]
 
 
 @pytest.mark.spark
