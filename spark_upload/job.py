@@ -57,7 +57,7 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming.listener import StreamingQueryListener
 from pyspark.sql.streaming.query import StreamingQuery
 
-from edgehub.upstream.segment import SEGMENT_FORMAT_VERSION, SEGMENT_SUFFIX
+from edgehub.upstream.segment import RECORD_FIELDS, SEGMENT_FORMAT_VERSION, SEGMENT_SUFFIX
 
 __all__ = [
     "BRONZE_COLUMNS",
@@ -100,24 +100,8 @@ _PARSE_SCHEMA = T.StructType([*RECORD_SCHEMA.fields, T.StructField(_CORRUPT, T.S
 _ENQUEUED_AT_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSX"
 _NUMERIC_VARIANT = r"^(TINYINT|SMALLINT|INT|BIGINT|FLOAT|DOUBLE|DECIMAL)"
 
-BRONZE_COLUMNS: tuple[str, ...] = (
-    "v",
-    "edge_message_id",
-    "message_id",
-    "device_id",
-    "module_id",
-    "hub_id",
-    "enqueued_at",
-    "priority",
-    "ttl_s",
-    "source",
-    "properties",
-    "system_properties",
-    "body",
-    "source_file",
-    "ingest_at",
-    "ingest_date",
-)
+# Bronze keeps every segment field, then where and when it was ingested.
+BRONZE_COLUMNS: tuple[str, ...] = (*RECORD_FIELDS, "source_file", "ingest_at", "ingest_date")
 _TABLES = ("bronze", "quarantine", "silver", "device_minute")
 
 
