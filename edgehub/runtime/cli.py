@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import signal
+import sys
 from pathlib import Path
 
 import click
 
 import edgehub
-from edgehub.core import ConfigurationError
+from edgehub.core import ConfigurationError, StoreError
 from edgehub.manifest import load_desired_file
 from edgehub.routing import Router
+from edgehub.runtime.certs import HubCerts
+from edgehub.runtime.hub_runtime import DEFAULT_HOST_NAME, HubConfig, serve
+from edgehub.runtime.identity_cli import identity
 from edgehub.runtime.linksim_cli import link_sim
 from edgehub.runtime.routes_cli import describe_routes, routes
 
@@ -26,6 +33,7 @@ def main() -> None:
 
 main.add_command(routes)
 main.add_command(link_sim)
+main.add_command(identity)
 
 
 def show_routes(manifest: Path) -> None:
@@ -40,11 +48,44 @@ def show_routes(manifest: Path) -> None:
 
 @main.command()
 @click.option("--manifest", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_MANIFEST)
-def run(manifest: Path) -> None:
-    """Start the hub. For now: print the version and the compiled routes (the protocol heads come next)."""
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data"), show_default=True)
+@click.option("--mqtt-port", type=int, default=None, help="Plain MQTT over TCP (off unless given).")
+@click.option("--mqtts-port", type=int, default=8883, show_default=True, help="MQTT over TLS.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
+@click.option("--host-name", default=DEFAULT_HOST_NAME, show_default=True, help="The hub's IoT Hub host name.")
+def run(manifest: Path, data_dir: Path, mqtt_port: int | None, mqtts_port: int, host: str, host_name: str) -> None:
+    """Start the hub: print the compiled routes, then serve MQTT until SIGTERM or SIGINT."""
     try:
         show_routes(manifest)
     except ConfigurationError as exc:
         click.echo(str(exc), err=True)
         raise SystemExit(1) from None
-    click.echo("no protocol head is built yet: nothing to serve, exiting")
+    config = HubConfig(
+        manifest=manifest, data_dir=data_dir, host=host, mqtt_port=mqtt_port, mqtts_port=mqtts_port, host_name=host_name
+    )
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        asyncio.run(_serve(config))
+    except (ConfigurationError, StoreError, OSError) as exc:
+        click.echo(f"edgehub: {exc}", err=True)
+        raise SystemExit(1) from None
+    click.echo("stopped")
+
+
+async def _serve(config: HubConfig) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    def certs(c: HubCerts) -> None:
+        verb = "created" if c.created else "using"
+        click.echo(f"{verb} TLS certificates in {c.ca_pem.parent}; clients trust {c.ca_pem}")
+
+    def ready(ports: dict[str, int]) -> None:
+        where = ", ".join(f"{kind} {config.host}:{port}" for kind, port in sorted(ports.items()))
+        click.echo(f"listening: {where}", nl=True)
+        click.echo(f"store: {config.data_dir / 'store'}; ready")
+        sys.stdout.flush()
+
+    await serve(config, stop=stop, on_certs=certs, on_ready=ready)
