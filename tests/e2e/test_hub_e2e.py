@@ -153,6 +153,7 @@ async def test_an_unacknowledged_delivery_comes_again_as_dup_after_the_module_re
         assert isinstance(publish, Publish)
         assert not publish.dup
         writer.close()  # gone without PUBACK
+        await writer.wait_closed()
         mod = await module(rig, clean_session=False)
         async with asyncio.timeout(10):
             again = await mod.messages.get()
