@@ -39,7 +39,7 @@ from edgehub.core import (
 from edgehub.delivery import Endpoint, EndpointExecutor, ExecutorSettings
 from edgehub.hub import AuthResult, ClientLink, Credentials, IngestOutcome, Rejected, SessionInfo, Stored
 from edgehub.hub.identities import IdentityRegistry
-from edgehub.hub.modules import DEFAULT_WINDOW, ModuleEndpoint, ModuleMailboxes, parse_module_endpoint
+from edgehub.hub.modules import DEFAULT_MAX_BATCH, ModuleEndpoint, ModuleMailboxes, parse_module_endpoint
 from edgehub.routing import Router
 from edgehub.store import Store
 
@@ -60,7 +60,7 @@ class EdgeHub:
         router: Router,
         host_name: str,
         clock: Clock | None = None,
-        module_window: int = DEFAULT_WINDOW,
+        module_batch: int = DEFAULT_MAX_BATCH,
         executor_settings: ExecutorSettings | None = None,
         endpoints: Iterable[Endpoint] = (),
     ) -> None:
@@ -69,7 +69,7 @@ class EdgeHub:
         self.clock: Clock = clock or SystemClock()
         self.identities = IdentityRegistry(store, host_name=host_name, clock=self.clock)
         self.modules = ModuleMailboxes()
-        self._window = module_window
+        self._batch = module_batch
         self._settings = executor_settings or ExecutorSettings()
         self._given = {e.endpoint_id: e for e in endpoints}
         self.executors: dict[str, EndpointExecutor] = {}
@@ -102,7 +102,7 @@ class EdgeHub:
         if given is not None:
             return given
         if parse_module_endpoint(endpoint_id) is not None:
-            return ModuleEndpoint(endpoint_id, self.modules, window=self._window)
+            return ModuleEndpoint(endpoint_id, self.modules, max_batch=self._batch)
         return None
 
     async def _ensure_executor(self, endpoint_id: str) -> None:

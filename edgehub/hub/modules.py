@@ -1,8 +1,11 @@
 """Delivery to connected modules: the ``ModuleEndpoint`` an executor drives, and the per-module mailboxes the
 hub facade feeds from the protocol heads' links.
 
-``ModuleEndpoint("/modules/{m}/inputs/{i}")`` hands a batch (at most ``window`` messages, default 16) to module
-``m``'s mailbox and waits until the module acknowledged or refused every message, or its link went away.
+``ModuleEndpoint("/modules/{m}/inputs/{i}")`` hands a batch (at most ``max_batch``, default 256) to module
+``m``'s mailbox and waits until the module acknowledged or refused every message, or its link went away. At most
+``link.window_free`` deliveries are in flight on a link at once (the head's outbound window, default 16): the
+batch is larger than the window so that the executor checkpoints (a synced write) once per batch, not once per
+window.
 
 Invariants:
 * a module is addressed by its module id alone: the modules of the edge device (IoT Edge has one device per hub);
@@ -29,11 +32,12 @@ from edgehub.core import DeliveryError, FailureKind, Identity
 from edgehub.delivery import QueuedMessage, SendResult
 from edgehub.hub import ClientLink, Delivery
 
-__all__ = ["DEFAULT_WINDOW", "ModuleEndpoint", "ModuleMailboxes", "parse_module_endpoint"]
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WINDOW", "ModuleEndpoint", "ModuleMailboxes", "parse_module_endpoint"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 16
+DEFAULT_MAX_BATCH = 256
 
 
 def parse_module_endpoint(endpoint_id: str) -> tuple[str, str] | None:
@@ -185,16 +189,16 @@ class ModuleMailboxes:
 class ModuleEndpoint:
     """The ``delivery.Endpoint`` for ``/modules/{m}/inputs/{i}``; see the module docstring."""
 
-    def __init__(self, endpoint_id: str, mailboxes: ModuleMailboxes, *, window: int = DEFAULT_WINDOW) -> None:
+    def __init__(self, endpoint_id: str, mailboxes: ModuleMailboxes, *, max_batch: int = DEFAULT_MAX_BATCH) -> None:
         parsed = parse_module_endpoint(endpoint_id)
         if parsed is None:
             raise ValueError(f"{endpoint_id!r} is not /modules/{{m}}/inputs/{{i}}")
-        if window < 1:
-            raise ValueError("window must be >= 1")
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
         self._id = endpoint_id
         self.module_id, self.input_name = parsed
         self._mailboxes = mailboxes
-        self._window = window
+        self._max_batch = max_batch
 
     @property
     def endpoint_id(self) -> str:
@@ -202,7 +206,7 @@ class ModuleEndpoint:
 
     @property
     def max_batch_messages(self) -> int:
-        return self._window
+        return self._max_batch
 
     def bind(self, on_reachable: Callable[[], None]) -> None:
         self._mailboxes.watch(self.module_id, on_reachable)

@@ -44,7 +44,7 @@ class HubConfig:
     mqtt_port: int | None = None  # plain TCP, off unless given
     mqtts_port: int | None = 8883
     host_name: str = DEFAULT_HOST_NAME
-    module_window: int = DEFAULT_WINDOW
+    module_window: int = DEFAULT_WINDOW  # deliveries in flight per module link
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
 
 
@@ -76,9 +76,7 @@ async def serve(
     ssl_context = server_ssl_context(certs) if config.mqtts_port is not None else None
     store = open_store(config.data_dir, default_ttl_s=float(desired.time_to_live_secs), fsync=config.fsync)
     try:
-        async with EdgeHub(
-            store=store, router=router, host_name=config.host_name, module_window=config.module_window
-        ) as hub:
+        async with EdgeHub(store=store, router=router, host_name=config.host_name) as hub:
             settings = MqttSettings(
                 host=config.host,
                 tcp_port=config.mqtt_port,
