@@ -120,13 +120,22 @@ class Sink:
         self.c.loop_stop()
 
 
-def telemetry(port: int, pid: int, creds: dict[str, str] | None, n_pub: int, n_msg: int, sink_id: str, sub: str) -> tuple[float, float]:
+def telemetry(
+    port: int, pid: int, creds: dict[str, str] | None, n_pub: int, n_msg: int, sink_id: str, sub: str
+) -> tuple[float, float]:
     sink = Sink(sink_id, port, ConnectionString.parse(creds[sink_id]) if creds else None, sub, n_pub * n_msg)
     start = mp.Event()
     procs = [
         mp.Process(
             target=publisher,
-            args=(f"pub{i}", port, creds[f"pub{i}"] if creds else None, f"devices/pub{i}/messages/events/", n_msg, start),
+            args=(
+                f"pub{i}",
+                port,
+                creds[f"pub{i}"] if creds else None,
+                f"devices/pub{i}/messages/events/",
+                n_msg,
+                start,
+            ),
         )
         for i in range(n_pub)
     ]
@@ -147,7 +156,9 @@ def telemetry(port: int, pid: int, creds: dict[str, str] | None, n_pub: int, n_m
 
 
 def m2m(port: int, creds: dict[str, str], count: int) -> tuple[float, float, float]:
-    sink = Sink("edge/sink", port, ConnectionString.parse(creds["edge/sink"]), "devices/edge/modules/sink/inputs/#", count)
+    sink = Sink(
+        "edge/sink", port, ConnectionString.parse(creds["edge/sink"]), "devices/edge/modules/sink/inputs/#", count
+    )
     src = client("edge/src", port, ConnectionString.parse(creds["edge/src"]))
     src.loop_start()
     t0 = time.perf_counter()
@@ -175,12 +186,29 @@ def run_edgehub(work: Path, args: argparse.Namespace) -> dict[str, float]:
         device, _, module = ident.partition("/")
         extra = ["--module", module] if module else []
         out = subprocess.run(
-            [EDGEHUB, "identity", "add", device, *extra, "--data-dir", str(data)], check=True, capture_output=True, text=True
+            [EDGEHUB, "identity", "add", device, *extra, "--data-dir", str(data)],
+            check=True,
+            capture_output=True,
+            text=True,
         )
         creds[ident] = out.stdout.strip()
     port = free_port()
+    # EDGEHUB_BENCH_PROFILE=FILE runs the hub under pyinstrument (text report to FILE) to see where CPU goes.
+    profile = os.environ.get("EDGEHUB_BENCH_PROFILE")
+    prefix = [sys.executable, "-m", "pyinstrument", "-o", profile, EDGEHUB] if profile else [EDGEHUB]
     proc = subprocess.Popen(
-        [EDGEHUB, "run", "--manifest", str(manifest), "--data-dir", str(data), "--mqtt-port", str(port), "--mqtts-port", "0"],
+        [
+            *prefix,
+            "run",
+            "--manifest",
+            str(manifest),
+            "--data-dir",
+            str(data),
+            "--mqtt-port",
+            str(port),
+            "--mqtts-port",
+            "0",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -189,7 +217,9 @@ def run_edgehub(work: Path, args: argparse.Namespace) -> dict[str, float]:
         for line in proc.stdout:
             if re.search(r"listening:", line):
                 break
-        rate, cpu = telemetry(port, proc.pid, creds, args.publishers, args.messages, "edge/sink", "devices/edge/modules/sink/inputs/#")
+        rate, cpu = telemetry(
+            port, proc.pid, creds, args.publishers, args.messages, "edge/sink", "devices/edge/modules/sink/inputs/#"
+        )
         m_rate, p50, p99 = m2m(port, creds, args.m2m)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -205,7 +235,9 @@ def run_mosquitto(work: Path, args: argparse.Namespace) -> dict[str, float]:
         f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {work / 'mosq'}/\n"
         "max_inflight_messages 64\nmax_queued_messages 100000\n"
     )
-    proc = subprocess.Popen([shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)], stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)], stderr=subprocess.DEVNULL
+    )
     try:
         for _ in range(100):
             try:
@@ -213,7 +245,9 @@ def run_mosquitto(work: Path, args: argparse.Namespace) -> dict[str, float]:
                 break
             except OSError:
                 time.sleep(0.05)
-        rate, cpu = telemetry(port, proc.pid, None, args.publishers, args.messages, "sink", "devices/+/messages/events/#")
+        rate, cpu = telemetry(
+            port, proc.pid, None, args.publishers, args.messages, "sink", "devices/+/messages/events/#"
+        )
     finally:
         proc.terminate()
         proc.wait(30)
