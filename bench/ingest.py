@@ -40,7 +40,9 @@ EDGEHUB = str(Path(sys.executable).parent / "edgehub")
 MANIFEST = {
     "schemaVersion": "1.1",
     "routes": {
-        "telemetry": "FROM /messages/* WHERE $connectionDeviceId != 'edge' INTO BrokeredEndpoint('/modules/sink/inputs/in')",
+        "telemetry": (
+            "FROM /messages/* WHERE $connectionDeviceId != 'edge' INTO BrokeredEndpoint('/modules/sink/inputs/in')"
+        ),
         "m2m": "FROM /messages/modules/src/outputs/out INTO BrokeredEndpoint('/modules/sink/inputs/m2m')",
     },
 }
