@@ -19,6 +19,7 @@ from edgehub.runtime.hub_runtime import DEFAULT_HOST_NAME, HubConfig, serve
 from edgehub.runtime.identity_cli import identity
 from edgehub.runtime.linksim_cli import link_sim
 from edgehub.runtime.routes_cli import describe_routes, routes
+from edgehub.upstream.mqtt_transport import MqttUpstreamSettings, WireMode
 
 __all__ = ["DEFAULT_MANIFEST", "main"]
 
@@ -53,15 +54,48 @@ def show_routes(manifest: Path) -> None:
 @click.option("--mqtts-port", type=int, default=8883, show_default=True, help="MQTT over TLS.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
 @click.option("--host-name", default=DEFAULT_HOST_NAME, show_default=True, help="The hub's IoT Hub host name.")
-def run(manifest: Path, data_dir: Path, mqtt_port: int | None, mqtts_port: int, host: str, host_name: str) -> None:
+@click.option("--upstream-mqtt", default=None, metavar="HOST:PORT", help="Deliver $upstream to this MQTT broker.")
+@click.option("--upstream-client-id", default="edgehub", show_default=True, help="Client id (and hub id) upstream.")
+@click.option(
+    "--upstream-wire", type=click.Choice(["batch", "message"]), default="batch", show_default=True, help="Wire mode."
+)
+def run(
+    manifest: Path,
+    data_dir: Path,
+    mqtt_port: int | None,
+    mqtts_port: int,
+    host: str,
+    host_name: str,
+    upstream_mqtt: str | None,
+    upstream_client_id: str,
+    upstream_wire: str,
+) -> None:
     """Start the hub: print the compiled routes, then serve MQTT until SIGTERM or SIGINT."""
     try:
         show_routes(manifest)
     except ConfigurationError as exc:
         click.echo(str(exc), err=True)
         raise SystemExit(1) from None
+    upstream = None
+    if upstream_mqtt is not None:
+        up_host, _, up_port = upstream_mqtt.rpartition(":")
+        if not up_host or not up_port.isdigit():
+            raise click.BadParameter("expected HOST:PORT", param_hint="--upstream-mqtt")
+        upstream = MqttUpstreamSettings(
+            host=up_host,
+            port=int(up_port),
+            client_id=upstream_client_id,
+            hub_id=upstream_client_id.replace("/", "-"),
+            wire_mode=WireMode(upstream_wire),
+        )
     config = HubConfig(
-        manifest=manifest, data_dir=data_dir, host=host, mqtt_port=mqtt_port, mqtts_port=mqtts_port, host_name=host_name
+        manifest=manifest,
+        data_dir=data_dir,
+        host=host,
+        mqtt_port=mqtt_port,
+        mqtts_port=mqtts_port,
+        host_name=host_name,
+        upstream=upstream,
     )
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:

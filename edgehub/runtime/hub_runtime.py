@@ -4,8 +4,9 @@
 order: the listeners and their clients first (so no ack is promised after the store closes), then the
 executors, then the store (closed, so every acknowledged message is on disk).
 
-Known gap: ``$upstream`` has no transport wired here yet; messages routed there stay queued in the store
-(they survive restarts and are delivered once an upstream endpoint is given to ``EdgeHub(endpoints=...)``).
+``$upstream``: when ``HubConfig.upstream`` names an MQTT broker or parent hub (``edgehub run --upstream-mqtt``),
+an ``MqttUpstream`` transport delivers it; otherwise messages routed there stay queued in the store (they
+survive restarts and go out once an upstream is configured).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from edgehub.routing import Router
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
 from edgehub.store import FsyncPolicy, Store
 from edgehub.store.rocks import open_rocks_store
+from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 
 __all__ = ["DEFAULT_HOST_NAME", "HubConfig", "open_identities", "serve"]
@@ -46,6 +48,7 @@ class HubConfig:
     host_name: str = DEFAULT_HOST_NAME
     module_window: int = DEFAULT_WINDOW  # deliveries in flight per module link
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
+    upstream: MqttUpstreamSettings | None = None  # None: $upstream stays queued
 
 
 def store_path(data_dir: Path) -> Path:
@@ -75,8 +78,13 @@ async def serve(
         on_certs(certs)
     ssl_context = server_ssl_context(certs) if config.mqtts_port is not None else None
     store = open_store(config.data_dir, default_ttl_s=float(desired.time_to_live_secs), fsync=config.fsync)
+    endpoints: list[MqttUpstream] = []
     try:
-        async with EdgeHub(store=store, router=router, host_name=config.host_name) as hub:
+        if config.upstream is not None:
+            upstream = MqttUpstream(config.upstream)
+            await upstream.start()  # the executor closes it when the hub stops
+            endpoints.append(upstream)
+        async with EdgeHub(store=store, router=router, host_name=config.host_name, endpoints=endpoints) as hub:
             settings = MqttSettings(
                 host=config.host,
                 tcp_port=config.mqtt_port,
@@ -91,5 +99,7 @@ async def serve(
                 await stop.wait()
                 log.info("runtime.stopping")
     finally:
+        for endpoint in endpoints:
+            await endpoint.close()  # idempotent; covers a failure before the executor took it
         await store.close()
         log.info("runtime.stopped")
