@@ -129,3 +129,6 @@ class Paho:
     async def close(self) -> None:
         self.client.disconnect()
         await asyncio.to_thread(self.client.loop_stop)
+        # paho closes its wake-up socket pair only in __del__; the callbacks make the client part of a cycle, so
+        # that would wait for the garbage collector, which may finalise the sockets first (ResourceWarning).
+        self.client._reset_sockets(sockpair_only=True)
