@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import signal
+import sys
 from pathlib import Path
 
 import click
 
 import edgehub
-from edgehub.core import ConfigurationError
+from edgehub.core import ConfigurationError, StoreError
 from edgehub.manifest import load_desired_file
 from edgehub.routing import Router
+from edgehub.runtime.certs import HubCerts
+from edgehub.runtime.hub_runtime import DEFAULT_HOST_NAME, HubConfig, serve
+from edgehub.runtime.identity_cli import identity
 from edgehub.runtime.linksim_cli import link_sim
 from edgehub.runtime.routes_cli import describe_routes, routes
+from edgehub.upstream.mqtt_transport import MqttUpstreamSettings, WireMode
 
 __all__ = ["DEFAULT_MANIFEST", "main"]
 
@@ -26,6 +34,7 @@ def main() -> None:
 
 main.add_command(routes)
 main.add_command(link_sim)
+main.add_command(identity)
 
 
 def show_routes(manifest: Path) -> None:
@@ -40,11 +49,77 @@ def show_routes(manifest: Path) -> None:
 
 @main.command()
 @click.option("--manifest", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_MANIFEST)
-def run(manifest: Path) -> None:
-    """Start the hub. For now: print the version and the compiled routes (the protocol heads come next)."""
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data"), show_default=True)
+@click.option("--mqtt-port", type=int, default=None, help="Plain MQTT over TCP (off unless given).")
+@click.option("--mqtts-port", type=int, default=8883, show_default=True, help="MQTT over TLS.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
+@click.option("--host-name", default=DEFAULT_HOST_NAME, show_default=True, help="The hub's IoT Hub host name.")
+@click.option("--upstream-mqtt", default=None, metavar="HOST:PORT", help="Deliver $upstream to this MQTT broker.")
+@click.option("--upstream-client-id", default="edgehub", show_default=True, help="Client id (and hub id) upstream.")
+@click.option(
+    "--upstream-wire", type=click.Choice(["batch", "message"]), default="batch", show_default=True, help="Wire mode."
+)
+def run(
+    manifest: Path,
+    data_dir: Path,
+    mqtt_port: int | None,
+    mqtts_port: int,
+    host: str,
+    host_name: str,
+    upstream_mqtt: str | None,
+    upstream_client_id: str,
+    upstream_wire: str,
+) -> None:
+    """Start the hub: print the compiled routes, then serve MQTT until SIGTERM or SIGINT."""
     try:
         show_routes(manifest)
     except ConfigurationError as exc:
         click.echo(str(exc), err=True)
         raise SystemExit(1) from None
-    click.echo("no protocol head is built yet: nothing to serve, exiting")
+    upstream = None
+    if upstream_mqtt is not None:
+        up_host, _, up_port = upstream_mqtt.rpartition(":")
+        if not up_host or not up_port.isdigit():
+            raise click.BadParameter("expected HOST:PORT", param_hint="--upstream-mqtt")
+        upstream = MqttUpstreamSettings(
+            host=up_host,
+            port=int(up_port),
+            client_id=upstream_client_id,
+            hub_id=upstream_client_id.replace("/", "-"),
+            wire_mode=WireMode(upstream_wire),
+        )
+    config = HubConfig(
+        manifest=manifest,
+        data_dir=data_dir,
+        host=host,
+        mqtt_port=mqtt_port,
+        mqtts_port=mqtts_port,
+        host_name=host_name,
+        upstream=upstream,
+    )
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        asyncio.run(_serve(config))
+    except (ConfigurationError, StoreError, OSError) as exc:
+        click.echo(f"edgehub: {exc}", err=True)
+        raise SystemExit(1) from None
+    click.echo("stopped")
+
+
+async def _serve(config: HubConfig) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    def certs(c: HubCerts) -> None:
+        verb = "created" if c.created else "using"
+        click.echo(f"{verb} TLS certificates in {c.ca_pem.parent}; clients trust {c.ca_pem}")
+
+    def ready(ports: dict[str, int]) -> None:
+        where = ", ".join(f"{kind} {config.host}:{port}" for kind, port in sorted(ports.items()))
+        click.echo(f"listening: {where}", nl=True)
+        click.echo(f"store: {config.data_dir / 'store'}; ready")
+        sys.stdout.flush()
+
+    await serve(config, stop=stop, on_certs=certs, on_ready=ready)

@@ -7,5 +7,6 @@ that fail, stall or revive, an in-memory hub facade, a link that can be cut.
 from edgehub.testing.clock import ManualClock
 from edgehub.testing.endpoints import NullEndpoint, TestEndpoint
 from edgehub.testing.hub import InMemoryHub
+from edgehub.testing.links import RecordingLink
 
-__all__ = ["InMemoryHub", "ManualClock", "NullEndpoint", "TestEndpoint"]
+__all__ = ["InMemoryHub", "ManualClock", "NullEndpoint", "RecordingLink", "TestEndpoint"]

@@ -86,8 +86,11 @@ def test_routes_test_shows_each_verdict_and_the_result(tmp_path: Path) -> None:
     assert "result: endpoint=$upstream priority=1 ttl_s=300 (global)" in lines
 
 
-def test_run_prints_the_version_and_compiled_default_routes() -> None:
-    result = CliRunner().invoke(main, ["run"])
-    assert result.exit_code == 0, result.output
-    assert result.output.startswith("edgehub 0.1.0\n")
-    assert "telemetry: priority=5 ttl=604800s endpoint=$upstream" in result.output
+def test_run_refuses_a_bad_manifest_before_serving(tmp_path: Path) -> None:
+    # The start-up output of a real run (version, routes, certificates, ports) is tested on the process itself
+    # in tests/e2e/test_run_process.py.
+    manifest = write(tmp_path / "m.json", {"schemaVersion": "2.0", "routes": {}})
+    result = CliRunner().invoke(main, ["run", "--manifest", manifest, "--data-dir", str(tmp_path / "d")])
+    assert result.exit_code == 1
+    assert "schemaVersion '2.0' is not supported" in result.output
+    assert not (tmp_path / "d").exists()

@@ -1,0 +1,286 @@
+"""Ingest and module-to-module throughput of the edgehub process against Debian's Mosquitto (persistence on).
+
+``python -m bench.ingest [--publishers 4] [--messages 5000] [--m2m 5000]``
+
+1. Telemetry: ``--publishers`` paho-mqtt processes each send ``--messages`` QoS1 200-byte messages (up to 64 in
+   flight) to the broker; a subscriber (an edgehub module on its input; a plain subscriber on Mosquitto) receives
+   them all. Reported: end-to-end msgs/s (first publish to last receipt) and the broker process's CPU time per
+   message from /proc (user+system), for both, and their ratio. edgehub runs with ``fsync=always`` (a PUBACK
+   means synced); Mosquitto's persistence writes its database on shutdown/autosave only, never per message.
+2. Module to module (edgehub only): a module sends ``--m2m`` messages to its output, routed to another module's
+   input, SDK-style topics; throughput and p50/p99 latency (send to receipt, one clock).
+Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+
+from edgehub.core.sas import ConnectionString
+
+BODY = b"x" * 200
+EDGEHUB = str(Path(sys.executable).parent / "edgehub")
+MANIFEST = {
+    "schemaVersion": "1.1",
+    "routes": {
+        "telemetry": (
+            "FROM /messages/* WHERE $connectionDeviceId != 'edge' INTO BrokeredEndpoint('/modules/sink/inputs/in')"
+        ),
+        "m2m": "FROM /messages/modules/src/outputs/out INTO BrokeredEndpoint('/modules/sink/inputs/m2m')",
+    },
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def client(client_id: str, port: int, cs: ConnectionString | None) -> mqtt.Client:
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311)
+    c.max_inflight_messages_set(64)
+    c.max_queued_messages_set(0)
+    if cs is not None:
+        c.username_pw_set(f"{cs.host_name}/{client_id}/?api-version=2021-04-12", cs.sas_token(int(time.time()) + 3600))
+    c.connect("127.0.0.1", port, 60)
+    return c
+
+
+def publisher(client_id: str, port: int, cs_text: str | None, topic: str, count: int, start: Any) -> None:
+    cs = ConnectionString.parse(cs_text) if cs_text else None
+    c = client(client_id, port, cs)
+    done = threading.Event()
+    acked = 0
+
+    def on_publish(*_: Any) -> None:
+        nonlocal acked
+        acked += 1
+        if acked == count:
+            done.set()
+
+    c.on_publish = on_publish
+    c.loop_start()
+    start.wait()
+    for _ in range(count):
+        while len(c._out_messages) >= 256:  # keep paho's own queue short; the window is 64 in flight
+            time.sleep(0.0005)
+        c.publish(topic, BODY, qos=1)
+    done.wait(300)
+    c.disconnect()
+    c.loop_stop()
+
+
+class Sink:
+    def __init__(self, client_id: str, port: int, cs: ConnectionString | None, topic: str, expect: int) -> None:
+        self.expect = expect
+        self.count = 0
+        self.latencies: list[float] = []
+        self.last = 0.0
+        self.done = threading.Event()
+        self.c = client(client_id, port, cs)
+        self.c.on_message = self._on_message
+        subscribed = threading.Event()
+        self.c.on_subscribe = lambda *_: subscribed.set()
+        self.c.loop_start()
+        self.c.subscribe(topic, qos=1)
+        subscribed.wait(10)
+
+    def _on_message(self, _c: Any, _u: Any, msg: mqtt.MQTTMessage) -> None:
+        now = time.perf_counter()
+        if msg.payload[:1] == b"t":
+            self.latencies.append(now - float(msg.payload[1:30].decode()))
+        self.count += 1
+        self.last = now
+        if self.count >= self.expect:
+            self.done.set()
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+def telemetry(
+    port: int, pid: int, creds: dict[str, str] | None, n_pub: int, n_msg: int, sink_id: str, sub: str
+) -> tuple[float, float]:
+    sink = Sink(sink_id, port, ConnectionString.parse(creds[sink_id]) if creds else None, sub, n_pub * n_msg)
+    start = mp.Event()
+    procs = [
+        mp.Process(
+            target=publisher,
+            args=(
+                f"pub{i}",
+                port,
+                creds[f"pub{i}"] if creds else None,
+                f"devices/pub{i}/messages/events/",
+                n_msg,
+                start,
+            ),
+        )
+        for i in range(n_pub)
+    ]
+    for p in procs:
+        p.start()
+    time.sleep(1.0)  # let every publisher connect (outside the measured window)
+    cpu0, t0 = cpu_s(pid), time.perf_counter()
+    start.set()
+    ok = sink.done.wait(240)
+    t1, cpu1 = sink.last, cpu_s(pid)
+    for p in procs:
+        p.join(30)
+    sink.close()
+    if not ok:
+        raise RuntimeError(f"only {sink.count} of {sink.expect} messages arrived")
+    total = n_pub * n_msg
+    return total / (t1 - t0), (cpu1 - cpu0) / total * 1e6
+
+
+def m2m(port: int, creds: dict[str, str], count: int) -> tuple[float, float, float]:
+    sink = Sink(
+        "edge/sink", port, ConnectionString.parse(creds["edge/sink"]), "devices/edge/modules/sink/inputs/#", count
+    )
+    src = client("edge/src", port, ConnectionString.parse(creds["edge/src"]))
+    src.loop_start()
+    t0 = time.perf_counter()
+    for _ in range(count):
+        while len(src._out_messages) >= 64:
+            time.sleep(0.0002)
+        src.publish("devices/edge/modules/src/messages/events/$.on=out", b"t%.9f" % time.perf_counter(), qos=1)
+    ok = sink.done.wait(240)
+    t1 = sink.last
+    src.disconnect()
+    src.loop_stop()
+    sink.close()
+    if not ok:
+        raise RuntimeError(f"m2m: only {sink.count} of {count} arrived")
+    lat = sorted(sink.latencies)
+    return count / (t1 - t0), lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3
+
+
+def run_edgehub(work: Path, args: argparse.Namespace) -> dict[str, float]:
+    data = work / "edgehub"
+    manifest = work / "manifest.json"
+    manifest.write_text(json.dumps(MANIFEST))
+    creds: dict[str, str] = {}
+    for ident in [f"pub{i}" for i in range(args.publishers)] + ["edge/sink", "edge/src"]:
+        device, _, module = ident.partition("/")
+        extra = ["--module", module] if module else []
+        out = subprocess.run(
+            [EDGEHUB, "identity", "add", device, *extra, "--data-dir", str(data)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        creds[ident] = out.stdout.strip()
+    port = free_port()
+    # EDGEHUB_BENCH_PROFILE=FILE runs the hub under pyinstrument (text report to FILE) to see where CPU goes.
+    profile = os.environ.get("EDGEHUB_BENCH_PROFILE")
+    prefix = [sys.executable, "-m", "pyinstrument", "-o", profile, EDGEHUB] if profile else [EDGEHUB]
+    proc = subprocess.Popen(
+        [
+            *prefix,
+            "run",
+            "--manifest",
+            str(manifest),
+            "--data-dir",
+            str(data),
+            "--mqtt-port",
+            str(port),
+            "--mqtts-port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if re.search(r"listening:", line):
+                break
+        rate, cpu = telemetry(
+            port, proc.pid, creds, args.publishers, args.messages, "edge/sink", "devices/edge/modules/sink/inputs/#"
+        )
+        m_rate, p50, p99 = m2m(port, creds, args.m2m)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    return {"rate": rate, "cpu": cpu, "m2m": m_rate, "p50": p50, "p99": p99}
+
+
+def run_mosquitto(work: Path, args: argparse.Namespace) -> dict[str, float]:
+    port = free_port()
+    conf = work / "mosquitto.conf"
+    (work / "mosq").mkdir()
+    conf.write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {work / 'mosq'}/\n"
+        "max_inflight_messages 64\nmax_queued_messages 100000\n"
+    )
+    proc = subprocess.Popen(
+        [shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)], stderr=subprocess.DEVNULL
+    )
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        rate, cpu = telemetry(
+            port, proc.pid, None, args.publishers, args.messages, "sink", "devices/+/messages/events/#"
+        )
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return {"rate": rate, "cpu": cpu}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--publishers", type=int, default=4)
+    ap.add_argument("--messages", type=int, default=5000, help="per publisher")
+    ap.add_argument("--m2m", type=int, default=5000)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
+        work = Path(tmp)
+        mosq = run_mosquitto(work, args)
+        print(f"mosquitto: {mosq['rate']:.0f} msgs/s end to end, {mosq['cpu']:.1f} CPU us/msg (broker)")
+        edge = run_edgehub(work, args)
+        print(f"edgehub:   {edge['rate']:.0f} msgs/s end to end, {edge['cpu']:.1f} CPU us/msg (hub, fsync always)")
+        print(f"module to module: {edge['m2m']:.0f} msgs/s, p50 {edge['p50']:.2f} ms, p99 {edge['p99']:.2f} ms")
+    result = {
+        "edgehub_msgs_per_s": round(edge["rate"], 1),
+        "mosquitto_msgs_per_s": round(mosq["rate"], 1),
+        "edgehub_cpu_us_per_msg": round(edge["cpu"], 1),
+        "mosquitto_cpu_us_per_msg": round(mosq["cpu"], 1),
+        "cpu_ratio": round(edge["cpu"] / mosq["cpu"], 2),
+        "m2m_msgs_per_s": round(edge["m2m"], 1),
+        "m2m_p50_ms": round(edge["p50"], 2),
+        "m2m_p99_ms": round(edge["p99"], 2),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""``EdgeHub``: the real hub facade (``edgehub.hub.Hub``) over the router, the store and the endpoint executors.
+
+Use: ``async with EdgeHub(store=..., router=..., host_name=...) as hub: ...`` (the caller owns the store and
+closes it after the hub). Inside the block the hub runs one ``EndpointExecutor`` per endpoint with a
+deliverer: every module input the routes or the store's queues name (created at start, and when a route first
+names a new one), and any endpoint passed in ``endpoints`` (an upstream transport, for instance).
+Endpoints without a deliverer (``$upstream`` when no transport is given) keep their messages queued.
+
+Invariants:
+* ``ingest`` routes and enqueues every message of a group concurrently, so the store's group commit writes
+  them in one batch; it answers ``Stored`` only once a message is durable in every routed queue (a message no
+  route takes is answered ``Stored`` too, as IoT Hub does: the device did nothing wrong), ``Rejected(reason)``
+  for an ``IngestRejected``, and raises only ``StoreError``;
+* the hub, not the head, is the authority for ``connectionDeviceId``, ``connectionModuleId`` and
+  ``connectionAuthMethod`` (stamped from the authenticated identity);
+* twins live in the store's metadata (``twin/{identity}``); a reported patch is merged (JSON merge patch) and
+  written durably before its new version is returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+from edgehub.core import (
+    Clock,
+    Identity,
+    IngestRejected,
+    Message,
+    SystemClock,
+    SystemProperty,
+)
+from edgehub.delivery import Endpoint, EndpointExecutor, ExecutorSettings
+from edgehub.hub import AuthResult, ClientLink, Credentials, IngestOutcome, Rejected, SessionInfo, Stored
+from edgehub.hub.identities import IdentityRegistry
+from edgehub.hub.modules import DEFAULT_MAX_BATCH, ModuleEndpoint, ModuleMailboxes, parse_module_endpoint
+from edgehub.routing import Router
+from edgehub.store import Store
+
+__all__ = ["EdgeHub"]
+
+log = logging.getLogger(__name__)
+
+_TWIN = "twin/"
+
+
+class EdgeHub:
+    """Implements ``edgehub.hub.Hub``; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        router: Router,
+        host_name: str,
+        clock: Clock | None = None,
+        module_batch: int = DEFAULT_MAX_BATCH,
+        executor_settings: ExecutorSettings | None = None,
+        endpoints: Iterable[Endpoint] = (),
+    ) -> None:
+        self.store = store
+        self.router = router
+        self.clock: Clock = clock or SystemClock()
+        self.identities = IdentityRegistry(store, host_name=host_name, clock=self.clock)
+        self.modules = ModuleMailboxes()
+        self._batch = module_batch
+        self._settings = executor_settings or ExecutorSettings()
+        self._given = {e.endpoint_id: e for e in endpoints}
+        self.executors: dict[str, EndpointExecutor] = {}
+        self._auth_methods: dict[str, str] = {}
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._starting: dict[str, asyncio.Task[None]] = {}
+        self._twin_lock = asyncio.Lock()  # a patch is read, merged and written: one at a time
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    async def __aenter__(self) -> Self:
+        self._stack = contextlib.AsyncExitStack()
+        await self._stack.__aenter__()
+        named = {r.result.endpoint for r in self.router.routes} | {q.endpoint for q in self.store.queues()}
+        for endpoint_id in sorted(named | set(self._given)):
+            await self._ensure_executor(endpoint_id)
+        log.info("hub.started executors=%s", sorted(self.executors))
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.__aexit__(exc_type, exc, tb)
+        self.executors.clear()
+        log.info("hub.stopped")
+
+    def _endpoint_for(self, endpoint_id: str) -> Endpoint | None:
+        given = self._given.get(endpoint_id)
+        if given is not None:
+            return given
+        if parse_module_endpoint(endpoint_id) is not None:
+            return ModuleEndpoint(endpoint_id, self.modules, max_batch=self._batch)
+        return None
+
+    async def _ensure_executor(self, endpoint_id: str) -> None:
+        if endpoint_id in self.executors or self._stack is None:
+            return
+        endpoint = self._endpoint_for(endpoint_id)
+        if endpoint is None:
+            return
+        executor = EndpointExecutor(self.store, endpoint, clock=self.clock, settings=self._settings)
+        await self._stack.enter_async_context(executor)
+        self.executors[endpoint_id] = executor
+        log.info("hub.executor_started endpoint=%s", endpoint_id)
+
+    # -- Hub: auth and ingest -------------------------------------------------------------------------------
+    async def authenticate(self, credentials: Credentials) -> AuthResult:
+        result = await self.identities.authenticate(credentials)
+        self._auth_methods[result.identity.id] = result.auth_method
+        return result
+
+    def _stamp(self, identity: Identity, message: Message) -> Message:
+        updates: dict[str, str] = {SystemProperty.CONNECTION_DEVICE_ID.value: identity.device_id}
+        if identity.module_id is not None:
+            updates[SystemProperty.CONNECTION_MODULE_ID.value] = identity.module_id
+        method = self._auth_methods.get(identity.id)
+        if method is not None:
+            updates[SystemProperty.CONNECTION_AUTH_METHOD.value] = method
+        sp = message.system_properties
+        if identity.module_id is None and SystemProperty.CONNECTION_MODULE_ID in sp:
+            # A device cannot pass itself off as a module (that would change the message's route source).
+            sp = {k: v for k, v in sp.items() if k != SystemProperty.CONNECTION_MODULE_ID}
+            message = Message(message.body, message.properties, sp)
+        return message.with_system_properties(**updates)
+
+    async def _ingest_one(self, identity: Identity, message: Message) -> IngestOutcome:
+        message = self._stamp(identity, message)
+        results = self.router.route(message)
+        try:
+            receipt = await self.store.enqueue(message, results)
+        except IngestRejected as exc:
+            log.info("hub.rejected identity=%s reason=%s detail=%s", identity, exc.reason, exc)
+            return Rejected(exc.reason, str(exc))
+        for queue, _ in receipt.refs:
+            executor = self.executors.get(queue.endpoint)
+            if executor is None:
+                await self._start_executor_once(queue.endpoint)
+                executor = self.executors.get(queue.endpoint)
+            if executor is not None:
+                executor.notify()
+        return Stored(receipt.message.edge_message_id)
+
+    async def _start_executor_once(self, endpoint_id: str) -> None:
+        task = self._starting.get(endpoint_id)
+        if task is None:
+            task = asyncio.ensure_future(self._ensure_executor(endpoint_id))
+            self._starting[endpoint_id] = task
+        await asyncio.shield(task)
+
+    async def ingest(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:
+        if len(messages) == 1:
+            return [await self._ingest_one(identity, messages[0])]
+        return list(await asyncio.gather(*(self._ingest_one(identity, m) for m in messages)))
+
+    # -- Hub: links -----------------------------------------------------------------------------------------
+    async def connect(self, identity: Identity, link: ClientLink, *, clean_session: bool) -> SessionInfo:
+        if identity.module_id is None:
+            return SessionInfo(session_present=False)  # device-bound messages: not yet (C2D is a later issue)
+        self.modules.connect(identity, link)
+        log.info("hub.module_connected identity=%s", identity)
+        # Queued module messages belong to the module, not to the MQTT session: they are kept across clean
+        # sessions, so "session present" is only reported for a persistent session with something queued.
+        return SessionInfo(session_present=not clean_session and self._has_queued(identity.module_id))
+
+    def _has_queued(self, module_id: str) -> bool:
+        for endpoint_id in self.executors:
+            parsed = parse_module_endpoint(endpoint_id)
+            if parsed is not None and parsed[0] == module_id:
+                for q in self.store.queues(endpoint_id):
+                    if self.store.end_offset(q) > self.store.checkpoint(q).committed + 1:
+                        return True
+        return False
+
+    async def disconnect(self, identity: Identity, link: ClientLink) -> None:
+        if identity.module_id is not None:
+            self.modules.disconnect(identity, link)
+            log.info("hub.module_disconnected identity=%s", identity)
+
+    def delivered(self, identity: Identity, delivery_id: int, ok: bool) -> None:
+        if identity.module_id is not None:
+            self.modules.delivered(identity, delivery_id, ok)
+
+    def link_ready(self, identity: Identity, link: ClientLink) -> None:
+        if identity.module_id is not None:
+            self.modules.link_ready(identity, link)
+
+    # -- Hub: twins -----------------------------------------------------------------------------------------
+    def _twin(self, identity: Identity) -> dict[str, Any]:
+        raw = self.store.get_metadata(_TWIN + identity.id)
+        if raw is None:
+            return {"desired": {"$version": 1}, "reported": {"$version": 1}}
+        twin: dict[str, Any] = json.loads(raw)
+        return twin
+
+    async def get_twin(self, identity: Identity) -> Mapping[str, Any]:
+        return self._twin(identity)
+
+    async def update_reported(self, identity: Identity, patch: Mapping[str, Any]) -> int:
+        async with self._twin_lock:
+            twin = self._twin(identity)
+            reported = twin["reported"]
+            _merge(reported, {k: v for k, v in patch.items() if not k.startswith("$")})
+            reported["$version"] = int(reported.get("$version", 1)) + 1
+            await self.store.put_metadata(_TWIN + identity.id, json.dumps(twin).encode())
+            return int(reported["$version"])
+
+
+def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
+    """JSON merge patch as twins use it: null deletes, objects merge, anything else replaces."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)

@@ -1,0 +1,121 @@
+"""Identities and their secrets, kept in the store's metadata area (key ``identity/{deviceId}[/{moduleId}]``).
+
+An identity record may hold any of: a symmetric key (base64, for SAS tokens), a password hash (scrypt, salted,
+stdlib ``hashlib.scrypt``), an X.509 thumbprint (SHA-256 hex of the DER certificate), and ``x509_ca`` (a client
+certificate that chained to the listener's CAs and names the identity as its CN is accepted).
+
+Invariants: a plain password is never stored, only its scrypt hash; every comparison of a secret is constant
+time (``hmac.compare_digest``); a record is written durably before ``add``/``set`` return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+from dataclasses import asdict, dataclass, replace
+
+from edgehub.core import AuthenticationError, Clock, Identity
+from edgehub.core.sas import resource_uri, verify_sas_token
+from edgehub.hub import AuthResult, Credentials
+from edgehub.store import Store
+
+__all__ = ["IdentityRecord", "IdentityRegistry", "hash_password", "verify_password"]
+
+_PREFIX = "identity/"
+# scrypt cost: n=2**14, r=8, p=1 (16 MiB, ~50 ms on a Raspberry Pi 4): paid once per connect, not per message.
+_N, _R, _P = 1 << 14, 8, 1
+
+
+def hash_password(password: bytes, *, salt: bytes | None = None) -> str:
+    """``scrypt$n$r$p$salt_b64$hash_b64``."""
+    salt = salt if salt is not None else secrets.token_bytes(16)
+    digest = hashlib.scrypt(password, salt=salt, n=_N, r=_R, p=_P, dklen=32)
+    return f"scrypt${_N}${_R}${_P}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
+
+
+def verify_password(password: bytes, encoded: str) -> bool:
+    try:
+        scheme, n, r, p, salt_b64, digest_b64 = encoded.split("$")
+        if scheme != "scrypt":
+            return False
+        salt, digest = base64.b64decode(salt_b64), base64.b64decode(digest_b64)
+        got = hashlib.scrypt(password, salt=salt, n=int(n), r=int(r), p=int(p), dklen=len(digest))
+    except ValueError:
+        return False
+    return hmac.compare_digest(got, digest)
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityRecord:
+    key_b64: str | None = None
+    password_hash: str | None = None
+    thumbprint: str | None = None
+    x509_ca: bool = False
+
+
+class IdentityRegistry:
+    """Reads and writes identity records in ``store``'s metadata; authenticates credentials against them."""
+
+    def __init__(self, store: Store, *, host_name: str, clock: Clock) -> None:
+        self._store = store
+        self.host_name = host_name
+        self._clock = clock
+
+    def get(self, identity: Identity) -> IdentityRecord | None:
+        raw = self._store.get_metadata(_PREFIX + identity.id)
+        if raw is None:
+            return None
+        return IdentityRecord(**json.loads(raw))
+
+    async def put(self, identity: Identity, record: IdentityRecord) -> None:
+        await self._store.put_metadata(_PREFIX + identity.id, json.dumps(asdict(record)).encode())
+
+    async def add_symmetric_key(self, identity: Identity, key_b64: str | None = None) -> str:
+        """Give ``identity`` a symmetric key (a fresh 32-byte one unless given); returns it."""
+        key = key_b64 or base64.b64encode(secrets.token_bytes(32)).decode()
+        await self.put(identity, replace(self.get(identity) or IdentityRecord(), key_b64=key))
+        return key
+
+    async def set_password(self, identity: Identity, password: bytes) -> None:
+        await self.put(identity, replace(self.get(identity) or IdentityRecord(), password_hash=hash_password(password)))
+
+    async def set_thumbprint(self, identity: Identity, thumbprint: str) -> None:
+        await self.put(identity, replace(self.get(identity) or IdentityRecord(), thumbprint=thumbprint.lower()))
+
+    async def allow_ca_signed(self, identity: Identity) -> None:
+        await self.put(identity, replace(self.get(identity) or IdentityRecord(), x509_ca=True))
+
+    async def authenticate(self, credentials: Credentials) -> AuthResult:
+        """Raises ``AuthenticationError`` unless one of the identity's secrets matches. scrypt runs in a thread
+        (it takes tens of milliseconds on purpose)."""
+        identity = credentials.identity
+        record = self.get(identity)
+        if record is None:
+            raise AuthenticationError(f"unknown identity {identity}")
+        if credentials.cert_thumbprint is not None:
+            if record.thumbprint is not None and hmac.compare_digest(
+                credentials.cert_thumbprint.lower(), record.thumbprint
+            ):
+                return AuthResult(identity, "x509")
+            if record.x509_ca and credentials.cert_chain_verified and credentials.cert_subject_cn == identity.id:
+                return AuthResult(identity, "x509")
+        password = credentials.password
+        if password is None:
+            raise AuthenticationError(f"no usable credentials for {identity}")
+        if password.startswith(b"SharedAccessSignature ") and record.key_b64 is not None:
+            verify_sas_token(
+                password.decode("utf-8", errors="replace"),
+                resource=resource_uri(self.host_name, identity),
+                key_b64=record.key_b64,
+                clock=self._clock,
+            )
+            return AuthResult(identity, "sas")
+        if record.password_hash is not None and await asyncio.to_thread(
+            verify_password, password, record.password_hash
+        ):
+            return AuthResult(identity, "password")
+        raise AuthenticationError(f"bad credentials for {identity}")

@@ -1,0 +1,218 @@
+"""Delivery to connected modules: the ``ModuleEndpoint`` an executor drives, and the per-module mailboxes the
+hub facade feeds from the protocol heads' links.
+
+``ModuleEndpoint("/modules/{m}/inputs/{i}")`` hands a batch (at most ``max_batch``, default 256) to module
+``m``'s mailbox and waits until the module acknowledged or refused every message, or its link went away. At most
+``link.window_free`` deliveries are in flight on a link at once (the head's outbound window, default 16): the
+batch is larger than the window so that the executor checkpoints (a synced write) once per batch, not once per
+window.
+
+Invariants:
+* a module is addressed by its module id alone: the modules of the edge device (IoT Edge has one device per hub);
+* deliveries leave over a link in the order they were queued, and never more than ``link.window_free`` at once;
+* a module that is not connected is a TRANSIENT failure of the whole batch; when its link goes away, every
+  delivery waiting or in flight on it fails (TRANSIENT), so the executor retries it, and the retry goes out
+  with ``Delivery.redelivery=True`` (MQTT DUP) because its ``attempts`` is above zero;
+* when a module connects, every endpoint of that module is told (``on_reachable``), which cuts the executor's
+  retry wait short;
+* a delivery the link refuses as PERMANENT (too large for the client) is invalid: dead-lettered, not retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from edgehub.core import DeliveryError, FailureKind, Identity
+from edgehub.delivery import QueuedMessage, SendResult
+from edgehub.hub import ClientLink, Delivery
+
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WINDOW", "ModuleEndpoint", "ModuleMailboxes", "parse_module_endpoint"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WINDOW = 16
+DEFAULT_MAX_BATCH = 256
+
+
+def parse_module_endpoint(endpoint_id: str) -> tuple[str, str] | None:
+    """``/modules/{m}/inputs/{i}`` → ``(m, i)``; anything else → None."""
+    parts = endpoint_id.split("/")
+    if len(parts) == 5 and parts[0] == "" and parts[1] == "modules" and parts[3] == "inputs" and parts[2] and parts[4]:
+        return parts[2], parts[4]
+    return None
+
+
+class _Outcome(StrEnum):
+    OK = "ok"
+    FAILED = "failed"
+    INVALID = "invalid"
+
+
+@dataclass(slots=True)
+class _Pending:
+    delivery: Delivery
+    future: asyncio.Future[_Outcome]
+
+
+@dataclass(slots=True)
+class _Mailbox:
+    link: ClientLink | None = None
+    waiting: deque[_Pending] = field(default_factory=deque)
+    inflight: dict[int, _Pending] = field(default_factory=dict)
+    on_reachable: list[Callable[[], None]] = field(default_factory=list)
+
+
+def _settle(p: _Pending, outcome: _Outcome) -> None:
+    if not p.future.done():
+        p.future.set_result(outcome)
+
+
+class ModuleMailboxes:
+    """Per-module mailboxes: which link a module is on, and the deliveries waiting for it or in flight."""
+
+    def __init__(self) -> None:
+        self._boxes: dict[str, _Mailbox] = {}
+        self._ids = itertools.count(1)
+
+    def _box(self, module_id: str) -> _Mailbox:
+        box = self._boxes.get(module_id)
+        if box is None:
+            box = self._boxes[module_id] = _Mailbox()
+        return box
+
+    def is_connected(self, module_id: str) -> bool:
+        box = self._boxes.get(module_id)
+        return box is not None and box.link is not None
+
+    def watch(self, module_id: str, on_reachable: Callable[[], None]) -> None:
+        self._box(module_id).on_reachable.append(on_reachable)
+
+    # -- called by the hub facade for the heads --------------------------------------------------------------
+    def connect(self, identity: Identity, link: ClientLink) -> None:
+        assert identity.module_id is not None
+        box = self._box(identity.module_id)
+        if box.link is not None and box.link is not link:
+            self._fail_inflight(box)  # the old link's deliveries come again, as redeliveries
+        box.link = link
+        for callback in box.on_reachable:
+            callback()
+        self._pump(box)
+
+    def disconnect(self, identity: Identity, link: ClientLink) -> None:
+        assert identity.module_id is not None
+        box = self._boxes.get(identity.module_id)
+        if box is None or box.link is not link:
+            return
+        box.link = None
+        self._fail_inflight(box)
+        while box.waiting:
+            _settle(box.waiting.popleft(), _Outcome.FAILED)
+
+    def delivered(self, identity: Identity, delivery_id: int, ok: bool) -> None:
+        assert identity.module_id is not None
+        box = self._boxes.get(identity.module_id)
+        if box is None:
+            return
+        p = box.inflight.pop(delivery_id, None)
+        if p is not None:
+            _settle(p, _Outcome.OK if ok else _Outcome.FAILED)
+        self._pump(box)
+
+    def link_ready(self, identity: Identity, link: ClientLink) -> None:
+        assert identity.module_id is not None
+        box = self._boxes.get(identity.module_id)
+        if box is not None and box.link is link:
+            self._pump(box)
+
+    # -- called by module endpoints -------------------------------------------------------------------------
+    async def deliver(
+        self, module_id: str, input_name: str, batch: Sequence[QueuedMessage], endpoint_id: str
+    ) -> SendResult:
+        box = self._box(module_id)
+        if box.link is None:
+            return SendResult.all_failed(batch, FailureKind.TRANSIENT, f"module {module_id} is not connected")
+        loop = asyncio.get_running_loop()
+        pendings: list[_Pending] = []
+        for qm in batch:
+            d = Delivery(next(self._ids), qm.message, input_name, redelivery=qm.attempts > 0)
+            p = _Pending(d, loop.create_future())
+            pendings.append(p)
+            box.waiting.append(p)
+        self._pump(box)
+        try:
+            outcomes = await asyncio.gather(*(p.future for p in pendings))
+        finally:
+            for p in pendings:  # cancelled: nothing of this batch may go out any more
+                p.future.cancel()
+        ok = [qm for qm, o in zip(batch, outcomes, strict=True) if o is _Outcome.OK]
+        failed = [qm for qm, o in zip(batch, outcomes, strict=True) if o is _Outcome.FAILED]
+        invalid = [qm for qm, o in zip(batch, outcomes, strict=True) if o is _Outcome.INVALID]
+        if not failed and not invalid:
+            return SendResult(succeeded=ok)
+        kind = FailureKind.TRANSIENT if failed else FailureKind.PERMANENT
+        log.info("module.delivery_failed endpoint=%s failed=%d invalid=%d", endpoint_id, len(failed), len(invalid))
+        return SendResult(
+            succeeded=ok, failed=failed, invalid=invalid, failure_kind=kind, error=f"module {module_id} did not ack"
+        )
+
+    # -- internals ------------------------------------------------------------------------------------------
+    def _fail_inflight(self, box: _Mailbox) -> None:
+        for p in box.inflight.values():
+            _settle(p, _Outcome.FAILED)
+        box.inflight.clear()
+
+    def _pump(self, box: _Mailbox) -> None:
+        link = box.link
+        while link is not None and box.waiting and link.window_free > 0:
+            p = box.waiting[0]
+            if p.future.done():  # its batch was cancelled
+                box.waiting.popleft()
+                continue
+            try:
+                link.send(p.delivery)
+            except DeliveryError as exc:
+                if exc.kind is FailureKind.PERMANENT:
+                    box.waiting.popleft()
+                    _settle(p, _Outcome.INVALID)
+                    continue
+                return  # the link is not ready yet: link_ready pumps again
+            box.waiting.popleft()
+            box.inflight[p.delivery.delivery_id] = p
+
+
+class ModuleEndpoint:
+    """The ``delivery.Endpoint`` for ``/modules/{m}/inputs/{i}``; see the module docstring."""
+
+    def __init__(self, endpoint_id: str, mailboxes: ModuleMailboxes, *, max_batch: int = DEFAULT_MAX_BATCH) -> None:
+        parsed = parse_module_endpoint(endpoint_id)
+        if parsed is None:
+            raise ValueError(f"{endpoint_id!r} is not /modules/{{m}}/inputs/{{i}}")
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        self._id = endpoint_id
+        self.module_id, self.input_name = parsed
+        self._mailboxes = mailboxes
+        self._max_batch = max_batch
+
+    @property
+    def endpoint_id(self) -> str:
+        return self._id
+
+    @property
+    def max_batch_messages(self) -> int:
+        return self._max_batch
+
+    def bind(self, on_reachable: Callable[[], None]) -> None:
+        self._mailboxes.watch(self.module_id, on_reachable)
+
+    async def send(self, batch: Sequence[QueuedMessage]) -> SendResult:
+        return await self._mailboxes.deliver(self.module_id, self.input_name, batch, self._id)
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,105 @@
+"""The composition root: the store, the router, the hub facade and the MQTT head, wired and run until stopped.
+
+``serve(config, stop=event)`` runs until ``stop`` is set (the CLI sets it on SIGTERM/SIGINT), then stops in
+order: the listeners and their clients first (so no ack is promised after the store closes), then the
+executors, then the store (closed, so every acknowledged message is on disk).
+
+``$upstream``: when ``HubConfig.upstream`` names an MQTT broker or parent hub (``edgehub run --upstream-mqtt``),
+an ``MqttUpstream`` transport delivers it; otherwise messages routed there stay queued in the store (they
+survive restarts and go out once an upstream is configured).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgehub.core import SystemClock
+from edgehub.hub.facade import EdgeHub
+from edgehub.hub.identities import IdentityRegistry
+from edgehub.hub.modules import DEFAULT_WINDOW
+from edgehub.manifest import load_desired_file
+from edgehub.routing import Router
+from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
+from edgehub.store import FsyncPolicy, Store
+from edgehub.store.rocks import open_rocks_store
+from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
+from protocol_heads.mqtt.server import MqttServer, MqttSettings
+
+__all__ = ["DEFAULT_HOST_NAME", "HubConfig", "open_identities", "serve"]
+
+log = logging.getLogger(__name__)
+
+# The IoT Hub host name of connection strings and SAS resources, and the gateway name clients dial (the server
+# certificate's SAN holds it).
+DEFAULT_HOST_NAME = "localhost"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HubConfig:
+    manifest: Path
+    data_dir: Path
+    host: str = "127.0.0.1"  # loopback unless asked: a fresh hub with no identities should not face a network
+    mqtt_port: int | None = None  # plain TCP, off unless given
+    mqtts_port: int | None = 8883
+    host_name: str = DEFAULT_HOST_NAME
+    module_window: int = DEFAULT_WINDOW  # deliveries in flight per module link
+    fsync: FsyncPolicy = FsyncPolicy.ALWAYS
+    upstream: MqttUpstreamSettings | None = None  # None: $upstream stays queued
+
+
+def store_path(data_dir: Path) -> Path:
+    return data_dir / "store"
+
+
+def open_store(data_dir: Path, *, default_ttl_s: float = 7200.0, fsync: FsyncPolicy = FsyncPolicy.ALWAYS) -> Store:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return open_rocks_store(store_path(data_dir), default_ttl_s=default_ttl_s, fsync=fsync)
+
+
+def open_identities(store: Store, host_name: str) -> IdentityRegistry:
+    return IdentityRegistry(store, host_name=host_name, clock=SystemClock())
+
+
+async def serve(
+    config: HubConfig,
+    *,
+    stop: asyncio.Event,
+    on_certs: Callable[[HubCerts], None] | None = None,
+    on_ready: Callable[[dict[str, int]], None] | None = None,
+) -> None:
+    desired = load_desired_file(config.manifest)
+    router = Router(desired.route_specs())
+    certs = ensure_certs(config.data_dir / "certs", extra_names=(config.host_name,))
+    if on_certs is not None:
+        on_certs(certs)
+    ssl_context = server_ssl_context(certs) if config.mqtts_port is not None else None
+    store = open_store(config.data_dir, default_ttl_s=float(desired.time_to_live_secs), fsync=config.fsync)
+    endpoints: list[MqttUpstream] = []
+    try:
+        if config.upstream is not None:
+            upstream = MqttUpstream(config.upstream)
+            await upstream.start()  # the executor closes it when the hub stops
+            endpoints.append(upstream)
+        async with EdgeHub(store=store, router=router, host_name=config.host_name, endpoints=endpoints) as hub:
+            settings = MqttSettings(
+                host=config.host,
+                tcp_port=config.mqtt_port,
+                tls_port=config.mqtts_port,
+                ssl_context=ssl_context,
+                outbound_window=config.module_window,
+            )
+            async with MqttServer(hub, settings=settings) as server:
+                log.info("runtime.ready ports=%s", server.ports)
+                if on_ready is not None:
+                    on_ready(dict(server.ports))
+                await stop.wait()
+                log.info("runtime.stopping")
+    finally:
+        for endpoint in endpoints:
+            await endpoint.close()  # idempotent; covers a failure before the executor took it
+        await store.close()
+        log.info("runtime.stopped")

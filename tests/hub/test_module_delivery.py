@@ -1,0 +1,80 @@
+"""Module delivery through EdgeHub with a RecordingLink (no sockets): the window, acks and checkpoints, refusals."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from edgehub.core import Identity, Message
+from edgehub.delivery import ExecutorSettings, RetryPolicy
+from edgehub.hub.facade import EdgeHub
+from edgehub.routing import Router
+from edgehub.store import Store
+from edgehub.testing import RecordingLink
+
+pytestmark = pytest.mark.timeout(30)
+
+DEV = Identity.parse("dev1")
+MOD = Identity.parse("edge/m")
+IN = "/modules/m/inputs/in"
+LONG_WAIT = ExecutorSettings(retry_policy=RetryPolicy(minimum_delay_s=600.0, maximum_delay_s=600.0))
+
+
+def hub_over(store: Store) -> EdgeHub:
+    router = Router({"r": f"FROM /messages/* INTO BrokeredEndpoint('{IN}')"})
+    return EdgeHub(store=store, router=router, host_name="h", executor_settings=LONG_WAIT)
+
+
+async def test_no_more_than_the_window_is_in_flight_and_acks_let_the_rest_out_in_order() -> None:
+    store = Store.in_memory()
+    async with hub_over(store) as hub:
+        link = RecordingLink(window=3)
+        await hub.connect(MOD, link, clean_session=True)
+        await hub.ingest(DEV, [Message(f"m{i}".encode()) for i in range(7)])
+        async with asyncio.timeout(10):
+            await link.wait_sent(3)
+            assert len(link.unacked) == 3
+            for n in range(7):
+                await link.wait_sent(n + 1)
+                assert len(link.unacked) <= 3
+                link.ack(hub, MOD)
+        assert [d.message.body for d in link.sent] == [f"m{i}".encode() for i in range(7)]
+        assert all(d.input_name == "in" and not d.redelivery for d in link.sent)
+        [q] = store.queues(IN)
+        executor = hub.executors[IN]
+        async with asyncio.timeout(10):
+            await executor.wait_for(lambda: store.checkpoint(q).committed == 6)
+
+
+async def test_a_delivery_the_link_refuses_for_good_is_dead_lettered_not_retried() -> None:
+    store = Store.in_memory()
+    async with hub_over(store) as hub:
+        link = RecordingLink()
+        link.refuse_permanently = True
+        await hub.connect(MOD, link, clean_session=True)
+        await hub.ingest(DEV, [Message(b"huge")])
+        executor = hub.executors[IN]
+        async with asyncio.timeout(10):
+            await executor.wait_for(lambda: len(store.dead_letters(IN)) == 1)
+        [dead] = store.dead_letters(IN)
+        assert dead.message.body == b"huge"
+        assert link.sent == []
+
+
+async def test_a_refused_ack_is_retried_as_a_redelivery() -> None:
+    store = Store.in_memory()
+    async with hub_over(store) as hub:
+        link = RecordingLink()
+        await hub.connect(MOD, link, clean_session=True)
+        await hub.ingest(DEV, [Message(b"again")])
+        async with asyncio.timeout(10):
+            await link.wait_sent(1)
+        link.ack(hub, MOD, ok=False)
+        # The retry wait is 600 s; a reconnect (reachable) cuts it short and the message comes again as DUP.
+        link2 = RecordingLink()
+        await hub.connect(MOD, link2, clean_session=False)
+        async with asyncio.timeout(10):
+            await link2.wait_sent(1)
+        assert link2.sent[0].redelivery
+        assert link2.sent[0].message.body == b"again"
