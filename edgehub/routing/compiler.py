@@ -384,9 +384,21 @@ def _body_segments(path: str) -> tuple[str | int, ...]:
     return tuple(m.group(1) if m.group(1) is not None else int(m.group(2)) for m in _BODY_SEGMENT.finditer(path))
 
 
-def _body_query(segments: tuple[str | int, ...]) -> Fn:
+def _body_query(segments: tuple[str | int, ...], app_name: str | None = None) -> Fn:
+    """A closure for ``$body.path``; with ``app_name``, an application property of that name wins.
+
+    One closure per query (not a property check calling a query calling ``ctx.body()``): body queries are
+    the most common conditions, and each Python call costs as much as the lookup it makes.
+    """
+
     def query(ctx: EvalContext) -> Any:
-        cur = ctx.body()
+        if app_name is not None:
+            v = ctx.props.get(app_name, UNDEF)
+            if v is not UNDEF:
+                return v
+        cur = ctx._body
+        if cur is _UNPARSED:
+            cur = ctx.body()
         if cur is UNDEF:
             return UNDEF
         for seg in segments:
@@ -449,19 +461,14 @@ class _Compiler:
                     f"unsupported body query {name!r}: use names and [index] (no [], slices or quoted keys)",
                 )
                 return CompiledExpr(ANY, lambda ctx: UNDEF)
-            body = _body_query(_body_segments(path))
+            # {$body.x} skips the application-property step; $body.x lets a property of that name win.
+            body = _body_query(_body_segments(path), None if node.escaped else lname)
         if node.escaped:
             if body is not None:
                 return CompiledExpr(ANY, body)
             return CompiledExpr(STRING, _sys_getter(lname[1:]))
         if body is not None:
-            body_fn = body
-
-            def app_or_body(ctx: EvalContext) -> Any:
-                v = ctx.props.get(lname, UNDEF)
-                return body_fn(ctx) if v is UNDEF else v
-
-            return CompiledExpr(ANY, app_or_body)
+            return CompiledExpr(ANY, body)
         sys_get = _sys_getter(lname[1:])
 
         def app_or_sys(ctx: EvalContext) -> Any:

@@ -241,7 +241,8 @@ class Router:
         self.undefined_count = 0
         # Which routes a message source can match depends on the source alone: cached per source (sources
         # are few: one per device kind, module and output), and cleared if a flood of odd sources fills it.
-        self._by_source: dict[str, tuple[CompiledRoute, ...]] = {}
+        # The hot loop reads (name, condition, result) triples, not the dataclasses.
+        self._by_source: dict[str, tuple[tuple[str, Any, RouteResult], ...]] = {}
 
     @property
     def routes(self) -> tuple[CompiledRoute, ...]:
@@ -252,24 +253,31 @@ class Router:
         routes = self._by_source.get(message.source)
         if routes is None:
             source = message.source.lower() + "/"
-            routes = tuple(r for r in self._routes if source.startswith(r.prefix))
+            routes = tuple((r.name, r.condition, r.result) for r in self._routes if source.startswith(r.prefix))
             if len(self._by_source) >= _SOURCE_CACHE_SIZE:
                 self._by_source.clear()
             self._by_source[message.source] = routes
         ctx = EvalContext(message)
         best: dict[str, RouteResult] = {}
-        for r in routes:
-            if r.condition is not None:
-                v = r.condition(ctx)
+        undefined: list[str] | None = None
+        for name, condition, result in routes:
+            if condition is not None:
+                v = condition(ctx)
                 if v is not True:
                     if v is not False and v is not None:
-                        self.undefined_count += 1
-                        log.debug("route.undefined route=%s source=%s", r.name, message.source)
+                        if undefined is None:
+                            undefined = []
+                        undefined.append(name)
                     continue
-            result = r.result
             old = best.get(result.endpoint)
             if old is None or _better(result, old):
                 best[result.endpoint] = result
+        if undefined is not None:
+            # Counted always; logged once per message, and only when debug is on (it is the common case
+            # for a route whose property is missing, so a call per route would cost more than the routing).
+            self.undefined_count += len(undefined)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("route.undefined routes=%s source=%s", ",".join(undefined), message.source)
         return list(best.values())
 
     def explain(self, message: Message) -> list[RouteVerdict]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from edgehub import Message
@@ -149,6 +151,20 @@ def test_only_true_routes_and_undefined_is_counted() -> None:
     router = Router({"r": "FROM /* WHERE missing = 'x' INTO $upstream"})
     assert router.route(DEVICE) == []
     assert router.undefined_count == 1
+
+
+def test_undefined_verdicts_are_logged_at_debug_with_the_route_names(caplog: pytest.LogCaptureFixture) -> None:
+    router = Router(
+        {
+            "a": "FROM /* WHERE missing = 'x' INTO $upstream",
+            "b": "FROM /* WHERE true INTO $upstream",
+            "c": "FROM /* WHERE as_number(other) > 1 INTO $upstream",
+        }
+    )
+    with caplog.at_level(logging.DEBUG, logger="edgehub.routing.router"):
+        assert [r.endpoint for r in router.route(DEVICE)] == ["$upstream"]
+    assert router.undefined_count == 2
+    assert [r.getMessage() for r in caplog.records] == ["route.undefined routes=a,c source=/messages"]
 
 
 def test_route_spec_validates_priority_and_ttl() -> None:
