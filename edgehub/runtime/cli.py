@@ -100,10 +100,36 @@ def run(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         asyncio.run(_serve(config))
-    except (ConfigurationError, StoreError, OSError) as exc:
-        click.echo(f"edgehub: {exc}", err=True)
+    except (ConfigurationError, StoreError, OSError, ExceptionGroup) as exc:
+        reasons = _start_failures(exc)
+        if reasons is None:
+            raise
+        click.echo(f"edgehub: {'; '.join(reasons)}", err=True)
         raise SystemExit(1) from None
     click.echo("stopped")
+
+
+_START_FAILURES = (ConfigurationError, StoreError, OSError)
+
+
+def _start_failures(exc: Exception) -> list[str] | None:
+    """What to tell the user when ``exc`` is one of the failures a start can meet (a port already taken, a
+    locked store), also when the task groups of the head and the executors wrapped them; None for anything
+    else, which is a bug and keeps its traceback."""
+    if not isinstance(exc, ExceptionGroup):
+        return [str(exc)]
+    expected, rest = exc.split(_START_FAILURES)
+    if expected is None or rest is not None:
+        return None
+    leaves: list[str] = []
+    stack: list[BaseException] = [expected]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, BaseExceptionGroup):
+            stack.extend(reversed(e.exceptions))
+        else:
+            leaves.append(str(e))
+    return leaves
 
 
 async def _serve(config: HubConfig) -> None:

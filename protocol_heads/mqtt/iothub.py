@@ -4,9 +4,10 @@
 * Telemetry: ``devices/{d}/messages/events/{bag}`` and ``devices/{d}/modules/{m}/messages/events/{bag}``;
   module inputs: ``devices/{d}/modules/{m}/inputs/{input}/{bag}``; device-bound:
   ``devices/{d}/messages/devicebound/{bag}``.
-* The property bag is ``k=v&k=v`` with keys and values URL-encoded (``%20`` for space, ``+`` literal). Keys
-  starting ``$.`` are system properties (``SYSTEM_KEYS``); the rest are application properties. A key with no
-  ``=`` is an application property with a null value.
+* The property bag is ``k=v&k=v`` with keys and values URL-encoded (``%20`` for space, ``+`` literal). The
+  ``$.`` keys of ``SYSTEM_KEYS`` are system properties (``$.ifid`` is ``iothub-interface-id``, ``$.sub``
+  ``dt-subject``); the rest, other ``$.`` keys included, are application properties. A key with no ``=`` is an
+  application property with a null value.
 * MQTT 5: content type → ``contentType``; correlation data (UTF-8) → ``cid``; message expiry interval →
   ``absolute-expiry-time``; user properties are read like the property bag (``$.`` names are system
   properties). On delivery the same properties go out both in the topic's bag and, to MQTT 5 clients, as
@@ -71,6 +72,10 @@ SYSTEM_KEYS: Mapping[str, SystemProperty] = {
     "$.on": SystemProperty.OUTPUT_NAME,
     "$.cdid": SystemProperty.CONNECTION_DEVICE_ID,
     "$.cmid": SystemProperty.CONNECTION_MODULE_ID,
+    # Plug and Play and security messages: the Azure device SDKs send these (the Python SDK's
+    # ``set_as_security_message`` puts ``$.ifid`` in the bag), and IoT Hub files them as system properties.
+    "$.ifid": SystemProperty.INTERFACE_ID,
+    "$.sub": SystemProperty.DT_SUBJECT,
 }
 _KEY_OF: Mapping[str, str] = {v.value: k for k, v in SYSTEM_KEYS.items()}
 # What a client may not set about itself: it is taken from the authenticated connection.

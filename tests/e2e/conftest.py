@@ -69,7 +69,10 @@ async def running_hub(
     routes: Mapping[str, str] = ROUTES,
     policies: Mapping[str, QueuePolicy] | None = None,
     settings: ExecutorSettings = LONG_WAIT,
+    tls_port: int = 0,
 ) -> AsyncIterator[Rig]:
+    """The hub with DEV, SENSOR and FILTER known by their KEYS; plain TCP on a free port, TLS on ``tls_port``
+    (a free one unless given; ``OSError`` if it is taken)."""
     ca = TestCA(data / "certs")
     pair = ca.server()
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -79,7 +82,7 @@ async def running_hub(
         async with EdgeHub(store=store, router=Router(routes), host_name=HOST, executor_settings=settings) as hub:
             for ident in (DEV, SENSOR, FILTER):
                 await hub.identities.add_symmetric_key(ident, KEYS[ident.id])
-            mqtt = MqttSettings(tcp_port=0, tls_port=0, ssl_context=ctx, connect_timeout_s=5.0)
+            mqtt = MqttSettings(tcp_port=0, tls_port=tls_port, ssl_context=ctx, connect_timeout_s=5.0)
             async with MqttServer(hub, settings=mqtt) as server:
                 yield Rig(hub, server, store, ca)
     finally:

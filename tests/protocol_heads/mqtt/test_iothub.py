@@ -56,6 +56,14 @@ def test_property_bag_decodes_system_and_url_encoded_application_properties() ->
     assert app == {"temp alert": "a&b=c", "flag": None}
 
 
+def test_interface_id_and_component_name_of_the_azure_sdks_are_system_properties() -> None:
+    # What the Python SDK sends for a security message, and the Plug and Play component of the C# SDK.
+    system, app = decode_property_bag("$.ifid=urn%3Aazureiot%3ASecurity%3ASecurityAgent%3A1&$.sub=thermostat1")
+    assert system == {"iothub-interface-id": "urn:azureiot:Security:SecurityAgent:1", "dt-subject": "thermostat1"}
+    assert app == {}
+    assert encode_property_bag(system, {}) == "$.ifid=urn%3Aazureiot%3ASecurity%3ASecurityAgent%3A1&$.sub=thermostat1"
+
+
 @given(
     st.dictionaries(st.sampled_from(["messageId", "cid", "contentType", "to", "userId", "creationTime"]), st.text()),
     st.dictionaries(st.text(min_size=1).filter(lambda k: not k.startswith("$.")), st.none() | st.text()),
