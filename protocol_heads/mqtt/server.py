@@ -229,7 +229,8 @@ class _Link:
             raise DeliveryError(str(exc), endpoint=client.peer, kind=FailureKind.TRANSIENT) from exc
         assert packet_id is not None
         self.pending[packet_id] = delivery.delivery_id
-        client.flush()
+        # The hub sends a window of deliveries at a time: one write for all of them, not a syscall each.
+        client.schedule_flush()
 
 
 class _Client:
@@ -254,11 +255,22 @@ class _Client:
         self.clean_exit = False
         self._groups = asyncio.Semaphore(s.max_groups_in_flight)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._flush_scheduled = False
 
     def flush(self) -> None:
         data = self.conn.data_to_send()
         if data and not self.writer.is_closing():
             self.writer.write(data)
+
+    def schedule_flush(self) -> None:
+        """Flush once, at the end of this turn of the event loop (whatever else is sent in it goes along)."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._scheduled_flush)
+
+    def _scheduled_flush(self) -> None:
+        self._flush_scheduled = False
+        self.flush()
 
     async def run(self) -> None:
         try:
