@@ -312,20 +312,32 @@ class Store:
             updates[SystemProperty.ENQUEUED_TIME] = utc_from_epoch(self._clock.time()).isoformat()
         return message.with_system_properties(**updates) if updates else message
 
-    async def enqueue(self, message: Message, route_results: Sequence[RouteResult]) -> EnqueueReceipt:
+    async def enqueue(
+        self,
+        message: Message,
+        route_results: Sequence[RouteResult],
+        *,
+        metadata: Mapping[str, bytes | None] | None = None,
+    ) -> EnqueueReceipt:
         """Store ``message`` once with a reference in each routed queue; return when durable.
 
         Raises ``MessageTooLargeError`` over the strictest routed endpoint's ``max_message_size_bytes``, and
         ``QuotaExceededError`` when a quota stays exceeded for ``enqueue_timeout_s`` under ``rejectIncoming``
         (nothing is stored then, for any endpoint). Under ``discardIncoming`` the full endpoint's reference is
-        dropped (counted in ``removed[OVERFLOW]``) and the others are stored."""
+        dropped (counted in ``removed[OVERFLOW]``) and the others are stored.
+
+        ``metadata``: metadata keys to set (or, with None, delete) in the same atomic group write as the message,
+        so they are durable exactly when it is (the hub's duplicate window). They are written whenever the
+        message is accepted, also when it is routed nowhere; never when ``enqueue`` raises."""
         self._live()
+        meta_ops = self._metadata_ops(metadata)
         size = message.size_bytes()  # as the producer sent it: the hub's own stamps are not charged to it
         message = self.stamp(message)
         queues: dict[QueueId, RouteResult] = {}
         for rr in route_results:
             queues.setdefault(QueueId(rr.endpoint, rr.priority), rr)
         if not queues:
+            await self._accept_unrouted(meta_ops)
             return EnqueueReceipt(message, ())
         endpoints = {q.endpoint for q in queues}
         limit = min(self.policy(e).max_message_size_bytes for e in endpoints)
@@ -334,6 +346,7 @@ class Store:
         dropped = await self._make_room(endpoints, queues, size)
         queues = {q: rr for q, rr in queues.items() if q.endpoint not in dropped}
         if not queues:
+            await self._accept_unrouted(meta_ops)
             return EnqueueReceipt(message, ())
         now = self._clock.time()
         key = self._next_message_key
@@ -350,6 +363,7 @@ class Store:
             ttl = float(rr.ttl_s) if rr.ttl_s is not None else self.default_ttl_s
             ops.append((q.name, pack_u64(off), encode_ref(RefRecord(VERSION, key, now, ttl, size))))
         ops.insert(0, (MESSAGES, pack_u64(key), encode_message(message, [(q.name, o) for q, o in refs])))
+        ops.extend(meta_ops)
         for k, (c, b) in deltas.items():
             _add(self._inflight, k, c, b)  # reserved now, so concurrent producers see it in their quota check
         await self._committer.submit(_Pending(ops, deltas))
@@ -357,6 +371,20 @@ class Store:
             if self._durable_end.get(q, 0) <= off:
                 self._durable_end[q] = off + 1
         return EnqueueReceipt(message, tuple(refs))
+
+    # Added for the hub's duplicate window (issue 5): metadata carried by an enqueue, in its group write.
+    @staticmethod
+    def _metadata_ops(metadata: Mapping[str, bytes | None] | None) -> list[Op]:
+        if not metadata:
+            return []
+        if any(k.startswith("stats/") for k in metadata):
+            raise ValueError("stats/ keys belong to the store")
+        return [(META, k.encode(), v) for k, v in metadata.items()]
+
+    async def _accept_unrouted(self, meta_ops: list[Op]) -> None:
+        """A message stored nowhere is still accepted: its metadata goes through the group commit alone."""
+        if meta_ops:
+            await self._committer.submit(_Pending(meta_ops, {}))
 
     def _full(self, endpoints: Iterable[str], per_endpoint: Mapping[str, int], size: int) -> list[str | None]:
         """Endpoints whose quota this message would exceed, and None when the store-wide quota would be."""
