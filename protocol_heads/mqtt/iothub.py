@@ -8,10 +8,12 @@
   ``$.`` keys of ``SYSTEM_KEYS`` are system properties (``$.ifid`` is ``iothub-interface-id``, ``$.sub``
   ``dt-subject``); the rest, other ``$.`` keys included, are application properties. A key with no ``=`` is an
   application property with a null value.
+* ``$.sid`` / ``$.pk`` carry ``sessionId`` / ``partitionKey`` (Service Bus's SessionId and PartitionKey; IoT
+  Hub has neither), which pin a message to an upstream partition.
 * MQTT 5: content type → ``contentType``; correlation data (UTF-8) → ``cid``; message expiry interval →
   ``absolute-expiry-time``; user properties are read like the property bag (``$.`` names are system
-  properties). On delivery the same properties go out both in the topic's bag and, to MQTT 5 clients, as
-  MQTT 5 properties.
+  properties, so ``$.sid`` / ``$.pk`` as user properties too: MQTT 5 has no session-id field). On delivery
+  the same properties go out both in the topic's bag and, to MQTT 5 clients, as MQTT 5 properties.
 * Plain MQTT topics (granted by an ACL) enter routing as telemetry of the identity, with the MQTT topic kept in
   the application property ``PLAIN_TOPIC_PROPERTY`` (``mqtt-topic``).
 * The connection system properties (``connectionDeviceId``, ``connectionModuleId``,
@@ -76,6 +78,10 @@ SYSTEM_KEYS: Mapping[str, SystemProperty] = {
     # ``set_as_security_message`` puts ``$.ifid`` in the bag), and IoT Hub files them as system properties.
     "$.ifid": SystemProperty.INTERFACE_ID,
     "$.sub": SystemProperty.DT_SUBJECT,
+    # Not IoT Hub's: Service Bus's SessionId and PartitionKey, for partitioned upstreams (README, "Partitions").
+    # MQTT 5 has no session-id field, so on MQTT 5 they are user properties of these same names.
+    "$.sid": SystemProperty.SESSION_ID,
+    "$.pk": SystemProperty.PARTITION_KEY,
 }
 _KEY_OF: Mapping[str, str] = {v.value: k for k, v in SYSTEM_KEYS.items()}
 _QUOTED_KEY_OF: Mapping[str, str] = {name: quote(key, safe="$.") for name, key in _KEY_OF.items()}

@@ -83,6 +83,9 @@ REJECT_REASONS: Mapping[str, int] = {
     "not_authorized": ReasonCode.NOT_AUTHORIZED,
     "topic_invalid": ReasonCode.TOPIC_NAME_INVALID,
     "invalid": ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
+    # sessionId and partitionKey differ: the PUBLISH is well formed but the hub will not take it, which is 0x83's
+    # meaning in MQTT 5 (0x99 "payload format invalid" is about the payload format indicator, not properties).
+    "partition_key_mismatch": ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
 }
 
 _READ_SIZE = 256 * 1024

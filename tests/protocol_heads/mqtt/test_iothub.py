@@ -227,3 +227,29 @@ def test_grants_open_plain_topics_to_one_identity() -> None:
     assert not acl.may_publish(Identity.parse("dev2"), "factory/line1/temp")
     assert acl.may_subscribe(DEV, "commands/dev1/#")
     assert not acl.may_subscribe(DEV, "commands/#")
+
+
+def test_session_id_and_partition_key_travel_in_the_bag_and_as_mqtt5_user_properties() -> None:
+    from_bag = message_from_publish(
+        DEV, "devices/dev1/messages/events/$.sid=ship%207&$.pk=ship%207", b"", auth_method="sas", now_s=0
+    )
+    assert from_bag.system_properties["sessionId"] == "ship 7"
+    assert from_bag.system_properties["partitionKey"] == "ship 7"
+    assert from_bag.properties == {}
+    from_v5 = message_from_publish(
+        DEV,
+        "devices/dev1/messages/events/",
+        b"",
+        auth_method="sas",
+        now_s=0,
+        user_properties=[("$.sid", "s1"), ("$.pk", "p1")],
+    )
+    assert (from_v5.system_properties["sessionId"], from_v5.system_properties["partitionKey"]) == ("s1", "p1")
+    assert from_v5.properties == {}
+
+
+def test_session_id_and_partition_key_go_out_to_modules_under_the_same_names() -> None:
+    msg = Message(b"", {}, {"sessionId": "s1", "partitionKey": "s1"})
+    assert dict(decode_property_bag(encode_property_bag(msg.system_properties, {}))[0]) == msg.system_properties
+    assert ("$.sid", "s1") in delivery_user_properties(msg)
+    assert ("$.pk", "s1") in delivery_user_properties(msg)
