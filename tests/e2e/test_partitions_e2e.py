@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,10 +15,17 @@ from paho.mqtt.enums import MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
+from edgehub.delivery import Endpoint
 from edgehub.hub.lanes import UpstreamOptions
+from edgehub.runtime.hub_runtime import lane_settings
 from edgehub.store import upstream_lane_id
 from edgehub.testing import ManualClock, TestEndpoint
+from edgehub.testing.linksim import LinkSim
+from edgehub.testing.mqtt_collector import MqttCollector
+from edgehub.testing.peers import MosquittoPeer
+from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
 from edgehub.upstream.partitions import stable_partition
+from edgehub.upstream.segment import decode_segment
 from tests.e2e.conftest import DEV, SENSOR, Rig, running_hub, sas, username
 from tests.protocol_heads.mqtt.conftest import Paho
 from tests.store.fulldisk import fill, small_disk
@@ -39,7 +48,7 @@ def bodies(lane: TestEndpoint) -> list[bytes]:
     return [qm.message.body for qm in lane.delivered]
 
 
-async def checkpointed(rig: Rig, eps: list[TestEndpoint]) -> None:
+async def checkpointed(rig: Rig, eps: Sequence[Endpoint]) -> None:
     """Wait until each of these lanes has checkpointed everything queued on it (delivery comes first)."""
 
     def settled(lane_id: str) -> bool:
@@ -303,3 +312,66 @@ async def test_a_message_whose_store_write_failed_is_not_taken_for_a_duplicate_w
         assert rig.hub.duplicates_dropped == 0
         assert [qm.message.message_id for qm in ep.delivered] == ["m-0", "m-1"]
         await retry.close()
+
+
+async def lanes_of_records(sink: MqttCollector, count: int) -> list[tuple[str, bytes]]:
+    """Wait until the segments collected hold ``count`` records; (lane, body) of each, in arrival order."""
+    while True:
+        out = [(m.topic.split("/")[3], r.body) for m in sink.messages for r in decode_segment(m.payload)]
+        if len(out) >= count:
+            return out
+        await sink.wait_for(len(sink.messages) + 1)
+
+
+async def test_keyless_messages_avoid_a_lane_whose_mqtt_connection_is_down_until_it_connects(tmp_path: Path) -> None:
+    async with (
+        MosquittoPeer(tmp_path) as broker,
+        LinkSim(target_host=broker.host, target_port=broker.port) as link,
+        MqttCollector(host=broker.host, port=broker.port, topic="edgehub/#") as sink,
+    ):
+        link.cut()  # lane 1 reaches the broker through this link only
+        base = MqttUpstreamSettings(
+            host="127.0.0.1",
+            port=broker.port,
+            client_id="gw",
+            hub_id="gw",
+            linger_s=0.0,
+            connect_timeout_s=2.0,
+            reconnect_min_s=0.1,
+            reconnect_max_s=0.3,
+        )
+        lane0 = MqttUpstream(lane_settings(base, "$upstream/0"))
+        lane1 = MqttUpstream(replace(lane_settings(base, "$upstream/1"), port=link.port))
+        await lane0.start()  # the executors close them when the hub stops
+        await lane1.start()
+        options = UpstreamOptions(partitions=2)
+        async with running_hub(tmp_path / "hub", routes=UP, endpoints=[lane0, lane1], upstream=options) as rig:
+            async with asyncio.timeout(10):
+                await lane0.wait_connected()
+            assert [rig.hub.lanes.is_up(i) for i in (0, 1)] == [True, False]
+            dev = await device(rig)
+            for n in range(4):
+                assert await send(dev, "", f"k{n}".encode()) == 0
+            async with asyncio.timeout(20):
+                assert await lanes_of_records(sink, 4) == [("upstream-p0", f"k{n}".encode()) for n in range(4)]
+            link.restore()
+            async with asyncio.timeout(20):
+                await lane1.wait_connected()
+            for n in range(4, 8):
+                assert await send(dev, "", f"k{n}".encode()) == 0
+            async with asyncio.timeout(20):
+                got = await lanes_of_records(sink, 8)
+            assert sorted(got[4:], key=lambda r: r[1]) == [
+                ("upstream-p1", b"k4"),
+                ("upstream-p0", b"k5"),
+                ("upstream-p1", b"k6"),
+                ("upstream-p0", b"k7"),
+            ]
+            await checkpointed(rig, [lane0, lane1])
+            status = rig.hub.upstream_status()
+            assert status.lanes_up == 2
+            assert status.transport is not None
+            assert status.transport.messages_acked == 8  # summed over the lanes' connections
+            assert status.transport.connects == 2
+            assert [lane.transport.messages_acked for lane in status.lanes if lane.transport] == [6, 2]
+            await dev.close()
