@@ -3,8 +3,9 @@
 Partitions
 ----------
 ``partitions: N`` on the upstream endpoint (default 1) makes N lanes, each with its own connection, per-priority
-queues and checkpointers; lane ``i`` is named ``upstream-p{i}`` (``upstream`` when N is 1), which is also the
-lane part of segment names. Which lane a message takes:
+queues and checkpointers; lane ``i`` is the endpoint ``$upstream/{i}`` (``edgehub.store.upstream_lane_id``;
+``$upstream`` when N is 1) and is named ``upstream-p{i}`` (``upstream`` when N is 1) in segment names and
+topics. The hub wires this into ingest (``edgehub.hub.lanes``). Which lane a message takes:
 
 * its **partition key** is its ``sessionId``, else its ``partitionKey``, else its ``messageId`` when duplicate
   detection is on, else none (``partition_key``). A message whose ``sessionId`` and ``partitionKey`` are both
@@ -14,8 +15,8 @@ lane part of segment names. Which lane a message takes:
   the same lane across restarts and machines; Python's ``hash`` is salted per process). Per-key order holds
   because one lane keeps queue order. A pinned message waits for its lane; it never moves.
 * **without a key** it goes round-robin over the lanes that are up; when its lane is down it moves to the next
-  lane that is up (``PartitionSelector.choose``); when none is up it still gets a lane (round-robin over all) so
-  it is stored and waits.
+  lane that is up and the turn goes on after that one (``PartitionSelector.choose``), so the lanes that are up
+  share evenly; when none is up it still gets a lane (round-robin over all) so it is stored and waits.
 
 How session id and partition key travel
 ---------------------------------------
