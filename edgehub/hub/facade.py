@@ -182,8 +182,8 @@ class EdgeHub:
             if claim is None:
                 log.debug("hub.duplicate_dropped identity=%s message_id=%s", identity, message.message_id)
                 return Stored(None, duplicate=True)
-        results = self.lanes.assign(message, self.router.route(message))
         try:
+            results = self.lanes.assign(message, self.router.route(message))
             receipt = await self.store.enqueue(message, results, metadata=claim.metadata if claim else None)
         except IngestRejected as exc:
             if claim is not None:
