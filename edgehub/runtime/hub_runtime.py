@@ -12,8 +12,8 @@ Partitions and duplicate detection come from the manifest's ``upstream`` section
 ``HubConfig`` (the CLI's ``--upstream-partitions``, ``--duplicate-detection``, ``--duplicate-window-secs``).
 With ``partitions`` N > 1 there is one ``MqttUpstream`` per lane ``$upstream/{i}`` (``lane_settings``): its own
 connection, client id ``{client_id}-p{i}`` and segment lane ``upstream-p{i}``. A lane the store still holds
-messages for but that the partition count no longer names (after N changed) gets a transport too, so what it
-held still goes out; new messages never go to it.
+undelivered messages for but that the partition count no longer names (after N changed) gets a transport too,
+so what it held still goes out; new messages never go to it, and once drained it is left out at the next start.
 """
 
 from __future__ import annotations
@@ -105,10 +105,13 @@ def lane_settings(base: MqttUpstreamSettings, lane_id: str) -> MqttUpstreamSetti
 
 
 def _lane_ids(store: Store, options: UpstreamOptions) -> list[str]:
-    """The lanes of ``options``, and any other upstream lane the store holds queues for (to drain it)."""
+    """The lanes of ``options``, and any other upstream lane the store still holds undelivered messages for (to
+    drain it; once drained it is left out at the next start)."""
     lanes = [upstream_lane_id(i, options.partitions) for i in range(options.partitions)]
     for q in store.queues():
-        if is_upstream_endpoint(q.endpoint) and q.endpoint not in lanes:
+        if q.endpoint in lanes or not is_upstream_endpoint(q.endpoint):
+            continue
+        if store.end_offset(q) > store.checkpoint(q).committed + 1:
             log.info("runtime.leftover_lane endpoint=%s partitions=%d", q.endpoint, options.partitions)
             lanes.append(q.endpoint)
     return lanes
