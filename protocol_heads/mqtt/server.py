@@ -13,7 +13,8 @@ Invariants:
   silent for 1.5x its keepalive is closed (MQTT 5: 0x8D).
 * One live connection per identity: a new one takes the session over and the old one is closed (MQTT 5:
   0x8E); the hub is told with ``Hub.connect`` and the old link's deliveries come again on the new link.
-* A refused message gets MQTT 5's reason (``REJECT_REASONS``); a 3.1.1 client is disconnected instead.
+* A refused message gets MQTT 5's reason (``REJECT_REASONS``) and the hub's detail as Reason String; a 3.1.1
+  client is disconnected instead.
 """
 
 from __future__ import annotations
@@ -436,7 +437,7 @@ class _Client:
         identity = self.identity
         assert identity is not None
         now = self.settings.clock.time()
-        settle: list[tuple[int | None, int]] = []  # (ticket, reason), in arrival order
+        settle: list[tuple[int | None, int]] = []  # (ticket, reason code), in arrival order
         to_store: list[Message] = []
         store_tickets: list[int | None] = []
         for event in group:
@@ -463,14 +464,16 @@ class _Client:
             store_tickets.append(event.ticket)
         outcomes = await self.hub.ingest(identity, to_store) if to_store else []
         for ticket, reason in settle:
+            text = None
             if reason < 0:
                 outcome = outcomes[-1 - reason]
                 reason = REJECT_REASONS.get(outcome.reason, 0x80) if isinstance(outcome, Rejected) else 0
+                text = outcome.detail if isinstance(outcome, Rejected) and outcome.detail else None
             if ticket is None:
                 if reason:
                     log.info("mqtt.qos0_dropped client=%s reason=0x%02x", identity, reason)
                 continue
-            self.conn.settle(ticket, reason)
+            self.conn.settle(ticket, reason, reason=text)
         self.flush()
         if self.conn.closed:
             self.writer.close()

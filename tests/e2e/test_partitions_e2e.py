@@ -14,6 +14,7 @@ import pytest
 from paho.mqtt.enums import MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
+from paho.mqtt.reasoncodes import ReasonCode
 
 from edgehub.delivery import Endpoint
 from edgehub.hub.lanes import UpstreamOptions
@@ -197,9 +198,23 @@ async def test_a_session_id_with_a_different_partition_key_is_refused_with_0x83_
     eps = lanes(2)
     async with running_hub(tmp_path, routes=UP, endpoints=eps, upstream=UpstreamOptions(partitions=2)) as rig:
         dev = await device(rig, V5)
-        assert await send(dev, "$.sid=s1&$.pk=p1", b"conflict") == PAYLOAD_REFUSED
-        assert await send(dev, "", b"conflict too", user_properties(("$.sid", "s1"), ("$.pk", "p1"))) == 0x83
-        assert await send(dev, "$.sid=s1&$.pk=s1", b"agreeing") == 0
+        acks: asyncio.Queue[tuple[int, str | None]] = asyncio.Queue()
+
+        def on_publish(c: object, u: object, mid: int, rc: ReasonCode, props: PahoProperties) -> None:
+            dev.loop.call_soon_threadsafe(acks.put_nowait, (rc.value, getattr(props, "ReasonString", None)))
+
+        dev.client.on_publish = on_publish
+        dev.publish(f"{EVENTS}$.sid=s1&$.pk=p1", b"conflict")
+        dev.publish(EVENTS, b"conflict too", properties=user_properties(("$.sid", "s1"), ("$.pk", "p1")))
+        dev.publish(f"{EVENTS}$.sid=s1&$.pk=s1", b"agreeing")
+        async with asyncio.timeout(10):
+            got = [await acks.get() for _ in range(3)]
+        why = "sessionId 's1' and partitionKey 'p1' differ"
+        assert [(rc, (text or "")[: len(why)]) for rc, text in got] == [
+            (PAYLOAD_REFUSED, why),
+            (PAYLOAD_REFUSED, why),
+            (0, ""),
+        ]
         async with asyncio.timeout(10):
             await eps[stable_partition("s1", 2)].wait_delivered(1)
         assert [b for ep in eps for b in bodies(ep)] == [b"agreeing"]
