@@ -14,7 +14,8 @@ API the hub facade and the executors call (all on one event loop)::
 The hub calls ``executor.notify()`` for each routed endpoint after ``enqueue`` returns. Policies:
 ``Store(..., default_policy=QueuePolicy(...), endpoint_policies={endpoint: QueuePolicy(...)},
 store_quota=StoreQuota(...))``; ``usage(endpoint)`` / ``usage(None)`` give (messages, bytes) held; every removal
-is counted in ``removed`` by ``RemovalReason``. Metadata: ``get_metadata`` / ``put_metadata`` /
+is counted in ``removed`` by ``RemovalReason``, durably (each count is written in the batch of the removal it
+counts, so the counts survive a restart). Metadata: ``get_metadata`` / ``put_metadata`` /
 ``metadata_items(prefix)`` (keys under ``stats/`` are the store's own).
 
 ``enqueue`` stamps the message before writing it: ``edgeMessageId`` (a fresh random UUID, version 4, as 32 hex
@@ -27,8 +28,10 @@ raise ``IngestRejected`` subclasses; a disk failure raises ``StorageIOError`` fo
 Layout (column families): ``messages`` (u64 message key -> body record listing its references),
 one ``q:p<n>:<endpoint>`` per queue (u64 offset -> reference with enqueue time and TTL), ``checkpoints``
 (queue name -> committed offset, health, highest removed offset), ``dlq:<endpoint>`` (dead letters),
-``meta`` (usage counters under ``stats/``, written in the same batch as the change they count; the rest for
-later issues: identities and the like).
+``meta`` (usage and removal counters under ``stats/``, written in the same batch as the change they count; the
+rest for later issues: identities and the like). Each counter key has one writer, so that no two
+read-modify-writes of one key interleave: ``stats/i/`` and ``stats/r/i`` the group-commit writer,
+``stats/m/`` and ``stats/r/m`` the maintenance writes (under the maintenance lock).
 
 Ingest is one durable write per group (``GroupCommitter``) on a dedicated ``WriterThread``; maintenance writes
 (commit, removal, dead letters) go through ``asyncio.to_thread``, so RocksDB may group them with ingest.
@@ -120,8 +123,9 @@ class FsyncPolicy(StrEnum):
 class RemovalReason(StrEnum):
     DELIVERED = "delivered"
     TTL = "ttl"
-    OVERFLOW = "overflow"
-    DEADLETTER = "deadletter"
+    OVERFLOW = "overflow"  # evicted (discardOldest) or never stored (discardIncoming)
+    DEADLETTER = "deadletter"  # moved to the endpoint's dead-letter queue
+    PURGED = "purged"  # a dead letter deleted by ``purge_dead_letters``
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,11 +197,12 @@ Usage = dict[str, tuple[int, int]]
 
 @dataclass(slots=True)
 class _Pending:
-    """One producer's part of a group: its ops, the usage it adds, its references."""
+    """One producer's part of a group: its ops, the usage it adds, its references, the references it dropped."""
 
     ops: list[Op]
     deltas: Usage
     refs: list[tuple[QueueId, int]]
+    overflow: int = 0  # references dropped by discardIncoming, counted when the group is written
 
 
 def _add(into: dict[str, tuple[int, int]], key: str, count: int, size: int) -> None:
@@ -207,6 +212,9 @@ def _add(into: dict[str, tuple[int, int]], key: str, count: int, size: int) -> N
 
 _STATS_INGEST = b"stats/i/"  # written only by the group-commit writer
 _STATS_MAINT = b"stats/m/"  # written only under the maintenance lock (removal, dead letters, requeue)
+_REMOVED_INGEST = b"stats/r/i"  # removal counts by reason ({reason: n}), group-commit writer (discardIncoming)
+_REMOVED_MAINT = b"stats/r/m"  # removal counts by reason ({reason: n}), maintenance writes
+_RemovedCounts = dict[str, int]
 
 # Version-4 UUID bits (RFC 4122), as uuid.uuid4 sets them on 128 random bits.
 _UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48)) & ((1 << 128) - 1)
@@ -296,7 +304,11 @@ class Store:
         self._writer = WriterThread("edgehub-store-writer")
         self._stamper = _Stamper()
         self._remove_lock = asyncio.Lock()
-        self.removed: dict[RemovalReason, int] = dict.fromkeys(RemovalReason, 0)
+        self._removed_ingest = self._load_removed(_REMOVED_INGEST)
+        self._removed_maint = self._load_removed(_REMOVED_MAINT)
+        self.removed: dict[RemovalReason, int] = {
+            r: self._removed_ingest.get(r, 0) + self._removed_maint.get(r, 0) for r in RemovalReason
+        }
         self._closed = False
         self.default_policy = default_policy or QueuePolicy()
         self.endpoint_policies: dict[str, QueuePolicy] = dict(endpoint_policies or {})
@@ -319,6 +331,20 @@ class Store:
     @staticmethod
     def _stats_ops(prefix: bytes, totals: Usage, keys: Iterable[str]) -> list[Op]:
         return [(META, prefix + k.encode(), msgspec.msgpack.encode(totals[k])) for k in keys]
+
+    def _load_removed(self, key: bytes) -> _RemovedCounts:
+        raw = self._b.get(META, key)
+        return {} if raw is None else msgspec.msgpack.decode(raw, type=_RemovedCounts)
+
+    @staticmethod
+    def _removed_op(key: bytes, counts: _RemovedCounts) -> Op:
+        return (META, key, msgspec.msgpack.encode(counts))
+
+    @staticmethod
+    def _plus(counts: _RemovedCounts, reason: RemovalReason, n: int) -> _RemovedCounts:
+        out = dict(counts)
+        out[reason] = out.get(reason, 0) + n
+        return out
 
     def usage(self, endpoint: str | None = None) -> tuple[int, int]:
         """(messages, bytes) held for ``endpoint`` (None: the whole store), writes in flight included."""
@@ -427,6 +453,7 @@ class Store:
                 queues[q] = (name, self.default_ttl_s if rr.ttl_s is None else float(rr.ttl_s))
         if not queues:
             return EnqueueReceipt(self.stamp(message, now), ())
+        overflow = 0
         dp, sq = self.default_policy, self.store_quota
         if (  # the policy work, only when some policy may apply (spelled out: this runs for every message)
             self.endpoint_policies
@@ -442,6 +469,7 @@ class Store:
             dropped = await self._make_room(endpoints, queues, size)
             now = self._clock.time()  # enqueued once there was room (the enqueue timeout may have passed)
             if dropped:
+                overflow = sum(1 for q in queues if q.endpoint in dropped)
                 queues = {q: v for q, v in queues.items() if q.endpoint not in dropped}
         elif size > dp.max_message_size_bytes:
             limit = dp.max_message_size_bytes
@@ -449,8 +477,9 @@ class Store:
         if self._closed:  # closed while waiting for room
             raise StoreClosedError("the store is closed")
         message = self.stamp(message, now)
-        if not queues:
-            return EnqueueReceipt(message, ())  # dropped everywhere (discardIncoming)
+        if not queues:  # dropped everywhere (discardIncoming): the write carries only the count
+            await self._committer.submit(_Pending([], {}, [], overflow))
+            return EnqueueReceipt(message, ())
         key = self._next_message_key
         self._next_message_key = key + 1
         pkey = pack_u64(key)
@@ -470,7 +499,7 @@ class Store:
         for k, (c, b) in deltas.items():  # reserved now, so concurrent producers see it in their quota check
             ic, ib = inflight.get(k, (0, 0))
             inflight[k] = (ic + c, ib + b)
-        await self._committer.submit(_Pending(ops, deltas, refs))
+        await self._committer.submit(_Pending(ops, deltas, refs, overflow))
         return EnqueueReceipt(message, tuple(refs))
 
     def _full(self, endpoints: Iterable[str], per_endpoint: Mapping[str, int], size: int) -> list[str | None]:
@@ -490,7 +519,8 @@ class Store:
         return full
 
     async def _make_room(self, endpoints: set[str], queues: Iterable[QueueId], size: int) -> set[str]:
-        """Wait for space, then apply the overflow policy. Returns the endpoints to drop (discardIncoming)."""
+        """Wait for space, then apply the overflow policy. Returns the endpoints to drop (discardIncoming); the
+        caller counts them when its write is durable."""
         if not self._quotas_set:  # the common case: nothing to check
             return set()
         per_endpoint = {e: sum(1 for q in queues if q.endpoint == e) for e in endpoints}
@@ -525,8 +555,6 @@ class Store:
             if not await self._evict(e, per_endpoint, size):
                 raise QuotaExceededError(f"quota of {where} exceeded and nothing left to discard")
         if dropped:
-            self.removed[RemovalReason.OVERFLOW] += sum(per_endpoint[e] for e in dropped)
-            self.discarded_incoming += 1
             log.info("store.discarded_incoming endpoints=%s", ",".join(sorted(dropped)))
         return dropped
 
@@ -552,8 +580,10 @@ class Store:
     async def _write_group(self, group: list[_Pending]) -> None:
         deltas: Usage = {}
         ops: list[Op] = []
+        overflow = 0
         for p in group:
             ops += p.ops
+            overflow += p.overflow
             for k, (c, b) in p.deltas.items():
                 dc, db = deltas.get(k, (0, 0))
                 deltas[k] = (dc + c, db + b)
@@ -561,9 +591,17 @@ class Store:
         for k, (c, b) in deltas.items():
             _add(totals, k, c, b)
         ops += self._stats_ops(_STATS_INGEST, totals, deltas)
+        removed = self._removed_ingest
+        if overflow:
+            removed = self._plus(removed, RemovalReason.OVERFLOW, overflow)
+            ops.append(self._removed_op(_REMOVED_INGEST, removed))
         try:
             await self._write_ops(ops)
             self._ingest = totals
+            if overflow:
+                self._removed_ingest = removed
+                self.removed[RemovalReason.OVERFLOW] += overflow
+                self.discarded_incoming += sum(1 for p in group if p.overflow)
         finally:
             # Here, not in the producers: a producer cancelled while it waited is still written, and its
             # references must become visible to readers (end_offset) all the same.
@@ -697,13 +735,24 @@ class Store:
                 _add(deltas, STORE_WIDE, -1, -size)
         return ops
 
-    async def _maint_write(self, ops: list[Op], deltas: Usage) -> None:
-        """Write maintenance ops with the usage counters they change. Call under ``_remove_lock``."""
+    async def _maint_write(
+        self, ops: list[Op], deltas: Usage, removed: tuple[RemovalReason, int] | None = None
+    ) -> None:
+        """Write maintenance ops with the usage counters they change and the removals they count, in one batch.
+        Call under ``_remove_lock``."""
         totals = dict(self._maint)
         for k, (c, b) in deltas.items():
             _add(totals, k, c, b)
-        await self._write(ops + self._stats_ops(_STATS_MAINT, totals, deltas))
+        ops = ops + self._stats_ops(_STATS_MAINT, totals, deltas)
+        counts = self._removed_maint
+        if removed is not None:
+            counts = self._plus(counts, *removed)
+            ops.append(self._removed_op(_REMOVED_MAINT, counts))
+        await self._write(ops)
         self._maint = totals
+        if removed is not None:
+            self._removed_maint = counts
+            self.removed[removed[0]] += removed[1]
         if any(c < 0 for c, _ in deltas.values()):
             self._space_freed.set()
 
@@ -731,9 +780,8 @@ class Store:
                     VERSION, old.committed, old.unhealthy_since_s, old.last_revival_s, max(old.removed_high, high)
                 )
                 ops.append((CHECKPOINTS, queue.name.encode(), encode_checkpoint(cp)))
-            await self._maint_write(ops, deltas)
+            await self._maint_write(ops, deltas, (reason, len(present)))
             self._checkpoints[queue] = cp
-        self.removed[reason] += len(present)
         log.debug("store.removed queue=%s count=%d reason=%s", queue, len(present), reason)
         return len(present)
 
@@ -776,8 +824,7 @@ class Store:
                 (MESSAGES, pack_u64(item.message_key), encode_message(rec.to_message(), refs)),
                 (fam, pack_u64(dlq_off), encode_dead_letter(dl)),
             ]
-            await self._maint_write(ops, {item.queue.endpoint: (-1, -item.size_bytes)})
-        self.removed[RemovalReason.DEADLETTER] += 1
+            await self._maint_write(ops, {item.queue.endpoint: (-1, -item.size_bytes)}, (RemovalReason.DEADLETTER, 1))
         log.info(
             "store.dead_lettered queue=%s offset=%d reason=%s attempts=%d", item.queue, item.offset, reason, attempts
         )
@@ -823,7 +870,8 @@ class Store:
                 return 0
             deltas: Usage = {}
             ops = self._removal_ops([(fam, o, d.message_key, d.size_bytes) for o, d in chosen], deltas)
-            await self._maint_write(ops, deltas)
+            await self._maint_write(ops, deltas, (RemovalReason.PURGED, len(chosen)))
+        log.info("store.dead_letters_purged endpoint=%s count=%d", endpoint, len(chosen))
         return len(chosen)
 
     async def requeue_dead_letters(self, endpoint: str, dlq_offsets: Sequence[int] | None = None) -> int:
