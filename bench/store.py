@@ -11,8 +11,9 @@ Usage: python -m bench.store [--messages N] [--rounds N] [--queued N] [--dir PAT
 * recovery: a store holding ``--queued`` messages (default 1,000,000, routed to two endpoints) is built in a
   subprocess, then reopened in a fresh subprocess that delivers the first message; its time and peak RSS.
 
-``EDGEHUB_BENCH_PROFILE=FILE`` profiles the first ingest round with pyinstrument (text report to FILE); the
-profiler slows Python several times over, so read its shares, not its rates.
+``EDGEHUB_BENCH_PROFILE=FILE`` profiles the last round with pyinstrument (text report to FILE; with more than
+one round that round is ingest only, no drain); the profiler slows Python several times over, so read its
+shares, not its rates.
 
 Last line: one JSON object with ingest_msgs_per_s, ingest_vs_raw_ratio, drain_msgs_per_s, recovery_s, rss_mb_1m.
 """
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         drain_rate = 0.0
         profile = os.environ.get("EDGEHUB_BENCH_PROFILE")
         for r in range(args.rounds):
-            profiler = _profiler() if profile and r == 0 else None
+            profiler = _profiler() if profile and r == args.rounds - 1 else None
             rate, group, drained, batches = asyncio.run(run_ingest(base / f"ingest{r}", r == 0))
             if profiler is not None and profile:
                 profiler.stop()
