@@ -165,11 +165,11 @@ class EndpointExecutor:
         qs = self._qs(q)
         if items:
             qs.cursor = items[-1].offset + 1
+        qs.checkpointer.propose(it.offset for it in items)
         now = self._clock.time()
         expired = [it for it in items if it.expires_at_s <= now]
         if expired:
             await self._store.remove(q, [it.offset for it in expired], RemovalReason.TTL)
-            qs.checkpointer.propose(it.offset for it in expired)
             await self._commit(q, qs.checkpointer.commit([it.offset for it in expired]))
         return [it for it in items if it.expires_at_s > now]
 
@@ -197,15 +197,14 @@ class EndpointExecutor:
                     await self._wake.wait()
                 continue
             qs = self._qs(q)
+            raw: list[StoredItem] = []
             if prefetch is not None and prefetch_q == q:
-                raw = await prefetch
-                if not raw or raw[0].offset < qs.cursor:  # read before new arrivals, or stale: read again
-                    raw = self._read(q, qs.cursor)
-            else:
-                if prefetch is not None:
-                    prefetch.cancel()
-                raw = self._read(q, qs.cursor)
+                raw = [it for it in await prefetch if qs.checkpointer.admit(it.offset)]  # stale ones dropped
+            elif prefetch is not None:
+                prefetch.cancel()
             prefetch = None
+            if not raw:  # nothing prefetched, or read before new arrivals: read now
+                raw = [it for it in self._read(q, qs.cursor) if qs.checkpointer.admit(it.offset)]
             if not raw:
                 # references were removed under the cursor (cleanup); skip to the end of the queue
                 qs.cursor = self._store.end_offset(q)
@@ -242,7 +241,6 @@ class EndpointExecutor:
     async def _deliver(self, q: QueueId, items: list[StoredItem]) -> None:
         qs = self._qs(q)
         by_offset = {it.offset: it for it in items}
-        qs.checkpointer.propose(by_offset)
         qs.fire(Event.BATCH)
         policy = effective_policy(self._settings.retry_policy, self._settings.endpoint_retry_policy)
         failures = 0
