@@ -22,6 +22,13 @@ Invariants:
 * a retry wait is cut short when the endpoint reports it is reachable, but only by a report that came after
   the failed send began (a stale report never shortens a later wait); that retry is immediate and the retry
   schedule starts over;
+* while the endpoint reports it is unreachable (``ReportsUnreachable``) its queues are parked: nothing is
+  sent until it reports reachable again or a retry delay has passed (for a failed batch its own retry time;
+  for new messages the policy's first delay after the report, or the retry time of the last send made while
+  parked). A send made while parked is a probe: its failure counts no attempt against
+  ``max_delivery_attempts`` and never exhausts the retry policy (its wait is then the policy's maximum
+  delay); a send that was in flight when the report came counts as usual (it may have reached the peer). A
+  send that succeeds counts as a reachable report;
 * the cleanup processor removes delivered and expired references every ``cleanup_interval_s`` (head-only, or the
   whole queue with ``check_entire_queue_on_cleanup``); the store deletes a body with its last reference.
 
@@ -40,7 +47,7 @@ from typing import Self
 
 from edgehub.core import Clock, FailureKind, StoreClosedError, StoreError, SystemClock
 from edgehub.delivery.checkpointer import Checkpointer
-from edgehub.delivery.endpoint import Endpoint, QueuedMessage, SendResult
+from edgehub.delivery.endpoint import Endpoint, QueuedMessage, ReportsUnreachable, SendResult
 from edgehub.delivery.fsm import Event, State, next_state
 from edgehub.delivery.retry import RetryPolicy, effective_policy
 from edgehub.store import QueueId, RemovalReason, Store, StoredItem
@@ -114,6 +121,10 @@ class EndpointExecutor:
         # have come after a send began (the clock cannot: a manual one may not move in between).
         self._seq = 0
         self._reachable_seq = 0
+        self._unreachable = False  # the endpoint's last report said so: its queues are parked
+        self._park_until_mono_s = 0.0  # while parked, new messages may be tried (a probe) from then on
+        self._idling = False
+        self.idle_waits = 0  # times the pump found nothing ready and waited
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.batches_sent = 0
@@ -121,6 +132,8 @@ class EndpointExecutor:
         self.cleanups_run = 0
         self._changed = asyncio.Event()  # set after every send, commit, dead letter, prefetch and cleanup
         endpoint.bind(self._on_reachable)
+        if isinstance(endpoint, ReportsUnreachable):
+            endpoint.bind_unreachable(self._on_unreachable)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -154,8 +167,29 @@ class EndpointExecutor:
         return self._seq
 
     def _on_reachable(self) -> None:
+        if self._unreachable:
+            log.info("executor.reachable endpoint=%s", self._id)
+        self._unreachable = False
         self._reachable_seq = self._next_seq()
         self._wake.set()
+
+    def _on_unreachable(self) -> None:
+        if not self._unreachable:
+            self._unreachable = True
+            delay_s = self._probe_delay_s(1)
+            self._park_until_mono_s = self._clock.monotonic() + delay_s
+            log.info("executor.unreachable endpoint=%s parked_for_s=%s", self._id, delay_s)
+        self._wake.set()
+
+    @property
+    def reachable(self) -> bool:
+        """False while the endpoint's last report said it is unreachable (its queues are parked)."""
+        return not self._unreachable
+
+    def _probe_delay_s(self, failures: int) -> float:
+        """The wait before trying a parked endpoint again: the retry policy's, which never runs out here."""
+        delay_s = self._policy.delay_s(failures)
+        return self._policy.maximum_delay_s if delay_s is None else delay_s
 
     async def wait_for(self, condition: Callable[[], bool]) -> None:
         """Return once ``condition()`` holds, checked after each send, commit, dead letter, prefetch and cleanup.
@@ -163,6 +197,14 @@ class EndpointExecutor:
         while not condition():
             self._changed.clear()
             await self._changed.wait()
+
+    async def wait_idle(self) -> None:
+        """Return once the pump has dealt with every ``notify`` and reachability report made before this call and
+        found nothing ready: it waits for new messages, a report or a retry time. Bound it with
+        ``asyncio.timeout``: meant for tests that check what was *not* sent."""
+        seen = self.idle_waits
+        busy = self._wake.is_set() or not self._idling
+        await self.wait_for(lambda: not busy or self.idle_waits > seen)
 
     def state(self, priority: int) -> State:
         qs = self._queues.get(QueueId(self._id, priority))
@@ -177,14 +219,17 @@ class EndpointExecutor:
 
     # -- choosing -----------------------------------------------------------------------------------------
     def _revived(self, qs: _QueueState) -> bool:
-        """Whether a reachability report came after the failed send of ``qs`` began."""
-        return self._reachable_seq > qs.failed_send_seq
+        """Whether the endpoint is reachable by a report that came after the failed send of ``qs`` began."""
+        return not self._unreachable and self._reachable_seq > qs.failed_send_seq
 
     def _retry_due(self, qs: _QueueState, now_mono: float) -> bool:
         return self._revived(qs) or qs.retry_at_mono_s <= now_mono
 
     def _has_new(self, q: QueueId, qs: _QueueState) -> bool:
         return self._store.end_offset(q) > qs.cursor
+
+    def _may_send_new(self, now_mono: float) -> bool:
+        return not self._unreachable or self._park_until_mono_s <= now_mono
 
     def _choose(self) -> tuple[QueueId, bool] | None:
         """The queue to serve next, highest priority first, and whether it is a retry; None: nothing is ready."""
@@ -194,31 +239,40 @@ class EndpointExecutor:
             if qs.pending:
                 if self._retry_due(qs, now):
                     return q, True
-            elif self._has_new(q, qs):
+            elif self._has_new(q, qs) and self._may_send_new(now):
                 return q, False
         return None
 
     def _next_deadline(self) -> float | None:
         """The earliest time (monotonic) at which a queue becomes ready without a signal, or None."""
-        return min((qs.retry_at_mono_s for qs in self._queues.values() if qs.pending), default=None)
+        times = [qs.retry_at_mono_s for qs in self._queues.values() if qs.pending]
+        if self._unreachable and any(not qs.pending and self._has_new(q, qs) for q, qs in self._queues.items()):
+            times.append(self._park_until_mono_s)
+        return min(times, default=None)
 
     async def _idle(self) -> None:
         """Wait for new messages, a reachability report, or the earliest retry time."""
         deadline = self._next_deadline()
-        if deadline is None:
-            await self._wake.wait()
-            return
-        delay_s = deadline - self._clock.monotonic()
-        if delay_s <= 0:  # due already (a clock that woke a hair early): choose again
+        delay_s = None if deadline is None else deadline - self._clock.monotonic()
+        if delay_s is not None and delay_s <= 0:  # due already (a clock that woke a hair early): choose again
             await asyncio.sleep(0)
             return
-        sleeper = asyncio.ensure_future(self._clock.sleep(delay_s))
-        waker = asyncio.ensure_future(self._wake.wait())
+        self._idling = True
+        self.idle_waits += 1
+        self._changed.set()
         try:
-            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+            if delay_s is None:
+                await self._wake.wait()
+                return
+            sleeper = asyncio.ensure_future(self._clock.sleep(delay_s))
+            waker = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                waker.cancel()
         finally:
-            sleeper.cancel()
-            waker.cancel()
+            self._idling = False
 
     # -- pump ---------------------------------------------------------------------------------------------
     def _read(self, q: QueueId, from_offset: int) -> list[StoredItem]:
@@ -354,6 +408,7 @@ class EndpointExecutor:
         """Send ``items`` once (the queue is SENDING). On success commit; on failure record the retry state and
         return (FAILING): the pump chooses again."""
         seq = self._next_seq()
+        probe = self._unreachable  # parked: this send only finds out whether the endpoint is back
         result = await self._send(q, qs, items)
         by_offset = {it.offset: it for it in items}
         ok = {m.offset for m in result.succeeded} & by_offset.keys()
@@ -363,6 +418,8 @@ class EndpointExecutor:
         for off in sorted(invalid):
             await self._dead_letter(qs, by_offset[off], DeadLetterReason.INVALID, result.error)
             done.add(off)
+        if result.succeeded and self._unreachable:
+            self._on_reachable()  # it delivered: whatever the last report said, the endpoint is back
         if not failed:
             qs.clear_retry()
             qs.fire(Event.SENT_OK)
@@ -376,7 +433,7 @@ class EndpointExecutor:
         now = self._clock.time()
         if qs.unhealthy_since_s is None:
             qs.unhealthy_since_s = now
-        delay_s = self._policy.delay_s(qs.failures)
+        delay_s = self._probe_delay_s(qs.failures) if probe else self._policy.delay_s(qs.failures)
         log.info(
             "endpoint.send_failed endpoint=%s priority=%d failed=%d kind=%s retry_in_s=%s",
             self._id,
@@ -388,7 +445,9 @@ class EndpointExecutor:
         still: list[StoredItem] = []
         limit = self._settings.max_delivery_attempts
         for it in failed:
-            n = qs.attempts[it.offset] = qs.attempts.get(it.offset, 0) + 1
+            n = qs.attempts.get(it.offset, 0) + (0 if probe else 1)
+            if n:
+                qs.attempts[it.offset] = n
             if limit is not None and n >= limit:
                 await self._dead_letter(qs, it, DeadLetterReason.MAX_DELIVERY_ATTEMPTS, result.error)
                 done.add(it.offset)
@@ -411,6 +470,8 @@ class EndpointExecutor:
         assert delay_s is not None
         qs.pending = still
         qs.retry_at_mono_s = self._clock.monotonic() + delay_s
+        if self._unreachable:  # new messages of other queues wait as long: one probe at a time
+            self._park_until_mono_s = max(self._park_until_mono_s, qs.retry_at_mono_s)
         if now - qs.unhealthy_since_s >= self._settings.unhealthy_after_s and qs.state is State.FAILING:
             qs.fire(Event.UNHEALTHY)
 

@@ -370,3 +370,108 @@ async def test_next_batch_is_read_while_one_is_in_flight(store: Store, clock: Ma
         await ex.wait_for(lambda: store.checkpoint(QueueId("ep", 3)).committed == 5)
     assert [[m.offset for m in b] for b in ep.batches] == [[0, 1], [2, 3], [4, 5]]
     assert ex.batches_prefetched == 2
+
+
+async def test_unreachable_endpoint_parks_new_messages_until_it_reports_reachable(
+    store: Store, clock: ManualClock
+) -> None:
+    ep = TestEndpoint("ep")
+    settings = ExecutorSettings(retry_policy=HOUR_WAIT)
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        ep.go_down(report=True)
+        assert not ex.reachable
+        await put(store, ex, "m", 1)
+        await ex.wait_idle()
+        assert ep.sends == 0  # parked: nothing is tried while the endpoint says it cannot deliver
+        ep.revive()
+        await ep.wait_delivered(1)
+        assert ex.reachable
+    assert ep.sends == 1
+    assert ep.delivered[0].attempts == 0
+
+
+PROBE_EVERY_5S = RetryPolicy(
+    minimum_delay_retries=2, minimum_delay_s=5, maximum_delay_s=5, backoff_retries=0, maximum_delay_retries=0
+)
+
+
+async def test_parked_endpoint_is_probed_after_the_retry_delay_without_counting_attempts(
+    store: Store, clock: ManualClock
+) -> None:
+    ep = TestEndpoint("ep")
+    settings = ExecutorSettings(retry_policy=PROBE_EVERY_5S, max_delivery_attempts=2)
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        ep.go_down(report=True)
+        await put(store, ex, "m", 1)
+        for probes in range(1, 5):  # more probes than max_delivery_attempts, and than the policy's retries
+            await ex.wait_idle()
+            assert ep.sends == probes - 1
+            await clock.wait_for_sleepers(2)  # cleanup's, and the pump's until the next probe
+            clock.advance(5)
+            await ep.wait_sends(probes)
+        await ex.wait_idle()
+        assert store.dead_letters("ep") == []
+        assert ex.state(1) is State.FAILING
+        ep.revive()
+        await ep.wait_delivered(1)
+    assert ep.delivered[0].attempts == 0
+
+
+async def test_probe_that_succeeds_unparks_the_endpoint(store: Store, clock: ManualClock) -> None:
+    ep = TestEndpoint("ep")
+    settings = ExecutorSettings(retry_policy=PROBE_EVERY_5S)
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        ep.go_down(report=True)
+        await put(store, ex, "a", 1)
+        await clock.wait_for_sleepers(2)
+        ep.revive(report=False)
+        clock.advance(5)  # the probe finds it back
+        await ep.wait_delivered(1)
+        assert ex.reachable
+        await put(store, ex, "b", 2)
+        await ep.wait_delivered(2)
+    assert bodies(ep) == [b"a", b"b"]
+
+
+async def test_send_in_flight_when_the_endpoint_reports_unreachable_counts_its_attempt(
+    store: Store, clock: ManualClock
+) -> None:
+    ep = TestEndpoint("ep")
+    ep.stall()
+    settings = ExecutorSettings(retry_policy=HOUR_WAIT)
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        await put(store, ex, "m", 1)
+        await ep.wait_stalled()
+        ep.go_down(report=True)  # the link drops under the send: it may have reached the peer
+        ep.release()
+        await ep.wait_sends(1)
+        await ex.wait_for(lambda: ex.state(1) is State.FAILING)
+        ep.revive()
+        await ep.wait_delivered(1)
+    assert ep.delivered[0].attempts == 1  # so a module sees the retry as a redelivery (DUP)
+
+
+async def test_while_unreachable_queued_high_priority_waits_and_goes_first_when_the_endpoint_is_back(
+    store: Store, clock: ManualClock
+) -> None:
+    ep = TestEndpoint("ep", max_batch_messages=100)
+    ep.go_down()
+    settings = ExecutorSettings(retry_policy=HOUR_WAIT)
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        for i in range(100):
+            await store.enqueue(Message(body=f"low{i}".encode()), [RouteResult("ep", 5)])
+        ex.notify()
+        await ep.wait_sends(1)
+        await ex.wait_for(lambda: ex.state(5) is State.FAILING)
+        ep.go_down(report=True)  # the transport notices
+        for i in range(3):
+            await store.enqueue(Message(body=f"urgent{i}".encode()), [RouteResult("ep", 0)])
+        ex.notify()
+        await ex.wait_idle()
+        assert ep.sends == 1  # P0 is parked, not sent into a dead link
+        ep.revive()
+        await ep.wait_delivered(103)
+    assert bodies(ep)[:3] == [b"urgent0", b"urgent1", b"urgent2"]
+    assert [m.attempts for m in ep.delivered[:3]] == [0, 0, 0]
+    assert [len(b) for b in ep.batches] == [3, 100]
+    assert ep.sends == 3
