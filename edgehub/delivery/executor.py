@@ -201,7 +201,8 @@ class EndpointExecutor:
     async def wait_idle(self) -> None:
         """Return once the pump has dealt with every ``notify`` and reachability report made before this call and
         found nothing ready: it waits for new messages, a report or a retry time. Bound it with
-        ``asyncio.timeout``: meant for tests that check what was *not* sent."""
+        ``asyncio.timeout``: meant for tests that check what was *not* sent. (The pump's clock sleep may start a
+        moment later: with a manual clock, ``wait_for_sleepers`` before ``advance``.)"""
         seen = self.idle_waits
         busy = self._wake.is_set() or not self._idling
         await self.wait_for(lambda: not busy or self.idle_waits > seen)
