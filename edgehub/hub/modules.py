@@ -14,7 +14,8 @@ Invariants:
   delivery waiting or in flight on it fails (TRANSIENT), so the executor retries it, and the retry goes out
   with ``Delivery.redelivery=True`` (MQTT DUP) because its ``attempts`` is above zero;
 * when a module connects, every endpoint of that module is told (``on_reachable``), which cuts the executor's
-  retry wait short;
+  retry wait short; when its link goes away, they are told it is unreachable (``on_unreachable``), which parks
+  their queues until it connects again, so nothing is tried, and no attempt counted, while it is away;
 * a delivery the link refuses as PERMANENT (too large for the client) is invalid: dead-lettered, not retried.
 """
 
@@ -82,6 +83,7 @@ class _Mailbox:
     waiting: deque[_Pending] = field(default_factory=deque)
     inflight: dict[int, _Pending] = field(default_factory=dict)
     on_reachable: list[Callable[[], None]] = field(default_factory=list)
+    on_unreachable: list[Callable[[], None]] = field(default_factory=list)
 
 
 def _settle(p: _Pending, outcome: _Outcome) -> None:
@@ -113,6 +115,9 @@ class ModuleMailboxes:
     def watch(self, module_id: str, on_reachable: Callable[[], None]) -> None:
         self._box(module_id).on_reachable.append(on_reachable)
 
+    def watch_unreachable(self, module_id: str, on_unreachable: Callable[[], None]) -> None:
+        self._box(module_id).on_unreachable.append(on_unreachable)
+
     # -- called by the hub facade for the heads --------------------------------------------------------------
     def connect(self, identity: Identity, link: ClientLink) -> None:
         assert identity.module_id is not None
@@ -133,6 +138,8 @@ class ModuleMailboxes:
         self._fail_inflight(box)
         while box.waiting:
             _settle(box.waiting.popleft(), _Outcome.FAILED)
+        for callback in box.on_unreachable:
+            callback()
 
     def delivered(self, identity: Identity, delivery_id: int, ok: bool) -> None:
         assert identity.module_id is not None
@@ -228,6 +235,9 @@ class ModuleEndpoint:
 
     def bind(self, on_reachable: Callable[[], None]) -> None:
         self._mailboxes.watch(self.module_id, on_reachable)
+
+    def bind_unreachable(self, on_unreachable: Callable[[], None]) -> None:
+        self._mailboxes.watch_unreachable(self.module_id, on_unreachable)
 
     async def send(self, batch: Sequence[QueuedMessage]) -> SendResult:
         return await self._mailboxes.deliver(self.module_id, self.input_name, batch, self._id)
