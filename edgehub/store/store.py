@@ -60,6 +60,7 @@ import msgspec
 
 from edgehub.core import (
     Clock,
+    IngestRejected,
     Message,
     MessageTooLargeError,
     QuotaExceededError,
@@ -456,24 +457,13 @@ class Store:
         meta_ops = self._metadata_ops(metadata)
         size = message.size_bytes()  # as the producer sent it: the hub's own stamps are not charged to it
         now = self._clock.time()
-        lanes = self._lanes
-        queues: dict[QueueId, tuple[str, float]] = {}  # queue -> (its name, the reference's TTL); first route wins
-        for rr in route_results:
-            q, name = lanes.get((rr.endpoint, rr.priority)) or self._lane(rr.endpoint, rr.priority)
-            if q not in queues:
-                queues[q] = (name, self.default_ttl_s if rr.ttl_s is None else float(rr.ttl_s))
+        queues = self._queues_for(route_results)
         if not queues:
             await self._accept_unrouted(meta_ops)
             return EnqueueReceipt(self.stamp(message, now), ())
         overflow = 0
-        dp, sq = self.default_policy, self.store_quota
-        if (  # the policy work, only when some policy may apply (spelled out: this runs for every message)
-            self.endpoint_policies
-            or dp.max_bytes is not None
-            or dp.max_messages is not None
-            or sq.max_bytes is not None
-            or sq.max_messages is not None
-        ):
+        dp = self.default_policy
+        if self._policies_may_apply():
             endpoints = {q.endpoint for q in queues}
             limit = min(self.policy(e).max_message_size_bytes for e in endpoints)
             if size > limit:
@@ -492,10 +482,49 @@ class Store:
         if not queues:  # dropped everywhere (discardIncoming): the write carries only the count
             await self._committer.submit(_Pending(meta_ops, {}, [], overflow))
             return EnqueueReceipt(message, ())
+        pending = _Pending(meta_ops, {}, [], overflow)
+        refs = self._add_message(pending, message, queues, size, now)
+        await self._committer.submit(pending)
+        return EnqueueReceipt(message, refs)
+
+    def _queues_for(self, route_results: Sequence[RouteResult]) -> dict[QueueId, tuple[str, float]]:
+        """queue -> (its name, the reference's TTL), one per (endpoint, priority); the first route wins."""
+        lanes = self._lanes
+        queues: dict[QueueId, tuple[str, float]] = {}
+        for rr in route_results:
+            q, name = lanes.get((rr.endpoint, rr.priority)) or self._lane(rr.endpoint, rr.priority)
+            if q not in queues:
+                queues[q] = (name, self.default_ttl_s if rr.ttl_s is None else float(rr.ttl_s))
+        return queues
+
+    def _policies_may_apply(self) -> bool:
+        """Whether any quota or endpoint policy is set (spelled out: this runs for every message)."""
+        dp, sq = self.default_policy, self.store_quota
+        return bool(
+            self.endpoint_policies
+            or dp.max_bytes is not None
+            or dp.max_messages is not None
+            or sq.max_bytes is not None
+            or sq.max_messages is not None
+        )
+
+    def _add_message(
+        self,
+        pending: _Pending,
+        message: Message,
+        queues: Mapping[QueueId, tuple[str, float]],
+        size: int,
+        now: float,
+    ) -> tuple[tuple[QueueId, int], ...]:
+        """Add the (stamped) message's body and references to ``pending``, reserving their usage; its refs.
+
+        Synchronous from offset hand-out to reservation, so a group of messages gets consecutive offsets."""
         key = self._next_message_key
         self._next_message_key = key + 1
         pkey = pack_u64(key)
-        ops: list[Op] = [(MESSAGES, pkey, b"")]  # the body goes first; encoded below, once refs are known
+        ops = pending.ops
+        body_at = len(ops)
+        ops.append((MESSAGES, pkey, b""))  # the body goes first; encoded below, once refs are known
         refs: list[tuple[QueueId, int]] = []
         named: list[tuple[str, int]] = []
         deltas: Usage = {STORE_WIDE: (1, size)}
@@ -506,14 +535,55 @@ class Store:
             c, b = deltas.get(q.endpoint, (0, 0))
             deltas[q.endpoint] = (c + 1, b + size)
             ops.append((name, pack_u64(off), encode_ref_fields(key, now, ttl, size)))
-        ops[0] = (MESSAGES, pkey, encode_message(message, named))
-        ops.extend(meta_ops)
-        inflight = self._inflight
+        ops[body_at] = (MESSAGES, pkey, encode_message(message, named))
+        inflight, group_deltas = self._inflight, pending.deltas
         for k, (c, b) in deltas.items():  # reserved now, so concurrent producers see it in their quota check
             ic, ib = inflight.get(k, (0, 0))
             inflight[k] = (ic + c, ib + b)
-        await self._committer.submit(_Pending(ops, deltas, refs, overflow))
-        return EnqueueReceipt(message, tuple(refs))
+            gc, gb = group_deltas.get(k, (0, 0))
+            group_deltas[k] = (gc + c, gb + b)
+        pending.refs.extend(refs)
+        return tuple(refs)
+
+    async def enqueue_many(
+        self, items: Sequence[tuple[Message, Sequence[RouteResult]]]
+    ) -> list[EnqueueReceipt | IngestRejected]:
+        """Store a producer's group of messages (one read of a connection); return when all are durable.
+
+        One receipt or refusal per message, in order: what ``enqueue`` would return or raise for each. When no
+        quota or endpoint policy is set (the default), the whole group is one pending write with one future,
+        not one per message: the protocol heads hand over everything one socket read brought. With policies,
+        each message goes through ``enqueue`` (quota waits and overflow are per message). A failed write
+        raises, as ``enqueue`` does, for the whole group."""
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+        if self._policies_may_apply():
+            return list(await asyncio.gather(*(self._enqueue_or_refusal(m, r) for m, r in items)))
+        now = self._clock.time()
+        limit = self.default_policy.max_message_size_bytes
+        pending = _Pending([], {}, [])
+        out: list[EnqueueReceipt | IngestRejected] = []
+        for message, route_results in items:
+            size = message.size_bytes()  # as the producer sent it: the hub's own stamps are not charged to it
+            queues = self._queues_for(route_results)
+            if queues and size > limit:
+                out.append(MessageTooLargeError(f"message of {size} bytes is over maxMessageSizeBytes={limit}"))
+                continue
+            message = self.stamp(message, now)
+            out.append(
+                EnqueueReceipt(message, self._add_message(pending, message, queues, size, now) if queues else ())
+            )
+        if pending.ops:
+            await self._committer.submit(pending)
+        return out
+
+    async def _enqueue_or_refusal(
+        self, message: Message, route_results: Sequence[RouteResult]
+    ) -> EnqueueReceipt | IngestRejected:
+        try:
+            return await self.enqueue(message, route_results)
+        except IngestRejected as exc:
+            return exc
 
     # Added for the hub's duplicate window (issue 5): metadata carried by an enqueue, in its group write.
     @staticmethod
