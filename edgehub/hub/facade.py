@@ -157,6 +157,7 @@ class EdgeHub:
         return result
 
     def _stamp(self, identity: Identity, message: Message) -> Message:
+        """The connection's identity on the message, with the store's id and time stamps in the same copy."""
         updates: dict[str, str] = {SystemProperty.CONNECTION_DEVICE_ID.value: identity.device_id}
         if identity.module_id is not None:
             updates[SystemProperty.CONNECTION_MODULE_ID.value] = identity.module_id
@@ -168,7 +169,7 @@ class EdgeHub:
             # A device cannot pass itself off as a module (that would change the message's route source).
             sp = {k: v for k, v in sp.items() if k != SystemProperty.CONNECTION_MODULE_ID}
             message = Message(message.body, message.properties, sp)
-        return message.with_system_properties(**updates)
+        return self.store.stamp(message, updates=updates)
 
     async def _ingest_one(self, identity: Identity, message: Message) -> IngestOutcome:
         message = self._stamp(identity, message)

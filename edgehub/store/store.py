@@ -418,15 +418,18 @@ class Store:
             self._durable_end[q] = next(iter(unwritten)) if unwritten else self._next_offset[q]
 
     # -- ingest -------------------------------------------------------------------------------------------
-    def stamp(self, message: Message, now_s: float | None = None) -> Message:
+    def stamp(self, message: Message, now_s: float | None = None, updates: Mapping[str, str] | None = None) -> Message:
         """The message as it will be stored: ``edgeMessageId`` and ``enqueuedTime`` (``now_s``, else the store's
-        clock) set if absent."""
+        clock) set if absent. ``updates``: other system properties to set in the same copy (the hub's identity
+        stamps), so a message is copied once on its way in, not once per stamper."""
         sp = message.system_properties
         has_id = SystemProperty.EDGE_MESSAGE_ID in sp
         has_time = SystemProperty.ENQUEUED_TIME in sp
-        if has_id and has_time:
+        if has_id and has_time and not updates:
             return message
         stamped = dict(sp)
+        if updates:
+            stamped.update(updates)
         if not has_id:
             stamped[SystemProperty.EDGE_MESSAGE_ID] = self._stamper.edge_message_id()
         if not has_time:
