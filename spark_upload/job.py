@@ -318,11 +318,15 @@ def _silver(bronze: DataFrame) -> DataFrame:
 
 
 def _device_minute_partials(silver: DataFrame, batch_id: int) -> DataFrame:
-    fields = silver.where(F.col("body").isNotNull()).select(
+    # Only a JSON object has top-level fields. A body that is JSON but not an object ([1,2], 42, "x") is legal;
+    # a plain cast would fail the whole batch on it (INVALID_VARIANT_CAST under ANSI mode), and the replay after
+    # a restart would fail the same way for ever. The filter says what is meant; try_cast keeps it safe however
+    # the optimizer orders the two.
+    fields = silver.where(F.schema_of_variant("body").startswith("OBJECT")).select(
         "device_id",
         F.date_trunc("minute", "enqueued_at").alias("minute"),
         "ingest_date",
-        F.explode(F.expr("cast(body as map<string,variant>)")).alias("field", "value"),
+        F.explode(F.expr("try_cast(body as map<string,variant>)")).alias("field", "value"),
     )
     numeric = fields.where(F.schema_of_variant("value").rlike(_NUMERIC_VARIANT)).select(
         "device_id", "minute", "ingest_date", "field", F.variant_get("value", "$", "double").alias("x")

@@ -229,18 +229,28 @@ def test_silver_holds_json_bodies_as_variant_and_the_example_aggregate_sums_up(
         _record(1, second=30, body=b'{"temp": 24.5, "label": "b"}'),
         _record(2, second=61, body=b'{"temp": 30}'),
         _record(3, second=62, body=b"\x00\x01 not json"),
+        # JSON that is not an object: legal bodies, in bronze and silver, with no fields to aggregate.
+        _record(4, second=121, body=b"[1, 2]"),
+        _record(5, second=122, body=b"42"),
+        _record(6, second=123, body=b'"x"'),
     ]
-    zone.write(SegmentName("hub1", "upstream", 3, 0, 3), encode_segment(records))
+    zone.write(SegmentName("hub1", "upstream", 3, 0, 6), encode_segment(records))
     run(spark, _settings(tmp_path))
 
+    assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(7)]
     silver = spark.read.parquet(str(tmp_path / "lake" / "silver"))
     assert dict(silver.dtypes)["body"] == "variant"
-    temps = silver.selectExpr("edge_message_id", "variant_get(body, '$.temp', 'double') AS temp").collect()
-    assert sorted((r.edge_message_id, r.temp) for r in temps) == [
-        ("e-000000", 20.0),
-        ("e-000001", 24.5),
-        ("e-000002", 30.0),
-        ("e-000003", None),
+    temps = silver.selectExpr(
+        "edge_message_id", "variant_get(body, '$.temp', 'double') AS temp", "to_json(body) AS json"
+    ).collect()
+    assert sorted((r.edge_message_id, r.temp, r.json) for r in temps) == [
+        ("e-000000", 20.0, '{"hum":0.5,"label":"a","temp":20}'),
+        ("e-000001", 24.5, '{"label":"b","temp":24.5}'),
+        ("e-000002", 30.0, '{"temp":30}'),
+        ("e-000003", None, None),
+        ("e-000004", None, "[1,2]"),
+        ("e-000005", None, "42"),
+        ("e-000006", None, '"x"'),
     ]
     stats = [r.asDict() for r in device_minute_stats(spark, str(tmp_path / "lake")).collect()]
     minute0 = [s for s in stats if s["minute"].timestamp() == BASE_S]
@@ -250,6 +260,8 @@ def test_silver_holds_json_bodies_as_variant_and_the_example_aggregate_sums_up(
     }
     minute1 = [s for s in stats if s["minute"].timestamp() == BASE_S + 60]
     assert {(s["field"], s["count"], s["n"], s["min"], s["max"]) for s in minute1} == {("temp", 2, 1, 30.0, 30.0)}
+    minute2 = [s for s in stats if s["minute"].timestamp() == BASE_S + 120]
+    assert [(s["field"], s["count"], s["n"]) for s in minute2] == [(None, 3, None)]  # counted, no fields
 
 
 @pytest.mark.spark
