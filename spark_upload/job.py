@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -208,7 +209,8 @@ def classify(lines: DataFrame) -> DataFrame:
 
 def _read_landing(spark: SparkSession, settings: JobSettings) -> DataFrame:
     reader = spark.readStream.format("text").option("pathGlobFilter", f"*{SEGMENT_SUFFIX}")
-    reader = reader.option("recursiveFileLookup", "true")
+    # A broken gzip file must not fail the batch (and every replay of it): see _unreadable_files.
+    reader = reader.option("recursiveFileLookup", "true").option("ignoreCorruptFiles", "true")
     if settings.max_files_per_trigger is not None:
         reader = reader.option("maxFilesPerTrigger", str(settings.max_files_per_trigger))
     raw = reader.load(settings.landing)
@@ -235,8 +237,9 @@ def _deduplicated(classified: DataFrame, dedup_window: str) -> DataFrame:
 # --- the idempotent sink ------------------------------------------------------------------------------------
 
 
-class _Lake:
-    """Hadoop FileSystem operations on the lake (local, HDFS, s3a, abfs: whatever the session can reach)."""
+class _HadoopDir:
+    """Hadoop FileSystem operations under one folder: the lake or the checkpoint (local, HDFS, s3a, abfs: whatever
+    the session can reach). Python never opens these paths itself, so a remote lake works like a local one."""
 
     def __init__(self, spark: SparkSession, root: str) -> None:
         jvm = spark.sparkContext._jvm
@@ -262,6 +265,20 @@ class _Lake:
         finally:
             out.close()
 
+    def read_text(self, *parts: str) -> str | None:
+        """The whole file as UTF-8, or None when it does not exist."""
+        p = self.path(*parts)
+        if not self._fs.exists(p):
+            return None
+        stream = self._fs.open(p)
+        try:
+            return bytes(stream.readAllBytes()).decode("utf-8")
+        finally:
+            stream.close()
+
+    def delete_path(self, p: Any) -> None:
+        self._fs.delete(p, False)
+
     def glob(self, pattern: str) -> list[Any]:
         found = self._fs.globStatus(self.path(pattern))
         return [] if found is None else [s.getPath() for s in found]
@@ -281,15 +298,16 @@ def _batch_tag(batch_id: int) -> str:
 @dataclass(slots=True)
 class _BatchCounts:
     bronze: int = 0
-    quarantined: int = 0
-    silver_json: int = 0
+    quarantined: int = 0  # lines, and files that could not be read
+    unreadable_files: int = 0
     skipped_replay: bool = False
 
 
 @dataclass(slots=True)
 class RunState:
     settings: JobSettings
-    lake: _Lake
+    lake: _HadoopDir
+    checkpoint: _HadoopDir
     counts: dict[int, _BatchCounts] = field(default_factory=dict)
     emitted: set[int] = field(default_factory=set)
     lock: threading.Condition = field(default_factory=threading.Condition)
@@ -300,6 +318,105 @@ class RunState:
         """Block until ``n`` batches were handled by this run (committed or skipped); False on timeout."""
         with self.lock:
             return self.lock.wait_for(lambda: len(self.counts) >= n, timeout=timeout_s)
+
+
+# --- landing files the text reader could not read ------------------------------------------------------------
+#
+# The source reads with ``ignoreCorruptFiles``: a segment whose gzip stream is broken (a truncated upload, flipped
+# bytes, not gzip at all) gives the lines before the break and is then skipped. Without it the batch fails, and so
+# does every restart, since the replay reads the same file. So that nothing is skipped silently, each batch checks
+# the gzip stream (deflate data, CRC and length) of every file it read and quarantines each broken one as
+# ``unreadable_file``. Which files a batch read is in the checkpoint: the offsets log gives the file source's log
+# offset at the end of each batch, and the source's log (``sources/0``, format v1: one JSON entry per file, compacted
+# every few batches into ``{id}.compact``) gives the files of each offset. Both are a function of the batch, so a
+# replayed batch quarantines the same files.
+
+
+def _offsets_entry(checkpoint: _HadoopDir, batch_id: int) -> tuple[dict[str, Any], int | None] | None:
+    """The batch's metadata and the file source's log offset, from ``offsets/{batch}``; None when absent."""
+    text = checkpoint.read_text("offsets", str(batch_id))
+    if text is None:
+        return None
+    lines = text.splitlines()  # "v1", the batch metadata, then one offset per source (ours has one source)
+    meta: dict[str, Any] = json.loads(lines[1])
+    offset = None
+    if len(lines) > 2 and lines[2].strip() not in ("", "-"):
+        offset = int(json.loads(lines[2])["logOffset"])
+    return meta, offset
+
+
+def _source_log_files(checkpoint: _HadoopDir, log_id: int) -> list[str] | None:
+    text = checkpoint.read_text("sources", "0", str(log_id))
+    if text is None:
+        compacted = sorted(int(p.getName().removesuffix(".compact")) for p in checkpoint.glob("sources/0/*.compact"))
+        covering = [k for k in compacted if k >= log_id]
+        if not covering:
+            return None
+        text = checkpoint.read_text("sources", "0", f"{covering[0]}.compact")
+        if text is None:
+            return None
+    files = []
+    for line in text.splitlines()[1:]:
+        if line.strip():
+            entry = json.loads(line)
+            if int(entry["batchId"]) == log_id:
+                files.append(str(entry["path"]))
+    return files
+
+
+def _batch_files(checkpoint: _HadoopDir, batch_id: int) -> list[str]:
+    """The landing files query batch ``batch_id`` read."""
+    this = _offsets_entry(checkpoint, batch_id)
+    if this is None or this[1] is None:
+        return []
+    end = this[1]
+    # The batch read the source's log entries after the previous batch's offset, up to its own. Spark keeps the
+    # previous batch's offsets to recover; should they be gone, only the batch's own entry is checked.
+    before = _offsets_entry(checkpoint, batch_id - 1) if batch_id > 0 else (None, None)
+    first = end if before is None else 0 if before[1] is None else before[1] + 1
+    files: list[str] = []
+    for log_id in range(first, end + 1):
+        found = _source_log_files(checkpoint, log_id)
+        if found is None:
+            _log.warning("ingest.source_log_missing batch=%d log_id=%d; files not checked", batch_id, log_id)
+            continue
+        files.extend(found)
+    return files
+
+
+def _gzip_error(spark: SparkSession, path: str) -> str | None:
+    """None when ``path`` is a whole gzip stream; else what is wrong with it. Runs in the driver's JVM."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    p = jvm.org.apache.hadoop.fs.Path(path)
+    try:
+        stream = p.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).open(p)
+        try:
+            # GZIPInputStream checks each member's CRC-32 and length, and raises on a stream that ends early.
+            jvm.java.util.zip.GZIPInputStream(stream, 1 << 16).transferTo(jvm.java.io.OutputStream.nullOutputStream())
+        finally:
+            stream.close()
+    except Py4JJavaError as exc:
+        return str(exc.java_exception.toString())
+    return None
+
+
+def _unreadable_files(spark: SparkSession, run: RunState, batch_id: int) -> DataFrame | None:
+    """One quarantine row per file of the batch that is not a whole gzip stream; None when there is none."""
+    broken = []
+    for path in _batch_files(run.checkpoint, batch_id):
+        error = _gzip_error(spark, path)
+        if error is not None:
+            _log.warning("ingest.unreadable_file batch=%d file=%s error=%s", batch_id, path, error)
+            broken.append(path)
+    if not broken:
+        return None
+    entry = _offsets_entry(run.checkpoint, batch_id)
+    assert entry is not None
+    ingest_at = datetime.fromtimestamp(int(entry[0]["batchTimestampMs"]) / 1000, UTC)
+    rows = [("unreadable_file", path, None, None, ingest_at) for path in broken]
+    schema = "reason string, source_file string, line string, edge_message_id string, ingest_at timestamp"
+    return spark.createDataFrame(rows, schema).withColumn("ingest_date", F.to_date("ingest_at"))
 
 
 def _silver(bronze: DataFrame) -> DataFrame:
@@ -384,7 +501,7 @@ def _write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
     # A half-done earlier attempt may have moved some files in: take them out before writing again.
     for table in _TABLES:
         for leftover in lake.glob(f"{table}/*/part-{tag}-*"):
-            lake._fs.delete(leftover, False)
+            lake.delete_path(leftover)
     lake.delete("_staging", tag)
 
     batch = batch.withColumn("ingest_date", F.to_date("ingest_at")).persist()
@@ -398,6 +515,9 @@ def _write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
             "ingest_at",
             "ingest_date",
         )
+        unreadable = _unreadable_files(batch.sparkSession, run, batch_id)
+        if unreadable is not None:
+            bad = bad.unionByName(unreadable)
         silver = _silver(good)
         outputs: dict[str, DataFrame] = {
             "bronze": good,
@@ -405,7 +525,11 @@ def _write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
             "silver": silver,
             "device_minute": _device_minute_partials(silver, batch_id),
         }
-        counts = _BatchCounts(bronze=good.count(), quarantined=bad.count())
+        counts = _BatchCounts(
+            bronze=good.count(),
+            quarantined=bad.count(),
+            unreadable_files=0 if unreadable is None else unreadable.count(),
+        )
         for table, frame in outputs.items():
             if table in ("bronze", "silver") and counts.bronze == 0:
                 continue
@@ -444,8 +568,10 @@ def _emit_metrics(run: RunState, progress: dict[str, Any]) -> None:
         run.emitted.add(batch_id)
         counts = run.counts[batch_id]
     input_rows = int(progress.get("numInputRows", 0))
-    # Every input row ends in bronze or quarantine unless the dedup step removed it.
-    dropped = 0 if counts.skipped_replay else input_rows - counts.bronze - counts.quarantined
+    # Every input row ends in bronze or quarantine unless the dedup step removed it. An unreadable file is one
+    # quarantine row that is no input row.
+    lines_quarantined = counts.quarantined - counts.unreadable_files
+    dropped = 0 if counts.skipped_replay else input_rows - counts.bronze - lines_quarantined
     line = {
         "batch_id": batch_id,
         "at": progress.get("timestamp"),
@@ -453,6 +579,7 @@ def _emit_metrics(run: RunState, progress: dict[str, Any]) -> None:
         "bronze_rows": counts.bronze,
         "duplicates": dropped,
         "quarantined": counts.quarantined,
+        "unreadable_files": counts.unreadable_files,
         "replay_skipped": counts.skipped_replay,
     }
     text = json.dumps(line, separators=(",", ":"))
@@ -483,7 +610,7 @@ class _MetricsListener(StreamingQueryListener):
         pass
 
 
-def _local_metrics_file(settings: JobSettings, lake: _Lake) -> str | None:
+def _local_metrics_file(settings: JobSettings, lake: _HadoopDir) -> str | None:
     if settings.metrics_path is not None:
         target = settings.metrics_path
     elif "://" not in settings.lake or settings.lake.startswith("file:"):
@@ -496,8 +623,8 @@ def _local_metrics_file(settings: JobSettings, lake: _Lake) -> str | None:
 
 def start(spark: SparkSession, settings: JobSettings) -> tuple[StreamingQuery, RunState]:
     """Start the streaming query; the caller waits on it and must stop it."""
-    lake = _Lake(spark, settings.lake)
-    run = RunState(settings=settings, lake=lake)
+    lake = _HadoopDir(spark, settings.lake)
+    run = RunState(settings=settings, lake=lake, checkpoint=_HadoopDir(spark, settings.checkpoint))
     run.metrics_file = _local_metrics_file(settings, lake)
     stream = _deduplicated(classify(_read_landing(spark, settings)), settings.dedup_window)
     writer = stream.writeStream.option("checkpointLocation", settings.checkpoint).foreachBatch(
@@ -544,7 +671,7 @@ def compact(spark: SparkSession, lake_root: str, *, before: str, max_records_per
     Returns ``{table/partition: files_after}`` for the partitions it rewrote (those with more than one file).
     The swap is: write to ``_compact/...``, move the old files to ``_compact_trash``, move the new ones in.
     """
-    lake = _Lake(spark, lake_root)
+    lake = _HadoopDir(spark, lake_root)
     cutoff = before
     done: dict[str, int] = {}
     for table in _TABLES:

@@ -176,6 +176,57 @@ def test_each_kind_of_bad_record_is_quarantined_with_its_reason_and_the_job_keep
 
 
 @pytest.mark.spark
+def test_a_segment_that_is_not_a_whole_gzip_stream_is_quarantined_as_unreadable_and_the_job_goes_on(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    zone = LandingZone(str(tmp_path / "landing"))
+    _land(zone, 0, 9)
+    cut = [_record(i) for i in range(100, 400)]
+    data = encode_segment(cut)
+    truncated = SegmentName("hub1", "upstream", 3, 100, 399)
+    zone.write(truncated, data[: len(data) // 2])  # an upload cut short: a gzip stream that stops half-way
+    zone.write_path("hub1/upstream/p03/plain.jsonl.gz", b"not gzip at all\n")
+    settings = _settings(tmp_path)
+    run(spark, settings)
+    run(spark, settings)  # and a restart finds nothing to replay: the broken files no longer block the job
+
+    quarantine = spark.read.parquet(str(tmp_path / "lake" / "quarantine")).collect()
+    unreadable = sorted(r.source_file.rsplit("/", 1)[1] for r in quarantine if r.reason == "unreadable_file")
+    assert unreadable == sorted([truncated.path.rsplit("/", 1)[1], "plain.jsonl.gz"])
+    # The lines before the break are read; the line cut by it is quarantined as such.
+    assert all(r.reason == "unparseable_line" and r.source_file.endswith(truncated.path) for r in quarantine
+               if r.reason != "unreadable_file")  # fmt: skip
+    assert len(quarantine) <= 3
+    ids = _bronze_ids(spark, tmp_path)
+    assert ids[:10] == [f"e-{i:06d}" for i in range(10)]
+    assert ids[10:] == [r.edge_message_id for r in cut[: len(ids) - 10]]
+    (m,) = [m for m in _metrics(tmp_path) if m["input_rows"]]
+    assert m["unreadable_files"] == 2
+    assert m["quarantined"] == len(quarantine)
+    assert m["duplicates"] == 0
+
+
+@pytest.mark.spark
+def test_unreadable_files_are_found_in_compacted_source_logs_too(spark: SparkSession, tmp_path: Path) -> None:
+    # The file source compacts its log every N batches ({id}.compact); with N = 2 and one file per batch, half
+    # of the batches find their files there.
+    zone = LandingZone(str(tmp_path / "landing"))
+    for k in range(4):
+        zone.write_path(f"hub1/upstream/p03/broken-{k}.jsonl.gz", f"not gzip {k}\n".encode())
+    key = "spark.sql.streaming.fileSource.log.compactInterval"
+    spark.conf.set(key, "2")
+    try:
+        run(spark, _settings(tmp_path, max_files_per_trigger=1))
+    finally:
+        spark.conf.unset(key)
+    assert sorted((tmp_path / "checkpoint" / "sources" / "0").glob("*.compact"))
+    quarantine = spark.read.parquet(str(tmp_path / "lake" / "quarantine")).collect()
+    assert sorted((r.reason, r.source_file.rsplit("/", 1)[1]) for r in quarantine) == [
+        ("unreadable_file", f"broken-{k}.jsonl.gz") for k in range(4)
+    ]
+
+
+@pytest.mark.spark
 def test_a_job_stopped_mid_stream_resumes_from_its_checkpoint_with_nothing_twice_and_nothing_missing(
     spark: SparkSession, tmp_path: Path
 ) -> None:
