@@ -17,20 +17,24 @@ Invariants:
 * **Idempotent names.** A payload's name is the ``segment`` MQTT 5 user property when the sender gives one (it is
   the ``SegmentName`` path); otherwise ``received/{sha256 of the payload}.jsonl.gz``. A redelivered message so
   lands on the file it already wrote, and the landing zone keeps one copy.
-* **Nothing dropped silently, nothing poisons the job.** A payload that is not gzip cannot be a segment and would
-  stop Spark's gzip reader, so it lands under ``rejected/{sha256}.bin`` (outside the job's ``*.jsonl.gz``
-  filter), is counted and logged, and is acknowledged.
+* **Nothing dropped silently, nothing poisons the job.** A payload that is not a whole gzip stream (not gzip, cut
+  short, a CRC that does not match: it is decompressed once to check) cannot be a segment, so it lands under
+  ``rejected/{sha256}.bin`` (outside the job's ``*.jsonl.gz`` filter), is counted and logged, and is
+  acknowledged: a redelivery would bring the same bytes.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
+import io
 import logging
 import re
 import socket
 import sys
 import threading
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -45,7 +49,7 @@ from edgehub.core import TransportError
 from edgehub.upstream.landing import LandingZone
 from edgehub.upstream.segment import SEGMENT_SUFFIX
 
-__all__ = ["Received", "Receiver", "ReceiverSettings", "main"]
+__all__ = ["Received", "Receiver", "ReceiverSettings", "gzip_problem", "landing_path_for", "main"]
 
 _log = logging.getLogger(__name__)
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -84,10 +88,24 @@ class Received:
     acked: bool
 
 
-def landing_path_for(payload: bytes, segment_property: str | None) -> tuple[str, bool]:
-    """The landing path of a payload and whether it is a segment at all."""
-    digest = hashlib.sha256(payload).hexdigest()
+def gzip_problem(payload: bytes) -> str | None:
+    """None when ``payload`` is a whole gzip stream (every member's deflate data, CRC-32 and length check out),
+    else what is wrong. Read in chunks, so a large payload is never held decompressed."""
     if not payload.startswith(_GZIP_MAGIC):
+        return "not gzip"
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(payload)) as stream:
+            while stream.read(1 << 16):
+                pass
+    except (OSError, EOFError, zlib.error) as exc:
+        return f"broken gzip stream: {exc}"
+    return None
+
+
+def landing_path_for(payload: bytes, segment_property: str | None) -> tuple[str, bool]:
+    """The landing path of a payload and whether it is a segment at all (a whole gzip stream)."""
+    digest = hashlib.sha256(payload).hexdigest()
+    if gzip_problem(payload) is not None:
         return f"rejected/{digest}.bin", False
     if segment_property is not None and _SEGMENT_PATH.match(segment_property):
         return segment_property, True
@@ -205,7 +223,13 @@ class Receiver:
         if not is_segment:
             self.rejected_count += 1
             outcome = "rejected"
-            _log.warning("receiver.not_a_segment topic=%s path=%s bytes=%d", message.topic, path, len(payload))
+            _log.warning(
+                "receiver.not_a_segment topic=%s path=%s bytes=%d problem=%s",
+                message.topic,
+                path,
+                len(payload),
+                gzip_problem(payload),
+            )
         else:
             self.landed_count += 1
         if message.qos > 0:

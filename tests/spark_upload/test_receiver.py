@@ -141,6 +141,29 @@ def test_a_payload_that_is_not_a_segment_is_set_aside_outside_the_jobs_filter(br
         receiver.stop()
 
 
+def test_a_gzip_payload_cut_short_or_with_a_bad_crc_is_set_aside_and_acked(broker: str, tmp_path: Path) -> None:
+    reports: queue.Queue[Received] = queue.Queue()
+    receiver = _receiver(broker, tmp_path / "landing", reports)
+    name, data = _segment(0, 99)
+    cut = data[: len(data) // 2]
+    bad_crc = data[:-8] + bytes(b ^ 0xFF for b in data[-8:-4]) + data[-4:]
+    try:
+        for payload in (cut, bad_crc):
+            _publish(broker, payload, tmp_path, segment=name.path)
+            got = reports.get(timeout=10)
+            assert (got.path, got.outcome, got.acked) == (
+                f"rejected/{hashlib.sha256(payload).hexdigest()}.bin",
+                "rejected",
+                True,
+            )
+        assert receiver.rejected_count == 2
+        assert receiver.landed_count == 0
+        assert not (tmp_path / "landing" / name.path).exists()
+        assert (tmp_path / "landing" / got.path).read_bytes() == bad_crc
+    finally:
+        receiver.stop()
+
+
 def test_a_message_that_could_not_land_is_not_acked_and_is_redelivered_to_the_next_receiver(
     broker: str, tmp_path: Path
 ) -> None:
