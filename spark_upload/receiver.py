@@ -1,12 +1,16 @@
 """The landing receiver: MQTT batch payloads from the cloud broker to landing-zone segments.
 
 Usage:
-    python -m spark_upload.receiver --broker mqtt://HOST:1883 --topic 'edgehub/+/batches' --landing URL \\
-        [--group ingest] [--client-id ID] [--mqtt-version 5|3.1.1]
+    python -m spark_upload.receiver --broker mqtt://HOST:1883 --landing URL \\
+        [--topic 'edgehub/segments/#'] [--group ingest] [--client-id ID] [--mqtt-version 5|3.1.1]
 
-Each PUBLISH payload is one segment (``edgehub.upstream.segment``), stored with the same bytes through
-``edgehub.upstream.landing``. Under MQTT 5 it subscribes with a shared subscription (``$share/{group}/{topic}``),
-so several receivers split the load.
+The hub's MQTT upstream in batch mode (``edgehub.upstream.mqtt_transport``) publishes each segment on
+``edgehub/segments/{hub_id}/{lane}/p{priority:02d}`` (its ``batch_topic``), so the default filter
+``edgehub/segments/#`` takes every hub, lane and priority; change both together. Each PUBLISH payload is one
+segment (``edgehub.upstream.segment``), stored with the same bytes through ``edgehub.upstream.landing``.
+
+Under MQTT 5 it subscribes with a shared subscription (``$share/{group}/{topic}``), so several receivers split
+the load.
 
 Invariants:
 
@@ -15,8 +19,9 @@ Invariants:
   receiver drops its connection so that the broker redelivers the message on the persistent session
   (``clean_start=False``, a session expiry interval), to this receiver or another one of the group.
 * **Idempotent names.** A payload's name is the ``segment`` MQTT 5 user property when the sender gives one (it is
-  the ``SegmentName`` path); otherwise ``received/{sha256 of the payload}.jsonl.gz``. A redelivered message so
-  lands on the file it already wrote, and the landing zone keeps one copy.
+  the ``SegmentName`` path); otherwise ``received/{sha256 of the payload}.jsonl.gz``, which is what the hub's
+  MQTT upstream gets (it sends no such property; its segments are byte-for-byte the same when a batch is sent
+  again). A redelivered message so lands on the file it already wrote, and the landing zone keeps one copy.
 * **Nothing dropped silently, nothing poisons the job.** A payload that is not a whole gzip stream (not gzip, cut
   short, a CRC that does not match: it is decompressed once to check) cannot be a segment, so it lands under
   ``rejected/{sha256}.bin`` (outside the job's ``*.jsonl.gz`` filter), is counted and logged, and is
@@ -49,7 +54,7 @@ from edgehub.core import TransportError
 from edgehub.upstream.landing import LandingZone
 from edgehub.upstream.segment import SEGMENT_SUFFIX
 
-__all__ = ["Received", "Receiver", "ReceiverSettings", "gzip_problem", "landing_path_for", "main"]
+__all__ = ["DEFAULT_TOPIC", "Received", "Receiver", "ReceiverSettings", "gzip_problem", "landing_path_for", "main"]
 
 _log = logging.getLogger(__name__)
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -57,13 +62,17 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _SEGMENT_PATH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*/[A-Za-z0-9][A-Za-z0-9_\-]*/p\d{2}/\d{20}-\d{20}\.jsonl\.gz$")
 
 
-@dataclass(frozen=True, slots=True)
+DEFAULT_TOPIC = "edgehub/segments/#"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReceiverSettings:
-    """Where to subscribe and where to land. ``broker`` is ``mqtt://host:port``."""
+    """Where to subscribe and where to land. ``broker`` is ``mqtt://host:port``; ``topic`` a filter matching the
+    hub's ``batch_topic``."""
 
     broker: str
-    topic: str
     landing: str
+    topic: str = DEFAULT_TOPIC
     group: str = "edgehub-ingest"
     client_id: str = "edgehub-landing-receiver"
     mqtt_version: str = "5"
@@ -244,7 +253,9 @@ class Receiver:
 def _parse(argv: Sequence[str]) -> ReceiverSettings:
     p = argparse.ArgumentParser(prog="python -m spark_upload.receiver", description=__doc__.split("\n\n")[0])
     p.add_argument("--broker", required=True, help="mqtt://host:port")
-    p.add_argument("--topic", required=True, help="the upstream batch topic filter")
+    p.add_argument(
+        "--topic", default=DEFAULT_TOPIC, help=f"filter matching the hubs' batch topic (default {DEFAULT_TOPIC})"
+    )
     p.add_argument("--landing", required=True, help="landing zone folder or fsspec URL")
     p.add_argument("--group", default="edgehub-ingest", help="shared subscription group (MQTT 5)")
     p.add_argument("--client-id", default="edgehub-landing-receiver")

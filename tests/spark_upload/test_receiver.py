@@ -16,7 +16,7 @@ from spark_upload.receiver import Received, Receiver, ReceiverSettings, landing_
 
 pytestmark = pytest.mark.interop
 
-TOPIC = "edgehub/hub1/batches"
+TOPIC = "edgehub/segments/hub1/upstream/p00"  # what the hub's MQTT upstream publishes on
 
 
 def _free_port() -> int:
@@ -83,7 +83,7 @@ def _publish(broker: str, payload: bytes, tmp_path: Path, *, segment: str | None
 def _receiver(
     broker: str, landing: Path, reports: queue.Queue[Received], *, client_id: str = "edgehub-landing-receiver"
 ) -> Receiver:
-    settings = ReceiverSettings(broker=broker, topic="edgehub/+/batches", landing=str(landing), client_id=client_id)
+    settings = ReceiverSettings(broker=broker, landing=str(landing), client_id=client_id)  # the default topic
     receiver = Receiver(settings, on_landed=reports.put)
     receiver.start()
     assert receiver.subscribed.wait(timeout=10)
