@@ -10,7 +10,10 @@ The hub's MQTT upstream in batch mode (``edgehub.upstream.mqtt_transport``) publ
 segment (``edgehub.upstream.segment``), stored with the same bytes through ``edgehub.upstream.landing``.
 
 Under MQTT 5 it subscribes with a shared subscription (``$share/{group}/{topic}``), so several receivers split
-the load.
+the load, when the broker supports it: a CONNACK with ``SharedSubscriptionAvailable = 0``, or a SUBACK refusing
+the shared filter with 0x9E (shared subscriptions not supported), makes it subscribe to the plain filter instead
+and log ``receiver.shared_subscription_unavailable``; each receiver then gets every message (still landed once:
+names are idempotent). MQTT 3.1.1 has no shared subscriptions: the plain filter.
 
 Invariants:
 
@@ -58,6 +61,7 @@ __all__ = ["DEFAULT_TOPIC", "Received", "Receiver", "ReceiverSettings", "gzip_pr
 
 _log = logging.getLogger(__name__)
 _GZIP_MAGIC = b"\x1f\x8b"
+_SHARED_SUBSCRIPTIONS_NOT_SUPPORTED = 0x9E  # MQTT 5 SUBACK reason code
 # A SegmentName path: hub/lane/pNN/first-last.jsonl.gz
 _SEGMENT_PATH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*/[A-Za-z0-9][A-Za-z0-9_\-]*/p\d{2}/\d{20}-\d{20}\.jsonl\.gz$")
 
@@ -129,6 +133,7 @@ class Receiver:
         self._zone = LandingZone(settings.landing)
         self._on_landed = on_landed
         self._v5 = settings.mqtt_version == "5"
+        self._shared = self._v5  # until the broker says it has no shared subscriptions
         self.subscribed = threading.Event()
         self.landed_count = 0
         self.rejected_count = 0
@@ -148,7 +153,17 @@ class Receiver:
 
     @property
     def subscription(self) -> str:
-        return f"$share/{self.settings.group}/{self.settings.topic}" if self._v5 else self.settings.topic
+        """The filter this receiver subscribes with: shared under MQTT 5 unless the broker said it cannot."""
+        return f"$share/{self.settings.group}/{self.settings.topic}" if self._shared else self.settings.topic
+
+    def _fall_back_to_plain_topic(self, why: str) -> None:
+        self._shared = False
+        _log.warning(
+            "receiver.shared_subscription_unavailable broker=%s why=%s topic=%s; every receiver gets every message",
+            self.settings.broker,
+            why,
+            self.settings.topic,
+        )
 
     def start(self) -> None:
         url = urlsplit(self.settings.broker)
@@ -182,6 +197,9 @@ class Receiver:
             _log.warning("receiver.connect_refused broker=%s reason=%s", self.settings.broker, reason_code)
             return
         _log.info("receiver.connected broker=%s session_present=%s", self.settings.broker, flags.session_present)
+        # MQTT 5 CONNACK property 42: absent means available, 0 means the broker has none.
+        if self._shared and getattr(properties, "SharedSubscriptionAvailable", 1) == 0:
+            self._fall_back_to_plain_topic("connack")
         client.subscribe(self.subscription, qos=1)
 
     def _on_subscribe(
@@ -192,6 +210,10 @@ class Receiver:
         reason_codes: list[ReasonCode],
         properties: Properties | None,
     ) -> None:
+        if self._shared and any(rc.value == _SHARED_SUBSCRIPTIONS_NOT_SUPPORTED for rc in reason_codes):
+            self._fall_back_to_plain_topic("suback 0x9E")
+            client.subscribe(self.subscription, qos=1)
+            return
         if any(rc.is_failure for rc in reason_codes):
             _log.warning("receiver.subscribe_refused topic=%s reasons=%s", self.subscription, reason_codes)
             return
