@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import typing
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import date, timedelta
 from pathlib import Path
@@ -16,9 +18,9 @@ from edgehub.upstream.segment import (
     SegmentName,
     SegmentRecord,
     encode_segment,
-    format_enqueued_at,
     record_from_message,
 )
+from edgehub.upstream.upload_transport import UploadTransport
 from spark_upload.job import (
     BRONZE_COLUMNS,
     RECORD_SCHEMA,
@@ -29,6 +31,7 @@ from spark_upload.job import (
     run,
     start,
 )
+from tests.spark_upload.messages import assert_bronze_row_carries, expected_edge_message_id, queued_messages
 
 BASE_S = 1_795_000_020.0  # 2026-11-18T11:07:00Z, a whole minute
 
@@ -70,45 +73,79 @@ def _bronze_ids(spark: SparkSession, tmp_path: Path) -> list[str]:
     return sorted(r.edge_message_id for r in rows)
 
 
-def test_spark_schema_is_in_step_with_the_segment_record_fields() -> None:
+# How each SegmentRecord field is written in a JSON line (bytes as base64, the time as an ISO string), and so the
+# Spark type that reads it.
+_SPARK_TYPE_OF_RECORD_TYPE: dict[object, str] = {
+    int: "int",
+    float: "double",
+    str: "string",
+    str | None: "string",
+    bytes: "string",
+    Mapping[str, str | None]: "map<string,string>",
+    Mapping[str, str]: "map<string,string>",
+}
+
+
+def test_spark_schema_is_in_step_with_the_segment_record_fields_and_their_types() -> None:
     assert tuple(f.name for f in RECORD_SCHEMA.fields) == RECORD_FIELDS
     assert BRONZE_COLUMNS[: len(RECORD_FIELDS)] == RECORD_FIELDS
+    record_types = {"v": int, **typing.get_type_hints(SegmentRecord)}  # v is SEGMENT_FORMAT_VERSION, an int
+    assert set(record_types) == set(RECORD_FIELDS)
+    spark_types = {f.name: f.dataType.simpleString() for f in RECORD_SCHEMA.fields}
+    assert spark_types == {name: _SPARK_TYPE_OF_RECORD_TYPE[record_types[name]] for name in RECORD_FIELDS}
+
+
+# Bronze holds the record typed: the time as a timestamp, the body as its bytes.
+_BRONZE_TYPES = {
+    "v": "int",
+    "edge_message_id": "string",
+    "message_id": "string",
+    "device_id": "string",
+    "module_id": "string",
+    "hub_id": "string",
+    "enqueued_at": "timestamp",
+    "priority": "int",
+    "ttl_s": "double",
+    "source": "string",
+    "properties": "map<string,string>",
+    "system_properties": "map<string,string>",
+    "body": "binary",
+    "source_file": "string",
+    "ingest_at": "timestamp",
+    "ingest_date": "date",
+}
 
 
 @pytest.mark.spark
-def test_segments_written_by_the_landing_zone_read_back_field_for_field(spark: SparkSession, tmp_path: Path) -> None:
-    zone = LandingZone(str(tmp_path / "landing"))
-    written = [*_land(zone, 0, 4), _record(5, body=bytes(range(256)))]
-    zone.write(SegmentName("hub1", "upstream", 3, 5, 5), encode_segment(written[5:]))
+async def test_segments_uploaded_by_the_hubs_upload_transport_read_back_field_for_field(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    transport = UploadTransport(LandingZone(str(tmp_path / "landing")), hub_id="hub1")
+    batches = [queued_messages(0, 10, priority=3), queued_messages(10, 3, priority=0)]
+    segments = {}
+    for batch in batches:
+        result = await transport.send(batch)
+        assert result.succeeded == tuple(batch)
+        for qm in batch:
+            segments[expected_edge_message_id(qm, hub_id="hub1", lane="upstream")] = result.details["segment"]
     # What the receiver sets aside is not a segment and must not reach (or stop) the job.
-    zone.write_path("rejected/0123.bin", b"not gzip at all")
+    LandingZone(str(tmp_path / "landing")).write_path("rejected/0123.bin", b"not gzip at all")
     run(spark, _settings(tmp_path))
     assert not (tmp_path / "lake" / "quarantine").exists()
 
-    rows = {r.edge_message_id: r for r in spark.read.parquet(str(tmp_path / "lake" / "bronze")).collect()}
-    assert sorted(rows) == [r.edge_message_id for r in written]
-    for rec in written:
-        row = rows[rec.edge_message_id]
-        assert row.v == 1
-        assert row.message_id == rec.message_id
-        assert row.device_id == rec.device_id
-        assert row.module_id == rec.module_id
-        assert row.hub_id == rec.hub_id
-        assert format_enqueued_at(row.enqueued_at.timestamp()) == rec.enqueued_at
-        assert row.priority == rec.priority
-        assert row.ttl_s == rec.ttl_s
-        assert row.source == rec.source
-        assert row.properties == dict(rec.properties)
-        assert row.system_properties == dict(rec.system_properties)
-        assert bytes(row.body) == rec.body
-        assert row.source_file.endswith(
-            SegmentName("hub1", "upstream", 3, 5, 5).path if rec.edge_message_id == "e-000005" else ".jsonl.gz"
-        )
-        assert str(row.ingest_date) == row.ingest_at.date().isoformat()
+    bronze = spark.read.parquet(str(tmp_path / "lake" / "bronze"))
+    assert dict(bronze.dtypes) == _BRONZE_TYPES
+    rows = {r.edge_message_id: r for r in bronze.collect()}
+    sent = [qm for batch in batches for qm in batch]
+    assert sorted(rows) == sorted(segments)
+    for qm in sent:
+        edge_id = expected_edge_message_id(qm, hub_id="hub1", lane="upstream")
+        assert_bronze_row_carries(rows[edge_id], qm, hub_id="hub1", lane="upstream")
+        assert rows[edge_id].source_file.endswith("/landing/" + segments[edge_id])
     assert _metrics(tmp_path)[0] == {
         **_metrics(tmp_path)[0],
-        "input_rows": 6,
-        "bronze_rows": 6,
+        "input_rows": 13,
+        "bronze_rows": 13,
         "duplicates": 0,
         "quarantined": 0,
     }
