@@ -29,8 +29,11 @@ Invariants:
 * **Exactly once across restarts.** The checkpoint (offsets, dedup state) decides what each batch holds, and
   replaying a batch gives the same rows. The sink is idempotent: a batch is written to ``_staging/{batch}``,
   its files are moved into the tables under names carrying the batch id (``part-b{batch}-...``), and a marker
-  ``_committed/{batch}`` is written last. A batch with a marker is skipped; one without first deletes any files
-  a half-done attempt moved in, then writes again.
+  ``_committed/{batch}`` (holding the query id) is written last. A batch with a marker is skipped; one without
+  first deletes any files a half-done attempt moved in, then writes again.
+* **One checkpoint per lake.** Markers are keyed by batch id, and a new checkpoint starts again at batch 0, so
+  the job refuses to start (``CheckpointMismatchError``) when the lake has markers and the checkpoint is new,
+  or when the newest marker names another query than the checkpoint's.
 * Tables are Parquet partitioned by ``ingest_date`` (UTC); files hold at most ``max_records_per_file`` rows;
   ``compact`` rewrites partitions older than N days into fewer files (run it when the job is not writing to
   those partitions; it never touches today's).
@@ -58,12 +61,14 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming.listener import StreamingQueryListener
 from pyspark.sql.streaming.query import StreamingQuery
 
+from edgehub.core import ConfigurationError
 from edgehub.upstream.segment import RECORD_FIELDS, SEGMENT_FORMAT_VERSION, SEGMENT_SUFFIX
 
 __all__ = [
     "BRONZE_COLUMNS",
     "RECORD_SCHEMA",
     "REQUIRED_FIELDS",
+    "CheckpointMismatchError",
     "JobSettings",
     "RunState",
     "build_session",
@@ -104,6 +109,20 @@ _NUMERIC_VARIANT = r"^(TINYINT|SMALLINT|INT|BIGINT|FLOAT|DOUBLE|DECIMAL)"
 # Bronze keeps every segment field, then where and when it was ingested.
 BRONZE_COLUMNS: tuple[str, ...] = (*RECORD_FIELDS, "source_file", "ingest_at", "ingest_date")
 _TABLES = ("bronze", "quarantine", "silver", "device_minute")
+
+
+class CheckpointMismatchError(ConfigurationError):
+    """The lake holds batches committed by another query than the checkpoint's; the job refuses to start.
+
+    Batch ids restart at 0 with a new checkpoint, and the sink skips a batch whose marker is already in the lake,
+    so running on would silently drop new data whose batch ids collide with old markers (and read every landing
+    file again). ``lake`` and ``checkpoint`` say which pair was refused.
+    """
+
+    def __init__(self, message: str, *, lake: str, checkpoint: str) -> None:
+        super().__init__(message)
+        self.lake = lake
+        self.checkpoint = checkpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,11 +332,18 @@ class RunState:
     lock: threading.Condition = field(default_factory=threading.Condition)
     metrics_file: str | None = None
     listener: StreamingQueryListener | None = None
+    query_id: str | None = None  # from the checkpoint's metadata; goes into every commit marker
 
     def wait_for_batches(self, n: int, *, timeout_s: float) -> bool:
         """Block until ``n`` batches were handled by this run (committed or skipped); False on timeout."""
         with self.lock:
             return self.lock.wait_for(lambda: len(self.counts) >= n, timeout=timeout_s)
+
+    def wait_for_progress(self, n: int, *, timeout_s: float) -> bool:
+        """Block until ``n`` batches of this run reported progress, which Spark does once a batch is in the
+        checkpoint's commit log; False on timeout."""
+        with self.lock:
+            return self.lock.wait_for(lambda: len(self.emitted) >= n, timeout=timeout_s)
 
 
 # --- landing files the text reader could not read ------------------------------------------------------------
@@ -551,7 +577,10 @@ def _write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
                 lake.mkdirs(dst_dir)
                 suffix = src.getName().split(".", 1)[1] if "." in src.getName() else "parquet"
                 lake.rename(src, lake.path(table, partition, f"part-{tag}-{i:05d}.{suffix}"))
-        lake.touch("_committed", tag, text=json.dumps({"bronze": counts.bronze, "quarantined": counts.quarantined}))
+        if run.query_id is None:
+            run.query_id = _checkpoint_query_id(run.checkpoint)
+        marker = {"bronze": counts.bronze, "quarantined": counts.quarantined, "query_id": run.query_id}
+        lake.touch("_committed", tag, text=json.dumps(marker))
         lake.delete("_staging", tag)
     finally:
         batch.unpersist()
@@ -566,6 +595,7 @@ def _emit_metrics(run: RunState, progress: dict[str, Any]) -> None:
         if batch_id in run.emitted or batch_id not in run.counts:
             return
         run.emitted.add(batch_id)
+        run.lock.notify_all()
         counts = run.counts[batch_id]
     input_rows = int(progress.get("numInputRows", 0))
     # Every input row ends in bronze or quarantine unless the dedup step removed it. An unreadable file is one
@@ -621,10 +651,46 @@ def _local_metrics_file(settings: JobSettings, lake: _HadoopDir) -> str | None:
     return target
 
 
+def _checkpoint_query_id(checkpoint: _HadoopDir) -> str | None:
+    """The id of the query a checkpoint belongs to (``metadata``, written when the query first starts)."""
+    text = checkpoint.read_text("metadata")
+    return None if text is None else str(json.loads(text)["id"])
+
+
+def _refuse_a_checkpoint_that_did_not_write_the_lake(lake: _HadoopDir, checkpoint: _HadoopDir) -> None:
+    markers = sorted(lake.glob("_committed/b*"), key=lambda p: p.getName())
+    if not markers:
+        return
+    if not checkpoint.glob("offsets/[0-9]*"):
+        raise CheckpointMismatchError(
+            f"lake {lake.root} holds {len(markers)} committed batches but checkpoint {checkpoint.root} is new: "
+            "its batch ids would collide with the lake's commit markers and new data would be skipped. Run with "
+            "the checkpoint that wrote this lake, or write to a new lake.",
+            lake=lake.root,
+            checkpoint=checkpoint.root,
+        )
+    text = lake.read_text("_committed", markers[-1].getName())
+    lake_query = json.loads(text).get("query_id") if text else None
+    ours = _checkpoint_query_id(checkpoint)
+    if lake_query is not None and lake_query != ours:
+        raise CheckpointMismatchError(
+            f"lake {lake.root} was written by query {lake_query}, but checkpoint {checkpoint.root} belongs to query "
+            f"{ours}: their batch ids do not match. Run with the checkpoint that wrote this lake, or write to a new "
+            "lake.",
+            lake=lake.root,
+            checkpoint=checkpoint.root,
+        )
+
+
 def start(spark: SparkSession, settings: JobSettings) -> tuple[StreamingQuery, RunState]:
-    """Start the streaming query; the caller waits on it and must stop it."""
+    """Start the streaming query; the caller waits on it and must stop it.
+
+    Raises ``CheckpointMismatchError`` when the lake holds batches committed by another checkpoint's query.
+    """
     lake = _HadoopDir(spark, settings.lake)
-    run = RunState(settings=settings, lake=lake, checkpoint=_HadoopDir(spark, settings.checkpoint))
+    checkpoint = _HadoopDir(spark, settings.checkpoint)
+    _refuse_a_checkpoint_that_did_not_write_the_lake(lake, checkpoint)
+    run = RunState(settings=settings, lake=lake, checkpoint=checkpoint)
     run.metrics_file = _local_metrics_file(settings, lake)
     stream = _deduplicated(classify(_read_landing(spark, settings)), settings.dedup_window)
     writer = stream.writeStream.option("checkpointLocation", settings.checkpoint).foreachBatch(
@@ -771,6 +837,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run(spark, settings)
         print(f"ingest.run_done elapsed_s={time.perf_counter() - started:.3f}", flush=True)
+    except CheckpointMismatchError as exc:
+        print(f"ingest.refused {exc}", file=sys.stderr, flush=True)
+        return 2
     finally:
         spark.stop()
     return 0

@@ -24,6 +24,7 @@ from edgehub.upstream.upload_transport import UploadTransport
 from spark_upload.job import (
     BRONZE_COLUMNS,
     RECORD_SCHEMA,
+    CheckpointMismatchError,
     JobSettings,
     compact,
     device_minute_stats,
@@ -271,20 +272,81 @@ def test_a_job_stopped_mid_stream_resumes_from_its_checkpoint_with_nothing_twice
     for k in range(6):
         _land(zone, k * 10, k * 10 + 9)
     settings = _settings(tmp_path, max_files_per_trigger=1)
-    query, state = start(spark, settings)
+    # A continuous run whose second trigger is decades away: it takes one file, then waits with five left. Where
+    # it stops does not depend on timing.
+    query, state = start(spark, replace(settings, trigger="continuous", processing_interval="36500 days"))
     try:
-        assert state.wait_for_batches(2, timeout_s=60)
+        assert state.wait_for_progress(1, timeout_s=60)
     finally:
         query.stop()
         finish(spark, query, state)
-    first_run = _bronze_ids(spark, tmp_path)
-    assert 20 <= len(first_run) < 60  # stopped with work left
+    assert len(_bronze_ids(spark, tmp_path)) == 10
+    assert sorted(state.counts) == [0]
 
     _land(zone, 60, 69)
     run(spark, settings)
     assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(70)]
     run(spark, settings)  # nothing new: nothing written
     assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(70)]
+    assert not any(m["replay_skipped"] for m in _metrics(tmp_path))  # the stop left nothing half-done
+
+
+@pytest.mark.spark
+def test_a_batch_in_the_lake_but_not_in_the_checkpoints_commit_log_is_skipped_on_replay(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    zone = LandingZone(str(tmp_path / "landing"))
+    _land(zone, 0, 9)
+    settings = _settings(tmp_path)
+    run(spark, settings)
+    # A crash after the sink wrote batch 0's marker but before Spark recorded the batch in its commit log (so
+    # before it planned the next one): offsets/0 is there, commits/0 is not. Spark replays its last planned batch,
+    # so the next run replays batch 0, finds the marker and must not write the rows again.
+    checkpoint = tmp_path / "checkpoint"
+    for log, first_dropped in (("commits", 0), ("offsets", 1)):
+        for entry in (checkpoint / log).iterdir():
+            if int(entry.name.strip(".").removesuffix(".crc")) >= first_dropped:
+                entry.unlink()
+    assert (tmp_path / "lake" / "_committed" / "b0000000000").exists()
+    run(spark, settings)
+    assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(10)]
+    assert spark.read.parquet(str(tmp_path / "lake" / "silver")).count() == 10
+    replayed = [m for m in _metrics(tmp_path) if m["replay_skipped"]]
+    # Batch 1 is the no-data batch that followed (it moves the dedup watermark); it had written its marker too.
+    assert [(m["batch_id"], m["input_rows"], m["bronze_rows"]) for m in replayed] == [(0, 10, 0), (1, 0, 0)]
+
+    # The skipped replay still committed batch 0's dedup state: the same ids sent again are duplicates.
+    _land(zone, 0, 9, lane="upstream-p1")
+    _land(zone, 10, 14)
+    run(spark, settings)
+    assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(15)]
+
+
+@pytest.mark.spark
+def test_a_new_checkpoint_on_a_lake_with_committed_batches_is_refused(spark: SparkSession, tmp_path: Path) -> None:
+    zone = LandingZone(str(tmp_path / "landing"))
+    _land(zone, 0, 9)
+    run(spark, _settings(tmp_path))
+    _land(zone, 10, 19)
+    fresh = replace(_settings(tmp_path), checkpoint=str(tmp_path / "another-checkpoint"))
+    with pytest.raises(CheckpointMismatchError, match="is new") as refused:
+        run(spark, fresh)
+    assert refused.value.checkpoint.endswith("/another-checkpoint")
+    assert not (tmp_path / "another-checkpoint").exists()
+    assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(10)]
+
+
+@pytest.mark.spark
+def test_a_checkpoint_that_wrote_another_lake_is_refused(spark: SparkSession, tmp_path: Path) -> None:
+    zone = LandingZone(str(tmp_path / "landing"))
+    _land(zone, 0, 9)
+    first = _settings(tmp_path)
+    run(spark, first)
+    other = replace(first, lake=str(tmp_path / "other-lake"), checkpoint=str(tmp_path / "other-checkpoint"))
+    run(spark, other)
+    with pytest.raises(CheckpointMismatchError, match="was written by query"):
+        run(spark, replace(first, checkpoint=other.checkpoint))
+    assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(10)]
 
 
 @pytest.mark.spark
