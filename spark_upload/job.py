@@ -21,8 +21,9 @@ decoded by the file source from the ``.gz`` suffix):
   is legal: bodies are bytes) and device, module, priority and times as columns;
 * **device_minute** holds partial aggregates per batch (per device and minute and numeric top-level body field:
   count, sum, min, max) that ``device_minute_stats`` combines into count/min/max/avg;
-* one JSON line of metrics per batch (input, bronze, duplicates, quarantined) goes to ``{lake}/_metrics`` and
-  to stdout.
+* one JSON line of metrics per batch (input, bronze, duplicates, quarantined, unreadable files) goes to
+  ``{lake}/_metrics/b{batch}-{time}.jsonl`` through the lake's Hadoop FS (so to object storage too: one small
+  file per batch, since object stores cannot append), to stdout, and optionally to a local ``--metrics`` file.
 
 Invariants:
 
@@ -137,7 +138,7 @@ class JobSettings:
     dedup_window: str = "6 hours"
     max_records_per_file: int = 500_000
     max_files_per_trigger: int | None = None
-    metrics_path: str | None = None  # a local file; default {lake}/_metrics/batches.jsonl when lake is local
+    metrics_path: str | None = None  # also append the lines to this local file ({lake}/_metrics/ gets them anyway)
     print_metrics: bool = True
 
     def __post_init__(self) -> None:
@@ -613,6 +614,13 @@ def _emit_metrics(run: RunState, progress: dict[str, Any]) -> None:
         "replay_skipped": counts.skipped_replay,
     }
     text = json.dumps(line, separators=(",", ":"))
+    # One file per emission, through the lake's Hadoop FS: object stores cannot append, and a replayed batch
+    # reports again under its own name (batch id first, so the names sort by batch, then time).
+    stamp = "".join(ch for ch in str(progress.get("timestamp") or datetime.now(UTC).isoformat()) if ch.isalnum())
+    try:
+        run.lake.touch("_metrics", f"b{batch_id:010d}-{stamp}.jsonl", text=text + "\n")
+    except Py4JJavaError as exc:
+        _log.warning("ingest.metrics_write_failed batch=%d error=%s", batch_id, exc.java_exception.toString())
     if run.metrics_file is not None:
         with open(run.metrics_file, "a", encoding="utf-8") as out:
             out.write(text + "\n")
@@ -640,15 +648,11 @@ class _MetricsListener(StreamingQueryListener):
         pass
 
 
-def _local_metrics_file(settings: JobSettings, lake: _HadoopDir) -> str | None:
-    if settings.metrics_path is not None:
-        target = settings.metrics_path
-    elif "://" not in settings.lake or settings.lake.startswith("file:"):
-        target = settings.lake.removeprefix("file://") + "/_metrics/batches.jsonl"
-    else:
+def _local_metrics_file(settings: JobSettings) -> str | None:
+    if settings.metrics_path is None:
         return None
-    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-    return target
+    os.makedirs(os.path.dirname(settings.metrics_path) or ".", exist_ok=True)
+    return settings.metrics_path
 
 
 def _checkpoint_query_id(checkpoint: _HadoopDir) -> str | None:
@@ -691,7 +695,7 @@ def start(spark: SparkSession, settings: JobSettings) -> tuple[StreamingQuery, R
     checkpoint = _HadoopDir(spark, settings.checkpoint)
     _refuse_a_checkpoint_that_did_not_write_the_lake(lake, checkpoint)
     run = RunState(settings=settings, lake=lake, checkpoint=checkpoint)
-    run.metrics_file = _local_metrics_file(settings, lake)
+    run.metrics_file = _local_metrics_file(settings)
     stream = _deduplicated(classify(_read_landing(spark, settings)), settings.dedup_window)
     writer = stream.writeStream.option("checkpointLocation", settings.checkpoint).foreachBatch(
         lambda df, batch_id: _write_batch(run, df, batch_id)
@@ -802,7 +806,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--max-records-per-file", type=int, default=500_000)
     p.add_argument("--max-files-per-trigger", type=int, default=None)
     p.add_argument("--shuffle-partitions", type=int, default=8)
-    p.add_argument("--metrics", default=None, help="local JSON lines file (default: {lake}/_metrics/batches.jsonl)")
+    p.add_argument("--metrics", default=None, help="also append each batch's line to this local JSON lines file")
     ns = p.parse_args(list(argv))
     ns.command = "ingest"
     return ns

@@ -65,8 +65,9 @@ def _settings(tmp_path: Path, **kw: object) -> JobSettings:
 
 
 def _metrics(tmp_path: Path) -> list[dict[str, object]]:
-    path = tmp_path / "lake" / "_metrics" / "batches.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    """Every metrics line the job wrote to the lake, in file name order (batch, then time)."""
+    files = sorted((tmp_path / "lake" / "_metrics").glob("*.jsonl"))
+    return [json.loads(line) for f in files for line in f.read_text().splitlines()]
 
 
 def _bronze_ids(spark: SparkSession, tmp_path: Path) -> list[str]:
@@ -412,6 +413,25 @@ def test_silver_holds_json_bodies_as_variant_and_the_example_aggregate_sums_up(
     assert {(s["field"], s["count"], s["n"], s["min"], s["max"]) for s in minute1} == {("temp", 2, 1, 30.0, 30.0)}
     minute2 = [s for s in stats if s["minute"].timestamp() == BASE_S + 120]
     assert [(s["field"], s["count"], s["n"]) for s in minute2] == [(None, 3, None)]  # counted, no fields
+
+
+@pytest.mark.spark
+def test_metrics_reach_a_lake_that_only_hadoop_can_open(spark: SparkSession, tmp_path: Path) -> None:
+    # A viewfs:// mount of a local folder: a lake URL Python cannot open, as s3a:// or abfss:// would be, while
+    # the test can still look at the files.
+    mount = f"lake{abs(hash(tmp_path))}"
+    key = f"fs.viewfs.mounttable.{mount}.link./lake"
+    hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()
+    hadoop_conf.set(key, (tmp_path / "lake").as_uri())
+    try:
+        zone = LandingZone(str(tmp_path / "landing"))
+        _land(zone, 0, 9)
+        run(spark, replace(_settings(tmp_path), lake=f"viewfs://{mount}/lake"))
+    finally:
+        hadoop_conf.unset(key)
+    assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(10)]
+    (m,) = [m for m in _metrics(tmp_path) if m["input_rows"]]
+    assert (m["batch_id"], m["input_rows"], m["bronze_rows"]) == (0, 10, 10)
 
 
 @pytest.mark.spark
