@@ -47,6 +47,7 @@ import argparse
 import json
 import logging
 import os
+import resource
 import sys
 import threading
 import time
@@ -806,10 +807,32 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--max-records-per-file", type=int, default=500_000)
     p.add_argument("--max-files-per-trigger", type=int, default=None)
     p.add_argument("--shuffle-partitions", type=int, default=8)
+    p.add_argument(
+        "--driver-memory",
+        default=None,
+        help="heap of the JVM this command starts (local mode: it holds the executors too), e.g. 4g; under "
+        "spark-submit pass spark-submit's own --driver-memory instead",
+    )
     p.add_argument("--metrics", default=None, help="also append each batch's line to this local JSON lines file")
     ns = p.parse_args(list(argv))
     ns.command = "ingest"
     return ns
+
+
+def _driver_cpu_s(spark: SparkSession) -> float:
+    """User plus system CPU seconds so far of this Python process and of the driver's JVM (from /proc on Linux;
+    the Python part only elsewhere)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    total = own.ru_utime + own.ru_stime
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    pid = int(jvm.java.lang.ProcessHandle.current().pid())
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state is fields[0]
+    except OSError:
+        return total
+    return total + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -835,12 +858,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_files_per_trigger=ns.max_files_per_trigger,
         metrics_path=ns.metrics,
     )
-    spark = build_session(master=ns.master, shuffle_partitions=ns.shuffle_partitions)
+    extra_conf = {} if ns.driver_memory is None else {"spark.driver.memory": ns.driver_memory}
+    spark = build_session(master=ns.master, shuffle_partitions=ns.shuffle_partitions, extra_conf=extra_conf)
     spark.sparkContext.setLogLevel("WARN")
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), _driver_cpu_s(spark)
     try:
         run(spark, settings)
-        print(f"ingest.run_done elapsed_s={time.perf_counter() - started:.3f}", flush=True)
+        elapsed_s, cpu_s = time.perf_counter() - started, _driver_cpu_s(spark) - cpu_started
+        # CPU seconds of this driver (its JVM, which holds the executors in local mode, and Python) during the
+        # run: cpu_s / elapsed_s is how many cores the run kept busy.
+        print(f"ingest.run_done elapsed_s={elapsed_s:.3f} cpu_s={cpu_s:.3f}", flush=True)
     except CheckpointMismatchError as exc:
         print(f"ingest.refused {exc}", file=sys.stderr, flush=True)
         return 2
