@@ -1,17 +1,22 @@
 """Spark ingestion throughput: records/s from a landing zone to the lake tables, local[1] vs local[2] vs cluster.
 
-    python -m bench.ingest_spark [--records 1000000] [--segment-records 10000] [--no-cluster]
+    python -m bench.ingest_spark [--records 1000000] [--segment-records 10000] [--repeat 3] [--no-cluster]
+        [--driver-memory 4g]
 
 Builds a landing zone of ``--records`` records (segments written through ``LandingZone``, 5% of the records sent
 twice in overlapping segments, so the dedup step has work), then runs the whole job (classification, dedup
-state, bronze, silver with VARIANT, device_minute partials, metrics) with ``trigger=available-now`` once per
-mode, each time from an empty lake and checkpoint, each in its own ``spark-submit``/Python process so a mode
-does not inherit the previous one's warm JVM. The figure is input records over the job's own run time (the
-``ingest.run_done`` line), so JVM and cluster start-up are not counted.
+state, bronze, silver with VARIANT, device_minute partials, metrics) with ``trigger=available-now``, each time
+from an empty lake and checkpoint, each in its own ``spark-submit``/Python process so a run does not inherit
+the previous one's warm JVM. The figure is input records over the job's own run time (the ``ingest.run_done``
+line), so JVM and cluster start-up are not counted.
 
-Peer: local[1] is the baseline; ``scaling_ratio`` = local[2] / local[1]. The standalone cluster is a master and
-two one-core workers on this same box. On a shared 2-core machine all three figures are noisy; the report
-prints the load average before and after.
+Peer: local[1] is the baseline; ``scaling_ratio`` = median local[2] / median local[1]. The local modes run
+``--repeat`` times, alternating (1, 2, then 2, 1, ...), so a change in the machine's other load hits both; the
+medians are reported. Each local run also reports the CPU seconds its driver (JVM and Python) used during the
+run, and cpu/wall, the cores it kept busy: local[2] should be near 2 on a free machine. The standalone cluster
+(a master and two one-core workers on this same box) runs once; its CPU is that of every cluster process from
+start to stop (executors included, JVM start-up too). On a shared machine every figure is noisy: the load
+average is printed before each run, with a warning when it exceeds the number of cores.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ import argparse
 import json
 import os
 import re
+import resource
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,7 +38,7 @@ from edgehub.upstream.landing import LandingZone
 from edgehub.upstream.segment import SegmentName, SegmentRecord, encode_segment
 from spark_upload.standalone import StandaloneCluster
 
-_DONE = re.compile(r"ingest\.run_done elapsed_s=([0-9.]+)")
+_DONE = re.compile(r"ingest\.run_done elapsed_s=([0-9.]+) cpu_s=([0-9.]+)")
 
 
 def build_landing(root: Path, *, records: int, segment_records: int) -> int:
@@ -63,14 +71,24 @@ def build_landing(root: Path, *, records: int, segment_records: int) -> int:
     return lines
 
 
-def _elapsed(output: str) -> float:
+def _run_done(output: str) -> tuple[float, float]:
     match = _DONE.search(output)
     if match is None:
         raise RuntimeError(f"the job printed no ingest.run_done line:\n{output[-2000:]}")
-    return float(match.group(1))
+    return float(match.group(1)), float(match.group(2))
 
 
-def run_local(master: str, landing: Path, work: Path) -> float:
+def _load_check(label: str) -> bool:
+    """Print the load average; True (and a warning) when it exceeds the number of cores."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    busy = load > cores
+    warning = f"  WARNING: load {load:.1f} > {cores} cores, this run is contended" if busy else ""
+    print(f"{label}: load average {load:.1f}{warning}", flush=True)
+    return busy
+
+
+def run_local(master: str, landing: Path, work: Path, *, driver_memory: str | None) -> tuple[float, float]:
+    """One run of the job in its own process; (elapsed_s, cpu_s) of the run."""
     cmd = [
         sys.executable,
         "-m",
@@ -86,11 +104,15 @@ def run_local(master: str, landing: Path, work: Path) -> float:
         "--shuffle-partitions",
         "4",
     ]
+    if driver_memory is not None:
+        cmd += ["--driver-memory", driver_memory]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=1800)
-    return _elapsed(done.stdout)
+    return _run_done(done.stdout)
 
 
-def run_cluster(landing: Path, work: Path) -> float:
+def run_cluster(landing: Path, work: Path) -> tuple[float, float]:
+    """(elapsed_s of the run, CPU seconds of every cluster process from start to stop)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with StandaloneCluster(work_dir=work / "cluster", workers=2) as cluster:
         done = cluster.submit(
             [
@@ -105,41 +127,72 @@ def run_cluster(landing: Path, work: Path) -> float:
             ],
             timeout_s=1800,
         )
-    return _elapsed(done.stdout)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the workers waited for their executors
+    cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return _run_done(done.stdout)[0], cpu_s
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.ingest_spark")
     p.add_argument("--records", type=int, default=1_000_000)
     p.add_argument("--segment-records", type=int, default=10_000)
+    p.add_argument("--repeat", type=int, default=3, help="runs per local mode, alternating; medians reported")
     p.add_argument("--no-cluster", action="store_true")
+    p.add_argument("--driver-memory", default=None, help="passed to the job's local runs (e.g. 4g)")
     ns = p.parse_args(argv)
     load_before = os.getloadavg()
+    contended = 0
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         root = Path(tmp)
         t0 = time.perf_counter()
         lines = build_landing(root / "landing", records=ns.records, segment_records=ns.segment_records)
         print(f"landing zone: {lines} lines ({ns.records} records) in {time.perf_counter() - t0:.1f}s", flush=True)
-        results: dict[str, float] = {}
-        for mode in ("local[1]", "local[2]"):
-            elapsed = run_local(mode, root / "landing", root / mode.replace("[", "").replace("]", ""))
-            results[mode] = lines / elapsed
-            print(f"{mode}: {elapsed:.1f}s, {results[mode]:,.0f} records/s", flush=True)
-        standalone = None
+        runs: dict[str, list[tuple[float, float]]] = {"local[1]": [], "local[2]": []}
+        for round_no in range(ns.repeat):
+            order = ("local[1]", "local[2]") if round_no % 2 == 0 else ("local[2]", "local[1]")
+            for mode in order:
+                contended += _load_check(f"round {round_no + 1} {mode}")
+                work = root / f"{mode.replace('[', '').replace(']', '')}-{round_no}"
+                elapsed, cpu_s = run_local(mode, root / "landing", work, driver_memory=ns.driver_memory)
+                shutil.rmtree(work, ignore_errors=True)
+                runs[mode].append((elapsed, cpu_s))
+                print(
+                    f"  {mode}: {elapsed:.1f}s, {lines / elapsed:,.0f} records/s, "
+                    f"cpu {cpu_s:.1f}s ({cpu_s / elapsed:.2f} cores)",
+                    flush=True,
+                )
+        standalone: tuple[float, float] | None = None
         if not ns.no_cluster:
-            elapsed = run_cluster(root / "landing", root / "standalone")
-            standalone = lines / elapsed
-            print(f"standalone (2 workers x 1 core): {elapsed:.1f}s, {standalone:,.0f} records/s", flush=True)
+            contended += _load_check("standalone")
+            standalone = run_cluster(root / "landing", root / "standalone")
+            print(
+                f"  standalone (2 workers x 1 core): {standalone[0]:.1f}s, {lines / standalone[0]:,.0f} records/s, "
+                f"cluster cpu {standalone[1]:.1f}s",
+                flush=True,
+            )
     load_after = os.getloadavg()
     print(f"load average (1 min) before {load_before[0]:.1f}, after {load_after[0]:.1f} on {os.cpu_count()} cores")
-    local1, local2 = results["local[1]"], results["local[2]"]
+    elapsed1 = statistics.median(e for e, _ in runs["local[1]"])
+    elapsed2 = statistics.median(e for e, _ in runs["local[2]"])
+    cpu1 = statistics.median(c for _, c in runs["local[1]"])
+    cpu2 = statistics.median(c for _, c in runs["local[2]"])
     summary = {
         "records": ns.records,
         "input_lines": lines,
-        "records_per_s_local1": round(local1),
-        "records_per_s_local2": round(local2),
-        "scaling_ratio": round(local2 / local1, 3),
-        "standalone_records_per_s": None if standalone is None else round(standalone),
+        "repeat": ns.repeat,
+        "records_per_s_local1": round(lines / elapsed1),
+        "records_per_s_local2": round(lines / elapsed2),
+        "scaling_ratio": round(elapsed1 / elapsed2, 3),
+        "cpu_s_local1": round(cpu1, 1),
+        "cpu_s_local2": round(cpu2, 1),
+        "cores_busy_local1": round(statistics.median(c / e for e, c in runs["local[1]"]), 2),
+        "cores_busy_local2": round(statistics.median(c / e for e, c in runs["local[2]"]), 2),
+        "elapsed_s_local1": [round(e, 1) for e, _ in runs["local[1]"]],
+        "elapsed_s_local2": [round(e, 1) for e, _ in runs["local[2]"]],
+        "standalone_records_per_s": None if standalone is None else round(lines / standalone[0]),
+        "standalone_cpu_s": None if standalone is None else round(standalone[1], 1),
+        "driver_memory": ns.driver_memory,
+        "contended_runs": contended,
         "loadavg_before": round(load_before[0], 2),
         "loadavg_after": round(load_after[0], 2),
     }

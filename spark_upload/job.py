@@ -21,16 +21,20 @@ decoded by the file source from the ``.gz`` suffix):
   is legal: bodies are bytes) and device, module, priority and times as columns;
 * **device_minute** holds partial aggregates per batch (per device and minute and numeric top-level body field:
   count, sum, min, max) that ``device_minute_stats`` combines into count/min/max/avg;
-* one JSON line of metrics per batch (input, bronze, duplicates, quarantined) goes to ``{lake}/_metrics`` and
-  to stdout.
+* one JSON line of metrics per batch (input, bronze, duplicates, quarantined, unreadable files) goes to
+  ``{lake}/_metrics/b{batch}-{time}.jsonl`` through the lake's Hadoop FS (so to object storage too: one small
+  file per batch, since object stores cannot append), to stdout, and optionally to a local ``--metrics`` file.
 
 Invariants:
 
 * **Exactly once across restarts.** The checkpoint (offsets, dedup state) decides what each batch holds, and
   replaying a batch gives the same rows. The sink is idempotent: a batch is written to ``_staging/{batch}``,
   its files are moved into the tables under names carrying the batch id (``part-b{batch}-...``), and a marker
-  ``_committed/{batch}`` is written last. A batch with a marker is skipped; one without first deletes any files
-  a half-done attempt moved in, then writes again.
+  ``_committed/{batch}`` (holding the query id) is written last. A batch with a marker is skipped; one without
+  first deletes any files a half-done attempt moved in, then writes again.
+* **One checkpoint per lake.** Markers are keyed by batch id, and a new checkpoint starts again at batch 0, so
+  the job refuses to start (``CheckpointMismatchError``) when the lake has markers and the checkpoint is new,
+  or when the newest marker names another query than the checkpoint's.
 * Tables are Parquet partitioned by ``ingest_date`` (UTC); files hold at most ``max_records_per_file`` rows;
   ``compact`` rewrites partitions older than N days into fewer files (run it when the job is not writing to
   those partitions; it never touches today's).
@@ -43,6 +47,7 @@ import argparse
 import json
 import logging
 import os
+import resource
 import sys
 import threading
 import time
@@ -51,18 +56,21 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming.listener import StreamingQueryListener
 from pyspark.sql.streaming.query import StreamingQuery
 
+from edgehub.core import ConfigurationError
 from edgehub.upstream.segment import RECORD_FIELDS, SEGMENT_FORMAT_VERSION, SEGMENT_SUFFIX
 
 __all__ = [
     "BRONZE_COLUMNS",
     "RECORD_SCHEMA",
     "REQUIRED_FIELDS",
+    "CheckpointMismatchError",
     "JobSettings",
     "RunState",
     "build_session",
@@ -105,6 +113,20 @@ BRONZE_COLUMNS: tuple[str, ...] = (*RECORD_FIELDS, "source_file", "ingest_at", "
 _TABLES = ("bronze", "quarantine", "silver", "device_minute")
 
 
+class CheckpointMismatchError(ConfigurationError):
+    """The lake holds batches committed by another query than the checkpoint's; the job refuses to start.
+
+    Batch ids restart at 0 with a new checkpoint, and the sink skips a batch whose marker is already in the lake,
+    so running on would silently drop new data whose batch ids collide with old markers (and read every landing
+    file again). ``lake`` and ``checkpoint`` say which pair was refused.
+    """
+
+    def __init__(self, message: str, *, lake: str, checkpoint: str) -> None:
+        super().__init__(message)
+        self.lake = lake
+        self.checkpoint = checkpoint
+
+
 @dataclass(frozen=True, slots=True)
 class JobSettings:
     """Where the job reads and writes, and how it batches. Paths are Hadoop paths or URLs."""
@@ -117,7 +139,7 @@ class JobSettings:
     dedup_window: str = "6 hours"
     max_records_per_file: int = 500_000
     max_files_per_trigger: int | None = None
-    metrics_path: str | None = None  # a local file; default {lake}/_metrics/batches.jsonl when lake is local
+    metrics_path: str | None = None  # also append the lines to this local file ({lake}/_metrics/ gets them anyway)
     print_metrics: bool = True
 
     def __post_init__(self) -> None:
@@ -208,7 +230,8 @@ def classify(lines: DataFrame) -> DataFrame:
 
 def _read_landing(spark: SparkSession, settings: JobSettings) -> DataFrame:
     reader = spark.readStream.format("text").option("pathGlobFilter", f"*{SEGMENT_SUFFIX}")
-    reader = reader.option("recursiveFileLookup", "true")
+    # A broken gzip file must not fail the batch (and every replay of it): see _unreadable_files.
+    reader = reader.option("recursiveFileLookup", "true").option("ignoreCorruptFiles", "true")
     if settings.max_files_per_trigger is not None:
         reader = reader.option("maxFilesPerTrigger", str(settings.max_files_per_trigger))
     raw = reader.load(settings.landing)
@@ -235,8 +258,9 @@ def _deduplicated(classified: DataFrame, dedup_window: str) -> DataFrame:
 # --- the idempotent sink ------------------------------------------------------------------------------------
 
 
-class _Lake:
-    """Hadoop FileSystem operations on the lake (local, HDFS, s3a, abfs: whatever the session can reach)."""
+class _HadoopDir:
+    """Hadoop FileSystem operations under one folder: the lake or the checkpoint (local, HDFS, s3a, abfs: whatever
+    the session can reach). Python never opens these paths itself, so a remote lake works like a local one."""
 
     def __init__(self, spark: SparkSession, root: str) -> None:
         jvm = spark.sparkContext._jvm
@@ -262,6 +286,20 @@ class _Lake:
         finally:
             out.close()
 
+    def read_text(self, *parts: str) -> str | None:
+        """The whole file as UTF-8, or None when it does not exist."""
+        p = self.path(*parts)
+        if not self._fs.exists(p):
+            return None
+        stream = self._fs.open(p)
+        try:
+            return bytes(stream.readAllBytes()).decode("utf-8")
+        finally:
+            stream.close()
+
+    def delete_path(self, p: Any) -> None:
+        self._fs.delete(p, False)
+
     def glob(self, pattern: str) -> list[Any]:
         found = self._fs.globStatus(self.path(pattern))
         return [] if found is None else [s.getPath() for s in found]
@@ -281,25 +319,132 @@ def _batch_tag(batch_id: int) -> str:
 @dataclass(slots=True)
 class _BatchCounts:
     bronze: int = 0
-    quarantined: int = 0
-    silver_json: int = 0
+    quarantined: int = 0  # lines, and files that could not be read
+    unreadable_files: int = 0
     skipped_replay: bool = False
 
 
 @dataclass(slots=True)
 class RunState:
     settings: JobSettings
-    lake: _Lake
+    lake: _HadoopDir
+    checkpoint: _HadoopDir
     counts: dict[int, _BatchCounts] = field(default_factory=dict)
     emitted: set[int] = field(default_factory=set)
     lock: threading.Condition = field(default_factory=threading.Condition)
     metrics_file: str | None = None
     listener: StreamingQueryListener | None = None
+    query_id: str | None = None  # from the checkpoint's metadata; goes into every commit marker
 
     def wait_for_batches(self, n: int, *, timeout_s: float) -> bool:
         """Block until ``n`` batches were handled by this run (committed or skipped); False on timeout."""
         with self.lock:
             return self.lock.wait_for(lambda: len(self.counts) >= n, timeout=timeout_s)
+
+    def wait_for_progress(self, n: int, *, timeout_s: float) -> bool:
+        """Block until ``n`` batches of this run reported progress, which Spark does once a batch is in the
+        checkpoint's commit log; False on timeout."""
+        with self.lock:
+            return self.lock.wait_for(lambda: len(self.emitted) >= n, timeout=timeout_s)
+
+
+# --- landing files the text reader could not read ------------------------------------------------------------
+#
+# The source reads with ``ignoreCorruptFiles``: a segment whose gzip stream is broken (a truncated upload, flipped
+# bytes, not gzip at all) gives the lines before the break and is then skipped. Without it the batch fails, and so
+# does every restart, since the replay reads the same file. So that nothing is skipped silently, each batch checks
+# the gzip stream (deflate data, CRC and length) of every file it read and quarantines each broken one as
+# ``unreadable_file``. Which files a batch read is in the checkpoint: the offsets log gives the file source's log
+# offset at the end of each batch, and the source's log (``sources/0``, format v1: one JSON entry per file, compacted
+# every few batches into ``{id}.compact``) gives the files of each offset. Both are a function of the batch, so a
+# replayed batch quarantines the same files.
+
+
+def _offsets_entry(checkpoint: _HadoopDir, batch_id: int) -> tuple[dict[str, Any], int | None] | None:
+    """The batch's metadata and the file source's log offset, from ``offsets/{batch}``; None when absent."""
+    text = checkpoint.read_text("offsets", str(batch_id))
+    if text is None:
+        return None
+    lines = text.splitlines()  # "v1", the batch metadata, then one offset per source (ours has one source)
+    meta: dict[str, Any] = json.loads(lines[1])
+    offset = None
+    if len(lines) > 2 and lines[2].strip() not in ("", "-"):
+        offset = int(json.loads(lines[2])["logOffset"])
+    return meta, offset
+
+
+def _source_log_files(checkpoint: _HadoopDir, log_id: int) -> list[str] | None:
+    text = checkpoint.read_text("sources", "0", str(log_id))
+    if text is None:
+        compacted = sorted(int(p.getName().removesuffix(".compact")) for p in checkpoint.glob("sources/0/*.compact"))
+        covering = [k for k in compacted if k >= log_id]
+        if not covering:
+            return None
+        text = checkpoint.read_text("sources", "0", f"{covering[0]}.compact")
+        if text is None:
+            return None
+    files = []
+    for line in text.splitlines()[1:]:
+        if line.strip():
+            entry = json.loads(line)
+            if int(entry["batchId"]) == log_id:
+                files.append(str(entry["path"]))
+    return files
+
+
+def _batch_files(checkpoint: _HadoopDir, batch_id: int) -> list[str]:
+    """The landing files query batch ``batch_id`` read."""
+    this = _offsets_entry(checkpoint, batch_id)
+    if this is None or this[1] is None:
+        return []
+    end = this[1]
+    # The batch read the source's log entries after the previous batch's offset, up to its own. Spark keeps the
+    # previous batch's offsets to recover; should they be gone, only the batch's own entry is checked.
+    before = _offsets_entry(checkpoint, batch_id - 1) if batch_id > 0 else (None, None)
+    first = end if before is None else 0 if before[1] is None else before[1] + 1
+    files: list[str] = []
+    for log_id in range(first, end + 1):
+        found = _source_log_files(checkpoint, log_id)
+        if found is None:
+            _log.warning("ingest.source_log_missing batch=%d log_id=%d; files not checked", batch_id, log_id)
+            continue
+        files.extend(found)
+    return files
+
+
+def _gzip_error(spark: SparkSession, path: str) -> str | None:
+    """None when ``path`` is a whole gzip stream; else what is wrong with it. Runs in the driver's JVM."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    p = jvm.org.apache.hadoop.fs.Path(path)
+    try:
+        stream = p.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).open(p)
+        try:
+            # GZIPInputStream checks each member's CRC-32 and length, and raises on a stream that ends early.
+            jvm.java.util.zip.GZIPInputStream(stream, 1 << 16).transferTo(jvm.java.io.OutputStream.nullOutputStream())
+        finally:
+            stream.close()
+    except Py4JJavaError as exc:
+        return str(exc.java_exception.toString())
+    return None
+
+
+def _unreadable_files(spark: SparkSession, run: RunState, batch_id: int) -> DataFrame | None:
+    """One quarantine row per file of the batch that is not a whole gzip stream; None when there is none."""
+    broken = []
+    for path in _batch_files(run.checkpoint, batch_id):
+        error = _gzip_error(spark, path)
+        if error is not None:
+            _log.warning("ingest.unreadable_file batch=%d file=%s error=%s", batch_id, path, error)
+            broken.append(path)
+    if not broken:
+        return None
+    entry = _offsets_entry(run.checkpoint, batch_id)
+    assert entry is not None
+    ingest_at = datetime.fromtimestamp(int(entry[0]["batchTimestampMs"]) / 1000, UTC)
+    rows = [("unreadable_file", path, None, None, ingest_at) for path in broken]
+    schema = "reason string, source_file string, line string, edge_message_id string, ingest_at timestamp"
+    return spark.createDataFrame(rows, schema).withColumn("ingest_date", F.to_date("ingest_at"))
 
 
 def _silver(bronze: DataFrame) -> DataFrame:
@@ -318,11 +463,15 @@ def _silver(bronze: DataFrame) -> DataFrame:
 
 
 def _device_minute_partials(silver: DataFrame, batch_id: int) -> DataFrame:
-    fields = silver.where(F.col("body").isNotNull()).select(
+    # Only a JSON object has top-level fields. A body that is JSON but not an object ([1,2], 42, "x") is legal;
+    # a plain cast would fail the whole batch on it (INVALID_VARIANT_CAST under ANSI mode), and the replay after
+    # a restart would fail the same way for ever. The filter says what is meant; try_cast keeps it safe however
+    # the optimizer orders the two.
+    fields = silver.where(F.schema_of_variant("body").startswith("OBJECT")).select(
         "device_id",
         F.date_trunc("minute", "enqueued_at").alias("minute"),
         "ingest_date",
-        F.explode(F.expr("cast(body as map<string,variant>)")).alias("field", "value"),
+        F.explode(F.expr("try_cast(body as map<string,variant>)")).alias("field", "value"),
     )
     numeric = fields.where(F.schema_of_variant("value").rlike(_NUMERIC_VARIANT)).select(
         "device_id", "minute", "ingest_date", "field", F.variant_get("value", "$", "double").alias("x")
@@ -380,7 +529,7 @@ def _write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
     # A half-done earlier attempt may have moved some files in: take them out before writing again.
     for table in _TABLES:
         for leftover in lake.glob(f"{table}/*/part-{tag}-*"):
-            lake._fs.delete(leftover, False)
+            lake.delete_path(leftover)
     lake.delete("_staging", tag)
 
     batch = batch.withColumn("ingest_date", F.to_date("ingest_at")).persist()
@@ -394,6 +543,9 @@ def _write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
             "ingest_at",
             "ingest_date",
         )
+        unreadable = _unreadable_files(batch.sparkSession, run, batch_id)
+        if unreadable is not None:
+            bad = bad.unionByName(unreadable)
         silver = _silver(good)
         outputs: dict[str, DataFrame] = {
             "bronze": good,
@@ -401,7 +553,11 @@ def _write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
             "silver": silver,
             "device_minute": _device_minute_partials(silver, batch_id),
         }
-        counts = _BatchCounts(bronze=good.count(), quarantined=bad.count())
+        counts = _BatchCounts(
+            bronze=good.count(),
+            quarantined=bad.count(),
+            unreadable_files=0 if unreadable is None else unreadable.count(),
+        )
         for table, frame in outputs.items():
             if table in ("bronze", "silver") and counts.bronze == 0:
                 continue
@@ -423,7 +579,10 @@ def _write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
                 lake.mkdirs(dst_dir)
                 suffix = src.getName().split(".", 1)[1] if "." in src.getName() else "parquet"
                 lake.rename(src, lake.path(table, partition, f"part-{tag}-{i:05d}.{suffix}"))
-        lake.touch("_committed", tag, text=json.dumps({"bronze": counts.bronze, "quarantined": counts.quarantined}))
+        if run.query_id is None:
+            run.query_id = _checkpoint_query_id(run.checkpoint)
+        marker = {"bronze": counts.bronze, "quarantined": counts.quarantined, "query_id": run.query_id}
+        lake.touch("_committed", tag, text=json.dumps(marker))
         lake.delete("_staging", tag)
     finally:
         batch.unpersist()
@@ -438,10 +597,13 @@ def _emit_metrics(run: RunState, progress: dict[str, Any]) -> None:
         if batch_id in run.emitted or batch_id not in run.counts:
             return
         run.emitted.add(batch_id)
+        run.lock.notify_all()
         counts = run.counts[batch_id]
     input_rows = int(progress.get("numInputRows", 0))
-    # Every input row ends in bronze or quarantine unless the dedup step removed it.
-    dropped = 0 if counts.skipped_replay else input_rows - counts.bronze - counts.quarantined
+    # Every input row ends in bronze or quarantine unless the dedup step removed it. An unreadable file is one
+    # quarantine row that is no input row.
+    lines_quarantined = counts.quarantined - counts.unreadable_files
+    dropped = 0 if counts.skipped_replay else input_rows - counts.bronze - lines_quarantined
     line = {
         "batch_id": batch_id,
         "at": progress.get("timestamp"),
@@ -449,9 +611,17 @@ def _emit_metrics(run: RunState, progress: dict[str, Any]) -> None:
         "bronze_rows": counts.bronze,
         "duplicates": dropped,
         "quarantined": counts.quarantined,
+        "unreadable_files": counts.unreadable_files,
         "replay_skipped": counts.skipped_replay,
     }
     text = json.dumps(line, separators=(",", ":"))
+    # One file per emission, through the lake's Hadoop FS: object stores cannot append, and a replayed batch
+    # reports again under its own name (batch id first, so the names sort by batch, then time).
+    stamp = "".join(ch for ch in str(progress.get("timestamp") or datetime.now(UTC).isoformat()) if ch.isalnum())
+    try:
+        run.lake.touch("_metrics", f"b{batch_id:010d}-{stamp}.jsonl", text=text + "\n")
+    except Py4JJavaError as exc:
+        _log.warning("ingest.metrics_write_failed batch=%d error=%s", batch_id, exc.java_exception.toString())
     if run.metrics_file is not None:
         with open(run.metrics_file, "a", encoding="utf-8") as out:
             out.write(text + "\n")
@@ -479,22 +649,54 @@ class _MetricsListener(StreamingQueryListener):
         pass
 
 
-def _local_metrics_file(settings: JobSettings, lake: _Lake) -> str | None:
-    if settings.metrics_path is not None:
-        target = settings.metrics_path
-    elif "://" not in settings.lake or settings.lake.startswith("file:"):
-        target = settings.lake.removeprefix("file://") + "/_metrics/batches.jsonl"
-    else:
+def _local_metrics_file(settings: JobSettings) -> str | None:
+    if settings.metrics_path is None:
         return None
-    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-    return target
+    os.makedirs(os.path.dirname(settings.metrics_path) or ".", exist_ok=True)
+    return settings.metrics_path
+
+
+def _checkpoint_query_id(checkpoint: _HadoopDir) -> str | None:
+    """The id of the query a checkpoint belongs to (``metadata``, written when the query first starts)."""
+    text = checkpoint.read_text("metadata")
+    return None if text is None else str(json.loads(text)["id"])
+
+
+def _refuse_a_checkpoint_that_did_not_write_the_lake(lake: _HadoopDir, checkpoint: _HadoopDir) -> None:
+    markers = sorted(lake.glob("_committed/b*"), key=lambda p: p.getName())
+    if not markers:
+        return
+    if not checkpoint.glob("offsets/[0-9]*"):
+        raise CheckpointMismatchError(
+            f"lake {lake.root} holds {len(markers)} committed batches but checkpoint {checkpoint.root} is new: "
+            "its batch ids would collide with the lake's commit markers and new data would be skipped. Run with "
+            "the checkpoint that wrote this lake, or write to a new lake.",
+            lake=lake.root,
+            checkpoint=checkpoint.root,
+        )
+    text = lake.read_text("_committed", markers[-1].getName())
+    lake_query = json.loads(text).get("query_id") if text else None
+    ours = _checkpoint_query_id(checkpoint)
+    if lake_query is not None and lake_query != ours:
+        raise CheckpointMismatchError(
+            f"lake {lake.root} was written by query {lake_query}, but checkpoint {checkpoint.root} belongs to query "
+            f"{ours}: their batch ids do not match. Run with the checkpoint that wrote this lake, or write to a new "
+            "lake.",
+            lake=lake.root,
+            checkpoint=checkpoint.root,
+        )
 
 
 def start(spark: SparkSession, settings: JobSettings) -> tuple[StreamingQuery, RunState]:
-    """Start the streaming query; the caller waits on it and must stop it."""
-    lake = _Lake(spark, settings.lake)
-    run = RunState(settings=settings, lake=lake)
-    run.metrics_file = _local_metrics_file(settings, lake)
+    """Start the streaming query; the caller waits on it and must stop it.
+
+    Raises ``CheckpointMismatchError`` when the lake holds batches committed by another checkpoint's query.
+    """
+    lake = _HadoopDir(spark, settings.lake)
+    checkpoint = _HadoopDir(spark, settings.checkpoint)
+    _refuse_a_checkpoint_that_did_not_write_the_lake(lake, checkpoint)
+    run = RunState(settings=settings, lake=lake, checkpoint=checkpoint)
+    run.metrics_file = _local_metrics_file(settings)
     stream = _deduplicated(classify(_read_landing(spark, settings)), settings.dedup_window)
     writer = stream.writeStream.option("checkpointLocation", settings.checkpoint).foreachBatch(
         lambda df, batch_id: _write_batch(run, df, batch_id)
@@ -540,7 +742,7 @@ def compact(spark: SparkSession, lake_root: str, *, before: str, max_records_per
     Returns ``{table/partition: files_after}`` for the partitions it rewrote (those with more than one file).
     The swap is: write to ``_compact/...``, move the old files to ``_compact_trash``, move the new ones in.
     """
-    lake = _Lake(spark, lake_root)
+    lake = _HadoopDir(spark, lake_root)
     cutoff = before
     done: dict[str, int] = {}
     for table in _TABLES:
@@ -605,10 +807,32 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--max-records-per-file", type=int, default=500_000)
     p.add_argument("--max-files-per-trigger", type=int, default=None)
     p.add_argument("--shuffle-partitions", type=int, default=8)
-    p.add_argument("--metrics", default=None, help="local JSON lines file (default: {lake}/_metrics/batches.jsonl)")
+    p.add_argument(
+        "--driver-memory",
+        default=None,
+        help="heap of the JVM this command starts (local mode: it holds the executors too), e.g. 4g; under "
+        "spark-submit pass spark-submit's own --driver-memory instead",
+    )
+    p.add_argument("--metrics", default=None, help="also append each batch's line to this local JSON lines file")
     ns = p.parse_args(list(argv))
     ns.command = "ingest"
     return ns
+
+
+def _driver_cpu_s(spark: SparkSession) -> float:
+    """User plus system CPU seconds so far of this Python process and of the driver's JVM (from /proc on Linux;
+    the Python part only elsewhere)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    total = own.ru_utime + own.ru_stime
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    pid = int(jvm.java.lang.ProcessHandle.current().pid())
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state is fields[0]
+    except OSError:
+        return total
+    return total + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -634,12 +858,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_files_per_trigger=ns.max_files_per_trigger,
         metrics_path=ns.metrics,
     )
-    spark = build_session(master=ns.master, shuffle_partitions=ns.shuffle_partitions)
+    extra_conf = {} if ns.driver_memory is None else {"spark.driver.memory": ns.driver_memory}
+    spark = build_session(master=ns.master, shuffle_partitions=ns.shuffle_partitions, extra_conf=extra_conf)
     spark.sparkContext.setLogLevel("WARN")
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), _driver_cpu_s(spark)
     try:
         run(spark, settings)
-        print(f"ingest.run_done elapsed_s={time.perf_counter() - started:.3f}", flush=True)
+        elapsed_s, cpu_s = time.perf_counter() - started, _driver_cpu_s(spark) - cpu_started
+        # CPU seconds of this driver (its JVM, which holds the executors in local mode, and Python) during the
+        # run: cpu_s / elapsed_s is how many cores the run kept busy.
+        print(f"ingest.run_done elapsed_s={elapsed_s:.3f} cpu_s={cpu_s:.3f}", flush=True)
+    except CheckpointMismatchError as exc:
+        print(f"ingest.refused {exc}", file=sys.stderr, flush=True)
+        return 2
     finally:
         spark.stop()
     return 0

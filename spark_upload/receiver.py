@@ -1,12 +1,19 @@
 """The landing receiver: MQTT batch payloads from the cloud broker to landing-zone segments.
 
 Usage:
-    python -m spark_upload.receiver --broker mqtt://HOST:1883 --topic 'edgehub/+/batches' --landing URL \\
-        [--group ingest] [--client-id ID] [--mqtt-version 5|3.1.1]
+    python -m spark_upload.receiver --broker mqtt://HOST:1883 --landing URL \\
+        [--topic 'edgehub/segments/#'] [--group ingest] [--client-id ID] [--mqtt-version 5|3.1.1]
 
-Each PUBLISH payload is one segment (``edgehub.upstream.segment``), stored with the same bytes through
-``edgehub.upstream.landing``. Under MQTT 5 it subscribes with a shared subscription (``$share/{group}/{topic}``),
-so several receivers split the load.
+The hub's MQTT upstream in batch mode (``edgehub.upstream.mqtt_transport``) publishes each segment on
+``edgehub/segments/{hub_id}/{lane}/p{priority:02d}`` (its ``batch_topic``), so the default filter
+``edgehub/segments/#`` takes every hub, lane and priority; change both together. Each PUBLISH payload is one
+segment (``edgehub.upstream.segment``), stored with the same bytes through ``edgehub.upstream.landing``.
+
+Under MQTT 5 it subscribes with a shared subscription (``$share/{group}/{topic}``), so several receivers split
+the load, when the broker supports it: a CONNACK with ``SharedSubscriptionAvailable = 0``, or a SUBACK refusing
+the shared filter with 0x9E (shared subscriptions not supported), makes it subscribe to the plain filter instead
+and log ``receiver.shared_subscription_unavailable``; each receiver then gets every message (still landed once:
+names are idempotent). MQTT 3.1.1 has no shared subscriptions: the plain filter.
 
 Invariants:
 
@@ -15,22 +22,27 @@ Invariants:
   receiver drops its connection so that the broker redelivers the message on the persistent session
   (``clean_start=False``, a session expiry interval), to this receiver or another one of the group.
 * **Idempotent names.** A payload's name is the ``segment`` MQTT 5 user property when the sender gives one (it is
-  the ``SegmentName`` path); otherwise ``received/{sha256 of the payload}.jsonl.gz``. A redelivered message so
-  lands on the file it already wrote, and the landing zone keeps one copy.
-* **Nothing dropped silently, nothing poisons the job.** A payload that is not gzip cannot be a segment and would
-  stop Spark's gzip reader, so it lands under ``rejected/{sha256}.bin`` (outside the job's ``*.jsonl.gz``
-  filter), is counted and logged, and is acknowledged.
+  the ``SegmentName`` path); otherwise ``received/{sha256 of the payload}.jsonl.gz``, which is what the hub's
+  MQTT upstream gets (it sends no such property; its segments are byte-for-byte the same when a batch is sent
+  again). A redelivered message so lands on the file it already wrote, and the landing zone keeps one copy.
+* **Nothing dropped silently, nothing poisons the job.** A payload that is not a whole gzip stream (not gzip, cut
+  short, a CRC that does not match: it is decompressed once to check) cannot be a segment, so it lands under
+  ``rejected/{sha256}.bin`` (outside the job's ``*.jsonl.gz`` filter), is counted and logged, and is
+  acknowledged: a redelivery would bring the same bytes.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
+import io
 import logging
 import re
 import socket
 import sys
 import threading
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -45,21 +57,26 @@ from edgehub.core import TransportError
 from edgehub.upstream.landing import LandingZone
 from edgehub.upstream.segment import SEGMENT_SUFFIX
 
-__all__ = ["Received", "Receiver", "ReceiverSettings", "main"]
+__all__ = ["DEFAULT_TOPIC", "Received", "Receiver", "ReceiverSettings", "gzip_problem", "landing_path_for", "main"]
 
 _log = logging.getLogger(__name__)
 _GZIP_MAGIC = b"\x1f\x8b"
+_SHARED_SUBSCRIPTIONS_NOT_SUPPORTED = 0x9E  # MQTT 5 SUBACK reason code
 # A SegmentName path: hub/lane/pNN/first-last.jsonl.gz
 _SEGMENT_PATH = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*/[A-Za-z0-9][A-Za-z0-9_\-]*/p\d{2}/\d{20}-\d{20}\.jsonl\.gz$")
 
 
-@dataclass(frozen=True, slots=True)
+DEFAULT_TOPIC = "edgehub/segments/#"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReceiverSettings:
-    """Where to subscribe and where to land. ``broker`` is ``mqtt://host:port``."""
+    """Where to subscribe and where to land. ``broker`` is ``mqtt://host:port``; ``topic`` a filter matching the
+    hub's ``batch_topic``."""
 
     broker: str
-    topic: str
     landing: str
+    topic: str = DEFAULT_TOPIC
     group: str = "edgehub-ingest"
     client_id: str = "edgehub-landing-receiver"
     mqtt_version: str = "5"
@@ -84,10 +101,24 @@ class Received:
     acked: bool
 
 
-def landing_path_for(payload: bytes, segment_property: str | None) -> tuple[str, bool]:
-    """The landing path of a payload and whether it is a segment at all."""
-    digest = hashlib.sha256(payload).hexdigest()
+def gzip_problem(payload: bytes) -> str | None:
+    """None when ``payload`` is a whole gzip stream (every member's deflate data, CRC-32 and length check out),
+    else what is wrong. Read in chunks, so a large payload is never held decompressed."""
     if not payload.startswith(_GZIP_MAGIC):
+        return "not gzip"
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(payload)) as stream:
+            while stream.read(1 << 16):
+                pass
+    except (OSError, EOFError, zlib.error) as exc:
+        return f"broken gzip stream: {exc}"
+    return None
+
+
+def landing_path_for(payload: bytes, segment_property: str | None) -> tuple[str, bool]:
+    """The landing path of a payload and whether it is a segment at all (a whole gzip stream)."""
+    digest = hashlib.sha256(payload).hexdigest()
+    if gzip_problem(payload) is not None:
         return f"rejected/{digest}.bin", False
     if segment_property is not None and _SEGMENT_PATH.match(segment_property):
         return segment_property, True
@@ -102,6 +133,7 @@ class Receiver:
         self._zone = LandingZone(settings.landing)
         self._on_landed = on_landed
         self._v5 = settings.mqtt_version == "5"
+        self._shared = self._v5  # until the broker says it has no shared subscriptions
         self.subscribed = threading.Event()
         self.landed_count = 0
         self.rejected_count = 0
@@ -121,7 +153,17 @@ class Receiver:
 
     @property
     def subscription(self) -> str:
-        return f"$share/{self.settings.group}/{self.settings.topic}" if self._v5 else self.settings.topic
+        """The filter this receiver subscribes with: shared under MQTT 5 unless the broker said it cannot."""
+        return f"$share/{self.settings.group}/{self.settings.topic}" if self._shared else self.settings.topic
+
+    def _fall_back_to_plain_topic(self, why: str) -> None:
+        self._shared = False
+        _log.warning(
+            "receiver.shared_subscription_unavailable broker=%s why=%s topic=%s; every receiver gets every message",
+            self.settings.broker,
+            why,
+            self.settings.topic,
+        )
 
     def start(self) -> None:
         url = urlsplit(self.settings.broker)
@@ -155,6 +197,9 @@ class Receiver:
             _log.warning("receiver.connect_refused broker=%s reason=%s", self.settings.broker, reason_code)
             return
         _log.info("receiver.connected broker=%s session_present=%s", self.settings.broker, flags.session_present)
+        # MQTT 5 CONNACK property 42: absent means available, 0 means the broker has none.
+        if self._shared and getattr(properties, "SharedSubscriptionAvailable", 1) == 0:
+            self._fall_back_to_plain_topic("connack")
         client.subscribe(self.subscription, qos=1)
 
     def _on_subscribe(
@@ -165,6 +210,10 @@ class Receiver:
         reason_codes: list[ReasonCode],
         properties: Properties | None,
     ) -> None:
+        if self._shared and any(rc.value == _SHARED_SUBSCRIPTIONS_NOT_SUPPORTED for rc in reason_codes):
+            self._fall_back_to_plain_topic("suback 0x9E")
+            client.subscribe(self.subscription, qos=1)
+            return
         if any(rc.is_failure for rc in reason_codes):
             _log.warning("receiver.subscribe_refused topic=%s reasons=%s", self.subscription, reason_codes)
             return
@@ -205,7 +254,13 @@ class Receiver:
         if not is_segment:
             self.rejected_count += 1
             outcome = "rejected"
-            _log.warning("receiver.not_a_segment topic=%s path=%s bytes=%d", message.topic, path, len(payload))
+            _log.warning(
+                "receiver.not_a_segment topic=%s path=%s bytes=%d problem=%s",
+                message.topic,
+                path,
+                len(payload),
+                gzip_problem(payload),
+            )
         else:
             self.landed_count += 1
         if message.qos > 0:
@@ -220,7 +275,9 @@ class Receiver:
 def _parse(argv: Sequence[str]) -> ReceiverSettings:
     p = argparse.ArgumentParser(prog="python -m spark_upload.receiver", description=__doc__.split("\n\n")[0])
     p.add_argument("--broker", required=True, help="mqtt://host:port")
-    p.add_argument("--topic", required=True, help="the upstream batch topic filter")
+    p.add_argument(
+        "--topic", default=DEFAULT_TOPIC, help=f"filter matching the hubs' batch topic (default {DEFAULT_TOPIC})"
+    )
     p.add_argument("--landing", required=True, help="landing zone folder or fsspec URL")
     p.add_argument("--group", default="edgehub-ingest", help="shared subscription group (MQTT 5)")
     p.add_argument("--client-id", default="edgehub-landing-receiver")

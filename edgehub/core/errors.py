@@ -10,7 +10,8 @@ Third-party errors are translated once, in the library's home module, with ``rai
     │   ├── RouteError               (edgehub.routing) .line .column on every instance
     │   │   ├── RouteSyntaxError
     │   │   └── RouteCompileError
-    │   └── ManifestError            (edgehub.manifest)
+    │   ├── ManifestError            (edgehub.manifest)
+    │   └── CheckpointMismatchError  (spark_upload.job) the lake was written through another checkpoint
     ├── IngestRejected               a message was refused at the door; .reason says why
     │   ├── QuotaExceededError       a queue or the store is full and the overflow policy rejects
     │   ├── MessageTooLargeError     over maxMessageSizeBytes

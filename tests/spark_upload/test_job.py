@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import typing
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import date, timedelta
 from pathlib import Path
@@ -16,12 +18,13 @@ from edgehub.upstream.segment import (
     SegmentName,
     SegmentRecord,
     encode_segment,
-    format_enqueued_at,
     record_from_message,
 )
+from edgehub.upstream.upload_transport import UploadTransport
 from spark_upload.job import (
     BRONZE_COLUMNS,
     RECORD_SCHEMA,
+    CheckpointMismatchError,
     JobSettings,
     compact,
     device_minute_stats,
@@ -29,6 +32,7 @@ from spark_upload.job import (
     run,
     start,
 )
+from tests.spark_upload.messages import assert_bronze_row_carries, expected_edge_message_id, queued_messages
 
 BASE_S = 1_795_000_020.0  # 2026-11-18T11:07:00Z, a whole minute
 
@@ -61,8 +65,9 @@ def _settings(tmp_path: Path, **kw: object) -> JobSettings:
 
 
 def _metrics(tmp_path: Path) -> list[dict[str, object]]:
-    path = tmp_path / "lake" / "_metrics" / "batches.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    """Every metrics line the job wrote to the lake, in file name order (batch, then time)."""
+    files = sorted((tmp_path / "lake" / "_metrics").glob("*.jsonl"))
+    return [json.loads(line) for f in files for line in f.read_text().splitlines()]
 
 
 def _bronze_ids(spark: SparkSession, tmp_path: Path) -> list[str]:
@@ -70,45 +75,79 @@ def _bronze_ids(spark: SparkSession, tmp_path: Path) -> list[str]:
     return sorted(r.edge_message_id for r in rows)
 
 
-def test_spark_schema_is_in_step_with_the_segment_record_fields() -> None:
+# How each SegmentRecord field is written in a JSON line (bytes as base64, the time as an ISO string), and so the
+# Spark type that reads it.
+_SPARK_TYPE_OF_RECORD_TYPE: dict[object, str] = {
+    int: "int",
+    float: "double",
+    str: "string",
+    str | None: "string",
+    bytes: "string",
+    Mapping[str, str | None]: "map<string,string>",
+    Mapping[str, str]: "map<string,string>",
+}
+
+
+def test_spark_schema_is_in_step_with_the_segment_record_fields_and_their_types() -> None:
     assert tuple(f.name for f in RECORD_SCHEMA.fields) == RECORD_FIELDS
     assert BRONZE_COLUMNS[: len(RECORD_FIELDS)] == RECORD_FIELDS
+    record_types = {"v": int, **typing.get_type_hints(SegmentRecord)}  # v is SEGMENT_FORMAT_VERSION, an int
+    assert set(record_types) == set(RECORD_FIELDS)
+    spark_types = {f.name: f.dataType.simpleString() for f in RECORD_SCHEMA.fields}
+    assert spark_types == {name: _SPARK_TYPE_OF_RECORD_TYPE[record_types[name]] for name in RECORD_FIELDS}
+
+
+# Bronze holds the record typed: the time as a timestamp, the body as its bytes.
+_BRONZE_TYPES = {
+    "v": "int",
+    "edge_message_id": "string",
+    "message_id": "string",
+    "device_id": "string",
+    "module_id": "string",
+    "hub_id": "string",
+    "enqueued_at": "timestamp",
+    "priority": "int",
+    "ttl_s": "double",
+    "source": "string",
+    "properties": "map<string,string>",
+    "system_properties": "map<string,string>",
+    "body": "binary",
+    "source_file": "string",
+    "ingest_at": "timestamp",
+    "ingest_date": "date",
+}
 
 
 @pytest.mark.spark
-def test_segments_written_by_the_landing_zone_read_back_field_for_field(spark: SparkSession, tmp_path: Path) -> None:
-    zone = LandingZone(str(tmp_path / "landing"))
-    written = [*_land(zone, 0, 4), _record(5, body=bytes(range(256)))]
-    zone.write(SegmentName("hub1", "upstream", 3, 5, 5), encode_segment(written[5:]))
+async def test_segments_uploaded_by_the_hubs_upload_transport_read_back_field_for_field(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    transport = UploadTransport(LandingZone(str(tmp_path / "landing")), hub_id="hub1")
+    batches = [queued_messages(0, 10, priority=3), queued_messages(10, 3, priority=0)]
+    segments = {}
+    for batch in batches:
+        result = await transport.send(batch)
+        assert result.succeeded == tuple(batch)
+        for qm in batch:
+            segments[expected_edge_message_id(qm, hub_id="hub1", lane="upstream")] = result.details["segment"]
     # What the receiver sets aside is not a segment and must not reach (or stop) the job.
-    zone.write_path("rejected/0123.bin", b"not gzip at all")
+    LandingZone(str(tmp_path / "landing")).write_path("rejected/0123.bin", b"not gzip at all")
     run(spark, _settings(tmp_path))
     assert not (tmp_path / "lake" / "quarantine").exists()
 
-    rows = {r.edge_message_id: r for r in spark.read.parquet(str(tmp_path / "lake" / "bronze")).collect()}
-    assert sorted(rows) == [r.edge_message_id for r in written]
-    for rec in written:
-        row = rows[rec.edge_message_id]
-        assert row.v == 1
-        assert row.message_id == rec.message_id
-        assert row.device_id == rec.device_id
-        assert row.module_id == rec.module_id
-        assert row.hub_id == rec.hub_id
-        assert format_enqueued_at(row.enqueued_at.timestamp()) == rec.enqueued_at
-        assert row.priority == rec.priority
-        assert row.ttl_s == rec.ttl_s
-        assert row.source == rec.source
-        assert row.properties == dict(rec.properties)
-        assert row.system_properties == dict(rec.system_properties)
-        assert bytes(row.body) == rec.body
-        assert row.source_file.endswith(
-            SegmentName("hub1", "upstream", 3, 5, 5).path if rec.edge_message_id == "e-000005" else ".jsonl.gz"
-        )
-        assert str(row.ingest_date) == row.ingest_at.date().isoformat()
+    bronze = spark.read.parquet(str(tmp_path / "lake" / "bronze"))
+    assert dict(bronze.dtypes) == _BRONZE_TYPES
+    rows = {r.edge_message_id: r for r in bronze.collect()}
+    sent = [qm for batch in batches for qm in batch]
+    assert sorted(rows) == sorted(segments)
+    for qm in sent:
+        edge_id = expected_edge_message_id(qm, hub_id="hub1", lane="upstream")
+        assert_bronze_row_carries(rows[edge_id], qm, hub_id="hub1", lane="upstream")
+        assert rows[edge_id].source_file.endswith("/landing/" + segments[edge_id])
     assert _metrics(tmp_path)[0] == {
         **_metrics(tmp_path)[0],
-        "input_rows": 6,
-        "bronze_rows": 6,
+        "input_rows": 13,
+        "bronze_rows": 13,
         "duplicates": 0,
         "quarantined": 0,
     }
@@ -176,6 +215,57 @@ def test_each_kind_of_bad_record_is_quarantined_with_its_reason_and_the_job_keep
 
 
 @pytest.mark.spark
+def test_a_segment_that_is_not_a_whole_gzip_stream_is_quarantined_as_unreadable_and_the_job_goes_on(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    zone = LandingZone(str(tmp_path / "landing"))
+    _land(zone, 0, 9)
+    cut = [_record(i) for i in range(100, 400)]
+    data = encode_segment(cut)
+    truncated = SegmentName("hub1", "upstream", 3, 100, 399)
+    zone.write(truncated, data[: len(data) // 2])  # an upload cut short: a gzip stream that stops half-way
+    zone.write_path("hub1/upstream/p03/plain.jsonl.gz", b"not gzip at all\n")
+    settings = _settings(tmp_path)
+    run(spark, settings)
+    run(spark, settings)  # and a restart finds nothing to replay: the broken files no longer block the job
+
+    quarantine = spark.read.parquet(str(tmp_path / "lake" / "quarantine")).collect()
+    unreadable = sorted(r.source_file.rsplit("/", 1)[1] for r in quarantine if r.reason == "unreadable_file")
+    assert unreadable == sorted([truncated.path.rsplit("/", 1)[1], "plain.jsonl.gz"])
+    # The lines before the break are read; the line cut by it is quarantined as such.
+    assert all(r.reason == "unparseable_line" and r.source_file.endswith(truncated.path) for r in quarantine
+               if r.reason != "unreadable_file")  # fmt: skip
+    assert len(quarantine) <= 3
+    ids = _bronze_ids(spark, tmp_path)
+    assert ids[:10] == [f"e-{i:06d}" for i in range(10)]
+    assert ids[10:] == [r.edge_message_id for r in cut[: len(ids) - 10]]
+    (m,) = [m for m in _metrics(tmp_path) if m["input_rows"]]
+    assert m["unreadable_files"] == 2
+    assert m["quarantined"] == len(quarantine)
+    assert m["duplicates"] == 0
+
+
+@pytest.mark.spark
+def test_unreadable_files_are_found_in_compacted_source_logs_too(spark: SparkSession, tmp_path: Path) -> None:
+    # The file source compacts its log every N batches ({id}.compact); with N = 2 and one file per batch, half
+    # of the batches find their files there.
+    zone = LandingZone(str(tmp_path / "landing"))
+    for k in range(4):
+        zone.write_path(f"hub1/upstream/p03/broken-{k}.jsonl.gz", f"not gzip {k}\n".encode())
+    key = "spark.sql.streaming.fileSource.log.compactInterval"
+    spark.conf.set(key, "2")
+    try:
+        run(spark, _settings(tmp_path, max_files_per_trigger=1))
+    finally:
+        spark.conf.unset(key)
+    assert sorted((tmp_path / "checkpoint" / "sources" / "0").glob("*.compact"))
+    quarantine = spark.read.parquet(str(tmp_path / "lake" / "quarantine")).collect()
+    assert sorted((r.reason, r.source_file.rsplit("/", 1)[1]) for r in quarantine) == [
+        ("unreadable_file", f"broken-{k}.jsonl.gz") for k in range(4)
+    ]
+
+
+@pytest.mark.spark
 def test_a_job_stopped_mid_stream_resumes_from_its_checkpoint_with_nothing_twice_and_nothing_missing(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -183,20 +273,81 @@ def test_a_job_stopped_mid_stream_resumes_from_its_checkpoint_with_nothing_twice
     for k in range(6):
         _land(zone, k * 10, k * 10 + 9)
     settings = _settings(tmp_path, max_files_per_trigger=1)
-    query, state = start(spark, settings)
+    # A continuous run whose second trigger is decades away: it takes one file, then waits with five left. Where
+    # it stops does not depend on timing.
+    query, state = start(spark, replace(settings, trigger="continuous", processing_interval="36500 days"))
     try:
-        assert state.wait_for_batches(2, timeout_s=60)
+        assert state.wait_for_progress(1, timeout_s=60)
     finally:
         query.stop()
         finish(spark, query, state)
-    first_run = _bronze_ids(spark, tmp_path)
-    assert 20 <= len(first_run) < 60  # stopped with work left
+    assert len(_bronze_ids(spark, tmp_path)) == 10
+    assert sorted(state.counts) == [0]
 
     _land(zone, 60, 69)
     run(spark, settings)
     assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(70)]
     run(spark, settings)  # nothing new: nothing written
     assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(70)]
+    assert not any(m["replay_skipped"] for m in _metrics(tmp_path))  # the stop left nothing half-done
+
+
+@pytest.mark.spark
+def test_a_batch_in_the_lake_but_not_in_the_checkpoints_commit_log_is_skipped_on_replay(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    zone = LandingZone(str(tmp_path / "landing"))
+    _land(zone, 0, 9)
+    settings = _settings(tmp_path)
+    run(spark, settings)
+    # A crash after the sink wrote batch 0's marker but before Spark recorded the batch in its commit log (so
+    # before it planned the next one): offsets/0 is there, commits/0 is not. Spark replays its last planned batch,
+    # so the next run replays batch 0, finds the marker and must not write the rows again.
+    checkpoint = tmp_path / "checkpoint"
+    for log, first_dropped in (("commits", 0), ("offsets", 1)):
+        for entry in (checkpoint / log).iterdir():
+            if int(entry.name.strip(".").removesuffix(".crc")) >= first_dropped:
+                entry.unlink()
+    assert (tmp_path / "lake" / "_committed" / "b0000000000").exists()
+    run(spark, settings)
+    assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(10)]
+    assert spark.read.parquet(str(tmp_path / "lake" / "silver")).count() == 10
+    replayed = [m for m in _metrics(tmp_path) if m["replay_skipped"]]
+    # Batch 1 is the no-data batch that followed (it moves the dedup watermark); it had written its marker too.
+    assert [(m["batch_id"], m["input_rows"], m["bronze_rows"]) for m in replayed] == [(0, 10, 0), (1, 0, 0)]
+
+    # The skipped replay still committed batch 0's dedup state: the same ids sent again are duplicates.
+    _land(zone, 0, 9, lane="upstream-p1")
+    _land(zone, 10, 14)
+    run(spark, settings)
+    assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(15)]
+
+
+@pytest.mark.spark
+def test_a_new_checkpoint_on_a_lake_with_committed_batches_is_refused(spark: SparkSession, tmp_path: Path) -> None:
+    zone = LandingZone(str(tmp_path / "landing"))
+    _land(zone, 0, 9)
+    run(spark, _settings(tmp_path))
+    _land(zone, 10, 19)
+    fresh = replace(_settings(tmp_path), checkpoint=str(tmp_path / "another-checkpoint"))
+    with pytest.raises(CheckpointMismatchError, match="is new") as refused:
+        run(spark, fresh)
+    assert refused.value.checkpoint.endswith("/another-checkpoint")
+    assert not (tmp_path / "another-checkpoint").exists()
+    assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(10)]
+
+
+@pytest.mark.spark
+def test_a_checkpoint_that_wrote_another_lake_is_refused(spark: SparkSession, tmp_path: Path) -> None:
+    zone = LandingZone(str(tmp_path / "landing"))
+    _land(zone, 0, 9)
+    first = _settings(tmp_path)
+    run(spark, first)
+    other = replace(first, lake=str(tmp_path / "other-lake"), checkpoint=str(tmp_path / "other-checkpoint"))
+    run(spark, other)
+    with pytest.raises(CheckpointMismatchError, match="was written by query"):
+        run(spark, replace(first, checkpoint=other.checkpoint))
+    assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(10)]
 
 
 @pytest.mark.spark
@@ -229,18 +380,28 @@ def test_silver_holds_json_bodies_as_variant_and_the_example_aggregate_sums_up(
         _record(1, second=30, body=b'{"temp": 24.5, "label": "b"}'),
         _record(2, second=61, body=b'{"temp": 30}'),
         _record(3, second=62, body=b"\x00\x01 not json"),
+        # JSON that is not an object: legal bodies, in bronze and silver, with no fields to aggregate.
+        _record(4, second=121, body=b"[1, 2]"),
+        _record(5, second=122, body=b"42"),
+        _record(6, second=123, body=b'"x"'),
     ]
-    zone.write(SegmentName("hub1", "upstream", 3, 0, 3), encode_segment(records))
+    zone.write(SegmentName("hub1", "upstream", 3, 0, 6), encode_segment(records))
     run(spark, _settings(tmp_path))
 
+    assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(7)]
     silver = spark.read.parquet(str(tmp_path / "lake" / "silver"))
     assert dict(silver.dtypes)["body"] == "variant"
-    temps = silver.selectExpr("edge_message_id", "variant_get(body, '$.temp', 'double') AS temp").collect()
-    assert sorted((r.edge_message_id, r.temp) for r in temps) == [
-        ("e-000000", 20.0),
-        ("e-000001", 24.5),
-        ("e-000002", 30.0),
-        ("e-000003", None),
+    temps = silver.selectExpr(
+        "edge_message_id", "variant_get(body, '$.temp', 'double') AS temp", "to_json(body) AS json"
+    ).collect()
+    assert sorted((r.edge_message_id, r.temp, r.json) for r in temps) == [
+        ("e-000000", 20.0, '{"hum":0.5,"label":"a","temp":20}'),
+        ("e-000001", 24.5, '{"label":"b","temp":24.5}'),
+        ("e-000002", 30.0, '{"temp":30}'),
+        ("e-000003", None, None),
+        ("e-000004", None, "[1,2]"),
+        ("e-000005", None, "42"),
+        ("e-000006", None, '"x"'),
     ]
     stats = [r.asDict() for r in device_minute_stats(spark, str(tmp_path / "lake")).collect()]
     minute0 = [s for s in stats if s["minute"].timestamp() == BASE_S]
@@ -250,6 +411,27 @@ def test_silver_holds_json_bodies_as_variant_and_the_example_aggregate_sums_up(
     }
     minute1 = [s for s in stats if s["minute"].timestamp() == BASE_S + 60]
     assert {(s["field"], s["count"], s["n"], s["min"], s["max"]) for s in minute1} == {("temp", 2, 1, 30.0, 30.0)}
+    minute2 = [s for s in stats if s["minute"].timestamp() == BASE_S + 120]
+    assert [(s["field"], s["count"], s["n"]) for s in minute2] == [(None, 3, None)]  # counted, no fields
+
+
+@pytest.mark.spark
+def test_metrics_reach_a_lake_that_only_hadoop_can_open(spark: SparkSession, tmp_path: Path) -> None:
+    # A viewfs:// mount of a local folder: a lake URL Python cannot open, as s3a:// or abfss:// would be, while
+    # the test can still look at the files.
+    mount = f"lake{abs(hash(tmp_path))}"
+    key = f"fs.viewfs.mounttable.{mount}.link./lake"
+    hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()
+    hadoop_conf.set(key, (tmp_path / "lake").as_uri())
+    try:
+        zone = LandingZone(str(tmp_path / "landing"))
+        _land(zone, 0, 9)
+        run(spark, replace(_settings(tmp_path), lake=f"viewfs://{mount}/lake"))
+    finally:
+        hadoop_conf.unset(key)
+    assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(10)]
+    (m,) = [m for m in _metrics(tmp_path) if m["input_rows"]]
+    assert (m["batch_id"], m["input_rows"], m["bronze_rows"]) == (0, 10, 10)
 
 
 @pytest.mark.spark

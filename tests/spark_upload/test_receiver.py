@@ -16,7 +16,7 @@ from spark_upload.receiver import Received, Receiver, ReceiverSettings, landing_
 
 pytestmark = pytest.mark.interop
 
-TOPIC = "edgehub/hub1/batches"
+TOPIC = "edgehub/segments/hub1/upstream/p00"  # what the hub's MQTT upstream publishes on
 
 
 def _free_port() -> int:
@@ -83,7 +83,7 @@ def _publish(broker: str, payload: bytes, tmp_path: Path, *, segment: str | None
 def _receiver(
     broker: str, landing: Path, reports: queue.Queue[Received], *, client_id: str = "edgehub-landing-receiver"
 ) -> Receiver:
-    settings = ReceiverSettings(broker=broker, topic="edgehub/+/batches", landing=str(landing), client_id=client_id)
+    settings = ReceiverSettings(broker=broker, landing=str(landing), client_id=client_id)  # the default topic
     receiver = Receiver(settings, on_landed=reports.put)
     receiver.start()
     assert receiver.subscribed.wait(timeout=10)
@@ -141,6 +141,29 @@ def test_a_payload_that_is_not_a_segment_is_set_aside_outside_the_jobs_filter(br
         receiver.stop()
 
 
+def test_a_gzip_payload_cut_short_or_with_a_bad_crc_is_set_aside_and_acked(broker: str, tmp_path: Path) -> None:
+    reports: queue.Queue[Received] = queue.Queue()
+    receiver = _receiver(broker, tmp_path / "landing", reports)
+    name, data = _segment(0, 99)
+    cut = data[: len(data) // 2]
+    bad_crc = data[:-8] + bytes(b ^ 0xFF for b in data[-8:-4]) + data[-4:]
+    try:
+        for payload in (cut, bad_crc):
+            _publish(broker, payload, tmp_path, segment=name.path)
+            got = reports.get(timeout=10)
+            assert (got.path, got.outcome, got.acked) == (
+                f"rejected/{hashlib.sha256(payload).hexdigest()}.bin",
+                "rejected",
+                True,
+            )
+        assert receiver.rejected_count == 2
+        assert receiver.landed_count == 0
+        assert not (tmp_path / "landing" / name.path).exists()
+        assert (tmp_path / "landing" / got.path).read_bytes() == bad_crc
+    finally:
+        receiver.stop()
+
+
 def test_a_message_that_could_not_land_is_not_acked_and_is_redelivered_to_the_next_receiver(
     broker: str, tmp_path: Path
 ) -> None:
@@ -189,3 +212,152 @@ def test_a_segment_property_that_is_not_a_segment_name_falls_back_to_the_content
     payload = gzip.compress(b"{}\n", mtime=0)
     assert landing_path_for(payload, None) == (f"received/{hashlib.sha256(payload).hexdigest()}.jsonl.gz", True)
     assert landing_path_for(payload, "hub1/upstream/p00/x.jsonl.gz")[0].startswith("received/")
+
+
+# --- a scripted MQTT 5 broker that has no shared subscriptions ---------------------------------------------------
+#
+# Mosquitto supports shared subscriptions and cannot be told not to, so the fallback is checked against a peer on a
+# real socket that answers the receiver packet by packet, built byte for byte.
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n % 128, n // 128
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _packet(first_byte: int, body: bytes) -> bytes:
+    return bytes([first_byte]) + _varint(len(body)) + body
+
+
+def _connack(properties: bytes = b"") -> bytes:
+    return _packet(0x20, bytes([0, 0]) + _varint(len(properties)) + properties)
+
+
+def _suback(packet_id: int, reason: int) -> bytes:
+    return _packet(0x90, packet_id.to_bytes(2, "big") + b"\x00" + bytes([reason]))
+
+
+def _publish_qos1(topic: str, packet_id: int, payload: bytes) -> bytes:
+    name = topic.encode()
+    return _packet(0x32, len(name).to_bytes(2, "big") + name + packet_id.to_bytes(2, "big") + b"\x00" + payload)
+
+
+class _ScriptedBroker:
+    """Accepts one client on 127.0.0.1 and lets the test read and write whole MQTT packets, each under a timeout."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(10)
+        self.url = f"mqtt://127.0.0.1:{self.server.getsockname()[1]}"
+        self.conn: socket.socket | None = None
+
+    def accept(self) -> None:
+        self.conn, _ = self.server.accept()
+        self.conn.settimeout(10)
+
+    def _exactly(self, n: int) -> bytes:
+        assert self.conn is not None
+        data = b""
+        while len(data) < n:
+            chunk = self.conn.recv(n - len(data))
+            assert chunk, "the receiver closed the connection"
+            data += chunk
+        return data
+
+    def read(self) -> tuple[int, bytes]:
+        """The next packet's type nibble and its body."""
+        first = self._exactly(1)[0]
+        length, shift = 0, 0
+        while True:
+            byte = self._exactly(1)[0]
+            length += (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        return first >> 4, self._exactly(length)
+
+    def read_subscribe(self) -> tuple[int, str]:
+        kind, body = self.read()
+        assert kind == 8  # SUBSCRIBE
+        packet_id = int.from_bytes(body[:2], "big")
+        props_len = body[2]  # the receiver sends no SUBSCRIBE properties: one length byte
+        rest = body[3 + props_len :]
+        size = int.from_bytes(rest[:2], "big")
+        return packet_id, rest[2 : 2 + size].decode()
+
+    def send(self, data: bytes) -> None:
+        assert self.conn is not None
+        self.conn.sendall(data)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.server.close()
+
+
+@pytest.fixture
+def scripted_broker() -> Iterator[_ScriptedBroker]:
+    peer = _ScriptedBroker()
+    try:
+        yield peer
+    finally:
+        peer.close()
+
+
+def _land_one_segment_through(peer: _ScriptedBroker, receiver: Receiver, reports: queue.Queue[Received]) -> None:
+    assert receiver.subscribed.wait(timeout=10)
+    _, data = _segment(0, 4)
+    peer.send(_publish_qos1(TOPIC, 7, data))
+    got = reports.get(timeout=10)
+    assert (got.outcome, got.acked) == ("written", True)
+    kind, body = peer.read()
+    assert (kind, body[:2]) == (4, (7).to_bytes(2, "big"))  # PUBACK for packet 7, after the landing write
+
+
+def test_a_broker_without_shared_subscriptions_in_its_connack_gets_the_plain_topic(
+    scripted_broker: _ScriptedBroker, tmp_path: Path
+) -> None:
+    reports: queue.Queue[Received] = queue.Queue()
+    receiver = Receiver(
+        ReceiverSettings(broker=scripted_broker.url, landing=str(tmp_path / "landing")), on_landed=reports.put
+    )
+    receiver.start()
+    try:
+        scripted_broker.accept()
+        assert scripted_broker.read()[0] == 1  # CONNECT
+        scripted_broker.send(_connack(properties=bytes([0x2A, 0])))  # SharedSubscriptionAvailable = 0
+        packet_id, topic = scripted_broker.read_subscribe()
+        assert topic == "edgehub/segments/#"
+        scripted_broker.send(_suback(packet_id, 0x01))
+        _land_one_segment_through(scripted_broker, receiver, reports)
+        assert receiver.subscription == "edgehub/segments/#"
+    finally:
+        receiver.stop()
+
+
+def test_a_shared_subscription_refused_with_0x9e_is_retried_as_the_plain_topic(
+    scripted_broker: _ScriptedBroker, tmp_path: Path
+) -> None:
+    reports: queue.Queue[Received] = queue.Queue()
+    receiver = Receiver(
+        ReceiverSettings(broker=scripted_broker.url, landing=str(tmp_path / "landing")), on_landed=reports.put
+    )
+    receiver.start()
+    try:
+        scripted_broker.accept()
+        assert scripted_broker.read()[0] == 1
+        scripted_broker.send(_connack())  # says nothing about shared subscriptions: available, by the spec
+        packet_id, topic = scripted_broker.read_subscribe()
+        assert topic == "$share/edgehub-ingest/edgehub/segments/#"
+        scripted_broker.send(_suback(packet_id, 0x9E))
+        packet_id, topic = scripted_broker.read_subscribe()
+        assert topic == "edgehub/segments/#"
+        assert not receiver.subscribed.is_set()
+        scripted_broker.send(_suback(packet_id, 0x01))
+        _land_one_segment_through(scripted_broker, receiver, reports)
+    finally:
+        receiver.stop()
