@@ -217,10 +217,15 @@ _REMOVED_INGEST = b"stats/r/i"  # removal counts by reason ({reason: n}), group-
 _REMOVED_MAINT = b"stats/r/m"  # removal counts by reason ({reason: n}), maintenance writes
 _RemovedCounts = dict[str, int]
 
+# The stamps' keys as plain strings: an enum member lookup per message showed in the ingest profile.
+_EDGE_MESSAGE_ID: str = SystemProperty.EDGE_MESSAGE_ID.value
+_ENQUEUED_TIME: str = SystemProperty.ENQUEUED_TIME.value
+
 # Version-4 UUID bits (RFC 4122), as uuid.uuid4 sets them on 128 random bits.
 _UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48)) & ((1 << 128) - 1)
 _UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
 _RANDOM_POOL_BYTES = 16 * 256
+_ONE_ROUTE_CACHE_SIZE = 256
 
 
 class _Stamper:
@@ -294,6 +299,8 @@ class Store:
         self._unwritten: dict[QueueId, dict[int, None]] = {}
         # (endpoint, priority) -> the queue and its name, made once per queue (QueueId() and .name cost ~2 µs)
         self._lanes: dict[tuple[str, int], tuple[QueueId, str]] = {}
+        # id(route result) -> (that result, the default TTL then, its queues): see ``_queues_for``
+        self._one_route: dict[int, tuple[RouteResult, float, Mapping[QueueId, tuple[str, float]]]] = {}
         for name in self._b.families():
             if QueueId.is_queue_name(name):
                 q = QueueId.parse(name)
@@ -423,20 +430,40 @@ class Store:
         clock) set if absent. ``updates``: other system properties to set in the same copy (the hub's identity
         stamps), so a message is copied once on its way in, not once per stamper."""
         sp = message.system_properties
-        has_id = SystemProperty.EDGE_MESSAGE_ID in sp
-        has_time = SystemProperty.ENQUEUED_TIME in sp
+        has_id = _EDGE_MESSAGE_ID in sp
+        has_time = _ENQUEUED_TIME in sp
         if has_id and has_time and not updates:
             return message
         stamped = dict(sp)
         if updates:
             stamped.update(updates)
         if not has_id:
-            stamped[SystemProperty.EDGE_MESSAGE_ID] = self._stamper.edge_message_id()
+            stamped[_EDGE_MESSAGE_ID] = self._stamper.edge_message_id()
         if not has_time:
-            stamped[SystemProperty.ENQUEUED_TIME] = self._stamper.iso_utc(
-                self._clock.time() if now_s is None else now_s
-            )
+            stamped[_ENQUEUED_TIME] = self._stamper.iso_utc(self._clock.time() if now_s is None else now_s)
         return Message(body=message.body, properties=message.properties, system_properties=stamped)
+
+    def stamp_group(
+        self, messages: Sequence[Message], updates: Mapping[str, str], *, drop: str | None = None
+    ) -> list[Message]:
+        """``stamp`` for a group that arrived together (one read of a connection): one copy per message, with
+        ``updates`` set (after removing ``drop``), a fresh ``edgeMessageId`` each, and one ``enqueuedTime`` (the
+        store's clock, read once) for all that lack them."""
+        enqueued = self._stamper.iso_utc(self._clock.time())
+        new_id = self._stamper.edge_message_id
+        out: list[Message] = []
+        for message in messages:
+            sp = message.system_properties
+            stamped = dict(sp)
+            if drop is not None:
+                stamped.pop(drop, None)
+            stamped.update(updates)
+            if _EDGE_MESSAGE_ID not in sp:
+                stamped[_EDGE_MESSAGE_ID] = new_id()
+            if _ENQUEUED_TIME not in sp:
+                stamped[_ENQUEUED_TIME] = enqueued
+            out.append(Message(message.body, message.properties, stamped))
+        return out
 
     async def enqueue(
         self,
@@ -486,12 +513,31 @@ class Store:
             await self._committer.submit(_Pending(meta_ops, {}, [], overflow))
             return EnqueueReceipt(message, ())
         pending = _Pending(meta_ops, {}, [], overflow)
-        refs = self._add_message(pending, message, queues, size, now)
+        deltas: Usage = {}
+        refs = self._add_message(pending, message, queues, size, now, deltas)
+        self._reserve(pending, deltas)
         await self._committer.submit(pending)
         return EnqueueReceipt(message, refs)
 
-    def _queues_for(self, route_results: Sequence[RouteResult]) -> dict[QueueId, tuple[str, float]]:
-        """queue -> (its name, the reference's TTL), one per (endpoint, priority); the first route wins."""
+    def _queues_for(self, route_results: Sequence[RouteResult]) -> Mapping[QueueId, tuple[str, float]]:
+        """queue -> (its name, the reference's TTL), one per (endpoint, priority); the first route wins.
+
+        A message routed to one endpoint (the usual case) gets its result from the router's own ``RouteResult``
+        object, the same for every message of that route: its queues are looked up once, kept by the object's
+        id with the object itself (so an id reused after the object is gone never matches)."""
+        if len(route_results) == 1:
+            rr = route_results[0]
+            cached = self._one_route.get(id(rr))
+            if cached is not None and cached[0] is rr and cached[1] == self.default_ttl_s:
+                return cached[2]
+            queues = self._queues_of(route_results)
+            if len(self._one_route) >= _ONE_ROUTE_CACHE_SIZE:
+                self._one_route.clear()
+            self._one_route[id(rr)] = (rr, self.default_ttl_s, queues)
+            return queues
+        return self._queues_of(route_results)
+
+    def _queues_of(self, route_results: Sequence[RouteResult]) -> dict[QueueId, tuple[str, float]]:
         lanes = self._lanes
         queues: dict[QueueId, tuple[str, float]] = {}
         for rr in route_results:
@@ -518,8 +564,10 @@ class Store:
         queues: Mapping[QueueId, tuple[str, float]],
         size: int,
         now: float,
+        deltas: Usage,
     ) -> tuple[tuple[QueueId, int], ...]:
-        """Add the (stamped) message's body and references to ``pending``, reserving their usage; its refs.
+        """Add the (stamped) message's body and references to ``pending``, and the usage they add to ``deltas``
+        (``_reserve`` then reserves it); its refs.
 
         Synchronous from offset hand-out to reservation, so a group of messages gets consecutive offsets."""
         key = self._next_message_key
@@ -530,7 +578,8 @@ class Store:
         ops.append((MESSAGES, pkey, b""))  # the body goes first; encoded below, once refs are known
         refs: list[tuple[QueueId, int]] = []
         named: list[tuple[str, int]] = []
-        deltas: Usage = {STORE_WIDE: (1, size)}
+        c, b = deltas.get(STORE_WIDE, (0, 0))
+        deltas[STORE_WIDE] = (c + 1, b + size)
         for q, (name, ttl) in queues.items():
             off = self._hand_out(q)
             refs.append((q, off))
@@ -539,14 +588,17 @@ class Store:
             deltas[q.endpoint] = (c + 1, b + size)
             ops.append((name, pack_u64(off), encode_ref_fields(key, now, ttl, size)))
         ops[body_at] = (MESSAGES, pkey, encode_message(message, named))
+        pending.refs.extend(refs)
+        return tuple(refs)
+
+    def _reserve(self, pending: _Pending, deltas: Usage) -> None:
+        """Reserve the usage ``deltas`` of ``pending``, so concurrent producers see it in their quota check."""
         inflight, group_deltas = self._inflight, pending.deltas
-        for k, (c, b) in deltas.items():  # reserved now, so concurrent producers see it in their quota check
+        for k, (c, b) in deltas.items():
             ic, ib = inflight.get(k, (0, 0))
             inflight[k] = (ic + c, ib + b)
             gc, gb = group_deltas.get(k, (0, 0))
             group_deltas[k] = (gc + c, gb + b)
-        pending.refs.extend(refs)
-        return tuple(refs)
 
     async def enqueue_many(
         self, items: Sequence[tuple[Message, Sequence[RouteResult]]]
@@ -565,6 +617,7 @@ class Store:
         now = self._clock.time()
         limit = self.default_policy.max_message_size_bytes
         pending = _Pending([], {}, [])
+        deltas: Usage = {}
         out: list[EnqueueReceipt | IngestRejected] = []
         for message, route_results in items:
             size = message.size_bytes()  # as the producer sent it: the hub's own stamps are not charged to it
@@ -574,8 +627,11 @@ class Store:
                 continue
             message = self.stamp(message, now)
             out.append(
-                EnqueueReceipt(message, self._add_message(pending, message, queues, size, now) if queues else ())
+                EnqueueReceipt(
+                    message, self._add_message(pending, message, queues, size, now, deltas) if queues else ()
+                )
             )
+        self._reserve(pending, deltas)
         if pending.ops:
             await self._committer.submit(pending)
         return out

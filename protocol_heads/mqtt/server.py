@@ -45,7 +45,7 @@ from edgehub.core import (
     SystemProperty,
 )
 from edgehub.hub import Credentials, Delivery, Hub, Rejected
-from protocol_heads.mqtt.codec import Connect, Properties, PropertyId, Publish, ReasonCode
+from protocol_heads.mqtt.codec import NO_PROPERTIES, Connect, Properties, PropertyId, Publish, ReasonCode
 from protocol_heads.mqtt.connection import (
     ConnectRequested,
     DeliveryAcked,
@@ -90,6 +90,7 @@ REJECT_REASONS: Mapping[str, int] = {
 }
 
 _READ_SIZE = 256 * 1024
+_TELEMETRY_CACHE_SIZE = 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -258,6 +259,9 @@ class _Client:
         self.registered = False
         self.clean_exit = False
         self._groups = asyncio.Semaphore(s.max_groups_in_flight)
+        # topic -> (system, application properties) of a telemetry PUBLISH without MQTT 5 properties that the
+        # ACL allowed: the same topic gives the same properties, so later ones skip parsing and checking it.
+        self._telemetry: dict[str, tuple[Mapping[str, str], Mapping[str, str | None]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._flush_scheduled = False
 
@@ -439,9 +443,15 @@ class _Client:
         now = self.settings.clock.time()
         settle: list[tuple[int | None, int]] = []  # (ticket, reason code), in arrival order
         to_store: list[Message] = []
-        store_tickets: list[int | None] = []
+        known = self._telemetry
         for event in group:
             p = event.publish
+            if p.properties is NO_PROPERTIES:
+                props = known.get(p.topic)
+                if props is not None:  # a telemetry topic this client used before: its properties are known
+                    settle.append((event.ticket, -1 - len(to_store)))
+                    to_store.append(Message(p.payload, props[1], props[0]))
+                    continue
             twin = parse_twin_request(p.topic)
             if twin is not None:
                 await self._on_twin(identity, twin, p)
@@ -461,14 +471,22 @@ class _Client:
                 continue
             settle.append((event.ticket, -1 - len(to_store)))  # placeholder: index into the hub's outcomes
             to_store.append(msg)
-            store_tickets.append(event.ticket)
+            if p.properties is NO_PROPERTIES:
+                # Without MQTT 5 properties a message's properties follow from the topic alone (the identity
+                # and auth method are the connection's): later messages on it share these (immutable) maps.
+                if len(known) >= _TELEMETRY_CACHE_SIZE:
+                    known.clear()
+                known[p.topic] = (msg.system_properties, msg.properties)
         outcomes = await self.hub.ingest(identity, to_store) if to_store else []
         for ticket, reason in settle:
             text = None
             if reason < 0:
                 outcome = outcomes[-1 - reason]
-                reason = REJECT_REASONS.get(outcome.reason, 0x80) if isinstance(outcome, Rejected) else 0
-                text = outcome.detail if isinstance(outcome, Rejected) and outcome.detail else None
+                if isinstance(outcome, Rejected):
+                    reason = REJECT_REASONS.get(outcome.reason, 0x80)
+                    text = outcome.detail or None
+                else:
+                    reason = 0
             if ticket is None:
                 if reason:
                     log.info("mqtt.qos0_dropped client=%s reason=0x%02x", identity, reason)
