@@ -218,14 +218,16 @@ class _Link:
             topic = device_bound_topic(client.identity, m)
         else:
             topic = module_input_topic(client.identity, delivery.input_name, m)
-        values: dict[PropertyId, int | str | bytes] = {}
-        ct = m.system_properties.get(SystemProperty.CONTENT_TYPE)
-        if ct:
-            values[PropertyId.CONTENT_TYPE] = ct
-        cid = m.system_properties.get(SystemProperty.CORRELATION_ID)
-        if cid:
-            values[PropertyId.CORRELATION_DATA] = cid.encode()
-        props = Properties(values, delivery_user_properties(m))
+        props = NO_PROPERTIES  # a 3.1.1 client gets the topic's property bag only
+        if conn.v5:
+            values: dict[PropertyId, int | str | bytes] = {}
+            ct = m.system_properties.get(SystemProperty.CONTENT_TYPE)
+            if ct:
+                values[PropertyId.CONTENT_TYPE] = ct
+            cid = m.system_properties.get(SystemProperty.CORRELATION_ID)
+            if cid:
+                values[PropertyId.CORRELATION_DATA] = cid.encode()
+            props = Properties(values, delivery_user_properties(m))
         try:
             packet_id = conn.send_message(topic, m.body, qos=1, properties=props, dup=delivery.redelivery)
         except PeerPacketTooLarge as exc:
@@ -387,6 +389,7 @@ class _Client:
 
     async def _dispatch(self, events: list[Event]) -> None:
         group: list[MessageReceived] = []
+        acked = False
         for event in events:
             if isinstance(event, MessageReceived):
                 group.append(event)
@@ -402,11 +405,14 @@ class _Client:
                 delivery_id = self.link.pending.pop(event.packet_id, None)
                 if delivery_id is not None and self.identity is not None:
                     self.hub.delivered(self.identity, delivery_id, event.reason_code < 0x80)
-                    self.hub.link_ready(self.identity, self.link)
+                    acked = True
             elif isinstance(event, Disconnected):
                 self.clean_exit = not event.publish_will
             elif isinstance(event, ProtocolFailed):
                 pass  # the connection is closed; run() ends after flushing the goodbye
+        if acked and self.identity is not None:
+            # Once for all the acks of this read: the window they freed is filled in one go, one write.
+            self.hub.link_ready(self.identity, self.link)
         if group:
             await self._groups.acquire()
             task = asyncio.get_running_loop().create_task(self._ingest(group), name=f"mqtt.ingest {self.identity}")
