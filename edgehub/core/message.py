@@ -75,10 +75,11 @@ class Message:
     source: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.body, bytes | bytearray | memoryview):
-            raise TypeError(f"body must be bytes, not {type(self.body).__name__}")
-        if not isinstance(self.body, bytes):
-            object.__setattr__(self, "body", bytes(self.body))
+        body = self.body
+        if type(body) is not bytes and not isinstance(body, bytes):  # the exact type first: every message
+            if not isinstance(body, bytearray | memoryview):
+                raise TypeError(f"body must be bytes, not {type(body).__name__}")
+            object.__setattr__(self, "body", bytes(body))
         object.__setattr__(self, "source", message_source(self.system_properties))
 
     @property
@@ -97,9 +98,12 @@ class Message:
 
     def size_bytes(self) -> int:
         """Body plus property names and values, in UTF-8: what quotas and maxMessageSizeBytes count."""
+        # An ASCII string's UTF-8 length is its length (checked in C, without encoding it).
         n = len(self.body)
         for k, v in self.properties.items():
-            n += len(k.encode()) + (len(v.encode()) if v is not None else 0)
+            n += len(k) if k.isascii() else len(k.encode())
+            if v is not None:
+                n += len(v) if v.isascii() else len(v.encode())
         for k, v in self.system_properties.items():
-            n += len(k.encode()) + len(v.encode())
+            n += (len(k) if k.isascii() else len(k.encode())) + (len(v) if v.isascii() else len(v.encode()))
         return n

@@ -4,7 +4,9 @@ A head, for each connected client:
 1. ``authenticate(credentials)`` → an ``AuthResult`` (or ``AuthenticationError``);
 2. ``connect(identity, link, clean_session=...)`` registers the client as the delivery target of its module
    inputs (and, later, device-bound messages); the hub then calls ``link.send(delivery)`` whenever
-   ``link.window_free`` allows, and the head answers each with ``delivered(identity, delivery_id, ok)``;
+   ``link.window_free`` allows, and the head answers each with ``delivered(identity, delivery_id, ok)`` and,
+   after the acks it read together, one ``link_ready(identity, link)`` (that is when the hub fills the window
+   the acks freed: ``delivered`` alone sends nothing);
 3. ``ingest(identity, messages)`` for every group of messages that arrived in one read, and acks each message
    only as its outcome says;
 4. ``disconnect(identity, link)`` when the connection ends (a link that is no longer the registered one, after a
@@ -128,11 +130,12 @@ class Hub(Protocol):
         ...
 
     def delivered(self, identity: Identity, delivery_id: int, ok: bool) -> None:
-        """The client acknowledged (``ok``) or refused a delivery."""
+        """The client acknowledged (``ok``) or refused a delivery. Sends nothing: see ``link_ready``."""
         ...
 
     def link_ready(self, identity: Identity, link: ClientLink) -> None:
-        """The link's window has room again (a delivery was acknowledged)."""
+        """The link's window has room again (deliveries were acknowledged): the hub sends what fits. Call it
+        once after the ``delivered`` calls of the acks read together."""
         ...
 
     async def get_twin(self, identity: Identity) -> Mapping[str, Any]:

@@ -62,6 +62,7 @@ __all__ = ["EdgeHub"]
 log = logging.getLogger(__name__)
 
 _TWIN = "twin/"
+_EDGE_MESSAGE_ID: str = SystemProperty.EDGE_MESSAGE_ID.value
 
 
 class EdgeHub:
@@ -156,14 +157,19 @@ class EdgeHub:
         self._auth_methods[result.identity.id] = result.auth_method
         return result
 
-    def _stamp(self, identity: Identity, message: Message) -> Message:
-        """The connection's identity on the message, with the store's id and time stamps in the same copy."""
+    def _identity_stamps(self, identity: Identity) -> dict[str, str]:
+        """The system properties the hub sets from the authenticated connection (its authority, not the head's)."""
         updates: dict[str, str] = {SystemProperty.CONNECTION_DEVICE_ID.value: identity.device_id}
         if identity.module_id is not None:
             updates[SystemProperty.CONNECTION_MODULE_ID.value] = identity.module_id
         method = self._auth_methods.get(identity.id)
         if method is not None:
             updates[SystemProperty.CONNECTION_AUTH_METHOD.value] = method
+        return updates
+
+    def _stamp(self, identity: Identity, message: Message) -> Message:
+        """The connection's identity on the message, with the store's id and time stamps in the same copy."""
+        updates = self._identity_stamps(identity)
         sp = message.system_properties
         if identity.module_id is None and SystemProperty.CONNECTION_MODULE_ID in sp:
             # A device cannot pass itself off as a module (that would change the message's route source).
@@ -221,15 +227,18 @@ class EdgeHub:
         outcomes: list[IngestOutcome | None] = [None] * len(messages)
         items: list[tuple[Message, Sequence[RouteResult]]] = []
         at: list[int] = []
-        for i, message in enumerate(messages):
-            message = self._stamp(identity, message)
+        # A device cannot pass itself off as a module (that would change the message's route source).
+        drop = SystemProperty.CONNECTION_MODULE_ID.value if identity.module_id is None else None
+        stamped = self.store.stamp_group(messages, self._identity_stamps(identity), drop=drop)
+        route, assign = self.router.route, self.lanes.assign
+        for i, message in enumerate(stamped):
             try:
                 check_partition_properties(message)
             except IngestRejected as exc:
                 log.info("hub.rejected identity=%s reason=%s detail=%s", identity, exc.reason, exc)
                 outcomes[i] = Rejected(exc.reason, str(exc))
                 continue
-            items.append((message, self.lanes.assign(message, self.router.route(message))))
+            items.append((message, assign(message, route(message))))
             at.append(i)
         endpoints: set[str] = set()
         for i, result in zip(at, await self.store.enqueue_many(items) if items else [], strict=True):
@@ -237,8 +246,9 @@ class EdgeHub:
                 log.info("hub.rejected identity=%s reason=%s detail=%s", identity, result.reason, result)
                 outcomes[i] = Rejected(result.reason, str(result))
                 continue
-            endpoints.update(q.endpoint for q, _ in result.refs)
-            outcomes[i] = Stored(result.message.edge_message_id)
+            for q, _ in result.refs:
+                endpoints.add(q.endpoint)
+            outcomes[i] = Stored(result.message.system_properties.get(_EDGE_MESSAGE_ID))
         await self._notify(endpoints)
         return [o for o in outcomes if o is not None]
 

@@ -149,7 +149,8 @@ class ModuleMailboxes:
         p = box.inflight.pop(delivery_id, None)
         if p is not None:
             _settle(p, _Outcome.OK if ok else _Outcome.FAILED)
-        self._pump(box)
+        # No sending here: the head calls ``link_ready`` once after all the acks of one read, and the window they
+        # freed is filled then, in one go (one write for all of it), not one delivery per ack.
 
     def link_ready(self, identity: Identity, link: ClientLink) -> None:
         assert identity.module_id is not None

@@ -48,12 +48,13 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 import msgspec
@@ -204,6 +205,7 @@ class _Pending:
     deltas: Usage
     refs: list[tuple[QueueId, int]]
     overflow: int = 0  # references dropped by discardIncoming, counted when the group is written
+    items: list[StoredItem] = field(default_factory=list)  # what ``read`` returns for refs, once written
 
 
 def _add(into: dict[str, tuple[int, int]], key: str, count: int, size: int) -> None:
@@ -217,10 +219,16 @@ _REMOVED_INGEST = b"stats/r/i"  # removal counts by reason ({reason: n}), group-
 _REMOVED_MAINT = b"stats/r/m"  # removal counts by reason ({reason: n}), maintenance writes
 _RemovedCounts = dict[str, int]
 
+# The stamps' keys as plain strings: an enum member lookup per message showed in the ingest profile.
+_EDGE_MESSAGE_ID: str = SystemProperty.EDGE_MESSAGE_ID.value
+_ENQUEUED_TIME: str = SystemProperty.ENQUEUED_TIME.value
+
 # Version-4 UUID bits (RFC 4122), as uuid.uuid4 sets them on 128 random bits.
 _UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48)) & ((1 << 128) - 1)
 _UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
 _RANDOM_POOL_BYTES = 16 * 256
+_ONE_ROUTE_CACHE_SIZE = 256
+_RECENT_MAX = 4096
 
 
 class _Stamper:
@@ -294,6 +302,15 @@ class Store:
         self._unwritten: dict[QueueId, dict[int, None]] = {}
         # (endpoint, priority) -> the queue and its name, made once per queue (QueueId() and .name cost ~2 µs)
         self._lanes: dict[tuple[str, int], tuple[QueueId, str]] = {}
+        # References written since they were last delivered, with their messages, so that an executor that keeps
+        # up reads them without a database read and decode (~8 us a message): added when their group write
+        # succeeded, dropped when committed or removed; at most _RECENT_MAX over all queues (past that, new ones
+        # are read from the database). Mutated on the event loop only; ``read`` (which the executors call from a
+        # worker thread) only looks offsets up one by one.
+        self._recent: dict[QueueId, dict[int, StoredItem]] = {}
+        self._recent_count = 0
+        # id(route result) -> (that result, the default TTL then, its queues): see ``_queues_for``
+        self._one_route: dict[int, tuple[RouteResult, float, Mapping[QueueId, tuple[str, float]]]] = {}
         for name in self._b.families():
             if QueueId.is_queue_name(name):
                 q = QueueId.parse(name)
@@ -423,20 +440,40 @@ class Store:
         clock) set if absent. ``updates``: other system properties to set in the same copy (the hub's identity
         stamps), so a message is copied once on its way in, not once per stamper."""
         sp = message.system_properties
-        has_id = SystemProperty.EDGE_MESSAGE_ID in sp
-        has_time = SystemProperty.ENQUEUED_TIME in sp
+        has_id = _EDGE_MESSAGE_ID in sp
+        has_time = _ENQUEUED_TIME in sp
         if has_id and has_time and not updates:
             return message
         stamped = dict(sp)
         if updates:
             stamped.update(updates)
         if not has_id:
-            stamped[SystemProperty.EDGE_MESSAGE_ID] = self._stamper.edge_message_id()
+            stamped[_EDGE_MESSAGE_ID] = self._stamper.edge_message_id()
         if not has_time:
-            stamped[SystemProperty.ENQUEUED_TIME] = self._stamper.iso_utc(
-                self._clock.time() if now_s is None else now_s
-            )
+            stamped[_ENQUEUED_TIME] = self._stamper.iso_utc(self._clock.time() if now_s is None else now_s)
         return Message(body=message.body, properties=message.properties, system_properties=stamped)
+
+    def stamp_group(
+        self, messages: Sequence[Message], updates: Mapping[str, str], *, drop: str | None = None
+    ) -> list[Message]:
+        """``stamp`` for a group that arrived together (one read of a connection): one copy per message, with
+        ``updates`` set (after removing ``drop``), a fresh ``edgeMessageId`` each, and one ``enqueuedTime`` (the
+        store's clock, read once) for all that lack them."""
+        enqueued = self._stamper.iso_utc(self._clock.time())
+        new_id = self._stamper.edge_message_id
+        out: list[Message] = []
+        for message in messages:
+            sp = message.system_properties
+            stamped = dict(sp)
+            if drop is not None:
+                stamped.pop(drop, None)
+            stamped.update(updates)
+            if _EDGE_MESSAGE_ID not in sp:
+                stamped[_EDGE_MESSAGE_ID] = new_id()
+            if _ENQUEUED_TIME not in sp:
+                stamped[_ENQUEUED_TIME] = enqueued
+            out.append(Message(message.body, message.properties, stamped))
+        return out
 
     async def enqueue(
         self,
@@ -486,12 +523,31 @@ class Store:
             await self._committer.submit(_Pending(meta_ops, {}, [], overflow))
             return EnqueueReceipt(message, ())
         pending = _Pending(meta_ops, {}, [], overflow)
-        refs = self._add_message(pending, message, queues, size, now)
+        deltas: Usage = {}
+        refs = self._add_message(pending, message, queues, size, now, deltas)
+        self._reserve(pending, deltas)
         await self._committer.submit(pending)
         return EnqueueReceipt(message, refs)
 
-    def _queues_for(self, route_results: Sequence[RouteResult]) -> dict[QueueId, tuple[str, float]]:
-        """queue -> (its name, the reference's TTL), one per (endpoint, priority); the first route wins."""
+    def _queues_for(self, route_results: Sequence[RouteResult]) -> Mapping[QueueId, tuple[str, float]]:
+        """queue -> (its name, the reference's TTL), one per (endpoint, priority); the first route wins.
+
+        A message routed to one endpoint (the usual case) gets its result from the router's own ``RouteResult``
+        object, the same for every message of that route: its queues are looked up once, kept by the object's
+        id with the object itself (so an id reused after the object is gone never matches)."""
+        if len(route_results) == 1:
+            rr = route_results[0]
+            cached = self._one_route.get(id(rr))
+            if cached is not None and cached[0] is rr and cached[1] == self.default_ttl_s:
+                return cached[2]
+            queues = self._queues_of(route_results)
+            if len(self._one_route) >= _ONE_ROUTE_CACHE_SIZE:
+                self._one_route.clear()
+            self._one_route[id(rr)] = (rr, self.default_ttl_s, queues)
+            return queues
+        return self._queues_of(route_results)
+
+    def _queues_of(self, route_results: Sequence[RouteResult]) -> dict[QueueId, tuple[str, float]]:
         lanes = self._lanes
         queues: dict[QueueId, tuple[str, float]] = {}
         for rr in route_results:
@@ -518,8 +574,10 @@ class Store:
         queues: Mapping[QueueId, tuple[str, float]],
         size: int,
         now: float,
+        deltas: Usage,
     ) -> tuple[tuple[QueueId, int], ...]:
-        """Add the (stamped) message's body and references to ``pending``, reserving their usage; its refs.
+        """Add the (stamped) message's body and references to ``pending``, and the usage they add to ``deltas``
+        (``_reserve`` then reserves it); its refs.
 
         Synchronous from offset hand-out to reservation, so a group of messages gets consecutive offsets."""
         key = self._next_message_key
@@ -530,7 +588,8 @@ class Store:
         ops.append((MESSAGES, pkey, b""))  # the body goes first; encoded below, once refs are known
         refs: list[tuple[QueueId, int]] = []
         named: list[tuple[str, int]] = []
-        deltas: Usage = {STORE_WIDE: (1, size)}
+        c, b = deltas.get(STORE_WIDE, (0, 0))
+        deltas[STORE_WIDE] = (c + 1, b + size)
         for q, (name, ttl) in queues.items():
             off = self._hand_out(q)
             refs.append((q, off))
@@ -538,15 +597,19 @@ class Store:
             c, b = deltas.get(q.endpoint, (0, 0))
             deltas[q.endpoint] = (c + 1, b + size)
             ops.append((name, pack_u64(off), encode_ref_fields(key, now, ttl, size)))
+            pending.items.append(StoredItem(q, off, message, key, now, ttl, size))
         ops[body_at] = (MESSAGES, pkey, encode_message(message, named))
+        pending.refs.extend(refs)
+        return tuple(refs)
+
+    def _reserve(self, pending: _Pending, deltas: Usage) -> None:
+        """Reserve the usage ``deltas`` of ``pending``, so concurrent producers see it in their quota check."""
         inflight, group_deltas = self._inflight, pending.deltas
-        for k, (c, b) in deltas.items():  # reserved now, so concurrent producers see it in their quota check
+        for k, (c, b) in deltas.items():
             ic, ib = inflight.get(k, (0, 0))
             inflight[k] = (ic + c, ib + b)
             gc, gb = group_deltas.get(k, (0, 0))
             group_deltas[k] = (gc + c, gb + b)
-        pending.refs.extend(refs)
-        return tuple(refs)
 
     async def enqueue_many(
         self, items: Sequence[tuple[Message, Sequence[RouteResult]]]
@@ -565,6 +628,7 @@ class Store:
         now = self._clock.time()
         limit = self.default_policy.max_message_size_bytes
         pending = _Pending([], {}, [])
+        deltas: Usage = {}
         out: list[EnqueueReceipt | IngestRejected] = []
         for message, route_results in items:
             size = message.size_bytes()  # as the producer sent it: the hub's own stamps are not charged to it
@@ -574,8 +638,11 @@ class Store:
                 continue
             message = self.stamp(message, now)
             out.append(
-                EnqueueReceipt(message, self._add_message(pending, message, queues, size, now) if queues else ())
+                EnqueueReceipt(
+                    message, self._add_message(pending, message, queues, size, now, deltas) if queues else ()
+                )
             )
+        self._reserve(pending, deltas)
         if pending.ops:
             await self._committer.submit(pending)
         return out
@@ -697,6 +764,7 @@ class Store:
             ops.append(self._removed_op(_REMOVED_INGEST, removed))
         try:
             await self._write_ops(ops)
+            self._remember(group)
             self._ingest = totals
             if overflow:
                 self._removed_ingest = removed
@@ -741,16 +809,60 @@ class Store:
         """One past the last durable reference of ``queue``: a reader that reached it has seen everything."""
         return self._durable_end.get(queue, 0)
 
+    def _remember(self, group: list[_Pending]) -> None:
+        """Keep the references a group just wrote, with their messages, for ``read`` (see ``_recent``)."""
+        room = _RECENT_MAX - self._recent_count
+        if room <= 0:
+            return
+        recent = self._recent
+        for p in group:
+            for item in p.items[:room]:
+                held = recent.get(item.queue)
+                if held is None:
+                    held = recent[item.queue] = {}
+                held[item.offset] = item
+            room -= len(p.items)
+            if room <= 0:
+                break
+        self._recent_count = _RECENT_MAX - max(room, 0)
+
+    def _forget(self, queue: QueueId, offsets: Iterable[int]) -> None:
+        held = self._recent.get(queue)
+        if held:
+            for off in offsets:
+                if held.pop(off, None) is not None:
+                    self._recent_count -= 1
+
+    def _forget_upto(self, queue: QueueId, offset: int) -> None:
+        held = self._recent.get(queue)
+        if held:
+            gone = list(itertools.takewhile(lambda off: off <= offset, held))  # kept in offset order
+            self._forget(queue, gone)
+
     def read(self, queue: QueueId, from_offset: int, limit: int) -> list[StoredItem]:
         """Up to ``limit`` references at or after ``from_offset`` and after the committed offset, in order."""
         self._live()
         if queue not in self._next_offset or limit <= 0:
             return []
         start = max(from_offset, self._checkpoints[queue].committed + 1)
+        out: list[StoredItem] = []
+        held = self._recent.get(queue)
+        if held:
+            # Served from memory while the references are there (written, not removed), one offset after the
+            # other; from the first one that is not, from the database.
+            get = held.get
+            while len(out) < limit:
+                item = get(start)
+                if item is None:
+                    break
+                out.append(item)
+                start += 1
+            if len(out) == limit:
+                return out
+            limit -= len(out)
         rows = self._b.scan(queue.name, pack_u64(start), limit)
         refs = [(unpack_u64(k), decode_ref(v)) for k, v in rows]
         bodies = self._b.multi_get(MESSAGES, [pack_u64(r.message_key) for _, r in refs])
-        out: list[StoredItem] = []
         for (off, r), body in zip(refs, bodies, strict=True):
             if body is None:  # cannot happen by the invariants; say so rather than crash the pump
                 log.error("store.missing_body queue=%s offset=%d key=%d", queue, off, r.message_key)
@@ -811,6 +923,7 @@ class Store:
             )
             await self._write([(CHECKPOINTS, queue.name.encode(), encode_checkpoint(cp))])
             self._checkpoints[queue] = cp
+            self._forget_upto(queue, cp.committed)
 
     # -- removal ------------------------------------------------------------------------------------------
     def _removal_ops(self, refs: Sequence[tuple[str, int, int, int]], deltas: Usage) -> list[Op]:
@@ -861,6 +974,7 @@ class Store:
         self._live()
         if queue not in self._next_offset or not offsets:
             return 0
+        self._forget(queue, offsets)
         async with self._remove_lock:
             raws = self._b.multi_get(queue.name, [pack_u64(o) for o in offsets])
             present = []
@@ -899,6 +1013,7 @@ class Store:
         self._live()
         fam = dead_letter_name(item.queue.endpoint)
         self._b.ensure_family(fam)
+        self._forget(item.queue, (item.offset,))
         async with self._remove_lock:
             dlq_off = self._dlq_offset(item.queue.endpoint)
             raw = self._b.get(MESSAGES, pack_u64(item.message_key))

@@ -233,7 +233,7 @@ class InMemoryHub:
         if box is None or box.inflight.pop(delivery_id, None) is None:
             return
         self.acked.append((identity, delivery_id, ok))
-        self._pump(box)
+        # Sends nothing, as the Hub protocol says: the head's link_ready after the acks of a read does.
         task = asyncio.get_running_loop().create_task(self._notify())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

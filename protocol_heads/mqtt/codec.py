@@ -69,6 +69,7 @@ MQTT_311: Final = 4
 MQTT_50: Final = 5
 MAX_VARINT: Final = 268_435_455
 _MAX_U16: Final = 0xFFFF
+_U16: Final = struct.Struct("!H")
 
 
 class PacketType(IntEnum):
@@ -554,6 +555,9 @@ _EXPECTED_FLAGS: Final[Mapping[int, int]] = {
 }
 
 
+_TOPIC_CACHE_SIZE: Final = 1024
+
+
 class Decoder:
     """Splits a byte stream into packets. Feed it with ``receive_data``; it returns complete packets.
 
@@ -570,34 +574,109 @@ class Decoder:
         self.max_packet_size = max_packet_size
         self._buf = bytearray()
         self._error: RemoteProtocolError | None = None
+        self._topics: dict[bytes, str] = {}  # topic bytes → topic, for topics that decoded without error
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         """Every complete packet so far, in order. Partial bytes stay buffered for the next call."""
         if self._error is not None:
             raise self._error
-        self._buf += data
+        # Parse straight from ``data`` when nothing is left over from the last call (the common case): slices
+        # of bytes are bytes, so a packet's fields are copied once.
+        buf: bytes | bytearray
+        if self._buf:
+            self._buf += data
+            buf = self._buf
+        else:
+            buf = data if type(data) is bytes else bytes(data)
         packets: list[Packet] = []
-        buf = self._buf
+        n = len(buf)
         pos = 0
+        known = self.protocol_level is not None
         try:
-            while len(buf) - pos >= 2:
-                got = decode_varint(buf, pos + 1)
-                if got is None:
-                    break
-                length, body = got
-                total = body - pos + length
-                if total > self.max_packet_size:
-                    raise PacketTooLarge(f"packet of {total} bytes over the maximum of {self.max_packet_size}")
-                if len(buf) < body + length:
+            while n - pos >= 2:
+                length = buf[pos + 1]
+                if length < 0x80:  # a one-byte remaining length: every packet under 128 bytes
+                    body = pos + 2
+                else:
+                    got = decode_varint(buf, pos + 1)
+                    if got is None:
+                        break
+                    length, body = got
+                end = body + length
+                if end - pos > self.max_packet_size:
+                    raise PacketTooLarge(f"packet of {end - pos} bytes over the maximum of {self.max_packet_size}")
+                if n < end:
                     break
                 first = buf[pos]
-                packets.append(self._decode(first, bytes(buf[body : body + length])))
-                pos = body + length
+                if first >> 4 == PacketType.PUBLISH and known:
+                    packets.append(self._publish_fast(first, buf, body, end))
+                elif first == 0x40 and length == 2 and known:  # PUBACK with a packet id only
+                    packets.append(PubAck((buf[body] << 8) | buf[body + 1]))
+                else:
+                    packets.append(self._decode(first, bytes(buf[body:end])))
+                    known = self.protocol_level is not None
+                pos = end
         except RemoteProtocolError as exc:
             self._error = exc
             raise
-        del buf[:pos]
+        if buf is self._buf:
+            del self._buf[:pos]
+        elif pos < n:
+            self._buf += buf[pos:]
         return packets
+
+    def _publish_fast(self, first: int, buf: bytes | bytearray, body: int, end: int) -> Publish:
+        """A PUBLISH whose topic was seen before and that has no MQTT 5 properties, read in place; anything
+        else (a new topic, properties, any error) goes the general way, which also validates a new topic once.
+
+        Per message this was a third of the head's decoding cost: a reader object, two copies of the body, the
+        topic decoded and checked for U+0000 and wildcards every time."""
+        flags = first & 0x0F
+        qos = (flags >> 1) & 0x03
+        p = body + 2
+        if qos == 3 or p > end:
+            return self._publish_general(first, buf, body, end)
+        topic_end = p + ((buf[body] << 8) | buf[body + 1])
+        if topic_end > end:
+            return self._publish_general(first, buf, body, end)
+        raw = buf[p:topic_end]
+        topic = self._topics.get(raw if type(raw) is bytes else bytes(raw))
+        if topic is None:
+            return self._publish_general(first, buf, body, end)
+        p = topic_end
+        packet_id = None
+        if qos:
+            if p + 2 > end:
+                return self._publish_general(first, buf, body, end)
+            packet_id = (buf[p] << 8) | buf[p + 1]
+            if packet_id == 0:
+                return self._publish_general(first, buf, body, end)
+            p += 2
+        elif flags & 0x08:  # DUP on QoS 0
+            return self._publish_general(first, buf, body, end)
+        if self.protocol_level == MQTT_50:
+            if p >= end or buf[p] != 0:  # properties present: the general reader
+                return self._publish_general(first, buf, body, end)
+            p += 1
+        payload = buf[p:end]
+        return Publish(
+            topic,
+            payload if type(payload) is bytes else bytes(payload),
+            qos,
+            bool(flags & 0x01),
+            bool(flags & 0x08),
+            packet_id,
+            NO_PROPERTIES,
+        )
+
+    def _publish_general(self, first: int, buf: bytes | bytearray, body: int, end: int) -> Publish:
+        packet = self._decode(first, bytes(buf[body:end]))
+        assert isinstance(packet, Publish)
+        # The topic is valid (it decoded): remember it, so that the next PUBLISH on it takes the fast path.
+        if len(self._topics) >= _TOPIC_CACHE_SIZE:
+            self._topics.clear()
+        self._topics[packet.topic.encode()] = packet.topic
+        return packet
 
     def _decode(self, first: int, body: bytes) -> Packet:
         ptype, flags = first >> 4, first & 0x0F
@@ -833,18 +912,8 @@ def _pid(packet_id: int) -> bytes:
 def encode(packet: Packet, protocol_level: int = MQTT_311) -> bytes:
     """Wire bytes of ``packet`` for ``protocol_level`` (4: 3.1.1, 5: 5.0). CONNECT uses its own level."""
     v5 = protocol_level == MQTT_50
-    if isinstance(packet, Publish):
-        if packet.qos not in (0, 1, 2):
-            raise LocalProtocolError(f"QoS {packet.qos}")
-        flags = (packet.dup << 3) | (packet.qos << 1) | int(packet.retain)
-        head = _string(packet.topic)
-        if packet.qos:
-            if packet.packet_id is None:
-                raise LocalProtocolError("QoS>0 PUBLISH needs a packet identifier")
-            head += _pid(packet.packet_id)
-        if v5:
-            head += _properties(packet.properties)
-        return _packet(0x30 | flags, head, packet.payload)
+    if type(packet) is Publish:
+        return _encode_publish(packet, v5)
     if isinstance(packet, PubAck | PubRec | PubRel | PubComp):
         first = {PubAck: 0x40, PubRec: 0x50, PubRel: 0x62, PubComp: 0x70}[type(packet)]
         return _packet(first, _pid(packet.packet_id), _ack_tail(packet.reason_code, packet.properties, v5))
@@ -884,6 +953,34 @@ def encode(packet: Packet, protocol_level: int = MQTT_311) -> bytes:
             raise LocalProtocolError("AUTH is an MQTT 5 packet")
         return _packet(0xF0, _ack_tail(packet.reason_code, packet.properties, v5))
     raise LocalProtocolError(f"not an MQTT packet: {packet!r}")
+
+
+def _fixed_header(first: int, length: int) -> bytes:
+    if length < 0x80:
+        return bytes((first, length))
+    if length < 0x4000:
+        return bytes((first, (length & 0x7F) | 0x80, length >> 7))
+    return bytes((first,)) + encode_varint(length)
+
+
+def _encode_publish(packet: Publish, v5: bool) -> bytes:
+    """PUBLISH in one join (the module deliveries' hot path)."""
+    qos = packet.qos
+    if qos not in (0, 1, 2):
+        raise LocalProtocolError(f"QoS {qos}")
+    topic = packet.topic.encode("utf-8")
+    if len(topic) > _MAX_U16:
+        raise LocalProtocolError(f"string of {len(topic)} bytes is too long for MQTT")
+    parts = [_U16.pack(len(topic)), topic]
+    if qos:
+        if packet.packet_id is None:
+            raise LocalProtocolError("QoS>0 PUBLISH needs a packet identifier")
+        parts.append(_pid(packet.packet_id))
+    if v5:
+        parts.append(_properties(packet.properties))
+    parts.append(packet.payload)
+    body = b"".join(parts)
+    return _fixed_header(0x30 | (packet.dup << 3) | (qos << 1) | int(packet.retain), len(body)) + body
 
 
 def _encode_connect(c: Connect) -> bytes:

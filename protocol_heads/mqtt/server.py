@@ -45,7 +45,7 @@ from edgehub.core import (
     SystemProperty,
 )
 from edgehub.hub import Credentials, Delivery, Hub, Rejected
-from protocol_heads.mqtt.codec import Connect, Properties, PropertyId, Publish, ReasonCode
+from protocol_heads.mqtt.codec import NO_PROPERTIES, Connect, Properties, PropertyId, Publish, ReasonCode
 from protocol_heads.mqtt.connection import (
     ConnectRequested,
     DeliveryAcked,
@@ -90,6 +90,7 @@ REJECT_REASONS: Mapping[str, int] = {
 }
 
 _READ_SIZE = 256 * 1024
+_TELEMETRY_CACHE_SIZE = 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -217,14 +218,16 @@ class _Link:
             topic = device_bound_topic(client.identity, m)
         else:
             topic = module_input_topic(client.identity, delivery.input_name, m)
-        values: dict[PropertyId, int | str | bytes] = {}
-        ct = m.system_properties.get(SystemProperty.CONTENT_TYPE)
-        if ct:
-            values[PropertyId.CONTENT_TYPE] = ct
-        cid = m.system_properties.get(SystemProperty.CORRELATION_ID)
-        if cid:
-            values[PropertyId.CORRELATION_DATA] = cid.encode()
-        props = Properties(values, delivery_user_properties(m))
+        props = NO_PROPERTIES  # a 3.1.1 client gets the topic's property bag only
+        if conn.v5:
+            values: dict[PropertyId, int | str | bytes] = {}
+            ct = m.system_properties.get(SystemProperty.CONTENT_TYPE)
+            if ct:
+                values[PropertyId.CONTENT_TYPE] = ct
+            cid = m.system_properties.get(SystemProperty.CORRELATION_ID)
+            if cid:
+                values[PropertyId.CORRELATION_DATA] = cid.encode()
+            props = Properties(values, delivery_user_properties(m))
         try:
             packet_id = conn.send_message(topic, m.body, qos=1, properties=props, dup=delivery.redelivery)
         except PeerPacketTooLarge as exc:
@@ -258,6 +261,9 @@ class _Client:
         self.registered = False
         self.clean_exit = False
         self._groups = asyncio.Semaphore(s.max_groups_in_flight)
+        # topic -> (system, application properties) of a telemetry PUBLISH without MQTT 5 properties that the
+        # ACL allowed: the same topic gives the same properties, so later ones skip parsing and checking it.
+        self._telemetry: dict[str, tuple[Mapping[str, str], Mapping[str, str | None]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._flush_scheduled = False
 
@@ -383,6 +389,7 @@ class _Client:
 
     async def _dispatch(self, events: list[Event]) -> None:
         group: list[MessageReceived] = []
+        acked = False
         for event in events:
             if isinstance(event, MessageReceived):
                 group.append(event)
@@ -398,11 +405,14 @@ class _Client:
                 delivery_id = self.link.pending.pop(event.packet_id, None)
                 if delivery_id is not None and self.identity is not None:
                     self.hub.delivered(self.identity, delivery_id, event.reason_code < 0x80)
-                    self.hub.link_ready(self.identity, self.link)
+                    acked = True
             elif isinstance(event, Disconnected):
                 self.clean_exit = not event.publish_will
             elif isinstance(event, ProtocolFailed):
                 pass  # the connection is closed; run() ends after flushing the goodbye
+        if acked and self.identity is not None:
+            # Once for all the acks of this read: the window they freed is filled in one go, one write.
+            self.hub.link_ready(self.identity, self.link)
         if group:
             await self._groups.acquire()
             task = asyncio.get_running_loop().create_task(self._ingest(group), name=f"mqtt.ingest {self.identity}")
@@ -439,9 +449,15 @@ class _Client:
         now = self.settings.clock.time()
         settle: list[tuple[int | None, int]] = []  # (ticket, reason code), in arrival order
         to_store: list[Message] = []
-        store_tickets: list[int | None] = []
+        known = self._telemetry
         for event in group:
             p = event.publish
+            if p.properties is NO_PROPERTIES:
+                props = known.get(p.topic)
+                if props is not None:  # a telemetry topic this client used before: its properties are known
+                    settle.append((event.ticket, -1 - len(to_store)))
+                    to_store.append(Message(p.payload, props[1], props[0]))
+                    continue
             twin = parse_twin_request(p.topic)
             if twin is not None:
                 await self._on_twin(identity, twin, p)
@@ -461,14 +477,22 @@ class _Client:
                 continue
             settle.append((event.ticket, -1 - len(to_store)))  # placeholder: index into the hub's outcomes
             to_store.append(msg)
-            store_tickets.append(event.ticket)
+            if p.properties is NO_PROPERTIES:
+                # Without MQTT 5 properties a message's properties follow from the topic alone (the identity
+                # and auth method are the connection's): later messages on it share these (immutable) maps.
+                if len(known) >= _TELEMETRY_CACHE_SIZE:
+                    known.clear()
+                known[p.topic] = (msg.system_properties, msg.properties)
         outcomes = await self.hub.ingest(identity, to_store) if to_store else []
         for ticket, reason in settle:
             text = None
             if reason < 0:
                 outcome = outcomes[-1 - reason]
-                reason = REJECT_REASONS.get(outcome.reason, 0x80) if isinstance(outcome, Rejected) else 0
-                text = outcome.detail if isinstance(outcome, Rejected) and outcome.detail else None
+                if isinstance(outcome, Rejected):
+                    reason = REJECT_REASONS.get(outcome.reason, 0x80)
+                    text = outcome.detail or None
+                else:
+                    reason = 0
             if ticket is None:
                 if reason:
                     log.info("mqtt.qos0_dropped client=%s reason=0x%02x", identity, reason)

@@ -65,3 +65,26 @@ async def test_with_a_quota_each_message_gets_what_enqueue_would_give(store_fact
         assert bodies(s, UP0) == [m(0).body, m(1).body]
     finally:
         await s.close()
+
+
+def test_stamp_group_gives_each_message_its_own_id_one_enqueued_time_and_the_updates(store: Store) -> None:
+    forged = Message(b"f", system_properties={"connectionModuleId": "forged", "messageId": "x"})
+    kept = Message(b"k", system_properties={"edgeMessageId": "e1", "enqueuedTime": "then"})
+    out = store.stamp_group([forged, kept, m(0)], {"connectionDeviceId": "d1"}, drop="connectionModuleId")
+    assert [o.body for o in out] == [b"f", b"k", m(0).body]
+    assert "connectionModuleId" not in out[0].system_properties
+    assert out[0].source == "/messages"  # derived from the stamped properties, not the forged ones
+    assert all(o.system_properties["connectionDeviceId"] == "d1" for o in out)
+    assert out[1].system_properties["edgeMessageId"] == "e1"
+    assert out[1].system_properties["enqueuedTime"] == "then"
+    assert out[0].system_properties["edgeMessageId"] != out[2].system_properties["edgeMessageId"]
+    assert out[0].system_properties["enqueuedTime"] == out[2].system_properties["enqueuedTime"]
+    assert forged.system_properties["connectionModuleId"] == "forged"  # the originals are untouched
+
+
+async def test_a_route_result_used_again_follows_a_changed_default_ttl(store: Store) -> None:
+    route = [RouteResult("up", 0)]  # no TTL of its own: the store's default applies, as it is at enqueue
+    await store.enqueue_many([(m(0), route)])
+    store.default_ttl_s = 5.0
+    await store.enqueue_many([(m(1), route)])
+    assert [it.ttl_s for it in store.read(UP0, 0, 10)] == [7200.0, 5.0]

@@ -341,3 +341,46 @@ def test_publish_round_trips_through_encode_and_decode(
 ) -> None:
     p = Publish(topic, payload, qos, packet_id=1 if qos else None, properties=Properties(user=tuple(user)))
     assert Decoder(protocol_level=MQTT_50).receive_data(encode(p, MQTT_50)) == [p]
+
+
+# --- the PUBLISH and PUBACK fast paths agree with the general decoder --------------------------------------------
+
+
+def _outcome(d: Decoder, wire: bytes) -> list[Packet] | tuple[type[Exception], int | None]:
+    try:
+        return d.receive_data(wire)
+    except ALLOWED as exc:
+        return type(exc), exc.reason_code
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data(), st.sampled_from([4, MQTT_50]))
+def test_a_decoder_that_knows_the_topic_decodes_like_a_fresh_one(data: st.DataObject, level: int) -> None:
+    # A topic the decoder has decoded once takes the fast path after; mutated packets on it must come out, or be
+    # refused, exactly as a decoder that never saw the topic decodes or refuses them.
+    topic = "devices/d1/messages/events/"
+    valid = [
+        encode(Publish(topic, b"x" * 20, 1, packet_id=7), level),
+        encode(Publish(topic, b"", 0), level),
+        encode(Publish(topic, b"abc", 2, dup=True, retain=True, packet_id=65535), level),
+        encode(PubAck(9), level),
+    ]
+    wire = bytearray(data.draw(st.sampled_from(valid)))
+    for _ in range(data.draw(st.integers(0, 3))):
+        i = data.draw(st.integers(0, len(wire) - 1))
+        wire[i] = data.draw(st.integers(0, 255))
+    warm = Decoder(protocol_level=level)
+    assert warm.receive_data(valid[0]) == Decoder(protocol_level=level).receive_data(valid[0])
+    assert _outcome(warm, bytes(wire)) == _outcome(Decoder(protocol_level=level), bytes(wire))
+
+
+@pytest.mark.parametrize("level", [4, MQTT_50])
+def test_publishes_on_a_known_topic_split_anywhere_decode_the_same(level: int) -> None:
+    p1 = Publish("a/b", b"1" * 150, 1, packet_id=1)
+    p2 = Publish("a/b", b"2", 1, packet_id=2)
+    props = Properties({PropertyId.CONTENT_TYPE: "json"}, (("k", "v"),))
+    p3 = Publish("a/b", b"3", 1, packet_id=3, properties=props if level == MQTT_50 else Properties())
+    stream = encode(p1, level) + encode(p2, level) + encode(p3, level) + encode(PubAck(4), level)
+    for cut in range(len(stream) + 1):
+        d = Decoder(protocol_level=level)
+        assert d.receive_data(stream[:cut]) + d.receive_data(stream[cut:]) == [p1, p2, p3, PubAck(4)]

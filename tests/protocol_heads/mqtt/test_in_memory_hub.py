@@ -80,6 +80,8 @@ async def test_deliveries_respect_the_window_and_come_again_on_the_next_link() -
     assert [d.delivery_id for d in first.sent] == ids[:2]
     first.acked += 1  # the client's PUBACK frees the window before the hub hears of it
     hub.delivered(MOD, ids[0], True)
+    assert [d.delivery_id for d in first.sent] == ids[:2]  # delivered alone sends nothing
+    hub.link_ready(MOD, first)
     assert [d.delivery_id for d in first.sent] == ids
     first.closed = True
     await hub.disconnect(MOD, first)

@@ -286,6 +286,54 @@ async def test_pipelined_publishes_of_one_read_reach_the_hub_as_one_group(head: 
     await writer.wait_closed()
 
 
+async def test_a_topic_used_again_gives_the_same_properties_and_twin_topics_stay_twin_requests(
+    head: MqttServer, hub: InMemoryHub
+) -> None:
+    # The head remembers what a telemetry topic means for a connection; a repeat, in the same read or a later
+    # one, must come out as the first did, and a twin topic must keep being answered, never stored.
+    from protocol_heads.mqtt.codec import Publish, SubAck, Subscribe, Subscription
+
+    telemetry = "devices/dev1/messages/events/$.mid=m1&$.ct=text%2Fplain&k=v%20w"
+    twin = "$iothub/twin/PATCH/properties/reported/?$rid=1"
+    reader, writer = await asyncio.open_connection("127.0.0.1", head.ports["tcp"])
+    connect = encode(Connect("dev1", username=username(DEV), password=sas_password(DEV, DEVICE_KEY).encode()))
+    writer.write(connect + encode(Subscribe(1, (Subscription("$iothub/twin/res/#", 0),))))
+    decoder = Decoder(protocol_level=4)
+    got: list[object] = []
+    async with asyncio.timeout(10):
+        while not any(isinstance(p, SubAck) for p in got):
+            got += decoder.receive_data(await reader.read(4096))
+        for round_ in range(2):  # two reads: the second finds the topics known
+            writer.write(
+                b"".join(
+                    encode(p)
+                    for p in (
+                        Publish(telemetry, b"a%d" % round_, 1, packet_id=10 * round_ + 1),
+                        Publish(twin, b'{"x": %d}' % round_, 1, packet_id=10 * round_ + 2),
+                        Publish(telemetry, b"b%d" % round_, 1, packet_id=10 * round_ + 3),
+                    )
+                )
+            )
+            acks = 0
+            while acks < 3:
+                packets = decoder.receive_data(await reader.read(4096))
+                acks += sum(1 for p in packets if not isinstance(p, Publish))
+    assert [m.body for _, m in hub.stored] == [b"a0", b"b0", b"a1", b"b1"]
+
+    def own(m: Message) -> dict[str, str]:  # what the head made of the PUBLISH (the hub stamps the rest)
+        return {k: v for k, v in m.system_properties.items() if k not in ("edgeMessageId", "enqueuedTime")}
+
+    first = hub.stored[0][1]
+    for _, m in hub.stored:
+        assert m.properties == {"k": "v w"}
+        assert own(m) == own(first)
+    assert first.system_properties["messageId"] == "m1"
+    assert first.system_properties["contentType"] == "text/plain"
+    assert hub.twins["dev1"]["reported"] == {"$version": 3, "x": 1}
+    writer.close()
+    await writer.wait_closed()
+
+
 async def test_mosquitto_pub_and_sub_over_tls(head: MqttServer, hub: InMemoryHub, ca: TestCA) -> None:
     port = str(head.ports["tls"])
     tls = ["--cafile", str(ca.ca_pem), "-h", "127.0.0.1", "-p", port]
