@@ -1,7 +1,7 @@
 # edgehub: the two commands of the README, and the steps they stand on.
 #   make run    set up .venv and start the hub on its embedded defaults
-#   make test   set up .venv (and the Debian packages the tests need), then lint, type-check, check the
-#               layer contracts and run the whole suite
+#   make test   set up .venv (and the Debian packages the tests need, and the Azure IoT device SDK's own venv),
+#               then lint, type-check, check the layer contracts and run the whole suite
 # To add a Python dependency: pyproject.toml. To add a Debian package: APT_PACKAGES below. Nothing else.
 
 PYTHON      ?= $(shell command -v python3.11 || command -v python3)
@@ -13,8 +13,13 @@ EXTRAS      := dev,spark
 # and what python-qpid-proton's build needs when the AMQP head lands.
 APT_PACKAGES := mosquitto mosquitto-clients iproute2 openssl
 PYTEST_ARGS ?=
+# The Azure IoT device SDK for Python, for the interop tests (tests/e2e/test_azure_sdk.py). It pins paho-mqtt<2
+# and edgehub uses 2.x, so it has a venv of its own, which the tests run as a subprocess.
+SDK_VENV    := .venv-azure-sdk
+SDK_STAMP   := $(SDK_VENV)/.installed
+SDK_PACKAGE := azure-iot-device>=2.12,<3
 
-.PHONY: run test venv apt lint typecheck contracts pytest bench clean
+.PHONY: run test venv sdk-venv apt lint typecheck contracts pytest bench clean
 
 run: $(STAMP)
 	$(BIN)/edgehub run
@@ -28,6 +33,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
 	touch $(STAMP)
+
+sdk-venv: $(SDK_STAMP)
+
+$(SDK_STAMP):
+	$(PYTHON) -m venv $(SDK_VENV)
+	$(SDK_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SDK_VENV)/bin/python -m pip install --quiet '$(SDK_PACKAGE)'
+	touch $(SDK_STAMP)
 
 # Installs only what is missing, so a developer machine that has it all is not touched.
 apt:
@@ -48,8 +61,8 @@ typecheck: $(STAMP)
 contracts: $(STAMP)
 	$(BIN)/lint-imports
 
-pytest: $(STAMP)
+pytest: $(STAMP) $(SDK_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(SDK_VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

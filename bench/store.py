@@ -3,12 +3,17 @@
 Usage: python -m bench.store [--messages N] [--rounds N] [--queued N] [--dir PATH]
 
 * ingest: 8 concurrent producers enqueue 200-byte messages routed to two endpoints, fsync=always, against the
-  limit measured in the same run: raw rocksdict synced write batches of the same group size writing the same
-  records (one body and two references per message). Each message is routed by a compiled Router (two routes,
-  one per endpoint) before it is enqueued, as the hub's ingest does.
+  limit measured in the same run: raw rocksdict synced write batches replaying the very groups the store wrote
+  (the same keys and bytes: bodies with their properties and stamps, references, usage counters under
+  ``stats/``; one batch per group, so the same group sizes). Each message is routed by a compiled Router (two
+  routes, one per endpoint) before it is enqueued, as the hub's ingest does.
 * drain: the executor delivers the ingested ``$upstream`` queue to a null endpoint.
 * recovery: a store holding ``--queued`` messages (default 1,000,000, routed to two endpoints) is built in a
   subprocess, then reopened in a fresh subprocess that delivers the first message; its time and peak RSS.
+
+``EDGEHUB_BENCH_PROFILE=FILE`` profiles the last round with pyinstrument (text report to FILE; with more than
+one round that round is ingest only, no drain); the profiler slows Python several times over, so read its
+shares, not its rates.
 
 Last line: one JSON object with ingest_msgs_per_s, ingest_vs_raw_ratio, drain_msgs_per_s, recovery_s, rss_mb_1m.
 """
@@ -18,13 +23,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import rocksdict
 
@@ -32,6 +40,7 @@ from edgehub.core import Message
 from edgehub.delivery import EndpointExecutor, ExecutorSettings
 from edgehub.routing import Router, RouteSpec
 from edgehub.store import FsyncPolicy, QueueId, Store
+from edgehub.store.backend import Op
 from edgehub.store.codec import VERSION, RefRecord, encode_message, encode_ref, pack_u64
 from edgehub.store.rocks import RocksBackend, open_rocks_store
 from edgehub.testing import NullEndpoint
@@ -51,8 +60,21 @@ QUEUES = [QueueId(r.endpoint, r.priority).name for r in ROUTES]
 PRODUCERS = 8
 
 
-async def ingest(path: Path, n: int) -> tuple[float, float, Store]:
-    store = open_rocks_store(path, fsync=FsyncPolicy.ALWAYS)
+class RecordingBackend(RocksBackend):
+    """The RocksDB backend, keeping a copy of every batch written, so that the raw side replays the same bytes."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.batches: list[list[Op]] = []
+
+    def write(self, ops: Sequence[Op], *, sync: bool) -> None:
+        self.batches.append(list(ops))
+        super().write(ops, sync=sync)
+
+
+async def ingest(path: Path, n: int) -> tuple[float, float, Store, list[list[Op]]]:
+    backend = RecordingBackend(path)
+    store = Store(backend, fsync=FsyncPolicy.ALWAYS)
     per = n // PRODUCERS
 
     async def producer() -> None:
@@ -66,32 +88,29 @@ async def ingest(path: Path, n: int) -> tuple[float, float, Store]:
             tg.create_task(producer())
     dt = time.perf_counter() - t0
     group = per * PRODUCERS / max(1, store.groups_written)
-    return per * PRODUCERS / dt, group, store
+    return per * PRODUCERS / dt, group, store, list(backend.batches)
 
 
-def raw(path: Path, n: int, group: int) -> float:
+def raw(path: Path, n: int, batches: list[list[Op]]) -> float:
+    """Write ``batches`` (the groups the store wrote for ``n`` messages) with raw rocksdict, one synced write
+    batch each; messages per second."""
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
-    names = ["messages", *QUEUES]
+    names = sorted({family for ops in batches for family, _, _ in ops} | {"default"})
     db = rocksdict.Rdict(str(path), opts, column_families={k: rocksdict.Options(raw_mode=True) for k in names})
-    handles = [db.get_column_family_handle(k) for k in names]
+    handles = {k: db.get_column_family_handle(k) for k in names}
     wo = rocksdict.WriteOptions()
     wo.sync = True
-    msg = Message(body=BODY, system_properties={"edgeMessageId": "0" * 32, "enqueuedTime": "2026-01-01T00:00:00+00:00"})
-    body = encode_message(msg, [(q, 0) for q in QUEUES])
-    ref = encode_ref(RefRecord(VERSION, 0, 0.0, 7200.0, 200))
     t0 = time.perf_counter()
-    i = 0
-    while i < n:
+    for ops in batches:
         wb = rocksdict.WriteBatch(raw_mode=True)
-        for j in range(i, min(n, i + group)):
-            k = pack_u64(j)
-            wb.put(k, body, handles[0])
-            wb.put(k, ref, handles[1])
-            wb.put(k, ref, handles[2])
+        for family, key, value in ops:
+            if value is None:
+                wb.delete(key, handles[family])
+            else:
+                wb.put(key, value, handles[family])
         db.write(wb, wo)
-        i += group
     dt = time.perf_counter() - t0
     del handles
     db.close()
@@ -139,8 +158,28 @@ async def recover(path: Path) -> dict[str, float]:
         dt = time.perf_counter() - t0
     queued = store.end_offset(QueueId("$upstream", 0))
     await store.close()
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"recovery_s": dt, "rss_mb": rss_mb, "queued": queued}
+    return {"recovery_s": dt, "rss_mb": _peak_rss_mb(), "queued": queued}
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak RSS. Linux's VmHWM starts afresh at exec; ``ru_maxrss`` does not (it keeps the
+    parent's RSS at fork, so a big benchmark parent inflated the recovery figure: 109 MB for 41 MB)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _profiler() -> Any:
+    import pyinstrument  # a dev dependency: imported only when asked for
+
+    profiler = pyinstrument.Profiler(async_mode="disabled")
+    profiler.start()
+    return profiler
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -160,33 +199,41 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         base = Path(tmp)
 
-        async def run_ingest(path: Path, with_drain: bool) -> tuple[float, float, float]:
-            rate, group, store = await ingest(path, args.messages)
+        async def run_ingest(path: Path, with_drain: bool) -> tuple[float, float, float, list[list[Op]]]:
+            rate, group, store, batches = await ingest(path, args.messages)
             try:
                 drained = await drain(store, args.messages) if with_drain else 0.0
             finally:
                 await store.close()
-            return rate, group, drained
+            return rate, group, drained, batches
 
         # The disk is shared and its sync latency drifts: alternate the two sides and compare medians.
         ingest_rates: list[float] = []
         raw_rates: list[float] = []
         drain_rate = 0.0
+        profile = os.environ.get("EDGEHUB_BENCH_PROFILE")
         for r in range(args.rounds):
-            rate, group, drained = asyncio.run(run_ingest(base / f"ingest{r}", r == 0))
+            profiler = _profiler() if profile and r == args.rounds - 1 else None
+            rate, group, drained, batches = asyncio.run(run_ingest(base / f"ingest{r}", r == 0))
+            if profiler is not None and profile:
+                profiler.stop()
+                Path(profile).write_text(profiler.output_text(show_all=True))
             drain_rate = drained or drain_rate
-            size = max(1, round(group))
-            raw_rate = raw(base / f"raw{r}", args.messages, size)
+            raw_rate = raw(base / f"raw{r}", args.messages, batches)
             ingest_rates.append(rate)
             raw_rates.append(raw_rate)
+            size = sum(len(b) for b in batches) / len(batches)
+            nbytes = sum(len(k) + len(v or b"") for b in batches for _, k, v in b) / len(batches)
+            n_batches = len(batches)
+            del batches
             print(
                 f"round {r}: ingest {rate:8.0f} msg/s (mean group {group:.1f})"
-                f"  raw {raw_rate:8.0f} msg/s (batches of {size})"
+                f"  raw {raw_rate:8.0f} msg/s (the same {n_batches} batches: {size:.1f} ops, {nbytes:.0f} B each)"
             )
         ingest_rate = statistics.median(ingest_rates)
         raw_rate = statistics.median(raw_rates)
         print(f"ingest  {ingest_rate:10.0f} msg/s  (median; 8 producers, fsync=always)")
-        print(f"raw     {raw_rate:10.0f} msg/s  (median; rocksdict synced batches of the same group size)")
+        print(f"raw     {raw_rate:10.0f} msg/s  (median; rocksdict synced batches of the same groups and bytes)")
         print(f"drain   {drain_rate:10.0f} msg/s  (executor -> null endpoint)")
         t0 = time.perf_counter()
         here = [sys.executable, "-m", "bench.store", "--dir", str(base / "big"), "--queued", str(args.queued)]

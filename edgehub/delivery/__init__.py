@@ -2,7 +2,7 @@
 Endpoint seam."""
 
 from edgehub.delivery.checkpointer import Checkpointer
-from edgehub.delivery.endpoint import Endpoint, QueuedMessage, SendResult
+from edgehub.delivery.endpoint import Endpoint, QueuedMessage, ReportsUnreachable, SendResult
 from edgehub.delivery.executor import DeadLetterReason, EndpointExecutor, ExecutorSettings
 from edgehub.delivery.fsm import TRANSITIONS, Event, InvalidTransition, State, next_state
 from edgehub.delivery.retry import BackoffFunction, RetryPolicy, effective_policy
@@ -18,6 +18,7 @@ __all__ = [
     "ExecutorSettings",
     "InvalidTransition",
     "QueuedMessage",
+    "ReportsUnreachable",
     "RetryPolicy",
     "SendResult",
     "State",

@@ -8,7 +8,13 @@ A message missing from all three counts as failed. ``send`` should not raise; if
 counts as failed with kind TRANSIENT.
 
 Reachability: an endpoint that learns it can deliver again (a link comes up, a module connects) calls the
-``on_reachable`` callback given to ``bind``; the executor then cuts any retry wait short.
+``on_reachable`` callback given to ``bind``; the executor then cuts any retry wait short. An endpoint that can
+also tell that it lost its way out (a connection dropped, a module disconnected) implements
+``ReportsUnreachable`` as well and calls ``on_unreachable``: the executor then parks the endpoint's queues (no
+sends, and no attempts counted against ``maxDeliveryAttempts``) until it reports reachable again or a retry
+delay has passed. That part is optional: an endpoint without ``bind_unreachable`` is never taken for
+unreachable, and its failed sends alone drive the retries. Both callbacks are called on the executor's event
+loop, and may be called any number of times in any order; the last one called holds.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Protocol, runtime_checkable
 
 from edgehub.core import FailureKind, Message
 
-__all__ = ["Endpoint", "QueuedMessage", "SendResult"]
+__all__ = ["Endpoint", "QueuedMessage", "ReportsUnreachable", "SendResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,4 +88,13 @@ class Endpoint(Protocol):
 
     async def close(self) -> None:
         """Release what the endpoint holds. No ``send`` follows."""
+        ...
+
+
+@runtime_checkable
+class ReportsUnreachable(Protocol):
+    """What an ``Endpoint`` adds to report that it cannot deliver any more (see the module docstring)."""
+
+    def bind_unreachable(self, on_unreachable: Callable[[], None]) -> None:
+        """Called once by the executor, after ``bind`` and before the first send."""
         ...

@@ -1,14 +1,34 @@
 """One executor per endpoint: takes references from the endpoint's queues and hands batches to the endpoint.
 
+Each queue (endpoint, priority) has its checkpointer, its state machine (``fsm``) and its retry state: the
+references of a batch that failed (``pending``), how often it failed, and when it may be tried again.
+
 Invariants:
-* the pump serves the highest priority that has messages, one priority per batch, and chooses again from the
-  top after every batch; while a batch is in flight it prefetches the next batch of the same queue, and drops
-  that prefetch if a higher priority has messages by then;
-* a reference whose TTL (fixed at enqueue) has passed is never sent: it is removed, counted as ``ttl``;
+* the pump serves the highest priority that is ready: a queue with new messages and nothing failed, or a
+  failed queue whose retry is due. One priority per batch, and it chooses again from the top after every
+  batch (a send that failed included), so a failed low-priority batch waiting out its retry delay never holds
+  back a higher priority; with nothing ready it waits for new messages, a reachability report or the earliest
+  retry time on the executor's clock;
+* while a batch is in flight the pump reads the next batch of the same queue (prefetch); the next choice uses
+  it only if it chose that queue again, and only what the checkpointer still admits;
+* a reference whose TTL (fixed at enqueue) has passed is never sent: it is removed, counted as ``ttl``; that
+  holds at read and again before every retry;
 * a queue's checkpoint never moves past the first message still owed (``Checkpointer``);
-* failed messages of a batch are retried (in order, before anything later in that queue) under the retry policy;
-  a wait is cut short when the endpoint reports it is reachable; a message the endpoint calls invalid, or that
-  failed ``max_delivery_attempts`` times, or whose retry policy ran out, goes to the dead-letter queue;
+* failed messages of a batch are retried in order, before anything later in that queue, under the retry
+  policy; before a retry, references that expired are removed and references the store no longer holds
+  (cleanup, ``discardOldest`` eviction) are dropped, and both count as done for the checkpoint. A message the
+  endpoint calls invalid, or that failed ``max_delivery_attempts`` times, or whose retry policy ran out, goes
+  to the dead-letter queue;
+* a retry wait is cut short when the endpoint reports it is reachable, but only by a report that came after
+  the failed send began (a stale report never shortens a later wait); that retry is immediate and the retry
+  schedule starts over;
+* while the endpoint reports it is unreachable (``ReportsUnreachable``) its queues are parked: nothing is
+  sent until it reports reachable again or a retry delay has passed (for a failed batch its own retry time;
+  for new messages the policy's first delay after the report, or the retry time of the last send made while
+  parked). A send made while parked is a probe: its failure counts no attempt against
+  ``max_delivery_attempts`` and never exhausts the retry policy (its wait is then the policy's maximum
+  delay); a send that was in flight when the report came counts as usual (it may have reached the peer). A
+  send that succeeds counts as a reachable report;
 * the cleanup processor removes delivered and expired references every ``cleanup_interval_s`` (head-only, or the
   whole queue with ``check_entire_queue_on_cleanup``); the store deletes a body with its last reference.
 
@@ -27,7 +47,7 @@ from typing import Self
 
 from edgehub.core import Clock, FailureKind, StoreClosedError, StoreError, SystemClock
 from edgehub.delivery.checkpointer import Checkpointer
-from edgehub.delivery.endpoint import Endpoint, QueuedMessage, SendResult
+from edgehub.delivery.endpoint import Endpoint, QueuedMessage, ReportsUnreachable, SendResult
 from edgehub.delivery.fsm import Event, State, next_state
 from edgehub.delivery.retry import RetryPolicy, effective_policy
 from edgehub.store import QueueId, RemovalReason, Store, StoredItem
@@ -61,22 +81,26 @@ class ExecutorSettings:
             raise ValueError("cleanup_interval_s must be > 0")
 
 
-@dataclass(slots=True)
-class _Batch:
-    queue: QueueId
-    items: list[StoredItem]
-
-
 class _QueueState:
     def __init__(self, committed: int, unhealthy_since_s: float | None, last_revival_s: float | None) -> None:
         self.checkpointer = Checkpointer(committed)
-        self.cursor = committed + 1
+        self.cursor = committed + 1  # where the next new batch is read from
         self.state = State.IDLE
         self.unhealthy_since_s = unhealthy_since_s
         self.last_revival_s = last_revival_s
+        # The retry state of the batch that failed; ``pending`` empty: nothing to retry.
+        self.pending: list[StoredItem] = []
+        self.failures = 0  # failed sends of ``pending`` since its retry schedule (re)started
+        self.retry_at_mono_s = 0.0  # on the clock's monotonic scale
+        self.failed_send_seq = 0  # the executor's signal sequence number when the failed send began
+        self.attempts: dict[int, int] = {}  # offset -> failed deliveries counted against the message
 
     def fire(self, event: Event) -> None:
         self.state = next_state(self.state, event)
+
+    def clear_retry(self) -> None:
+        self.pending = []
+        self.failures = 0
 
 
 class EndpointExecutor:
@@ -90,16 +114,26 @@ class EndpointExecutor:
         self._id = endpoint.endpoint_id
         self._clock: Clock = clock or SystemClock()
         self._settings = settings or ExecutorSettings()
+        self._policy = effective_policy(self._settings.retry_policy, self._settings.endpoint_retry_policy)
         self._queues: dict[QueueId, _QueueState] = {}
-        self._attempts: dict[tuple[QueueId, int], int] = {}
         self._wake = asyncio.Event()
-        self._reachable = asyncio.Event()
+        # Sends and reachability reports are numbered in the order they happen, so that a report can be told to
+        # have come after a send began (the clock cannot: a manual one may not move in between).
+        self._seq = 0
+        self._reachable_seq = 0
+        self._unreachable = False  # the endpoint's last report said so: its queues are parked
+        self._park_until_mono_s = 0.0  # while parked, new messages may be tried (a probe) from then on
+        self._idling = False
+        self.idle_waits = 0  # times the pump found nothing ready and waited
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.batches_sent = 0
+        self.batches_prefetched = 0  # batches read while the one before was in flight
         self.cleanups_run = 0
-        self._changed = asyncio.Event()  # set after every commit, dead letter and cleanup (see wait_for)
+        self._changed = asyncio.Event()  # set after every send, commit, dead letter, prefetch and cleanup
         endpoint.bind(self._on_reachable)
+        if isinstance(endpoint, ReportsUnreachable):
+            endpoint.bind_unreachable(self._on_unreachable)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -128,16 +162,50 @@ class EndpointExecutor:
         """New references were enqueued for this endpoint."""
         self._wake.set()
 
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
     def _on_reachable(self) -> None:
-        self._reachable.set()
+        if self._unreachable:
+            log.info("executor.reachable endpoint=%s", self._id)
+        self._unreachable = False
+        self._reachable_seq = self._next_seq()
         self._wake.set()
 
+    def _on_unreachable(self) -> None:
+        if not self._unreachable:
+            self._unreachable = True
+            delay_s = self._probe_delay_s(1)
+            self._park_until_mono_s = self._clock.monotonic() + delay_s
+            log.info("executor.unreachable endpoint=%s parked_for_s=%s", self._id, delay_s)
+        self._wake.set()
+
+    @property
+    def reachable(self) -> bool:
+        """False while the endpoint's last report said it is unreachable (its queues are parked)."""
+        return not self._unreachable
+
+    def _probe_delay_s(self, failures: int) -> float:
+        """The wait before trying a parked endpoint again: the retry policy's, which never runs out here."""
+        delay_s = self._policy.delay_s(failures)
+        return self._policy.maximum_delay_s if delay_s is None else delay_s
+
     async def wait_for(self, condition: Callable[[], bool]) -> None:
-        """Return once ``condition()`` holds, checked after each commit, dead letter and cleanup. Bound it with
-        ``asyncio.timeout``: meant for tests and tools that wait for progress."""
+        """Return once ``condition()`` holds, checked after each send, commit, dead letter, prefetch and cleanup.
+        Bound it with ``asyncio.timeout``: meant for tests and tools that wait for progress."""
         while not condition():
             self._changed.clear()
             await self._changed.wait()
+
+    async def wait_idle(self) -> None:
+        """Return once the pump has dealt with every ``notify`` and reachability report made before this call and
+        found nothing ready: it waits for new messages, a report or a retry time. Bound it with
+        ``asyncio.timeout``: meant for tests that check what was *not* sent. (The pump's clock sleep may start a
+        moment later: with a manual clock, ``wait_for_sleepers`` before ``advance``.)"""
+        seen = self.idle_waits
+        busy = self._wake.is_set() or not self._idling
+        await self.wait_for(lambda: not busy or self.idle_waits > seen)
 
     def state(self, priority: int) -> State:
         qs = self._queues.get(QueueId(self._id, priority))
@@ -150,32 +218,78 @@ class EndpointExecutor:
             qs = self._queues[q] = _QueueState(cp.committed, cp.unhealthy_since_s, cp.last_revival_s)
         return qs
 
-    # -- pump ---------------------------------------------------------------------------------------------
-    def _best_queue(self) -> QueueId | None:
+    # -- choosing -----------------------------------------------------------------------------------------
+    def _revived(self, qs: _QueueState) -> bool:
+        """Whether the endpoint is reachable by a report that came after the failed send of ``qs`` began."""
+        return not self._unreachable and self._reachable_seq > qs.failed_send_seq
+
+    def _retry_due(self, qs: _QueueState, now_mono: float) -> bool:
+        return self._revived(qs) or qs.retry_at_mono_s <= now_mono
+
+    def _has_new(self, q: QueueId, qs: _QueueState) -> bool:
+        return self._store.end_offset(q) > qs.cursor
+
+    def _may_send_new(self, now_mono: float) -> bool:
+        return not self._unreachable or self._park_until_mono_s <= now_mono
+
+    def _choose(self) -> tuple[QueueId, bool] | None:
+        """The queue to serve next, highest priority first, and whether it is a retry; None: nothing is ready."""
+        now = self._clock.monotonic()
         for q in self._store.queues(self._id):  # highest priority first
-            if self._store.end_offset(q) > self._qs(q).cursor:
-                return q
+            qs = self._qs(q)
+            if qs.pending:
+                if self._retry_due(qs, now):
+                    return q, True
+            elif self._has_new(q, qs) and self._may_send_new(now):
+                return q, False
         return None
 
+    def _next_deadline(self) -> float | None:
+        """The earliest time (monotonic) at which a queue becomes ready without a signal, or None."""
+        times = [qs.retry_at_mono_s for qs in self._queues.values() if qs.pending]
+        if self._unreachable and any(not qs.pending and self._has_new(q, qs) for q, qs in self._queues.items()):
+            times.append(self._park_until_mono_s)
+        return min(times, default=None)
+
+    async def _idle(self) -> None:
+        """Wait for new messages, a reachability report, or the earliest retry time."""
+        deadline = self._next_deadline()
+        delay_s = None if deadline is None else deadline - self._clock.monotonic()
+        if delay_s is not None and delay_s <= 0:  # due already (a clock that woke a hair early): choose again
+            await asyncio.sleep(0)
+            return
+        self._idling = True
+        self.idle_waits += 1
+        self._changed.set()
+        try:
+            if delay_s is None:
+                await self._wake.wait()
+                return
+            sleeper = asyncio.ensure_future(self._clock.sleep(delay_s))
+            waker = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                waker.cancel()
+        finally:
+            self._idling = False
+
+    # -- pump ---------------------------------------------------------------------------------------------
     def _read(self, q: QueueId, from_offset: int) -> list[StoredItem]:
         return self._store.read(q, from_offset, self._endpoint.max_batch_messages)
 
-    async def _take_batch(self, q: QueueId, items: list[StoredItem]) -> list[StoredItem]:
-        """Advance the cursor past ``items``; drop (and remove) the expired ones."""
-        qs = self._qs(q)
+    async def _prefetch(self, q: QueueId, from_offset: int) -> list[StoredItem]:
+        items = await asyncio.to_thread(self._read, q, from_offset)
         if items:
-            qs.cursor = items[-1].offset + 1
-        now = self._clock.time()
-        expired = [it for it in items if it.expires_at_s <= now]
-        if expired:
-            await self._store.remove(q, [it.offset for it in expired], RemovalReason.TTL)
-            qs.checkpointer.propose(it.offset for it in expired)
-            await self._commit(q, qs.checkpointer.commit([it.offset for it in expired]))
-        return [it for it in items if it.expires_at_s > now]
+            self.batches_prefetched += 1
+            self._changed.set()
+        return items
 
     async def _pump(self) -> None:
         """Run the pump; a store failure (a full disk) is logged, the in-memory queue state is rebuilt from the
-        committed checkpoints (at-least-once: what was in flight is sent again) and the pump starts over."""
+        committed checkpoints (at-least-once: what was in flight or waiting for a retry is sent again) and the
+        pump starts over."""
         while True:
             try:
                 await self._pump_once()
@@ -187,46 +301,97 @@ class EndpointExecutor:
                 await self._clock.sleep(STORE_RETRY_S)
 
     async def _pump_once(self) -> None:
-        prefetch: asyncio.Task[list[StoredItem]] | None = None
-        prefetch_q: QueueId | None = None
-        while True:
-            q = self._best_queue()
-            if q is None:
-                self._wake.clear()
-                if self._best_queue() is None:
-                    await self._wake.wait()
-                continue
-            qs = self._qs(q)
-            if prefetch is not None and prefetch_q == q:
-                raw = await prefetch
-                if not raw or raw[0].offset < qs.cursor:  # read before new arrivals, or stale: read again
-                    raw = self._read(q, qs.cursor)
-            else:
+        prefetch: tuple[QueueId, asyncio.Task[list[StoredItem]]] | None = None
+        try:
+            while True:
+                self._wake.clear()  # before choosing: a notify from here on wakes the wait below
+                choice = self._choose()
+                if prefetch is not None and choice != (prefetch[0], False):  # the next batch is not the prefetched one
+                    prefetch[1].cancel()
+                    prefetch = None
+                if choice is None:
+                    await self._idle()
+                    continue
+                q, retry = choice
+                qs = self._qs(q)
+                if retry:
+                    await self._retry(q, qs)
+                    continue
+                raw: list[StoredItem] = []
                 if prefetch is not None:
-                    prefetch.cancel()
-                raw = self._read(q, qs.cursor)
-            prefetch = None
-            if not raw:
-                # references were removed under the cursor (cleanup); skip to the end of the queue
-                qs.cursor = self._store.end_offset(q)
-                continue
-            items = await self._take_batch(q, raw)
-            if not items:
-                continue
-            nxt = qs.cursor
-            prefetch = asyncio.create_task(asyncio.to_thread(self._read, q, nxt), name=f"executor.prefetch:{q}")
-            prefetch_q = q
-            try:
-                await self._deliver(q, items)
-            except BaseException:
-                prefetch.cancel()
-                raise
+                    raw = [it for it in await prefetch[1] if qs.checkpointer.admit(it.offset)]  # stale ones dropped
+                    prefetch = None
+                if not raw:  # nothing prefetched, or read before new arrivals: read now
+                    raw = [it for it in self._read(q, qs.cursor) if qs.checkpointer.admit(it.offset)]
+                if not raw:
+                    # references were removed under the cursor (cleanup); skip to the end of the queue
+                    qs.cursor = max(qs.cursor, self._store.end_offset(q))
+                    continue
+                items = await self._take_batch(q, qs, raw)
+                if not items:
+                    continue
+                task = asyncio.create_task(self._prefetch(q, qs.cursor), name=f"executor.prefetch:{q}")
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())  # dropped ones: nobody awaits
+                prefetch = (q, task)
+                qs.fire(Event.BATCH)
+                await self._attempt(q, qs, items)
+        finally:
+            if prefetch is not None:
+                prefetch[1].cancel()
 
-    async def _send(self, q: QueueId, items: Sequence[StoredItem]) -> SendResult:
+    async def _take_batch(self, q: QueueId, qs: _QueueState, items: list[StoredItem]) -> list[StoredItem]:
+        """Advance the cursor past ``items`` and propose them; drop (and remove) the expired ones."""
+        qs.cursor = items[-1].offset + 1
+        qs.checkpointer.propose(it.offset for it in items)
+        now = self._clock.time()
+        expired = [it.offset for it in items if it.expires_at_s <= now]
+        if expired:
+            await self._store.remove(q, expired, RemovalReason.TTL)
+            await self._commit(q, qs.checkpointer.commit(expired))
+        return [it for it in items if it.expires_at_s > now]
+
+    def _held(self, q: QueueId, items: Sequence[StoredItem]) -> set[int]:
+        """The offsets of ``items`` (in queue order) whose references the store still holds."""
+        if not items:
+            return set()
+        lo, hi = items[0].offset, items[-1].offset
+        return {r.offset for r in self._store.references(q, lo, hi - lo + 1) if r.offset <= hi}
+
+    async def _retry(self, q: QueueId, qs: _QueueState) -> None:
+        """Send the failed batch of ``q`` again, without what expired or left the store meanwhile."""
+        revived = self._revived(qs)
+        now = self._clock.time()
+        expired = [it.offset for it in qs.pending if it.expires_at_s <= now]
+        live = [it for it in qs.pending if it.expires_at_s > now]
+        held = self._held(q, live)
+        gone = [it.offset for it in live if it.offset not in held]  # removed by cleanup or eviction: counted there
+        live = [it for it in live if it.offset in held]
+        if expired:
+            await self._store.remove(q, expired, RemovalReason.TTL)
+        if expired or gone:
+            log.info(
+                "executor.retry_dropped endpoint=%s priority=%d expired=%d gone=%d",
+                self._id, q.priority, len(expired), len(gone),
+            )  # fmt: skip
+        if not live:
+            qs.clear_retry()
+            qs.fire(Event.GIVE_UP)
+            await self._commit(q, qs.checkpointer.commit([*expired, *gone]))
+            qs.fire(Event.COMMITTED)
+            return
+        if expired or gone:
+            await self._commit(q, qs.checkpointer.commit([*expired, *gone], [it.offset for it in live]))
+        if revived:
+            qs.failures = 0  # the endpoint came back: the schedule starts over, and this retry is immediate
+            qs.last_revival_s = now
+            qs.fire(Event.REACHABLE)
+        else:
+            qs.fire(Event.RETRY_DUE)
+        await self._attempt(q, qs, live)
+
+    async def _send(self, q: QueueId, qs: _QueueState, items: Sequence[StoredItem]) -> SendResult:
         batch = [
-            QueuedMessage(
-                it.message, it.offset, q.priority, it.enqueued_at_s, it.ttl_s, self._attempts.get((q, it.offset), 0)
-            )
+            QueuedMessage(it.message, it.offset, q.priority, it.enqueued_at_s, it.ttl_s, qs.attempts.get(it.offset, 0))
             for it in items
         ]
         try:
@@ -237,99 +402,82 @@ class EndpointExecutor:
             log.warning("endpoint.send_raised endpoint=%s error=%s", self._id, exc)
             result = SendResult.all_failed(batch, FailureKind.TRANSIENT, str(exc))
         self.batches_sent += 1
+        self._changed.set()
         return result
 
-    async def _deliver(self, q: QueueId, items: list[StoredItem]) -> None:
-        qs = self._qs(q)
+    async def _attempt(self, q: QueueId, qs: _QueueState, items: list[StoredItem]) -> None:
+        """Send ``items`` once (the queue is SENDING). On success commit; on failure record the retry state and
+        return (FAILING): the pump chooses again."""
+        seq = self._next_seq()
+        probe = self._unreachable  # parked: this send only finds out whether the endpoint is back
+        result = await self._send(q, qs, items)
         by_offset = {it.offset: it for it in items}
-        qs.checkpointer.propose(by_offset)
-        qs.fire(Event.BATCH)
-        policy = effective_policy(self._settings.retry_policy, self._settings.endpoint_retry_policy)
-        failures = 0
-        pending = items
-        while True:
-            result = await self._send(q, pending)
-            ok = {m.offset for m in result.succeeded} & by_offset.keys()
-            invalid = {m.offset for m in result.invalid} & by_offset.keys() - ok
-            failed = [it for it in pending if it.offset not in ok and it.offset not in invalid]
-            done = set(ok)
-            for off in sorted(invalid):
-                await self._dead_letter(q, by_offset[off], DeadLetterReason.INVALID, result.error)
-                done.add(off)
-            if not failed:
-                qs.fire(Event.SENT_OK)
-                if qs.unhealthy_since_s is not None:
-                    qs.unhealthy_since_s = None
-                await self._commit(q, qs.checkpointer.commit(done))
-                qs.fire(Event.COMMITTED)
-                return
-            qs.fire(Event.SENT_FAILED)
-            failures += 1
-            now = self._clock.time()
-            if qs.unhealthy_since_s is None:
-                qs.unhealthy_since_s = now
-            log.info(
-                "endpoint.send_failed endpoint=%s priority=%d failed=%d kind=%s",
-                self._id,
-                q.priority,
-                len(failed),
-                result.failure_kind or FailureKind.TRANSIENT,
-            )
-            still: list[StoredItem] = []
-            for it in failed:
-                n = self._attempts[(q, it.offset)] = self._attempts.get((q, it.offset), 0) + 1
-                limit = self._settings.max_delivery_attempts
-                if limit is not None and n >= limit:
-                    await self._dead_letter(q, it, DeadLetterReason.MAX_DELIVERY_ATTEMPTS, result.error)
-                    done.add(it.offset)
-                elif it.expires_at_s <= now:
-                    await self._store.remove(q, [it.offset], RemovalReason.TTL)
-                    done.add(it.offset)
-                else:
-                    still.append(it)
-            delay = policy.delay_s(failures)
-            if still and delay is None:
-                for it in still:
-                    await self._dead_letter(q, it, DeadLetterReason.RETRY_EXHAUSTED, result.error)
-                    done.add(it.offset)
-                still = []
-            await self._commit(q, qs.checkpointer.commit(done, [it.offset for it in still]))
-            if not still:
-                qs.fire(Event.GIVE_UP)
-                qs.fire(Event.COMMITTED)
-                return
-            if now - qs.unhealthy_since_s >= self._settings.unhealthy_after_s and qs.state is State.FAILING:
-                qs.fire(Event.UNHEALTHY)
-            assert delay is not None
-            if await self._wait(delay):
-                failures = 0  # the endpoint came back: the schedule starts over, and this retry is immediate
-                qs.last_revival_s = self._clock.time()
-                qs.fire(Event.REACHABLE)
+        ok = {m.offset for m in result.succeeded} & by_offset.keys()
+        invalid = {m.offset for m in result.invalid} & by_offset.keys() - ok
+        failed = [it for it in items if it.offset not in ok and it.offset not in invalid]
+        done = set(ok)
+        for off in sorted(invalid):
+            await self._dead_letter(qs, by_offset[off], DeadLetterReason.INVALID, result.error)
+            done.add(off)
+        if result.succeeded and self._unreachable:
+            self._on_reachable()  # it delivered: whatever the last report said, the endpoint is back
+        if not failed:
+            qs.clear_retry()
+            qs.fire(Event.SENT_OK)
+            qs.unhealthy_since_s = None
+            await self._commit(q, qs.checkpointer.commit(done))
+            qs.fire(Event.COMMITTED)
+            return
+        qs.fire(Event.SENT_FAILED)
+        qs.failures += 1
+        qs.failed_send_seq = seq
+        now = self._clock.time()
+        if qs.unhealthy_since_s is None:
+            qs.unhealthy_since_s = now
+        delay_s = self._probe_delay_s(qs.failures) if probe else self._policy.delay_s(qs.failures)
+        log.info(
+            "endpoint.send_failed endpoint=%s priority=%d failed=%d kind=%s retry_in_s=%s",
+            self._id,
+            q.priority,
+            len(failed),
+            result.failure_kind or FailureKind.TRANSIENT,
+            delay_s,
+        )
+        still: list[StoredItem] = []
+        limit = self._settings.max_delivery_attempts
+        for it in failed:
+            n = qs.attempts.get(it.offset, 0) + (0 if probe else 1)
+            if n:
+                qs.attempts[it.offset] = n
+            if limit is not None and n >= limit:
+                await self._dead_letter(qs, it, DeadLetterReason.MAX_DELIVERY_ATTEMPTS, result.error)
+                done.add(it.offset)
+            elif it.expires_at_s <= now:
+                await self._store.remove(q, [it.offset], RemovalReason.TTL)
+                done.add(it.offset)
             else:
-                qs.fire(Event.RETRY_DUE)
-            pending = still
+                still.append(it)
+        if still and delay_s is None:
+            for it in still:
+                await self._dead_letter(qs, it, DeadLetterReason.RETRY_EXHAUSTED, result.error)
+                done.add(it.offset)
+            still = []
+        await self._commit(q, qs.checkpointer.commit(done, [it.offset for it in still]))
+        if not still:
+            qs.clear_retry()
+            qs.fire(Event.GIVE_UP)
+            qs.fire(Event.COMMITTED)
+            return
+        assert delay_s is not None
+        qs.pending = still
+        qs.retry_at_mono_s = self._clock.monotonic() + delay_s
+        if self._unreachable:  # new messages of other queues wait as long: one probe at a time
+            self._park_until_mono_s = max(self._park_until_mono_s, qs.retry_at_mono_s)
+        if now - qs.unhealthy_since_s >= self._settings.unhealthy_after_s and qs.state is State.FAILING:
+            qs.fire(Event.UNHEALTHY)
 
-    async def _wait(self, delay_s: float) -> bool:
-        """Wait ``delay_s`` on the clock; return True if cut short because the endpoint became reachable."""
-        if self._reachable.is_set():
-            self._reachable.clear()
-            return True
-        if delay_s <= 0:
-            return False
-        sleeper = asyncio.ensure_future(self._clock.sleep(delay_s))
-        waker = asyncio.ensure_future(self._reachable.wait())
-        try:
-            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            waker.cancel()
-        if self._reachable.is_set():
-            self._reachable.clear()
-            return True
-        return False
-
-    async def _dead_letter(self, q: QueueId, it: StoredItem, reason: str, error: str | None) -> None:
-        attempts = self._attempts.pop((q, it.offset), 0) + (1 if reason == DeadLetterReason.INVALID else 0)
+    async def _dead_letter(self, qs: _QueueState, it: StoredItem, reason: str, error: str | None) -> None:
+        attempts = qs.attempts.pop(it.offset, 0) + (1 if reason == DeadLetterReason.INVALID else 0)
         await self._store.dead_letter(it, reason=reason, attempts=attempts, error=error)
         self._changed.set()
 
@@ -340,8 +488,8 @@ class EndpointExecutor:
             await self._store.commit(
                 q, offset, unhealthy_since_s=qs.unhealthy_since_s, last_revival_s=qs.last_revival_s
             )
-        for key in [k for k in self._attempts if k[0] == q and k[1] <= offset]:
-            del self._attempts[key]
+        for off in [o for o in qs.attempts if o <= offset]:
+            del qs.attempts[off]
         self._changed.set()
 
     # -- cleanup ------------------------------------------------------------------------------------------

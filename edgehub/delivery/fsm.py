@@ -6,10 +6,13 @@
                      |  sent_failed                                     ^
                      v                                                  |
                    FAILING --retry_due / reachable--> SENDING           |
-                     |  give_up (dead-lettered) --> CHECKPOINTING ------+
+                     |  give_up (nothing left to retry) --> CHECKPOINTING
     any state --close--> CLOSED
 
-``DEAD`` is an endpoint that has been failing longer than its unhealthy threshold; it leaves on ``reachable``.
+A FAILING queue holds the rest of its failed batch until its retry is due (or the endpoint reports it is
+reachable); the executor's pump serves other queues meanwhile. ``give_up``: every message of that batch was
+dead-lettered, expired or removed from the store. ``DEAD`` is a queue that has been failing longer than its
+unhealthy threshold; it is still retried, and leaves like FAILING does.
 A transition not in the table raises ``InvalidTransition``: a bug, never a condition to handle.
 """
 

@@ -13,7 +13,8 @@ A head, for each connected client:
 Guarantees the implementations give:
 * ``ingest`` returns one outcome per message, in order. ``Stored`` means routed and durable in every queue the
   message goes to (an ack may go out); ``Rejected.reason`` is a stable word (``IngestRejected.reason``:
-  ``quota_exceeded``, ``too_large``, ``invalid``, ``not_authorized``, ``topic_invalid``). It raises only
+  ``quota_exceeded``, ``too_large``, ``invalid``, ``not_authorized``, ``topic_invalid``,
+  ``partition_key_mismatch``). It raises only
   ``StoreError`` (nothing was stored; the head should close the connection without acking).
 * Deliveries to one link go out in queue order; an unacknowledged delivery is sent again with
   ``redelivery=True`` after the client reconnects. ``link.send`` never blocks.
@@ -62,9 +63,11 @@ class AuthResult:
 
 @dataclass(frozen=True, slots=True)
 class Stored:
-    """Routed and durable: the head may ack."""
+    """Routed and durable: the head may ack. ``duplicate``: a copy of a message accepted earlier inside the
+    duplicate-detection window, acknowledged and dropped (the earlier copy is the stored one)."""
 
     edge_message_id: str | None = None
+    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,8 @@ Invariants:
   delivery waiting or in flight on it fails (TRANSIENT), so the executor retries it, and the retry goes out
   with ``Delivery.redelivery=True`` (MQTT DUP) because its ``attempts`` is above zero;
 * when a module connects, every endpoint of that module is told (``on_reachable``), which cuts the executor's
-  retry wait short;
+  retry wait short; when its link goes away, they are told it is unreachable (``on_unreachable``), which parks
+  their queues until it connects again, so nothing is tried, and no attempt counted, while it is away;
 * a delivery the link refuses as PERMANENT (too large for the client) is invalid: dead-lettered, not retried.
 """
 
@@ -54,10 +55,26 @@ class _Outcome(StrEnum):
     INVALID = "invalid"
 
 
+class _Batch:
+    """One ``deliver`` call's messages: their outcomes, and one future that is done when all are settled.
+
+    One future per batch, not per message: a batch is up to 256 deliveries, and a future each (plus a gather)
+    cost more than the MQTT encoding of the message.
+    """
+
+    __slots__ = ("future", "outcomes", "remaining")
+
+    def __init__(self, size: int, future: asyncio.Future[None]) -> None:
+        self.outcomes: list[_Outcome | None] = [None] * size
+        self.remaining = size
+        self.future = future
+
+
 @dataclass(slots=True)
 class _Pending:
     delivery: Delivery
-    future: asyncio.Future[_Outcome]
+    batch: _Batch
+    index: int
 
 
 @dataclass(slots=True)
@@ -66,11 +83,16 @@ class _Mailbox:
     waiting: deque[_Pending] = field(default_factory=deque)
     inflight: dict[int, _Pending] = field(default_factory=dict)
     on_reachable: list[Callable[[], None]] = field(default_factory=list)
+    on_unreachable: list[Callable[[], None]] = field(default_factory=list)
 
 
 def _settle(p: _Pending, outcome: _Outcome) -> None:
-    if not p.future.done():
-        p.future.set_result(outcome)
+    batch = p.batch
+    if batch.outcomes[p.index] is None and not batch.future.done():
+        batch.outcomes[p.index] = outcome
+        batch.remaining -= 1
+        if batch.remaining == 0:
+            batch.future.set_result(None)
 
 
 class ModuleMailboxes:
@@ -93,6 +115,9 @@ class ModuleMailboxes:
     def watch(self, module_id: str, on_reachable: Callable[[], None]) -> None:
         self._box(module_id).on_reachable.append(on_reachable)
 
+    def watch_unreachable(self, module_id: str, on_unreachable: Callable[[], None]) -> None:
+        self._box(module_id).on_unreachable.append(on_unreachable)
+
     # -- called by the hub facade for the heads --------------------------------------------------------------
     def connect(self, identity: Identity, link: ClientLink) -> None:
         assert identity.module_id is not None
@@ -113,6 +138,8 @@ class ModuleMailboxes:
         self._fail_inflight(box)
         while box.waiting:
             _settle(box.waiting.popleft(), _Outcome.FAILED)
+        for callback in box.on_unreachable:
+            callback()
 
     def delivered(self, identity: Identity, delivery_id: int, ok: bool) -> None:
         assert identity.module_id is not None
@@ -137,19 +164,17 @@ class ModuleMailboxes:
         box = self._box(module_id)
         if box.link is None:
             return SendResult.all_failed(batch, FailureKind.TRANSIENT, f"module {module_id} is not connected")
-        loop = asyncio.get_running_loop()
-        pendings: list[_Pending] = []
-        for qm in batch:
+        batch_state = _Batch(len(batch), asyncio.get_running_loop().create_future())
+        for i, qm in enumerate(batch):
             d = Delivery(next(self._ids), qm.message, input_name, redelivery=qm.attempts > 0)
-            p = _Pending(d, loop.create_future())
-            pendings.append(p)
-            box.waiting.append(p)
+            box.waiting.append(_Pending(d, batch_state, i))
         self._pump(box)
         try:
-            outcomes = await asyncio.gather(*(p.future for p in pendings))
+            if batch:
+                await batch_state.future
         finally:
-            for p in pendings:  # cancelled: nothing of this batch may go out any more
-                p.future.cancel()
+            batch_state.future.cancel()  # cancelled: nothing of this batch may go out any more
+        outcomes = batch_state.outcomes
         ok = [qm for qm, o in zip(batch, outcomes, strict=True) if o is _Outcome.OK]
         failed = [qm for qm, o in zip(batch, outcomes, strict=True) if o is _Outcome.FAILED]
         invalid = [qm for qm, o in zip(batch, outcomes, strict=True) if o is _Outcome.INVALID]
@@ -171,7 +196,7 @@ class ModuleMailboxes:
         link = box.link
         while link is not None and box.waiting and link.window_free > 0:
             p = box.waiting[0]
-            if p.future.done():  # its batch was cancelled
+            if p.batch.future.cancelled():  # its batch was cancelled
                 box.waiting.popleft()
                 continue
             try:
@@ -210,6 +235,9 @@ class ModuleEndpoint:
 
     def bind(self, on_reachable: Callable[[], None]) -> None:
         self._mailboxes.watch(self.module_id, on_reachable)
+
+    def bind_unreachable(self, on_unreachable: Callable[[], None]) -> None:
+        self._mailboxes.watch_unreachable(self.module_id, on_unreachable)
 
     async def send(self, batch: Sequence[QueuedMessage]) -> SendResult:
         return await self._mailboxes.deliver(self.module_id, self.input_name, batch, self._id)

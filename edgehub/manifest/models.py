@@ -7,6 +7,10 @@ properties alone. Rules (ROUTE_LANGUAGE.md, "Routes in the manifest"):
 * ``routes``: name → route string; from schema 1.1 also ``{"route", "priority" 0-9, "timeToLiveSecs"}``.
   Route names match ``^[^\\.\\$# ]+$``.
 * ``storeAndForwardConfiguration.timeToLiveSecs``: the global TTL (default 7200 s, as Azure IoT Edge).
+* ``upstream`` (edgehub's own, not Azure IoT Edge's): ``partitions`` 1-64 (default 1: one lane, ``$upstream``),
+  ``duplicateDetection`` (default false) and ``duplicateDetectionWindowSecs`` 1-604800 (default 600, as
+  Service Bus's default; at most 7 days as Service Bus allows). Unknown keys there are refused (a typo must not
+  silently leave detection off), and values must have their JSON type (``"4"`` is not a partition count).
 
 Errors are ``ManifestError`` (a ConfigurationError) naming the field; route text errors stay RouteErrors.
 """
@@ -18,22 +22,36 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from edgehub.core import ConfigurationError
 from edgehub.routing import RouteSpec
 
 __all__ = [
+    "DEFAULT_DUPLICATE_WINDOW_SECS",
     "DEFAULT_TTL_SECS",
+    "MAX_PARTITIONS",
     "EdgeHubDesired",
     "ManifestError",
     "RouteObject",
     "StoreAndForwardConfiguration",
+    "UpstreamConfiguration",
     "load_desired",
     "load_desired_file",
 ]
 
 DEFAULT_TTL_SECS = 7200
+DEFAULT_DUPLICATE_WINDOW_SECS = 600
+MAX_PARTITIONS = 64
 _SCHEMA = re.compile(r"^1\.([0-3])(?:\.0)?$")
 _ROUTE_NAME = re.compile(r"^[^\.\$# ]+$")
 
@@ -56,6 +74,16 @@ class StoreAndForwardConfiguration(BaseModel):
     timeToLiveSecs: int = Field(default=DEFAULT_TTL_SECS, ge=0, le=4_294_967_295)
 
 
+class UpstreamConfiguration(BaseModel):
+    """``upstream``: partitioned lanes and duplicate detection (after Service Bus partitioned queues)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    partitions: StrictInt = Field(default=1, ge=1, le=MAX_PARTITIONS)
+    duplicateDetection: StrictBool = False
+    duplicateDetectionWindowSecs: StrictInt = Field(default=DEFAULT_DUPLICATE_WINDOW_SECS, ge=1, le=604_800)
+
+
 class EdgeHubDesired(BaseModel):
     """The ``$edgeHub`` desired properties (fields this hub does not know yet are kept, not refused)."""
 
@@ -64,6 +92,7 @@ class EdgeHubDesired(BaseModel):
     schemaVersion: str
     routes: dict[str, str | RouteObject] = Field(default_factory=dict)
     storeAndForwardConfiguration: StoreAndForwardConfiguration = Field(default_factory=StoreAndForwardConfiguration)
+    upstream: UpstreamConfiguration = Field(default_factory=UpstreamConfiguration)
 
     @field_validator("schemaVersion")
     @classmethod

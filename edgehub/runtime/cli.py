@@ -12,10 +12,11 @@ import click
 
 import edgehub
 from edgehub.core import ConfigurationError, StoreError
-from edgehub.manifest import load_desired_file
+from edgehub.hub.lanes import UpstreamOptions
+from edgehub.manifest import MAX_PARTITIONS, load_desired_file
 from edgehub.routing import Router
 from edgehub.runtime.certs import HubCerts
-from edgehub.runtime.hub_runtime import DEFAULT_HOST_NAME, HubConfig, serve
+from edgehub.runtime.hub_runtime import DEFAULT_HOST_NAME, HubConfig, serve, upstream_options
 from edgehub.runtime.identity_cli import identity
 from edgehub.runtime.linksim_cli import link_sim
 from edgehub.runtime.routes_cli import describe_routes, routes
@@ -47,6 +48,12 @@ def show_routes(manifest: Path) -> None:
         click.echo(f"  {line}")
 
 
+def show_upstream(options: UpstreamOptions) -> None:
+    """Print the partition count and duplicate detection the hub will run with."""
+    detection = f"on, window {options.duplicate_window_s:g}s" if options.duplicate_detection else "off"
+    click.echo(f"upstream: partitions={options.partitions} duplicate detection {detection}")
+
+
 @main.command()
 @click.option("--manifest", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_MANIFEST)
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data"), show_default=True)
@@ -59,6 +66,23 @@ def show_routes(manifest: Path) -> None:
 @click.option(
     "--upstream-wire", type=click.Choice(["batch", "message"]), default="batch", show_default=True, help="Wire mode."
 )
+@click.option(
+    "--upstream-partitions",
+    type=click.IntRange(1, MAX_PARTITIONS),
+    default=None,
+    help="Upstream lanes (overrides the manifest's upstream.partitions; default 1).",
+)
+@click.option(
+    "--duplicate-detection/--no-duplicate-detection",
+    default=None,
+    help="Drop a message whose id the same identity sent inside the window (overrides upstream.duplicateDetection).",
+)
+@click.option(
+    "--duplicate-window-secs",
+    type=click.IntRange(1, 604_800),
+    default=None,
+    help="The duplicate-detection window (overrides upstream.duplicateDetectionWindowSecs; default 600).",
+)
 def run(
     manifest: Path,
     data_dir: Path,
@@ -69,13 +93,11 @@ def run(
     upstream_mqtt: str | None,
     upstream_client_id: str,
     upstream_wire: str,
+    upstream_partitions: int | None,
+    duplicate_detection: bool | None,
+    duplicate_window_secs: int | None,
 ) -> None:
     """Start the hub: print the compiled routes, then serve MQTT until SIGTERM or SIGINT."""
-    try:
-        show_routes(manifest)
-    except ConfigurationError as exc:
-        click.echo(str(exc), err=True)
-        raise SystemExit(1) from None
     upstream = None
     if upstream_mqtt is not None:
         up_host, _, up_port = upstream_mqtt.rpartition(":")
@@ -96,14 +118,49 @@ def run(
         mqtts_port=mqtts_port,
         host_name=host_name,
         upstream=upstream,
+        partitions=upstream_partitions,
+        duplicate_detection=duplicate_detection,
+        duplicate_window_s=float(duplicate_window_secs) if duplicate_window_secs is not None else None,
     )
+    try:
+        show_routes(manifest)
+        show_upstream(upstream_options(load_desired_file(manifest), config))
+    except ConfigurationError as exc:
+        click.echo(str(exc), err=True)
+        raise SystemExit(1) from None
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         asyncio.run(_serve(config))
-    except (ConfigurationError, StoreError, OSError) as exc:
-        click.echo(f"edgehub: {exc}", err=True)
+    except (ConfigurationError, StoreError, OSError, ExceptionGroup) as exc:
+        reasons = _start_failures(exc)
+        if reasons is None:
+            raise
+        click.echo(f"edgehub: {'; '.join(reasons)}", err=True)
         raise SystemExit(1) from None
     click.echo("stopped")
+
+
+_START_FAILURES = (ConfigurationError, StoreError, OSError)
+
+
+def _start_failures(exc: Exception) -> list[str] | None:
+    """What to tell the user when ``exc`` is one of the failures a start can meet (a port already taken, a
+    locked store), also when the task groups of the head and the executors wrapped them; None for anything
+    else, which is a bug and keeps its traceback."""
+    if not isinstance(exc, ExceptionGroup):
+        return [str(exc)]
+    expected, rest = exc.split(_START_FAILURES)
+    if expected is None or rest is not None:
+        return None
+    leaves: list[str] = []
+    stack: list[BaseException] = [expected]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, BaseExceptionGroup):
+            stack.extend(reversed(e.exceptions))
+        else:
+            leaves.append(str(e))
+    return leaves
 
 
 async def _serve(config: HubConfig) -> None:

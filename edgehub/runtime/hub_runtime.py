@@ -7,6 +7,13 @@ executors, then the store (closed, so every acknowledged message is on disk).
 ``$upstream``: when ``HubConfig.upstream`` names an MQTT broker or parent hub (``edgehub run --upstream-mqtt``),
 an ``MqttUpstream`` transport delivers it; otherwise messages routed there stay queued in the store (they
 survive restarts and go out once an upstream is configured).
+
+Partitions and duplicate detection come from the manifest's ``upstream`` section, each overridable in
+``HubConfig`` (the CLI's ``--upstream-partitions``, ``--duplicate-detection``, ``--duplicate-window-secs``).
+With ``partitions`` N > 1 there is one ``MqttUpstream`` per lane ``$upstream/{i}`` (``lane_settings``): its own
+connection, client id ``{client_id}-p{i}`` and segment lane ``upstream-p{i}``. A lane the store still holds
+undelivered messages for but that the partition count no longer names (after N changed) gets a transport too,
+so what it held still goes out; new messages never go to it, and once drained it is left out at the next start.
 """
 
 from __future__ import annotations
@@ -14,22 +21,24 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgehub.core import SystemClock
 from edgehub.hub.facade import EdgeHub
 from edgehub.hub.identities import IdentityRegistry
+from edgehub.hub.lanes import UpstreamOptions
 from edgehub.hub.modules import DEFAULT_WINDOW
-from edgehub.manifest import load_desired_file
+from edgehub.manifest import EdgeHubDesired, load_desired_file
 from edgehub.routing import Router
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
-from edgehub.store import FsyncPolicy, Store
+from edgehub.store import FsyncPolicy, Store, is_upstream_endpoint, parse_upstream_lane_id, upstream_lane_id
 from edgehub.store.rocks import open_rocks_store
 from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
+from edgehub.upstream.partitions import lane_name_of
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 
-__all__ = ["DEFAULT_HOST_NAME", "HubConfig", "open_identities", "serve"]
+__all__ = ["DEFAULT_HOST_NAME", "HubConfig", "lane_settings", "open_identities", "serve", "upstream_options"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +58,10 @@ class HubConfig:
     module_window: int = DEFAULT_WINDOW  # deliveries in flight per module link
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
     upstream: MqttUpstreamSettings | None = None  # None: $upstream stays queued
+    # None: as the manifest's upstream section says (which defaults to 1 partition, detection off, 600 s).
+    partitions: int | None = None
+    duplicate_detection: bool | None = None
+    duplicate_window_s: float | None = None
 
 
 def store_path(data_dir: Path) -> Path:
@@ -64,6 +77,46 @@ def open_identities(store: Store, host_name: str) -> IdentityRegistry:
     return IdentityRegistry(store, host_name=host_name, clock=SystemClock())
 
 
+def upstream_options(desired: EdgeHubDesired, config: HubConfig) -> UpstreamOptions:
+    """The manifest's ``upstream`` section with the config's overrides applied."""
+    up = desired.upstream
+    return UpstreamOptions(
+        partitions=config.partitions if config.partitions is not None else up.partitions,
+        duplicate_detection=(
+            config.duplicate_detection if config.duplicate_detection is not None else up.duplicateDetection
+        ),
+        duplicate_window_s=(
+            config.duplicate_window_s
+            if config.duplicate_window_s is not None
+            else float(up.duplicateDetectionWindowSecs)
+        ),
+    )
+
+
+def lane_settings(base: MqttUpstreamSettings, lane_id: str) -> MqttUpstreamSettings:
+    """The transport settings of one lane: ``$upstream`` keeps ``base``; ``$upstream/{i}`` gets its endpoint id,
+    the client id suffix ``-p{i}`` (each lane is its own MQTT session) and the segment lane ``upstream-p{i}``."""
+    partition = parse_upstream_lane_id(lane_id)
+    if partition is None:
+        if not is_upstream_endpoint(lane_id):
+            raise ValueError(f"{lane_id!r} is not an upstream lane")
+        return base
+    return replace(base, endpoint_id=lane_id, lane=lane_name_of(partition), client_id=f"{base.client_id}-p{partition}")
+
+
+def _lane_ids(store: Store, options: UpstreamOptions) -> list[str]:
+    """The lanes of ``options``, and any other upstream lane the store still holds undelivered messages for (to
+    drain it; once drained it is left out at the next start)."""
+    lanes = [upstream_lane_id(i, options.partitions) for i in range(options.partitions)]
+    for q in store.queues():
+        if q.endpoint in lanes or not is_upstream_endpoint(q.endpoint):
+            continue
+        if store.end_offset(q) > store.checkpoint(q).committed + 1:
+            log.info("runtime.leftover_lane endpoint=%s partitions=%d", q.endpoint, options.partitions)
+            lanes.append(q.endpoint)
+    return lanes
+
+
 async def serve(
     config: HubConfig,
     *,
@@ -77,14 +130,18 @@ async def serve(
     if on_certs is not None:
         on_certs(certs)
     ssl_context = server_ssl_context(certs) if config.mqtts_port is not None else None
+    options = upstream_options(desired, config)
     store = open_store(config.data_dir, default_ttl_s=float(desired.time_to_live_secs), fsync=config.fsync)
     endpoints: list[MqttUpstream] = []
     try:
         if config.upstream is not None:
-            upstream = MqttUpstream(config.upstream)
-            await upstream.start()  # the executor closes it when the hub stops
-            endpoints.append(upstream)
-        async with EdgeHub(store=store, router=router, host_name=config.host_name, endpoints=endpoints) as hub:
+            for lane_id in _lane_ids(store, options):
+                upstream = MqttUpstream(lane_settings(config.upstream, lane_id))
+                await upstream.start()  # the executor closes it when the hub stops
+                endpoints.append(upstream)
+        async with EdgeHub(
+            store=store, router=router, host_name=config.host_name, endpoints=endpoints, upstream=options
+        ) as hub:
             settings = MqttSettings(
                 host=config.host,
                 tcp_port=config.mqtt_port,

@@ -7,11 +7,18 @@ that it may hold any character, ``/`` and ``:`` included. A dead-letter queue is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from edgehub.core import DEFAULT_PRIORITY
 
-__all__ = ["QueueId", "dead_letter_name"]
+__all__ = [
+    "UPSTREAM_ENDPOINT",
+    "QueueId",
+    "dead_letter_name",
+    "is_upstream_endpoint",
+    "parse_upstream_lane_id",
+    "upstream_lane_id",
+]
 
 _QUEUE = "q"
 _DLQ = "dlq"
@@ -23,12 +30,19 @@ class QueueId:
 
     endpoint: str
     priority: int
+    # Queue ids key the store's per-queue dicts on the ingest path (~9 lookups per reference): the hash is made
+    # once, not by the generated __hash__ building a tuple each time.
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.endpoint:
             raise ValueError("a queue needs an endpoint id")
         if not 0 <= self.priority <= DEFAULT_PRIORITY:
             raise ValueError(f"priority {self.priority} outside 0..{DEFAULT_PRIORITY}")
+        object.__setattr__(self, "_hash", hash((self.endpoint, self.priority)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def name(self) -> str:
@@ -60,3 +74,34 @@ def dead_letter_name(endpoint: str) -> str:
     if not endpoint:
         raise ValueError("a dead-letter queue needs an endpoint id")
     return f"{_DLQ}:{endpoint}"
+
+
+# -- upstream lanes (issue 5) -----------------------------------------------------------------------------------
+# With ``partitions: N`` > 1 the upstream is N lanes, each its own endpoint (so its own queues, checkpoints and
+# executor): ``$upstream/0`` … ``$upstream/{N-1}``. With one partition the lane is ``$upstream`` itself, so a hub
+# that never turned partitions on keeps its queues. Built and parsed here, next to the queue ids, and nowhere else.
+
+UPSTREAM_ENDPOINT = "$upstream"
+
+
+def upstream_lane_id(partition: int, partitions: int) -> str:
+    """The endpoint id of lane ``partition`` of ``partitions``: ``$upstream`` for one lane, else ``$upstream/{i}``."""
+    if not 0 <= partition < partitions:
+        raise ValueError(f"partition {partition} out of range 0..{partitions - 1}")
+    return UPSTREAM_ENDPOINT if partitions == 1 else f"{UPSTREAM_ENDPOINT}/{partition}"
+
+
+def parse_upstream_lane_id(endpoint: str) -> int | None:
+    """The partition of a lane endpoint id (``$upstream/3`` → 3); None for ``$upstream`` and for any other id."""
+    prefix = UPSTREAM_ENDPOINT + "/"
+    if not endpoint.startswith(prefix):
+        return None
+    digits = endpoint[len(prefix) :]
+    if not digits.isdigit() or (digits != "0" and digits.startswith("0")):
+        return None
+    return int(digits)
+
+
+def is_upstream_endpoint(endpoint: str) -> bool:
+    """``$upstream`` or one of its lanes."""
+    return endpoint == UPSTREAM_ENDPOINT or parse_upstream_lane_id(endpoint) is not None

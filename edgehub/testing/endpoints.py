@@ -3,7 +3,9 @@
 ``TestEndpoint`` records every delivered message (``delivered``, in delivery order, and ``batches``) and can be
 told to fail the next N sends (``fail_next``), to call some messages invalid (``reject_when``), to stall until
 released (``stall`` / ``release``), or to be unreachable until revived (``go_down`` / ``revive``: revive calls the
-executor's ``on_reachable``). ``wait_delivered(n)`` and ``wait_sends(n)`` wait for progress (bound them with
+executor's ``on_reachable``; ``go_down(report=True)`` calls its ``on_unreachable`` too, as a transport that
+notices its link drop would, while plain ``go_down()`` just fails every send; ``revive(report=False)`` comes
+back without a word). ``wait_delivered(n)`` and ``wait_sends(n)`` wait for progress (bound them with
 ``asyncio.timeout``). ``NullEndpoint`` takes everything and keeps only a count (benchmarks).
 """
 
@@ -36,6 +38,7 @@ class TestEndpoint:
         self._stalled = asyncio.Event()
         self._progress = asyncio.Event()
         self._on_reachable: Callable[[], None] | None = None
+        self._on_unreachable: Callable[[], None] | None = None
         self.closed = False
 
     # -- the Endpoint protocol ----------------------------------------------------------------------------
@@ -49,6 +52,9 @@ class TestEndpoint:
 
     def bind(self, on_reachable: Callable[[], None]) -> None:
         self._on_reachable = on_reachable
+
+    def bind_unreachable(self, on_unreachable: Callable[[], None]) -> None:
+        self._on_unreachable = on_unreachable
 
     async def send(self, batch: Sequence[QueuedMessage]) -> SendResult:
         self.sends += 1
@@ -83,13 +89,16 @@ class TestEndpoint:
     def reject_when(self, predicate: Callable[[Message], bool]) -> None:
         self._invalid = predicate
 
-    def go_down(self) -> None:
+    def go_down(self, *, report: bool = False) -> None:
+        """Fail every send from now on; with ``report``, also tell the executor it is unreachable."""
         self._down = True
+        if report and self._on_unreachable is not None:
+            self._on_unreachable()
 
-    def revive(self) -> None:
-        """Become reachable and tell the executor (as a link coming up would)."""
+    def revive(self, *, report: bool = True) -> None:
+        """Become reachable and (unless ``report`` is False) tell the executor, as a link coming up would."""
         self._down = False
-        if self._on_reachable is not None:
+        if report and self._on_reachable is not None:
             self._on_reachable()
 
     def stall(self) -> None:

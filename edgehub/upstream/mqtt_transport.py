@@ -16,9 +16,11 @@ What it guarantees
 * **``max_uplink_bps``**: a token bucket on PUBLISH wire bytes; a backlog after an outage cannot exceed it.
   ``status()`` reports the achieved rate (acknowledged bytes over a 10 s window) and wire bytes per message.
 * **Reconnect** runs in its own task with exponential backoff and jitter (tenacity); ``reconnect_now()`` cuts a
-  wait short. Each successful CONNACK calls the executor's ``on_reachable``. Every connection is a fresh paho
-  client with ``reconnect_on_failure=False``: paho never resends a previous connection's PUBLISHes behind our
-  back, so what is in flight is exactly what this module counts.
+  wait short. Each successful CONNACK calls the executor's ``on_reachable``; the loss of that connection (a
+  drop, or a silent link noticed by keepalive or ``ack_timeout_s``) calls its ``on_unreachable``, which parks
+  the executor's queues until the next CONNACK rather than have it send into a dead link. Every connection is
+  a fresh paho client with ``reconnect_on_failure=False``: paho never resends a previous connection's
+  PUBLISHes behind our back, so what is in flight is exactly what this module counts.
 
 Wire modes
 ----------
@@ -336,6 +338,7 @@ class MqttUpstream:
         self.settings = settings
         self._clock = clock or SystemClock()
         self._on_reachable: Callable[[], None] = lambda: None
+        self._on_unreachable: Callable[[], None] = lambda: None
         self._conn: _Connection | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -372,6 +375,9 @@ class MqttUpstream:
 
     def bind(self, on_reachable: Callable[[], None]) -> None:
         self._on_reachable = on_reachable
+
+    def bind_unreachable(self, on_unreachable: Callable[[], None]) -> None:
+        self._on_unreachable = on_unreachable
 
     async def start(self) -> None:
         if self._task is None:
@@ -657,4 +663,5 @@ class MqttUpstream:
             self._on_reachable()
             await conn.lost.wait()
             log.info("upstream.lost lane=%s reason=%s", s.lane, conn.lost_reason)
+            self._on_unreachable()
             await conn.stop()

@@ -3,8 +3,9 @@
 Partitions
 ----------
 ``partitions: N`` on the upstream endpoint (default 1) makes N lanes, each with its own connection, per-priority
-queues and checkpointers; lane ``i`` is named ``upstream-p{i}`` (``upstream`` when N is 1), which is also the
-lane part of segment names. Which lane a message takes:
+queues and checkpointers; lane ``i`` is the endpoint ``$upstream/{i}`` (``edgehub.store.upstream_lane_id``;
+``$upstream`` when N is 1) and is named ``upstream-p{i}`` (``upstream`` when N is 1) in segment names and
+topics. The hub wires this into ingest (``edgehub.hub.lanes``). Which lane a message takes:
 
 * its **partition key** is its ``sessionId``, else its ``partitionKey``, else its ``messageId`` when duplicate
   detection is on, else none (``partition_key``). A message whose ``sessionId`` and ``partitionKey`` are both
@@ -14,8 +15,8 @@ lane part of segment names. Which lane a message takes:
   the same lane across restarts and machines; Python's ``hash`` is salted per process). Per-key order holds
   because one lane keeps queue order. A pinned message waits for its lane; it never moves.
 * **without a key** it goes round-robin over the lanes that are up; when its lane is down it moves to the next
-  lane that is up (``PartitionSelector.choose``); when none is up it still gets a lane (round-robin over all) so
-  it is stored and waits.
+  lane that is up and the turn goes on after that one (``PartitionSelector.choose``), so the lanes that are up
+  share evenly; when none is up it still gets a lane (round-robin over all) so it is stored and waits.
 
 How session id and partition key travel
 ---------------------------------------
@@ -35,7 +36,9 @@ Off by default. ``DuplicateDetector`` remembers ``(identity, messageId)`` for ``
 from the first acceptance; a message seen again inside the window is acknowledged to its sender and dropped
 (counted in ``duplicates``), never stored twice. A message without a ``messageId`` is never a duplicate. The
 window is measured on the hub's ``Clock``; memory is bounded by ``max_entries`` (the oldest are forgotten
-first, which can only let a duplicate through, never drop a new message).
+first, which can only let a duplicate through, never drop a new message). It is bookkeeping only: looking
+(``is_duplicate``) and recording (``remember``, once the message is durable) are separate steps, and the hub
+keeps the window durable in the store's metadata (``edgehub.hub.dedup``).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ __all__ = [
     "aggregate_status",
     "check_partition_properties",
     "lane_name",
+    "lane_name_of",
     "partition_key",
     "stable_partition",
 ]
@@ -94,7 +98,14 @@ def lane_name(partition: int, partitions: int) -> str:
     """``upstream`` for a single lane, ``upstream-p{i}`` otherwise (the lane part of segment names)."""
     if not 0 <= partition < partitions:
         raise ValueError(f"partition {partition} out of range 0..{partitions - 1}")
-    return "upstream" if partitions == 1 else f"upstream-p{partition}"
+    return lane_name_of(None if partitions == 1 else partition)
+
+
+def lane_name_of(partition: int | None) -> str:
+    """The lane name of a lane endpoint whose partition is known (None: the single lane, ``$upstream``)."""
+    if partition is not None and partition < 0:
+        raise ValueError(f"partition {partition} is negative")
+    return "upstream" if partition is None else f"upstream-p{partition}"
 
 
 class PartitionSelector:
@@ -113,16 +124,24 @@ class PartitionSelector:
         if key is not None:
             return stable_partition(key, self.partitions)  # pinned, up or not: per-key order beats latency
         first = self._next % self.partitions
-        self._next += 1
         for step in range(self.partitions):  # its round-robin lane, else (failover) the next lane that is up
             candidate = (first + step) % self.partitions
             if self._is_up(candidate):
+                # Go on after the lane taken, not after the one skipped: the lanes that are up share evenly.
+                self._next = candidate + 1
                 return candidate
+        self._next = first + 1
         return first  # nothing is up: store it on its round-robin lane; it goes when that lane returns
 
 
 class DuplicateDetector:
-    """Remembers accepted ``(identity, messageId)`` pairs for ``window_s`` seconds of ``clock``."""
+    """The duplicate window's bookkeeping: which ``(identity, messageId)`` pairs were accepted, and when.
+
+    Two steps, so that a message is never marked seen before it is stored: ``is_duplicate`` only looks (and
+    counts a duplicate); ``remember`` records an acceptance, and the caller calls it only once the message is
+    durable. ``expire`` forgets what left the window (or was pushed out by ``max_entries``) and returns those
+    pairs, so a caller that keeps the window durably can delete them too. The hub keeps it durably in the
+    store's metadata (``edgehub.hub.dedup``)."""
 
     def __init__(self, *, clock: Clock, window_s: float = 600.0, max_entries: int = 1_000_000) -> None:
         if window_s <= 0 or max_entries <= 0:
@@ -131,31 +150,40 @@ class DuplicateDetector:
         self.window_s = window_s
         self.max_entries = max_entries
         self._seen: OrderedDict[tuple[str, str], float] = OrderedDict()  # insertion order = acceptance order
+        self._evicted: list[tuple[str, str]] = []
         self.duplicates = 0
 
-    def _expire(self, now: float) -> None:
-        horizon = now - self.window_s
+    def is_duplicate(self, identity: str, message_id: str | None) -> bool:
+        """True (and counted) when this identity's ``message_id`` was accepted inside the window. Records nothing.
+        A message without a message id is never a duplicate."""
+        if not message_id:
+            return False
+        at = self._seen.get((identity, message_id))
+        if at is None or at <= self._clock.time() - self.window_s:
+            return False
+        self.duplicates += 1
+        return True
+
+    def remember(self, identity: str, message_id: str, at_s: float | None = None) -> None:
+        """Record that the message was accepted (durably) at ``at_s`` (default: now)."""
+        key = (identity, message_id)
+        self._seen.pop(key, None)
+        self._seen[key] = self._clock.time() if at_s is None else at_s
+        while len(self._seen) > self.max_entries:
+            self._evicted.append(self._seen.popitem(last=False)[0])
+
+    def expire(self) -> list[tuple[str, str]]:
+        """Forget the pairs accepted ``window_s`` or more ago, and those pushed out by ``max_entries`` (the
+        oldest first: forgetting can only let a duplicate through, never drop a new message); return them."""
+        gone, self._evicted = self._evicted, []
+        horizon = self._clock.time() - self.window_s
         while self._seen:
-            _, at = next(iter(self._seen.items()))
+            key, at = next(iter(self._seen.items()))
             if at > horizon:
                 break
             self._seen.popitem(last=False)
-
-    def is_duplicate(self, identity: str, message: Message) -> bool:
-        """True (and counted) for a repeat inside the window; otherwise remembers the message and says False."""
-        mid = message.message_id
-        if not mid:
-            return False
-        now = self._clock.time()
-        self._expire(now)
-        key = (identity, mid)
-        if key in self._seen:
-            self.duplicates += 1
-            return True
-        self._seen[key] = now
-        if len(self._seen) > self.max_entries:
-            self._seen.popitem(last=False)
-        return False
+            gone.append(key)
+        return gone
 
     def __len__(self) -> int:
         return len(self._seen)

@@ -264,6 +264,7 @@ class _AckSlot:
     qos: int
     packet_id: int
     reason: int | None = None
+    text: str | None = None  # MQTT 5 Reason String of a refusal
 
 
 @dataclass(slots=True)
@@ -522,8 +523,10 @@ class ServerConnection:
         else:
             self._send(ConnAck(v311_connack_code(reason_code), False))
 
-    def settle(self, ticket: int, reason_code: int = ReasonCode.SUCCESS) -> None:
-        """The hub's answer for one inbound message: 0 stored, ≥ 0x80 refused. Acks go out in arrival order."""
+    def settle(self, ticket: int, reason_code: int = ReasonCode.SUCCESS, *, reason: str | None = None) -> None:
+        """The hub's answer for one inbound message: 0 stored, ≥ 0x80 refused. Acks go out in arrival order.
+        ``reason``: why it was refused, sent to an MQTT 5 client as the ack's Reason String unless the client
+        asked for no problem information or the string would make the ack larger than the client accepts."""
         self.state = self._require(Trigger.SETTLE)
         slot = self._slots.get(ticket)
         if slot is None:
@@ -533,6 +536,7 @@ class ServerConnection:
         if slot.reason is not None:
             raise LocalProtocolError(f"ticket {ticket} settled twice")
         slot.reason = reason_code
+        slot.text = reason if reason_code >= 0x80 else None
         while self._acks and self._acks[0].reason is not None and not self.closed:
             head = self._acks.popleft()
             del self._slots[head.ticket]
@@ -543,8 +547,9 @@ class ServerConnection:
                 log.info("mqtt.nack_disconnect client=%s reason=0x%02x", self._client_id(), rc)
                 self._close_quietly()
                 return
+            props = self._problem_properties(head.text)
             if head.qos == 1:
-                self._send(PubAck(head.packet_id, rc))
+                self._send_ack(PubAck(head.packet_id, rc, props), PubAck(head.packet_id, rc))
             else:
                 q2 = self._qos2.get(head.packet_id)
                 if rc >= 0x80:
@@ -553,7 +558,7 @@ class ServerConnection:
                 elif q2 is not None:
                     q2.rec_sent = True
                     q2.rec_reason = rc
-                self._send(PubRec(head.packet_id, rc))
+                self._send_ack(PubRec(head.packet_id, rc, props), PubRec(head.packet_id, rc))
 
     def answer_subscribe(self, packet_id: int, reason_codes: Iterable[int]) -> None:
         """SUBACK: per filter, the granted QoS (0..2) or a failure (0x80; MQTT 5 may use its specific codes)."""
@@ -625,6 +630,21 @@ class ServerConnection:
 
     def _send(self, packet: Packet) -> None:
         self._out += encode(packet, self.protocol_level)
+
+    def _problem_properties(self, text: str | None) -> Properties:
+        """A Reason String for an ack, when there is one and the client did not set Request Problem Information
+        to 0 (then a Reason String may go only in CONNACK or DISCONNECT [MQTT-3.1.2-29])."""
+        if not text or not self.v5 or self.connect is None:
+            return NO_PROPERTIES
+        if self.connect.properties.get_int(PropertyId.REQUEST_PROBLEM_INFORMATION) == 0:
+            return NO_PROPERTIES
+        return Properties({PropertyId.REASON_STRING: text})
+
+    def _send_ack(self, ack: Packet, bare: Packet) -> None:
+        """Send ``ack``, or ``bare`` (no properties) if ``ack`` is over the client's Maximum Packet Size: a
+        Reason String must not make a packet too large for the client [MQTT-3.4.2-2]."""
+        wire = encode(ack, self.protocol_level)
+        self._out += wire if len(wire) <= self._peer_max_packet_size else encode(bare, self.protocol_level)
 
     def _client_id(self) -> str:
         return self.connect.client_id if self.connect is not None else "?"

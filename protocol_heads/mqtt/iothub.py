@@ -4,13 +4,16 @@
 * Telemetry: ``devices/{d}/messages/events/{bag}`` and ``devices/{d}/modules/{m}/messages/events/{bag}``;
   module inputs: ``devices/{d}/modules/{m}/inputs/{input}/{bag}``; device-bound:
   ``devices/{d}/messages/devicebound/{bag}``.
-* The property bag is ``k=v&k=v`` with keys and values URL-encoded (``%20`` for space, ``+`` literal). Keys
-  starting ``$.`` are system properties (``SYSTEM_KEYS``); the rest are application properties. A key with no
-  ``=`` is an application property with a null value.
+* The property bag is ``k=v&k=v`` with keys and values URL-encoded (``%20`` for space, ``+`` literal). The
+  ``$.`` keys of ``SYSTEM_KEYS`` are system properties (``$.ifid`` is ``iothub-interface-id``, ``$.sub``
+  ``dt-subject``); the rest, other ``$.`` keys included, are application properties. A key with no ``=`` is an
+  application property with a null value.
+* ``$.sid`` / ``$.pk`` carry ``sessionId`` / ``partitionKey`` (Service Bus's SessionId and PartitionKey; IoT
+  Hub has neither), which pin a message to an upstream partition.
 * MQTT 5: content type → ``contentType``; correlation data (UTF-8) → ``cid``; message expiry interval →
   ``absolute-expiry-time``; user properties are read like the property bag (``$.`` names are system
-  properties). On delivery the same properties go out both in the topic's bag and, to MQTT 5 clients, as
-  MQTT 5 properties.
+  properties, so ``$.sid`` / ``$.pk`` as user properties too: MQTT 5 has no session-id field). On delivery
+  the same properties go out both in the topic's bag and, to MQTT 5 clients, as MQTT 5 properties.
 * Plain MQTT topics (granted by an ACL) enter routing as telemetry of the identity, with the MQTT topic kept in
   the application property ``PLAIN_TOPIC_PROPERTY`` (``mqtt-topic``).
 * The connection system properties (``connectionDeviceId``, ``connectionModuleId``,
@@ -71,8 +74,17 @@ SYSTEM_KEYS: Mapping[str, SystemProperty] = {
     "$.on": SystemProperty.OUTPUT_NAME,
     "$.cdid": SystemProperty.CONNECTION_DEVICE_ID,
     "$.cmid": SystemProperty.CONNECTION_MODULE_ID,
+    # Plug and Play and security messages: the Azure device SDKs send these (the Python SDK's
+    # ``set_as_security_message`` puts ``$.ifid`` in the bag), and IoT Hub files them as system properties.
+    "$.ifid": SystemProperty.INTERFACE_ID,
+    "$.sub": SystemProperty.DT_SUBJECT,
+    # Not IoT Hub's: Service Bus's SessionId and PartitionKey, for partitioned upstreams (README, "Partitions").
+    # MQTT 5 has no session-id field, so on MQTT 5 they are user properties of these same names.
+    "$.sid": SystemProperty.SESSION_ID,
+    "$.pk": SystemProperty.PARTITION_KEY,
 }
 _KEY_OF: Mapping[str, str] = {v.value: k for k, v in SYSTEM_KEYS.items()}
+_QUOTED_KEY_OF: Mapping[str, str] = {name: quote(key, safe="$.") for name, key in _KEY_OF.items()}
 # What a client may not set about itself: it is taken from the authenticated connection.
 _CONNECTION_OWNED = frozenset(
     {
@@ -125,18 +137,30 @@ def parse_username(username: str) -> UsernameInfo:
 # --- property bag ------------------------------------------------------------------------------------------------
 
 
-def encode_property_bag(system: Mapping[str, str], properties: Mapping[str, str | None]) -> str:
-    """The bag for these system properties (only those with a ``$.`` key) and application properties."""
+# Most names and values are plain words, ids and numbers: those need no quoting, and a match is cheaper than
+# quote(), which showed in the profile of delivering to modules.
+_UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]*")
+
+
+def _quote_value(text: str) -> str:
+    return text if _UNRESERVED.fullmatch(text) else quote(text, safe="")
+
+
+def encode_property_bag(
+    system: Mapping[str, str], properties: Mapping[str, str | None], *, skip: str | None = None
+) -> str:
+    """The bag for these system properties (only those with a ``$.`` key, less ``skip``) and application
+    properties."""
     parts: list[str] = []
     for name, value in system.items():
-        key = _KEY_OF.get(name)
-        if key is not None:
-            parts.append(f"{quote(key, safe='$.')}={quote(value, safe='')}")
+        key = _QUOTED_KEY_OF.get(name)
+        if key is not None and name != skip:
+            parts.append(f"{key}={_quote_value(value)}")
     for name, app_value in properties.items():
         if app_value is None:
-            parts.append(quote(name, safe=""))
+            parts.append(_quote_value(name))
         else:
-            parts.append(f"{quote(name, safe='')}={quote(app_value, safe='')}")
+            parts.append(f"{_quote_value(name)}={_quote_value(app_value)}")
     return "&".join(parts)
 
 
@@ -253,13 +277,13 @@ def module_input_topic(identity: Identity, input_name: str, message: Message) ->
     """``devices/{d}/modules/{m}/inputs/{input}/{bag}``: how a module receives ``message`` on ``input_name``."""
     if identity.module_id is None:
         raise ValueError("module inputs need a module identity")
-    bag = encode_property_bag(_outbound_system(message), message.properties)
+    bag = encode_property_bag(message.system_properties, message.properties, skip=SystemProperty.OUTPUT_NAME)
     return f"devices/{identity.device_id}/modules/{identity.module_id}/inputs/{input_name}/{bag}"
 
 
 def device_bound_topic(identity: Identity, message: Message) -> str:
     """``devices/{d}/messages/devicebound/{bag}``."""
-    bag = encode_property_bag(_outbound_system(message), message.properties)
+    bag = encode_property_bag(message.system_properties, message.properties, skip=SystemProperty.OUTPUT_NAME)
     return f"devices/{identity.device_id}/messages/devicebound/{bag}"
 
 

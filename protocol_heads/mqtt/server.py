@@ -13,7 +13,8 @@ Invariants:
   silent for 1.5x its keepalive is closed (MQTT 5: 0x8D).
 * One live connection per identity: a new one takes the session over and the old one is closed (MQTT 5:
   0x8E); the hub is told with ``Hub.connect`` and the old link's deliveries come again on the new link.
-* A refused message gets MQTT 5's reason (``REJECT_REASONS``); a 3.1.1 client is disconnected instead.
+* A refused message gets MQTT 5's reason (``REJECT_REASONS``) and the hub's detail as Reason String; a 3.1.1
+  client is disconnected instead.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ REJECT_REASONS: Mapping[str, int] = {
     "not_authorized": ReasonCode.NOT_AUTHORIZED,
     "topic_invalid": ReasonCode.TOPIC_NAME_INVALID,
     "invalid": ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
+    # sessionId and partitionKey differ: the PUBLISH is well formed but the hub will not take it, which is 0x83's
+    # meaning in MQTT 5 (0x99 "payload format invalid" is about the payload format indicator, not properties).
+    "partition_key_mismatch": ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
 }
 
 _READ_SIZE = 256 * 1024
@@ -229,7 +233,8 @@ class _Link:
             raise DeliveryError(str(exc), endpoint=client.peer, kind=FailureKind.TRANSIENT) from exc
         assert packet_id is not None
         self.pending[packet_id] = delivery.delivery_id
-        client.flush()
+        # The hub sends a window of deliveries at a time: one write for all of them, not a syscall each.
+        client.schedule_flush()
 
 
 class _Client:
@@ -254,11 +259,22 @@ class _Client:
         self.clean_exit = False
         self._groups = asyncio.Semaphore(s.max_groups_in_flight)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._flush_scheduled = False
 
     def flush(self) -> None:
         data = self.conn.data_to_send()
         if data and not self.writer.is_closing():
             self.writer.write(data)
+
+    def schedule_flush(self) -> None:
+        """Flush once, at the end of this turn of the event loop (whatever else is sent in it goes along)."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._scheduled_flush)
+
+    def _scheduled_flush(self) -> None:
+        self._flush_scheduled = False
+        self.flush()
 
     async def run(self) -> None:
         try:
@@ -421,7 +437,7 @@ class _Client:
         identity = self.identity
         assert identity is not None
         now = self.settings.clock.time()
-        settle: list[tuple[int | None, int]] = []  # (ticket, reason), in arrival order
+        settle: list[tuple[int | None, int]] = []  # (ticket, reason code), in arrival order
         to_store: list[Message] = []
         store_tickets: list[int | None] = []
         for event in group:
@@ -448,14 +464,16 @@ class _Client:
             store_tickets.append(event.ticket)
         outcomes = await self.hub.ingest(identity, to_store) if to_store else []
         for ticket, reason in settle:
+            text = None
             if reason < 0:
                 outcome = outcomes[-1 - reason]
                 reason = REJECT_REASONS.get(outcome.reason, 0x80) if isinstance(outcome, Rejected) else 0
+                text = outcome.detail if isinstance(outcome, Rejected) and outcome.detail else None
             if ticket is None:
                 if reason:
                     log.info("mqtt.qos0_dropped client=%s reason=0x%02x", identity, reason)
                 continue
-            self.conn.settle(ticket, reason)
+            self.conn.settle(ticket, reason, reason=text)
         self.flush()
         if self.conn.closed:
             self.writer.close()

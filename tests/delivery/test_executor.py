@@ -6,7 +6,7 @@ import asyncio
 
 from edgehub.core import Message, RouteResult
 from edgehub.delivery import DeadLetterReason, EndpointExecutor, ExecutorSettings, RetryPolicy, State
-from edgehub.store import QueueId, RemovalReason, Store
+from edgehub.store import Overflow, QueueId, QueuePolicy, RemovalReason, Store
 from edgehub.testing import ManualClock, TestEndpoint
 
 FAST = RetryPolicy(retries_with_no_delay=0, minimum_delay_retries=3, minimum_delay_s=5, backoff_retries=0)
@@ -228,3 +228,250 @@ async def test_queue_failing_past_the_threshold_is_dead_until_revived(store: Sto
         ep.revive()
         await ex.wait_for(lambda: store.checkpoint(QueueId("ep", 1)).committed == 0)
         assert ex.state(1) is State.IDLE
+
+
+HOUR_WAIT = RetryPolicy(minimum_delay_retries=10, minimum_delay_s=3600, maximum_delay_s=3600, backoff_retries=0)
+
+
+async def test_failing_low_priority_batch_does_not_hold_back_a_new_high_priority_message(
+    store: Store, clock: ManualClock
+) -> None:
+    ep = TestEndpoint("ep")
+    ep.fail_next(1)
+    settings = ExecutorSettings(retry_policy=HOUR_WAIT)
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        await put(store, ex, "low", 5)
+        await ep.wait_sends(1)
+        await clock.wait_for_sleepers(2)  # cleanup's sleep and the P5 retry, an hour away
+        await put(store, ex, "urgent", 0)
+        await ep.wait_delivered(1)  # the clock has not moved: only the pump's choice can send it
+        assert bodies(ep) == [b"urgent"]
+        assert ex.state(5) is State.FAILING
+        clock.advance(3600)
+        await ep.wait_delivered(2)
+    assert bodies(ep) == [b"urgent", b"low"]
+    assert ep.sends == 3
+
+
+async def test_after_an_outage_queued_high_priority_goes_before_the_retry_of_a_failed_batch(
+    store: Store, clock: ManualClock
+) -> None:
+    ep = TestEndpoint("ep", max_batch_messages=100)
+    ep.go_down()
+    settings = ExecutorSettings(retry_policy=HOUR_WAIT)
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        for i in range(100):
+            await store.enqueue(Message(body=f"low{i}".encode()), [RouteResult("ep", 5)])
+        ex.notify()
+        await ep.wait_sends(1)
+        await clock.wait_for_sleepers(2)
+        for i in range(3):
+            await store.enqueue(Message(body=f"urgent{i}".encode()), [RouteResult("ep", 0)])
+        ex.notify()
+        await ex.wait_for(lambda: ex.state(0) is State.FAILING)  # the link is still down: P0 failed too
+        ep.revive()
+        await ep.wait_delivered(103)
+    assert bodies(ep)[:3] == [b"urgent0", b"urgent1", b"urgent2"]
+    assert bodies(ep)[3:] == [f"low{i}".encode() for i in range(100)]
+    assert [len(b) for b in ep.batches] == [3, 100]
+
+
+async def test_message_expiring_during_a_retry_wait_is_removed_not_sent(store: Store, clock: ManualClock) -> None:
+    q = QueueId("ep", 1)
+    ep = TestEndpoint("ep")
+    ep.fail_next(1)
+    settings = ExecutorSettings(retry_policy=RetryPolicy(minimum_delay_retries=5, minimum_delay_s=20))
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        await store.enqueue(Message(body=b"short"), [RouteResult("ep", 1, 10)])
+        await put(store, ex, "long", 1, ttl_s=1000)  # one batch with "short"
+        await ep.wait_sends(1)
+        await clock.wait_for_sleepers(2)
+        clock.advance(20)  # "short" expires during the wait
+        await ep.wait_delivered(1)
+        await ex.wait_for(lambda: store.checkpoint(q).committed == 1)
+    assert bodies(ep) == [b"long"]
+    assert ep.sends == 2
+    assert store.removed[RemovalReason.TTL] == 1
+    assert store.count(q) == 1  # "long", delivered, until cleanup
+
+
+async def test_reference_evicted_during_a_retry_wait_is_not_sent_again(clock: ManualClock) -> None:
+    q = QueueId("ep", 1)
+    oldest = QueuePolicy(max_messages=2, overflow=Overflow.DISCARD_OLDEST, enqueue_timeout_s=0)
+    store = Store.in_memory(clock=clock, endpoint_policies={"ep": oldest})
+    ep = TestEndpoint("ep")
+    ep.fail_next(1)
+    settings = ExecutorSettings(retry_policy=FAST)
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        await store.enqueue(Message(body=b"a"), [RouteResult("ep", 1)])
+        await put(store, ex, "b", 1)  # one batch with "a"
+        await ep.wait_sends(1)
+        await clock.wait_for_sleepers(2)
+        await put(store, ex, "c", 1)  # the queue is full: "a", owed to the retry, is evicted
+        assert store.removed[RemovalReason.OVERFLOW] == 1
+        clock.advance(5)
+        await ep.wait_delivered(2)
+        await ex.wait_for(lambda: store.checkpoint(q).committed == 2)
+    await store.close()
+    assert bodies(ep) == [b"b", b"c"]
+
+
+async def test_reference_cleaned_up_during_a_retry_wait_is_not_sent_and_counted_once(
+    store: Store, clock: ManualClock
+) -> None:
+    q = QueueId("ep", 1)
+    ep = TestEndpoint("ep")
+    ep.fail_next(1)
+    settings = ExecutorSettings(
+        retry_policy=RetryPolicy(minimum_delay_retries=5, minimum_delay_s=20), check_entire_queue_on_cleanup=True
+    )
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        await store.enqueue(Message(body=b"long"), [RouteResult("ep", 1, 1000)])
+        await put(store, ex, "short", 1, ttl_s=10)  # one batch with "long"
+        await ep.wait_sends(1)
+        await clock.wait_for_sleepers(2)
+        clock.advance(11)
+        assert (await ex.cleanup())[RemovalReason.TTL] == 1  # the whole queue: "short", behind "long"
+        clock.advance(9)
+        await ep.wait_delivered(1)
+        await ex.wait_for(lambda: store.checkpoint(q).committed == 1)
+    assert bodies(ep) == [b"long"]
+    assert store.removed[RemovalReason.TTL] == 1
+
+
+async def test_reachable_signal_before_a_failure_does_not_cut_its_wait_short(store: Store, clock: ManualClock) -> None:
+    ep = TestEndpoint("ep")
+    settings = ExecutorSettings(retry_policy=FAST)
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        ep.revive()  # nothing waits for it
+        clock.advance(3 * 3600)
+        ep.fail_next(1)
+        await put(store, ex, "m", 1)
+        await ep.wait_sends(1)
+        await clock.wait_for_sleepers(2)  # the retry waits its full delay
+        assert clock.next_deadline() == clock.time() + 5
+        assert ep.sends == 1
+        clock.advance(5)
+        await ep.wait_delivered(1)
+    assert ep.delivered[0].attempts == 1
+
+
+async def test_next_batch_is_read_while_one_is_in_flight(store: Store, clock: ManualClock) -> None:
+    ep = TestEndpoint("ep", max_batch_messages=2)
+    for i in range(6):
+        await store.enqueue(Message(body=f"m{i}".encode()), [RouteResult("ep", 3)])
+    ep.stall()
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock) as ex:
+        await ep.wait_stalled()
+        await ex.wait_for(lambda: ex.batches_prefetched == 1)  # read while the first batch is stalled
+        assert ep.sends == 1
+        ep.release()
+        await ep.wait_delivered(6)
+        await ex.wait_for(lambda: store.checkpoint(QueueId("ep", 3)).committed == 5)
+    assert [[m.offset for m in b] for b in ep.batches] == [[0, 1], [2, 3], [4, 5]]
+    assert ex.batches_prefetched == 2
+
+
+async def test_unreachable_endpoint_parks_new_messages_until_it_reports_reachable(
+    store: Store, clock: ManualClock
+) -> None:
+    ep = TestEndpoint("ep")
+    settings = ExecutorSettings(retry_policy=HOUR_WAIT)
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        ep.go_down(report=True)
+        assert not ex.reachable
+        await put(store, ex, "m", 1)
+        await ex.wait_idle()
+        assert ep.sends == 0  # parked: nothing is tried while the endpoint says it cannot deliver
+        ep.revive()
+        await ep.wait_delivered(1)
+        assert ex.reachable
+    assert ep.sends == 1
+    assert ep.delivered[0].attempts == 0
+
+
+PROBE_EVERY_5S = RetryPolicy(
+    minimum_delay_retries=2, minimum_delay_s=5, maximum_delay_s=5, backoff_retries=0, maximum_delay_retries=0
+)
+
+
+async def test_parked_endpoint_is_probed_after_the_retry_delay_without_counting_attempts(
+    store: Store, clock: ManualClock
+) -> None:
+    ep = TestEndpoint("ep")
+    settings = ExecutorSettings(retry_policy=PROBE_EVERY_5S, max_delivery_attempts=2)
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        ep.go_down(report=True)
+        await put(store, ex, "m", 1)
+        for probes in range(1, 5):  # more probes than max_delivery_attempts, and than the policy's retries
+            await ex.wait_idle()
+            assert ep.sends == probes - 1
+            await clock.wait_for_sleepers(2)  # cleanup's, and the pump's until the next probe
+            clock.advance(5)
+            await ep.wait_sends(probes)
+        await ex.wait_idle()
+        assert store.dead_letters("ep") == []
+        assert ex.state(1) is State.FAILING
+        ep.revive()
+        await ep.wait_delivered(1)
+    assert ep.delivered[0].attempts == 0
+
+
+async def test_probe_that_succeeds_unparks_the_endpoint(store: Store, clock: ManualClock) -> None:
+    ep = TestEndpoint("ep")
+    settings = ExecutorSettings(retry_policy=PROBE_EVERY_5S)
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        ep.go_down(report=True)
+        await put(store, ex, "a", 1)
+        await clock.wait_for_sleepers(2)
+        ep.revive(report=False)
+        clock.advance(5)  # the probe finds it back
+        await ep.wait_delivered(1)
+        assert ex.reachable
+        await put(store, ex, "b", 2)
+        await ep.wait_delivered(2)
+    assert bodies(ep) == [b"a", b"b"]
+
+
+async def test_send_in_flight_when_the_endpoint_reports_unreachable_counts_its_attempt(
+    store: Store, clock: ManualClock
+) -> None:
+    ep = TestEndpoint("ep")
+    ep.stall()
+    settings = ExecutorSettings(retry_policy=HOUR_WAIT)
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        await put(store, ex, "m", 1)
+        await ep.wait_stalled()
+        ep.go_down(report=True)  # the link drops under the send: it may have reached the peer
+        ep.release()
+        await ep.wait_sends(1)
+        await ex.wait_for(lambda: ex.state(1) is State.FAILING)
+        ep.revive()
+        await ep.wait_delivered(1)
+    assert ep.delivered[0].attempts == 1  # so a module sees the retry as a redelivery (DUP)
+
+
+async def test_while_unreachable_queued_high_priority_waits_and_goes_first_when_the_endpoint_is_back(
+    store: Store, clock: ManualClock
+) -> None:
+    ep = TestEndpoint("ep", max_batch_messages=100)
+    ep.go_down()
+    settings = ExecutorSettings(retry_policy=HOUR_WAIT)
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        for i in range(100):
+            await store.enqueue(Message(body=f"low{i}".encode()), [RouteResult("ep", 5)])
+        ex.notify()
+        await ep.wait_sends(1)
+        await ex.wait_for(lambda: ex.state(5) is State.FAILING)
+        ep.go_down(report=True)  # the transport notices
+        for i in range(3):
+            await store.enqueue(Message(body=f"urgent{i}".encode()), [RouteResult("ep", 0)])
+        ex.notify()
+        await ex.wait_idle()
+        assert ep.sends == 1  # P0 is parked, not sent into a dead link
+        ep.revive()
+        await ep.wait_delivered(103)
+    assert bodies(ep)[:3] == [b"urgent0", b"urgent1", b"urgent2"]
+    assert [m.attempts for m in ep.delivered[:3]] == [0, 0, 0]
+    assert [len(b) for b in ep.batches] == [3, 100]
+    assert ep.sends == 3

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import base64
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgehub.core import Identity
+from edgehub.core import Clock, Identity
 from edgehub.core.sas import generate_sas_token, resource_uri
-from edgehub.delivery import ExecutorSettings, RetryPolicy
+from edgehub.delivery import Endpoint, ExecutorSettings, RetryPolicy
 from edgehub.hub.facade import EdgeHub
+from edgehub.hub.lanes import UpstreamOptions
 from edgehub.routing import Router
 from edgehub.store import QueuePolicy, Store
 from edgehub.store.rocks import open_rocks_store
@@ -69,17 +70,31 @@ async def running_hub(
     routes: Mapping[str, str] = ROUTES,
     policies: Mapping[str, QueuePolicy] | None = None,
     settings: ExecutorSettings = LONG_WAIT,
+    tls_port: int = 0,
+    endpoints: Sequence[Endpoint] = (),
+    upstream: UpstreamOptions | None = None,
+    clock: Clock | None = None,
 ) -> AsyncIterator[Rig]:
+    """The hub with DEV, SENSOR and FILTER known by their KEYS; plain TCP on a free port, TLS on ``tls_port``
+    (a free one unless given; ``OSError`` if it is taken)."""
     ca = TestCA(data / "certs")
     pair = ca.server()
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(pair.cert, pair.key)
-    store = open_rocks_store(data / "store", endpoint_policies=dict(policies or {}))
+    store = open_rocks_store(data / "store", endpoint_policies=dict(policies or {}), clock=clock)
     try:
-        async with EdgeHub(store=store, router=Router(routes), host_name=HOST, executor_settings=settings) as hub:
+        async with EdgeHub(
+            store=store,
+            router=Router(routes),
+            host_name=HOST,
+            executor_settings=settings,
+            endpoints=endpoints,
+            upstream=upstream,
+            clock=clock,
+        ) as hub:
             for ident in (DEV, SENSOR, FILTER):
                 await hub.identities.add_symmetric_key(ident, KEYS[ident.id])
-            mqtt = MqttSettings(tcp_port=0, tls_port=0, ssl_context=ctx, connect_timeout_s=5.0)
+            mqtt = MqttSettings(tcp_port=0, tls_port=tls_port, ssl_context=ctx, connect_timeout_s=5.0)
             async with MqttServer(hub, settings=mqtt) as server:
                 yield Rig(hub, server, store, ca)
     finally:

@@ -34,7 +34,7 @@ async def identity_add(data: Path, *args: str) -> ConnectionString:
     return ConnectionString.parse(out.decode().strip())
 
 
-async def start(data: Path, manifest: Path) -> tuple[asyncio.subprocess.Process, int, list[str]]:
+async def start(data: Path, manifest: Path, *extra: str) -> tuple[asyncio.subprocess.Process, int, list[str]]:
     proc = await asyncio.create_subprocess_exec(
         EDGEHUB,
         "run",
@@ -44,6 +44,7 @@ async def start(data: Path, manifest: Path) -> tuple[asyncio.subprocess.Process,
         str(data),
         "--mqtts-port",
         "0",
+        *extra,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -80,6 +81,7 @@ async def test_edgehub_run_serves_tls_with_its_generated_ca_and_stops_cleanly_on
     assert lines[0].startswith("edgehub ")
     assert any("toFilter:" in line and "endpoint=/modules/f/inputs/in" in line for line in lines)
     assert any(line.startswith("created TLS certificates") for line in lines)
+    assert "upstream: partitions=1 duplicate detection off" in lines
     ca = data / "certs" / "ca.pem"
     dev = Paho.make("dev1")
     user = f"{dev_cs.host_name}/dev1/?api-version=2021-04-12"
@@ -90,8 +92,11 @@ async def test_edgehub_run_serves_tls_with_its_generated_ca_and_stops_cleanly_on
     await dev.close()
     assert (await stop(proc)).rstrip().endswith("stopped")
 
-    proc, port, lines = await start(data, manifest)
+    proc, port, lines = await start(
+        data, manifest, "--upstream-partitions", "2", "--duplicate-detection", "--duplicate-window-secs", "120"
+    )
     assert any(line.startswith("using TLS certificates") for line in lines)
+    assert "upstream: partitions=2 duplicate detection on, window 120s" in lines
     mod = Paho.make("edge/f")
     user = f"{mod_cs.host_name}/edge/f/?api-version=2021-04-12"
     assert await mod.connect(port, tls_ca=ca, user=user, password=mod_cs.sas_token(4_000_000_000)) == 0

@@ -109,3 +109,21 @@ async def test_ingest_stamps_the_identity_and_answers_each_message_of_a_group() 
         assert first.system_properties["connectionDeviceId"] == "dev1"
         assert "connectionModuleId" not in first.system_properties
         assert store.groups_written == 1  # the group was committed together
+
+
+async def test_a_group_without_policies_is_one_write_with_each_refusal_in_its_place() -> None:
+    store = Store(MemoryBackend())  # no quota, no endpoint policy: the group goes to the store in one piece
+    async with hub_over(store) as hub:
+        conflict = Message(b"c", {}, {"sessionId": "s1", "partitionKey": "other"})
+        too_large = Message(b"L" * 262_145)
+        outcomes = await hub.ingest(DEV, [Message(b"a"), conflict, too_large, Message(b"b")])
+        assert [type(o) for o in outcomes] == [Stored, Rejected, Rejected, Stored]
+        assert [o.reason for o in outcomes if isinstance(o, Rejected)] == ["partition_key_mismatch", "too_large"]
+        assert store.groups_written == 1
+        [q] = store.queues("$upstream")
+        stored = store.read(q, 0, 10)
+        assert [it.message.body for it in stored] == [b"a", b"b"]
+        assert [it.message.edge_message_id for it in stored] == [
+            o.edge_message_id for o in outcomes if isinstance(o, Stored)
+        ]
+        assert all(it.message.system_properties["connectionDeviceId"] == "dev1" for it in stored)

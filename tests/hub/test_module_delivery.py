@@ -7,11 +7,12 @@ import asyncio
 import pytest
 
 from edgehub.core import Identity, Message
-from edgehub.delivery import ExecutorSettings, RetryPolicy
+from edgehub.delivery import ExecutorSettings, ReportsUnreachable, RetryPolicy
 from edgehub.hub.facade import EdgeHub
+from edgehub.hub.modules import ModuleEndpoint, ModuleMailboxes
 from edgehub.routing import Router
 from edgehub.store import Store
-from edgehub.testing import RecordingLink
+from edgehub.testing import ManualClock, RecordingLink
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -78,3 +79,30 @@ async def test_a_refused_ack_is_retried_as_a_redelivery() -> None:
             await link2.wait_sent(1)
         assert link2.sent[0].redelivery
         assert link2.sent[0].message.body == b"again"
+
+
+async def test_a_module_that_disconnects_is_not_tried_until_it_connects_again() -> None:
+    clock = ManualClock()
+    store = Store.in_memory(clock=clock)
+    router = Router({"r": f"FROM /messages/* INTO BrokeredEndpoint('{IN}')"})
+    async with EdgeHub(store=store, router=router, host_name="h", clock=clock, executor_settings=LONG_WAIT) as hub:
+        executor = hub.executors[IN]
+        link = RecordingLink()
+        await hub.connect(MOD, link, clean_session=True)
+        await hub.disconnect(MOD, link)
+        assert not executor.reachable
+        await hub.ingest(DEV, [Message(b"while away")])
+        async with asyncio.timeout(10):
+            await executor.wait_idle()
+        assert executor.batches_sent == 0  # parked: nothing tried, nothing counted, while the module is away
+        link2 = RecordingLink()
+        await hub.connect(MOD, link2, clean_session=False)
+        async with asyncio.timeout(10):
+            await link2.wait_sent(1)
+        assert executor.reachable
+        assert link2.sent[0].message.body == b"while away"
+        assert not link2.sent[0].redelivery  # it was never tried before
+
+
+def test_module_endpoint_reports_unreachable() -> None:
+    assert isinstance(ModuleEndpoint(IN, ModuleMailboxes()), ReportsUnreachable)

@@ -83,3 +83,34 @@ def test_files_that_are_not_json_say_where(tmp_path: Path) -> None:
         load_desired_file(p)
     with pytest.raises(ManifestError, match="cannot read"):
         load_desired_file(tmp_path / "missing.json")
+
+
+def test_upstream_defaults_to_one_partition_without_duplicate_detection() -> None:
+    up = load_desired(desired()).upstream
+    assert (up.partitions, up.duplicateDetection, up.duplicateDetectionWindowSecs) == (1, False, 600)
+
+
+def test_upstream_section_sets_partitions_and_duplicate_detection() -> None:
+    up = load_desired(
+        desired(upstream={"partitions": 4, "duplicateDetection": True, "duplicateDetectionWindowSecs": 120})
+    ).upstream
+    assert (up.partitions, up.duplicateDetection, up.duplicateDetectionWindowSecs) == (4, True, 120)
+
+
+@pytest.mark.parametrize(
+    ("upstream", "fragment"),
+    [
+        ({"partitions": 0}, r"upstream\.partitions: Input should be greater than or equal to 1"),
+        ({"partitions": 65}, r"upstream\.partitions: Input should be less than or equal to 64"),
+        ({"partitions": "4"}, r"upstream\.partitions: Input should be a valid integer"),
+        ({"partitions": 2.5}, r"upstream\.partitions: Input should be a valid integer"),
+        ({"duplicateDetection": "yes"}, r"upstream\.duplicateDetection: Input should be a valid boolean"),
+        ({"duplicateDetectionWindowSecs": 0}, r"upstream\.duplicateDetectionWindowSecs: .* greater than or equal"),
+        ({"duplicateDetectionWindowSecs": 604_801}, r"upstream\.duplicateDetectionWindowSecs: .* less than or equal"),
+        ({"duplicateDetections": True}, r"upstream\.duplicateDetections: Extra inputs are not permitted"),
+        ("4", r"upstream: Input should be a valid dictionary"),
+    ],
+)
+def test_bad_upstream_settings_are_refused_naming_the_field(upstream: object, fragment: str) -> None:
+    with pytest.raises(ManifestError, match=fragment):
+        load_desired(desired(upstream=upstream))

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -94,3 +95,30 @@ def test_run_refuses_a_bad_manifest_before_serving(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert "schemaVersion '2.0' is not supported" in result.output
     assert not (tmp_path / "d").exists()
+
+
+def test_run_says_in_one_line_that_its_port_is_taken(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = CliRunner().invoke(main, ["run", "--data-dir", str(tmp_path / "d"), "--mqtts-port", port])
+    assert result.exit_code == 1
+    [line] = [x for x in result.output.splitlines() if x.startswith("edgehub:")]
+    assert f"('127.0.0.1', {port}): address already in use" in line
+    assert "Traceback" not in result.output
+
+
+def test_run_refuses_a_partition_count_out_of_range_before_serving(tmp_path: Path) -> None:
+    args = ["run", "--manifest", str(DEFAULT_MANIFEST), "--data-dir", str(tmp_path / "d"), "--upstream-partitions"]
+    result = CliRunner().invoke(main, [*args, "65"])
+    assert result.exit_code == 2
+    assert "65 is not in the range 1<=x<=64" in result.output
+    assert not (tmp_path / "d").exists()
+
+
+def test_run_refuses_a_manifest_with_a_bad_upstream_section(tmp_path: Path) -> None:
+    manifest = write(tmp_path / "m.json", {"schemaVersion": "1.1", "routes": {}, "upstream": {"partitions": 0}})
+    result = CliRunner().invoke(main, ["run", "--manifest", manifest, "--data-dir", str(tmp_path / "d")])
+    assert result.exit_code == 1
+    assert "upstream.partitions: Input should be greater than or equal to 1" in result.output

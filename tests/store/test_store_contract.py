@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from edgehub.core import DEFAULT_PRIORITY, Message, RouteResult, StoreClosedError, SystemProperty
-from edgehub.store import FsyncPolicy, QueueId, RemovalReason, Store
+from edgehub.store import FsyncPolicy, Overflow, QueueId, QueuePolicy, RemovalReason, Store
 from edgehub.testing import ManualClock
 from tests.store.conftest import StoreFactory
 
@@ -52,13 +52,19 @@ async def test_offsets_grow_and_read_returns_queue_order(store: Store) -> None:
     assert [it.offset for it in store.read(q, 0, 2)] == [0, 1]
 
 
-async def test_concurrent_producers_are_grouped_and_all_acknowledged(store: Store) -> None:
+async def test_concurrent_producers_are_grouped_and_acknowledged_in_arrival_order(store: Store) -> None:
+    acks: list[int] = []
+
+    async def produce(i: int) -> None:
+        receipt = await store.enqueue(msg(i), [RouteResult("up", 0)])
+        acks.append(receipt.refs[0][1])
+
     async with asyncio.timeout(10):
-        await asyncio.gather(*(store.enqueue(msg(i), [RouteResult("up", 0)]) for i in range(200)))
+        await asyncio.gather(*(produce(i) for i in range(200)))
     items = store.read(QueueId("up", 0), 0, 1000)
-    assert sorted(it.message.body for it in items) == sorted(f"m{i}".encode() for i in range(200))
-    # acks in arrival order: offsets follow the order the calls were made
+    # offsets are handed out in arrival order, and the acks come back in that same order, group after group
     assert [it.message.body for it in items] == [f"m{i}".encode() for i in range(200)]
+    assert acks == list(range(200))
     assert store.groups_written < 200
 
 
@@ -122,6 +128,36 @@ async def test_dead_letters_are_listed_requeued_and_purged(store: Store) -> None
     assert await store.purge_dead_letters("up") == 1
     assert store.dead_letters("up") == []
     assert not store.has_message(items[1].message_key)
+
+
+async def test_removal_counts_by_reason_survive_reopen(store_factory: StoreFactory) -> None:
+    full = QueuePolicy(max_messages=0, overflow=Overflow.DISCARD_INCOMING, enqueue_timeout_s=0)
+    s = store_factory(endpoint_policies={"full": full})
+    q = QueueId("up", 0)
+    for i in range(3):
+        await s.enqueue(msg(i), [RouteResult("up", 0)])
+    await s.enqueue(msg(3), [RouteResult("up", 0), RouteResult("full", 0)])  # dropped for "full" only
+    await s.enqueue(msg(4), [RouteResult("full", 0)])  # dropped everywhere
+    await s.remove(q, [0], RemovalReason.DELIVERED)
+    await s.remove(q, [1], RemovalReason.TTL)
+    await s.dead_letter(s.read(q, 2, 1)[0], reason="invalid", attempts=1)
+    assert await s.purge_dead_letters("up") == 1
+    expected = {
+        RemovalReason.DELIVERED: 1,
+        RemovalReason.TTL: 1,
+        RemovalReason.OVERFLOW: 2,
+        RemovalReason.DEADLETTER: 1,
+        RemovalReason.PURGED: 1,
+    }
+    assert s.removed == expected
+    await s.close()
+    s = store_factory()
+    try:
+        assert s.removed == expected
+        await s.remove(q, [3], RemovalReason.DELIVERED)
+        assert s.removed[RemovalReason.DELIVERED] == 2
+    finally:
+        await s.close()
 
 
 async def test_metadata_round_trips(store_factory: StoreFactory) -> None:

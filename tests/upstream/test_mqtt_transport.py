@@ -12,7 +12,7 @@ import urllib.parse
 from collections.abc import Sequence
 
 from edgehub.core import FailureKind, Message
-from edgehub.delivery.endpoint import Endpoint, QueuedMessage
+from edgehub.delivery.endpoint import Endpoint, QueuedMessage, ReportsUnreachable
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer
@@ -211,6 +211,34 @@ async def test_hard_cut_fails_the_batch_and_the_transport_comes_back_after_resto
         link.restore()
         await reachable.wait()
         assert _ids((await up.send(_batch(3))).succeeded) == [0, 1, 2]
+
+
+async def test_a_lost_connection_reports_unreachable_and_the_next_connack_reachable(link: LinkSim) -> None:
+    reports: list[str] = []
+    changed = asyncio.Event()
+
+    def report(what: str) -> None:
+        reports.append(what)
+        changed.set()
+
+    async def wait_reports(n: int) -> None:
+        while len(reports) < n:
+            changed.clear()
+            await changed.wait()
+
+    up = MqttUpstream(_settings(link))
+    assert isinstance(up, ReportsUnreachable)
+    up.bind(lambda: report("reachable"))
+    up.bind_unreachable(lambda: report("unreachable"))
+    async with asyncio.timeout(30), up:
+        await wait_reports(1)
+        link.cut()
+        await wait_reports(2)
+        assert not up.connected
+        link.restore()
+        await wait_reports(3)
+        assert up.connected
+    assert reports == ["reachable", "unreachable", "reachable"]
 
 
 async def test_bytes_in_flight_never_exceed_the_window(link: LinkSim) -> None:

@@ -163,6 +163,48 @@ def test_negative_settlement_is_a_negative_puback_in_mqtt5() -> None:
     assert not pair.server.closed
 
 
+def test_a_refusal_tells_an_mqtt5_client_why_in_the_reason_string() -> None:
+    pair = Pair(MQTT_50)
+    pair.connect()
+    pair.received()
+    t = tickets(pair.send(Publish("t", b"a", 1, packet_id=1), Publish("t", b"b", 2, packet_id=2)))
+    pair.server.settle(t[0], ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, reason="sessionId and partitionKey differ")
+    pair.server.settle(t[1], ReasonCode.QUOTA_EXCEEDED, reason="quota exceeded")
+    first, second = pair.received()
+    assert isinstance(first, PubAck)
+    assert first.reason_code == 0x83
+    assert first.properties.get_str(PropertyId.REASON_STRING) == "sessionId and partitionKey differ"
+    assert isinstance(second, PubRec)
+    assert second.properties.get_str(PropertyId.REASON_STRING) == "quota exceeded"
+
+
+def test_no_reason_string_when_the_client_asked_for_no_problem_information() -> None:
+    pair = Pair(MQTT_50)
+    pair.connect(properties=Properties({PropertyId.REQUEST_PROBLEM_INFORMATION: 0}))
+    pair.received()
+    [t] = tickets(pair.send(Publish("t", b"a", 1, packet_id=1)))
+    pair.server.settle(t, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, reason="why")
+    assert pair.received() == [PubAck(1, 0x83)]
+
+
+def test_no_reason_string_when_it_would_make_the_ack_too_large_for_the_client() -> None:
+    pair = Pair(MQTT_50)
+    pair.connect(properties=Properties({PropertyId.MAXIMUM_PACKET_SIZE: 16}))
+    pair.received()
+    [t] = tickets(pair.send(Publish("t", b"a", 1, packet_id=1)))
+    pair.server.settle(t, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, reason="a reason far longer than sixteen bytes")
+    assert pair.received() == [PubAck(1, 0x83)]
+
+
+def test_a_successful_settlement_carries_no_reason_string() -> None:
+    pair = Pair(MQTT_50)
+    pair.connect()
+    pair.received()
+    [t] = tickets(pair.send(Publish("t", b"a", 1, packet_id=1)))
+    pair.server.settle(t, ReasonCode.SUCCESS, reason="ignored")
+    assert pair.received() == [PubAck(1)]
+
+
 def test_negative_settlement_disconnects_a_v311_client_without_that_ack() -> None:
     pair = Pair()
     pair.connect()

@@ -56,6 +56,14 @@ def test_property_bag_decodes_system_and_url_encoded_application_properties() ->
     assert app == {"temp alert": "a&b=c", "flag": None}
 
 
+def test_interface_id_and_component_name_of_the_azure_sdks_are_system_properties() -> None:
+    # What the Python SDK sends for a security message, and the Plug and Play component of the C# SDK.
+    system, app = decode_property_bag("$.ifid=urn%3Aazureiot%3ASecurity%3ASecurityAgent%3A1&$.sub=thermostat1")
+    assert system == {"iothub-interface-id": "urn:azureiot:Security:SecurityAgent:1", "dt-subject": "thermostat1"}
+    assert app == {}
+    assert encode_property_bag(system, {}) == "$.ifid=urn%3Aazureiot%3ASecurity%3ASecurityAgent%3A1&$.sub=thermostat1"
+
+
 @given(
     st.dictionaries(st.sampled_from(["messageId", "cid", "contentType", "to", "userId", "creationTime"]), st.text()),
     st.dictionaries(st.text(min_size=1).filter(lambda k: not k.startswith("$.")), st.none() | st.text()),
@@ -219,3 +227,29 @@ def test_grants_open_plain_topics_to_one_identity() -> None:
     assert not acl.may_publish(Identity.parse("dev2"), "factory/line1/temp")
     assert acl.may_subscribe(DEV, "commands/dev1/#")
     assert not acl.may_subscribe(DEV, "commands/#")
+
+
+def test_session_id_and_partition_key_travel_in_the_bag_and_as_mqtt5_user_properties() -> None:
+    from_bag = message_from_publish(
+        DEV, "devices/dev1/messages/events/$.sid=ship%207&$.pk=ship%207", b"", auth_method="sas", now_s=0
+    )
+    assert from_bag.system_properties["sessionId"] == "ship 7"
+    assert from_bag.system_properties["partitionKey"] == "ship 7"
+    assert from_bag.properties == {}
+    from_v5 = message_from_publish(
+        DEV,
+        "devices/dev1/messages/events/",
+        b"",
+        auth_method="sas",
+        now_s=0,
+        user_properties=[("$.sid", "s1"), ("$.pk", "p1")],
+    )
+    assert (from_v5.system_properties["sessionId"], from_v5.system_properties["partitionKey"]) == ("s1", "p1")
+    assert from_v5.properties == {}
+
+
+def test_session_id_and_partition_key_go_out_to_modules_under_the_same_names() -> None:
+    msg = Message(b"", {}, {"sessionId": "s1", "partitionKey": "s1"})
+    assert dict(decode_property_bag(encode_property_bag(msg.system_properties, {}))[0]) == msg.system_properties
+    assert ("$.sid", "s1") in delivery_user_properties(msg)
+    assert ("$.pk", "s1") in delivery_user_properties(msg)

@@ -1,13 +1,15 @@
-"""The MQTT head on real sockets with real foreign clients: paho-mqtt 2.x (3.1.1 and 5) and mosquitto_pub/sub,
-over TCP and over TLS with a test CA, against the in-memory hub."""
+"""The MQTT head on real sockets with real foreign clients: paho-mqtt 2.x (3.1.1 and 5), amqtt's client and
+mosquitto_pub/sub, over TCP and over TLS with a test CA, against the in-memory hub."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+from urllib.parse import quote
 
 import paho.mqtt.client as mqtt
 import pytest
+from amqtt.client import MQTTClient
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from paho.mqtt.packettypes import PacketTypes
@@ -69,6 +71,37 @@ async def test_puback_waits_until_the_hub_says_durable(head: MqttServer, hub: In
     assert [m for m, _ in acked] == mids  # in arrival order
     assert [m.body for _, m in hub.stored] == [bytes([i]) for i in range(5)]
     await dev.close()
+
+
+async def test_amqtt_client_gets_its_qos1_puback_over_tls_only_after_the_hub_says_durable(
+    head: MqttServer, hub: InMemoryHub, ca: TestCA
+) -> None:
+    client = MQTTClient(client_id="dev1", config={"auto_reconnect": False, "keep_alive": 30})
+    user, password = quote(username(DEV), safe=""), quote(sas_password(DEV, DEVICE_KEY), safe="")
+    uri = f"mqtts://{user}:{password}@127.0.0.1:{head.ports['tls']}/"
+    async with asyncio.timeout(10):
+        assert await client.connect(uri, cafile=str(ca.ca_pem)) == 0
+    hub.hold()
+    publish = asyncio.create_task(client.publish("devices/dev1/messages/events/$.mid=a1&unit=%C2%B0C", b"amqtt", qos=1))
+    stored_when_acked: list[int] = []
+    publish.add_done_callback(lambda _: stored_when_acked.append(len(hub.stored)))
+    async with asyncio.timeout(10):
+        await hub.wait_held(1)
+        await client.ping()  # a round trip on the same socket, while the message is not durable yet
+    assert not publish.done()
+    assert hub.stored == []
+    hub.release()
+    async with asyncio.timeout(10):
+        sent = await publish
+    assert sent.puback_packet is not None
+    assert stored_when_acked == [1]  # amqtt's publish returned (PUBACK in hand) with the message already stored
+    [(identity, msg)] = hub.stored
+    assert identity == DEV
+    assert msg.body == b"amqtt"
+    assert msg.properties == {"unit": "°C"}
+    assert msg.system_properties["messageId"] == "a1"
+    async with asyncio.timeout(10):
+        await client.disconnect()
 
 
 async def test_paho_v5_gets_quota_exceeded_as_a_negative_puback_and_keeps_its_connection(

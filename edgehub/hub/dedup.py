@@ -1,0 +1,157 @@
+"""The duplicate window, kept durably in the store's metadata (issue 5, "Partitions and duplicates").
+
+A message whose ``messageId`` was already accepted from the same identity inside the window is acknowledged
+and dropped (counted in ``duplicates``). Which ids were accepted lives under ``dedup/`` in the store's metadata,
+one key per ``(identity, messageId)``: ``dedup/{identity, URL-quoted}/{messageId}`` → ``{"v": 1, "at": epoch s}``.
+
+Invariants:
+* **never marked seen before it is stored**: ``claim`` only looks; the record of an acceptance is written by
+  ``store.enqueue(..., metadata=claim.metadata)`` in the same atomic group write as the message, and only a
+  successful enqueue makes it count (``accepted``). A failed write records nothing, so the device's retry is
+  taken, not dropped;
+* **a restart remembers the window**: ``load`` reads the records back (the hub's clock decides what is still in
+  the window);
+* **two copies in flight at once** (a retry in the same read as its original): the second waits for the first
+  to be settled, then is a duplicate if the first was stored, and goes on as new if it was not;
+* **bounded**: ids that left the window (or were pushed out by ``max_entries``, oldest first) are forgotten
+  and their keys deleted, a few at a time, in the group writes of later accepted messages. Forgetting can
+  only let a duplicate through, never drop a new message. Expired keys left on disk by a crash are filtered
+  out at ``load`` and deleted then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import quote, unquote
+
+from edgehub.core import Clock
+from edgehub.store import Store
+from edgehub.upstream.partitions import DuplicateDetector
+
+__all__ = ["DEDUP_PREFIX", "Claim", "DuplicateWindow"]
+
+log = logging.getLogger(__name__)
+
+DEDUP_PREFIX = "dedup/"
+_DELETES_PER_WRITE = 64  # forgotten keys deleted in one accepted message's group write
+
+
+def _key(identity: str, message_id: str) -> str:
+    # The identity is quoted (its "/" too), so the first "/" after the prefix ends it and any message id fits.
+    return f"{DEDUP_PREFIX}{quote(identity, safe='')}/{message_id}"
+
+
+def _parse_key(key: str) -> tuple[str, str] | None:
+    identity, sep, message_id = key[len(DEDUP_PREFIX) :].partition("/")
+    if not sep or not identity:
+        return None
+    return unquote(identity), message_id
+
+
+@dataclass(slots=True)
+class Claim:
+    """A message that may be stored: pass ``metadata`` to ``store.enqueue``, then call ``accepted`` or
+    ``abandoned`` (exactly one of them)."""
+
+    identity: str
+    message_id: str
+    at_s: float
+    metadata: Mapping[str, bytes | None]
+    _window: DuplicateWindow
+    _deletes: list[str] = field(default_factory=list)
+    _settled: bool = False
+
+    def accepted(self) -> None:
+        """The enqueue returned: the message is durable, and so is its record."""
+        if not self._settled:
+            self._settled = True
+            self._window._settle(self, stored=True)
+
+    def abandoned(self) -> None:
+        """The enqueue raised (refused, or the write failed): nothing was recorded."""
+        if not self._settled:
+            self._settled = True
+            self._window._settle(self, stored=False)
+
+
+class DuplicateWindow:
+    """See the module docstring. Use from one event loop."""
+
+    def __init__(self, store: Store, *, clock: Clock, window_s: float, max_entries: int = 1_000_000) -> None:
+        self._store = store
+        self._clock = clock
+        self._detector = DuplicateDetector(clock=clock, window_s=window_s, max_entries=max_entries)
+        self._pending: dict[tuple[str, str], asyncio.Future[bool]] = {}
+        self._doomed: dict[str, None] = {}  # keys of forgotten ids, in order, deleted with later writes
+
+    @property
+    def window_s(self) -> float:
+        return self._detector.window_s
+
+    @property
+    def duplicates(self) -> int:
+        """Messages acknowledged and dropped as duplicates since start."""
+        return self._detector.duplicates
+
+    def __len__(self) -> int:
+        return len(self._detector)
+
+    def load(self) -> None:
+        """Read the accepted ids back from the store (after a restart)."""
+        now = self._clock.time()
+        horizon = now - self._detector.window_s
+        entries: list[tuple[float, str, str]] = []
+        for key, raw in self._store.metadata_items(DEDUP_PREFIX):
+            parsed = _parse_key(key)
+            try:
+                at = float(json.loads(raw)["at"])
+            except (ValueError, KeyError, TypeError):
+                parsed = None
+            if parsed is None:
+                log.warning("hub.dedup_record_unreadable key=%s", key)
+                self._doomed[key] = None
+            elif at <= horizon:
+                self._doomed[key] = None
+            else:
+                entries.append((at, *parsed))
+        for at, identity, message_id in sorted(entries):
+            self._detector.remember(identity, message_id, at)
+        self._doom(self._detector.expire())
+        log.info("hub.dedup_loaded ids=%d expired=%d window_s=%s", len(entries), len(self._doomed), self.window_s)
+
+    def _doom(self, pairs: list[tuple[str, str]]) -> None:
+        self._doomed.update((_key(i, m), None) for i, m in pairs)
+
+    async def claim(self, identity: str, message_id: str) -> Claim | None:
+        """None when the message is a duplicate (counted); else a ``Claim`` to store it under."""
+        key = (identity, message_id)
+        while (twin := self._pending.get(key)) is not None:
+            await asyncio.shield(twin)  # the copy in flight decides: stored (we are a duplicate) or not (we go on)
+        if self._detector.is_duplicate(identity, message_id):
+            return None
+        self._pending[key] = asyncio.get_running_loop().create_future()
+        self._doom(self._detector.expire())
+        own = _key(identity, message_id)
+        self._doomed.pop(own, None)  # accepted again after its window: the new record must not be deleted later
+        deletes = list(itertools.islice(self._doomed, _DELETES_PER_WRITE))
+        for k in deletes:
+            del self._doomed[k]
+        now = self._clock.time()
+        metadata: dict[str, bytes | None] = dict.fromkeys(deletes)
+        metadata[own] = json.dumps({"v": 1, "at": now}).encode()
+        return Claim(identity, message_id, now, metadata, self, deletes)
+
+    def _settle(self, claim: Claim, *, stored: bool) -> None:
+        key = (claim.identity, claim.message_id)
+        if stored:
+            self._detector.remember(claim.identity, claim.message_id, claim.at_s)
+        else:
+            self._doomed.update(dict.fromkeys(claim._deletes))  # not deleted after all: with a later write
+        fut = self._pending.pop(key, None)
+        if fut is not None and not fut.done():
+            fut.set_result(stored)
