@@ -1,7 +1,7 @@
 """Spark ingestion throughput: records/s from a landing zone to the lake tables, local[1] vs local[2] vs cluster.
 
-    python -m bench.ingest_spark [--records 1000000] [--segment-records 10000] [--repeat 3] [--no-cluster]
-        [--driver-memory 4g]
+    python -m bench.ingest_spark [--records 1000000] [--segment-records 10000] [--repeat 2] [--no-cluster]
+        [--no-pin] [--driver-memory 4g]
 
 Builds a landing zone of ``--records`` records (segments written through ``LandingZone``, 5% of the records sent
 twice in overlapping segments, so the dedup step has work), then runs the whole job (classification, dedup
@@ -10,10 +10,17 @@ from an empty lake and checkpoint, each in its own ``spark-submit``/Python proce
 the previous one's warm JVM. The figure is input records over the job's own run time (the ``ingest.run_done``
 line), so JVM and cluster start-up are not counted.
 
-Peer: local[1] is the baseline; ``scaling_ratio`` = median local[2] / median local[1]. The local modes run
-``--repeat`` times, alternating (1, 2, then 2, 1, ...), so a change in the machine's other load hits both; the
-medians are reported. Each local run also reports the CPU seconds its driver (JVM and Python) used during the
-run, and cpu/wall, the cores it kept busy: local[2] should be near 2 on a free machine. The standalone cluster
+Peer: local[1] is the baseline; ``scaling_ratio`` = median local[2] records/s / median local[1] records/s.
+Each local[N] run is given N cores (its process's CPU affinity, which the JVM inherits and sizes its compiler
+and GC threads by), as a cluster manager gives an executor of N cores N cores: the ratio is what a second core
+buys. Unpinned, the JVM's JIT compiler threads run on the second core beside local[1]'s one task thread (on this
+job about 35 CPU seconds of C2 compilation per 300,000 records against 28 s of task time), so an unpinned
+local[1] already keeps ~1.5 cores busy and the unpinned ratio on a 2-core machine is capped near 1.3; it is
+reported too (``scaling_ratio_unpinned``: local[2] over an unpinned local[1]). ``--no-pin`` runs the local modes
+unpinned only. The runs go in rounds (``--repeat``), alternating their order, so a change in the machine's
+other load hits all of them; medians are reported. Each local run also reports the CPU seconds its driver
+(JVM and Python) used during the run, and cpu/wall, the cores it kept busy: local[2] should be near 2 on a free
+machine. The standalone cluster
 (a master and two one-core workers on this same box) runs once; its CPU is that of every cluster process from
 start to stop (executors included, JVM start-up too). On a shared machine every figure is noisy: the load
 average is printed before each run, with a warning when it exceeds the number of cores.
@@ -87,8 +94,20 @@ def _load_check(label: str) -> bool:
     return busy
 
 
-def run_local(master: str, landing: Path, work: Path, *, driver_memory: str | None) -> tuple[float, float]:
-    """One run of the job in its own process; (elapsed_s, cpu_s) of the run."""
+def _cores(n: int | None) -> set[int] | None:
+    """The first ``n`` CPUs this process may run on (None: no pinning)."""
+    if n is None:
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < n:
+        raise SystemExit(f"local[{n}] needs {n} cores; this process may use {len(allowed)}")
+    return set(allowed[:n])
+
+
+def run_local(
+    master: str, landing: Path, work: Path, *, driver_memory: str | None, cores: set[int] | None
+) -> tuple[float, float]:
+    """One run of the job in its own process, on ``cores`` when given; (elapsed_s, cpu_s) of the run."""
     cmd = [
         sys.executable,
         "-m",
@@ -106,7 +125,8 @@ def run_local(master: str, landing: Path, work: Path, *, driver_memory: str | No
     ]
     if driver_memory is not None:
         cmd += ["--driver-memory", driver_memory]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=1800)
+    pin = None if cores is None else (lambda: os.sched_setaffinity(0, cores))
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=1800, preexec_fn=pin)
     return _run_done(done.stdout)
 
 
@@ -136,10 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.ingest_spark")
     p.add_argument("--records", type=int, default=1_000_000)
     p.add_argument("--segment-records", type=int, default=10_000)
-    p.add_argument("--repeat", type=int, default=3, help="runs per local mode, alternating; medians reported")
+    p.add_argument("--repeat", type=int, default=2, help="rounds of the local runs, alternating; medians reported")
     p.add_argument("--no-cluster", action="store_true")
+    p.add_argument("--no-pin", action="store_true", help="run the local modes unpinned only (see the docstring)")
     p.add_argument("--driver-memory", default=None, help="passed to the job's local runs (e.g. 4g)")
     ns = p.parse_args(argv)
+    # (label, master, cores it is pinned to or None)
+    modes: list[tuple[str, str, int | None]] = (
+        [("local[1]", "local[1]", None), ("local[2]", "local[2]", None)]
+        if ns.no_pin
+        else [("local[1]", "local[1]", 1), ("local[2]", "local[2]", 2), ("local[1] unpinned", "local[1]", None)]
+    )
     load_before = os.getloadavg()
     contended = 0
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
@@ -147,18 +174,19 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         lines = build_landing(root / "landing", records=ns.records, segment_records=ns.segment_records)
         print(f"landing zone: {lines} lines ({ns.records} records) in {time.perf_counter() - t0:.1f}s", flush=True)
-        runs: dict[str, list[tuple[float, float]]] = {"local[1]": [], "local[2]": []}
+        runs: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in modes}
         for round_no in range(ns.repeat):
-            order = ("local[1]", "local[2]") if round_no % 2 == 0 else ("local[2]", "local[1]")
-            for mode in order:
-                contended += _load_check(f"round {round_no + 1} {mode}")
-                work = root / f"{mode.replace('[', '').replace(']', '')}-{round_no}"
-                elapsed, cpu_s = run_local(mode, root / "landing", work, driver_memory=ns.driver_memory)
+            for n, (label, master, pin) in enumerate(modes if round_no % 2 == 0 else modes[::-1]):
+                contended += _load_check(f"round {round_no + 1} {label}")
+                work = root / f"run-{round_no}-{n}"
+                took, cpu_s = run_local(
+                    master, root / "landing", work, driver_memory=ns.driver_memory, cores=_cores(pin)
+                )
                 shutil.rmtree(work, ignore_errors=True)
-                runs[mode].append((elapsed, cpu_s))
+                runs[label].append((took, cpu_s))
                 print(
-                    f"  {mode}: {elapsed:.1f}s, {lines / elapsed:,.0f} records/s, "
-                    f"cpu {cpu_s:.1f}s ({cpu_s / elapsed:.2f} cores)",
+                    f"  {label}: {took:.1f}s, {lines / took:,.0f} records/s, "
+                    f"cpu {cpu_s:.1f}s ({cpu_s / took:.2f} cores)",
                     flush=True,
                 )
         standalone: tuple[float, float] | None = None
@@ -172,23 +200,34 @@ def main(argv: list[str] | None = None) -> int:
             )
     load_after = os.getloadavg()
     print(f"load average (1 min) before {load_before[0]:.1f}, after {load_after[0]:.1f} on {os.cpu_count()} cores")
-    elapsed1 = statistics.median(e for e, _ in runs["local[1]"])
-    elapsed2 = statistics.median(e for e, _ in runs["local[2]"])
-    cpu1 = statistics.median(c for _, c in runs["local[1]"])
-    cpu2 = statistics.median(c for _, c in runs["local[2]"])
+
+    def elapsed(label: str) -> float:
+        return statistics.median(e for e, _ in runs[label])
+
+    def cpu(label: str) -> float:
+        return statistics.median(c for _, c in runs[label])
+
+    def busy(label: str) -> float:
+        return statistics.median(c / e for e, c in runs[label])
+
+    unpinned = "local[1]" if ns.no_pin else "local[1] unpinned"
     summary = {
         "records": ns.records,
         "input_lines": lines,
         "repeat": ns.repeat,
-        "records_per_s_local1": round(lines / elapsed1),
-        "records_per_s_local2": round(lines / elapsed2),
-        "scaling_ratio": round(elapsed1 / elapsed2, 3),
-        "cpu_s_local1": round(cpu1, 1),
-        "cpu_s_local2": round(cpu2, 1),
-        "cores_busy_local1": round(statistics.median(c / e for e, c in runs["local[1]"]), 2),
-        "cores_busy_local2": round(statistics.median(c / e for e, c in runs["local[2]"]), 2),
-        "elapsed_s_local1": [round(e, 1) for e, _ in runs["local[1]"]],
-        "elapsed_s_local2": [round(e, 1) for e, _ in runs["local[2]"]],
+        "pinned": not ns.no_pin,
+        "records_per_s_local1": round(lines / elapsed("local[1]")),
+        "records_per_s_local2": round(lines / elapsed("local[2]")),
+        "scaling_ratio": round(elapsed("local[1]") / elapsed("local[2]"), 3),
+        "records_per_s_local1_unpinned": round(lines / elapsed(unpinned)),
+        "scaling_ratio_unpinned": round(elapsed(unpinned) / elapsed("local[2]"), 3),
+        "cpu_s_local1": round(cpu("local[1]"), 1),
+        "cpu_s_local2": round(cpu("local[2]"), 1),
+        "cpu_s_local1_unpinned": round(cpu(unpinned), 1),
+        "cores_busy_local1": round(busy("local[1]"), 2),
+        "cores_busy_local2": round(busy("local[2]"), 2),
+        "cores_busy_local1_unpinned": round(busy(unpinned), 2),
+        "elapsed_s": {label: [round(e, 1) for e, _ in r] for label, r in runs.items()},
         "standalone_records_per_s": None if standalone is None else round(lines / standalone[0]),
         "standalone_cpu_s": None if standalone is None else round(standalone[1], 1),
         "driver_memory": ns.driver_memory,

@@ -156,23 +156,29 @@ def build_session(
     shuffle_partitions: int = 8,
     extra_conf: dict[str, str] | None = None,
 ) -> SparkSession:
-    """A session with the settings the job relies on (UTC, RocksDB state). ``master=None`` keeps spark-submit's."""
+    """A session with the settings the job relies on (UTC, RocksDB state). ``master=None`` keeps spark-submit's.
+
+    ``extra_conf`` is applied last, so it can override any of these.
+    """
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    for key, value in (extra_conf or {}).items():
+    conf = {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+        ),
+        "spark.ui.showConsoleProgress": "false",
+        # Segments are small gzip files (~230 KB holding ~4 MB of JSON) that cannot be split. With the default
+        # 128 MB per input partition and 4 MB counted per file opened, a 100-file batch became 4 partitions of
+        # 31/31/31/7 files: two cores finish unevenly and more cores sit idle. 16 MB gives ~4 files a partition.
+        "spark.sql.files.maxPartitionBytes": "16m",
+        **(extra_conf or {}),
+    }
+    for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = (
-        builder.config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-        .config(
-            "spark.sql.streaming.stateStore.providerClass",
-            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-        )
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    return spark
+    return builder.getOrCreate()
 
 
 # --- classification ---------------------------------------------------------------------------------------
@@ -429,8 +435,9 @@ def _gzip_error(spark: SparkSession, path: str) -> str | None:
     return None
 
 
-def _unreadable_files(spark: SparkSession, run: RunState, batch_id: int) -> DataFrame | None:
-    """One quarantine row per file of the batch that is not a whole gzip stream; None when there is none."""
+def _unreadable_files(spark: SparkSession, run: RunState, batch_id: int) -> tuple[DataFrame | None, int]:
+    """One quarantine row per file of the batch that is not a whole gzip stream (None when there is none), and
+    how many."""
     broken = []
     for path in _batch_files(run.checkpoint, batch_id):
         error = _gzip_error(spark, path)
@@ -438,13 +445,13 @@ def _unreadable_files(spark: SparkSession, run: RunState, batch_id: int) -> Data
             _log.warning("ingest.unreadable_file batch=%d file=%s error=%s", batch_id, path, error)
             broken.append(path)
     if not broken:
-        return None
+        return None, 0
     entry = _offsets_entry(run.checkpoint, batch_id)
     assert entry is not None
     ingest_at = datetime.fromtimestamp(int(entry[0]["batchTimestampMs"]) / 1000, UTC)
     rows = [("unreadable_file", path, None, None, ingest_at) for path in broken]
     schema = "reason string, source_file string, line string, edge_message_id string, ingest_at timestamp"
-    return spark.createDataFrame(rows, schema).withColumn("ingest_date", F.to_date("ingest_at"))
+    return spark.createDataFrame(rows, schema), len(broken)
 
 
 def _silver(bronze: DataFrame) -> DataFrame:
@@ -456,7 +463,6 @@ def _silver(bronze: DataFrame) -> DataFrame:
         "priority",
         "enqueued_at",
         "ingest_at",
-        "ingest_date",
         "properties",
         F.try_parse_json(F.col("body").cast("string")).alias("body"),
     )
@@ -470,21 +476,19 @@ def _device_minute_partials(silver: DataFrame, batch_id: int) -> DataFrame:
     fields = silver.where(F.schema_of_variant("body").startswith("OBJECT")).select(
         "device_id",
         F.date_trunc("minute", "enqueued_at").alias("minute"),
-        "ingest_date",
         F.explode(F.expr("try_cast(body as map<string,variant>)")).alias("field", "value"),
     )
     numeric = fields.where(F.schema_of_variant("value").rlike(_NUMERIC_VARIANT)).select(
-        "device_id", "minute", "ingest_date", "field", F.variant_get("value", "$", "double").alias("x")
+        "device_id", "minute", "field", F.variant_get("value", "$", "double").alias("x")
     )
-    per_field = numeric.groupBy("ingest_date", "device_id", "minute", "field").agg(
+    per_field = numeric.groupBy("device_id", "minute", "field").agg(
         F.count("x").alias("n"), F.sum("x").alias("sum"), F.min("x").alias("min"), F.max("x").alias("max")
     )
     messages = (
-        silver.select("device_id", F.date_trunc("minute", "enqueued_at").alias("minute"), "ingest_date")
-        .groupBy("ingest_date", "device_id", "minute")
+        silver.select("device_id", F.date_trunc("minute", "enqueued_at").alias("minute"))
+        .groupBy("device_id", "minute")
         .agg(F.count(F.lit(1)).alias("n"))
         .select(
-            "ingest_date",
             "device_id",
             "minute",
             F.lit(None).cast("string").alias("field"),  # the row counting messages, fields or not
@@ -514,6 +518,13 @@ def device_minute_stats(spark: SparkSession, lake: str) -> DataFrame:
     return msgs.join(stats, ["device_id", "minute"], "left").orderBy("device_id", "minute", "field")
 
 
+def _batch_ingest_date(checkpoint: _HadoopDir, batch_id: int) -> str:
+    """The UTC date of the batch's time (``current_timestamp()`` in the batch, fixed in the offsets log)."""
+    entry = _offsets_entry(checkpoint, batch_id)
+    assert entry is not None, f"batch {batch_id} has no offsets entry"
+    return datetime.fromtimestamp(int(entry[0]["batchTimestampMs"]) / 1000, UTC).date().isoformat()
+
+
 def _write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
     lake, settings = run.lake, run.settings
     tag = _batch_tag(batch_id)
@@ -532,60 +543,61 @@ def _write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
             lake.delete_path(leftover)
     lake.delete("_staging", tag)
 
-    batch = batch.withColumn("ingest_date", F.to_date("ingest_at")).persist()
+    # A batch has one ingest time, so one ingest_date: the tables are written unpartitioned to staging and the
+    # files moved into {table}/ingest_date={day}/ (partitionBy would sort every row by a constant).
+    day = _batch_ingest_date(run.checkpoint, batch_id)
+    staging = lake.path("_staging", tag).toString()
+    # The batch is computed once (classification, dedup state) and kept for the writes below; the raw line is
+    # kept for bad rows only, which is all the quarantine needs.
+    rows = batch.select(
+        *BRONZE_COLUMNS[:-1],  # ingest_date is the folder
+        "reason",
+        F.when(F.col("reason").isNotNull(), F.col("value")).alias("line"),
+    ).persist()
     try:
-        good = batch.where(F.col("reason").isNull()).select(*BRONZE_COLUMNS)
-        bad = batch.where(F.col("reason").isNotNull()).select(
-            "reason",
-            "source_file",
-            F.col("value").alias("line"),
-            "edge_message_id",
-            "ingest_at",
-            "ingest_date",
+        tally = rows.agg(
+            F.count(F.when(F.col("reason").isNull(), 1)).alias("good"),
+            F.count(F.when(F.col("reason").isNotNull(), 1)).alias("bad"),
+        ).first()
+        assert tally is not None
+        good = rows.where(F.col("reason").isNull()).select(*BRONZE_COLUMNS[:-1])
+        bad = rows.where(F.col("reason").isNotNull()).select(
+            "reason", "source_file", "line", "edge_message_id", "ingest_at"
         )
-        unreadable = _unreadable_files(batch.sparkSession, run, batch_id)
+        unreadable, n_unreadable = _unreadable_files(batch.sparkSession, run, batch_id)
         if unreadable is not None:
             bad = bad.unionByName(unreadable)
-        silver = _silver(good)
-        outputs: dict[str, DataFrame] = {
-            "bronze": good,
-            "quarantine": bad,
-            "silver": silver,
-            "device_minute": _device_minute_partials(silver, batch_id),
-        }
         counts = _BatchCounts(
-            bronze=good.count(),
-            quarantined=bad.count(),
-            unreadable_files=0 if unreadable is None else unreadable.count(),
+            bronze=int(tally["good"]), quarantined=int(tally["bad"]) + n_unreadable, unreadable_files=n_unreadable
         )
-        for table, frame in outputs.items():
-            if table in ("bronze", "silver") and counts.bronze == 0:
-                continue
-            if table == "device_minute" and counts.bronze == 0:
-                continue
-            if table == "quarantine" and counts.quarantined == 0:
-                continue
-            (
-                frame.write.mode("overwrite")
-                .option("maxRecordsPerFile", settings.max_records_per_file)
-                .partitionBy("ingest_date")
-                .parquet(lake.path("_staging", tag, table).toString())
+
+        def stage(table: str, frame: DataFrame) -> None:
+            frame.write.mode("overwrite").option("maxRecordsPerFile", settings.max_records_per_file).parquet(
+                f"{staging}/{table}"
             )
-        for table in outputs:
-            staged = lake.glob(f"_staging/{tag}/{table}/*/part-*")
+
+        if counts.quarantined:
+            stage("quarantine", bad)
+        if counts.bronze:
+            stage("bronze", good)
+            stage("silver", _silver(good))
+            # From the staged silver: the bodies are parsed once, not again for the aggregate.
+            staged_silver = batch.sparkSession.read.parquet(f"{staging}/silver")
+            stage("device_minute", _device_minute_partials(staged_silver, batch_id))
+        for table in _TABLES:
+            staged = lake.glob(f"_staging/{tag}/{table}/part-*")
+            if staged:
+                lake.mkdirs(lake.path(table, f"ingest_date={day}"))
             for i, src in enumerate(sorted(staged, key=lambda p: p.toString())):
-                partition = src.getParent().getName()
-                dst_dir = lake.path(table, partition)
-                lake.mkdirs(dst_dir)
                 suffix = src.getName().split(".", 1)[1] if "." in src.getName() else "parquet"
-                lake.rename(src, lake.path(table, partition, f"part-{tag}-{i:05d}.{suffix}"))
+                lake.rename(src, lake.path(table, f"ingest_date={day}", f"part-{tag}-{i:05d}.{suffix}"))
         if run.query_id is None:
             run.query_id = _checkpoint_query_id(run.checkpoint)
         marker = {"bronze": counts.bronze, "quarantined": counts.quarantined, "query_id": run.query_id}
         lake.touch("_committed", tag, text=json.dumps(marker))
         lake.delete("_staging", tag)
     finally:
-        batch.unpersist()
+        rows.unpersist()
     with run.lock:
         run.counts[batch_id] = counts
         run.lock.notify_all()
