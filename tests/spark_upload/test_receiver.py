@@ -308,6 +308,20 @@ def scripted_broker() -> Iterator[_ScriptedBroker]:
         peer.close()
 
 
+def _connected_receiver(peer: _ScriptedBroker, tmp_path: Path) -> tuple[Receiver, queue.Queue[Received]]:
+    """A started receiver whose CONNECT the scripted broker has read (the CONNACK is the test's to send)."""
+    reports: queue.Queue[Received] = queue.Queue()
+    receiver = Receiver(ReceiverSettings(broker=peer.url, landing=str(tmp_path / "landing")), on_landed=reports.put)
+    receiver.start()
+    try:
+        peer.accept()
+        assert peer.read()[0] == 1  # CONNECT
+    except BaseException:
+        receiver.stop()
+        raise
+    return receiver, reports
+
+
 def _land_one_segment_through(peer: _ScriptedBroker, receiver: Receiver, reports: queue.Queue[Received]) -> None:
     assert receiver.subscribed.wait(timeout=10)
     _, data = _segment(0, 4)
@@ -321,14 +335,8 @@ def _land_one_segment_through(peer: _ScriptedBroker, receiver: Receiver, reports
 def test_a_broker_without_shared_subscriptions_in_its_connack_gets_the_plain_topic(
     scripted_broker: _ScriptedBroker, tmp_path: Path
 ) -> None:
-    reports: queue.Queue[Received] = queue.Queue()
-    receiver = Receiver(
-        ReceiverSettings(broker=scripted_broker.url, landing=str(tmp_path / "landing")), on_landed=reports.put
-    )
-    receiver.start()
-    try:
-        scripted_broker.accept()
-        assert scripted_broker.read()[0] == 1  # CONNECT
+    receiver, reports = _connected_receiver(scripted_broker, tmp_path)
+    try:  # CONNECT
         scripted_broker.send(_connack(properties=bytes([0x2A, 0])))  # SharedSubscriptionAvailable = 0
         packet_id, topic = scripted_broker.read_subscribe()
         assert topic == "edgehub/segments/#"
@@ -342,14 +350,8 @@ def test_a_broker_without_shared_subscriptions_in_its_connack_gets_the_plain_top
 def test_a_shared_subscription_refused_with_0x9e_is_retried_as_the_plain_topic(
     scripted_broker: _ScriptedBroker, tmp_path: Path
 ) -> None:
-    reports: queue.Queue[Received] = queue.Queue()
-    receiver = Receiver(
-        ReceiverSettings(broker=scripted_broker.url, landing=str(tmp_path / "landing")), on_landed=reports.put
-    )
-    receiver.start()
+    receiver, reports = _connected_receiver(scripted_broker, tmp_path)
     try:
-        scripted_broker.accept()
-        assert scripted_broker.read()[0] == 1
         scripted_broker.send(_connack())  # says nothing about shared subscriptions: available, by the spec
         packet_id, topic = scripted_broker.read_subscribe()
         assert topic == "$share/edgehub-ingest/edgehub/segments/#"
