@@ -336,7 +336,7 @@ def test_a_broker_without_shared_subscriptions_in_its_connack_gets_the_plain_top
     scripted_broker: _ScriptedBroker, tmp_path: Path
 ) -> None:
     receiver, reports = _connected_receiver(scripted_broker, tmp_path)
-    try:  # CONNECT
+    try:
         scripted_broker.send(_connack(properties=bytes([0x2A, 0])))  # SharedSubscriptionAvailable = 0
         packet_id, topic = scripted_broker.read_subscribe()
         assert topic == "edgehub/segments/#"
