@@ -33,8 +33,10 @@ Invariants:
   ``submit``s the batch and chooses again; results are settled in submission order, each batch's result its own
   checkpoint (the checkpointer never commits past a batch still in flight). A queue with a batch in flight is
   SENDING; a failed batch makes it FAILING and the failures of its later batches still in flight join the
-  retry (in queue order); a retry waits until the queue has nothing in flight. A batch shorter than
-  ``max_batch_messages`` waits up to the endpoint's ``linger_s`` for more while other batches are in flight;
+  retry (in queue order); a retry waits until the queue has nothing in flight, and newer messages may follow a
+  retry on its way. A batch shorter than ``max_batch_messages`` waits up to the endpoint's ``linger_s`` for
+  more while other batches are in flight, but only while nothing of lower priority is ready (else it goes
+  first: lingering never lets a lower priority overtake);
 * the cleanup processor removes delivered and expired references every ``cleanup_interval_s`` (head-only, or the
   whole queue with ``check_entire_queue_on_cleanup``); the store deletes a body with its last reference.
 
@@ -258,13 +260,16 @@ class EndpointExecutor:
     def _choose(self) -> tuple[QueueId, bool] | None:
         """The queue to serve next, highest priority first, and whether it is a retry; None: nothing is ready."""
         now = self._clock.monotonic()
+        lingering: QueueId | None = None  # the first short batch waiting to fill: it goes before anything lower
         for q in self._store.queues(self._id):  # highest priority first
             qs = self._qs(q)
             if qs.pending:
                 if not qs.inflight and self._retry_due(qs, now):
-                    return q, True
-            elif self._has_new(q, qs) and self._may_send_new(now) and not self._lingers(q, qs, now):
-                return q, False
+                    return (lingering, False) if lingering is not None else (q, True)
+            elif self._has_new(q, qs) and self._may_send_new(now):
+                if not self._lingers(q, qs, now):
+                    return (lingering or q), False
+                lingering = lingering or q
         return None
 
     def _lingers(self, q: QueueId, qs: _QueueState, now_mono: float) -> bool:
@@ -431,6 +436,9 @@ class EndpointExecutor:
             qs.fire(Event.REACHABLE)
         else:
             qs.fire(Event.RETRY_DUE)
+        # On its way again: no longer waiting. (Its failures still count until it succeeds.) With a pipelined
+        # endpoint, newer messages of the queue may follow it at once; if it fails, they join its retry.
+        qs.pending = []
         await self._attempt(q, qs, live)
 
     def _batch(self, q: QueueId, qs: _QueueState, items: Sequence[StoredItem]) -> list[QueuedMessage]:

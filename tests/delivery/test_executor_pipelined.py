@@ -136,3 +136,17 @@ async def test_a_short_batch_lingers_while_another_is_in_flight_and_goes_once_it
         clock.advance(1.0)
         await ep.wait_submitted(3)  # the linger time has passed
         assert bodies(ep.submitted[2]) == [b"d"]
+
+
+async def test_a_lingering_short_batch_goes_before_any_lower_priority_that_is_ready(
+    store: Store, clock: ManualClock
+) -> None:
+    ep = PipelinedTestEndpoint("ep", window=3, max_batch_messages=3, linger_s=1.0)
+    await fill(store, ["low0", "low1", "low2"], 5)
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=HOUR_WAIT) as ex:
+        await ep.wait_submitted(1)
+        await store.enqueue(Message(body=b"urgent"), [RouteResult("ep", 0, None)])
+        await fill(store, ["low3", "low4", "low5"], 5)
+        ex.notify()
+        await ep.wait_submitted(3)
+    assert [bodies(b) for b in ep.submitted[1:]] == [[b"urgent"], [b"low3", b"low4", b"low5"]]
