@@ -66,7 +66,7 @@ from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer, PeerWay
 from edgehub.upstream.mqtt_transport import MqttUpstreamSettings
-from edgehub.upstream.segment import decode_segment
+from edgehub.upstream.segment import Codec, decode_segment
 
 SETTLE_S = 3.0  # after the end, and the guard before an outage for counting an alert as "raised while up"
 
@@ -84,6 +84,7 @@ class Scenario:
     batch_bytes: int | None
     linger_s: float | None
     keepalive_s: int
+    compression: Codec
 
 
 @dataclass
@@ -351,6 +352,7 @@ async def run_edgehub(sc: Scenario, work: Path) -> Figures:
                 max_inflight_bytes=sc.window_bytes,
                 max_batch_bytes=sc.batch_bytes,
                 keepalive_s=sc.keepalive_s,
+                compression=sc.compression,
                 **extra,
             )
             config = HubConfig(manifest=manifest_path, data_dir=data, mqtt_port=0, mqtts_port=None, upstream=upstream)
@@ -453,6 +455,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--window-bytes", type=int, default=None, help="edgehub: bytes in flight (default: its own)")
     ap.add_argument("--batch-bytes", type=int, default=None, help="edgehub: bytes per segment (default: its own)")
     ap.add_argument("--linger-s", type=float, default=None, help="edgehub: batch linger (default: its own)")
+    ap.add_argument("--compression", choices=["gzip", "zstd"], default="gzip", help="edgehub: segment codec")
     ap.add_argument("--only", choices=["edgehub", "bridge"], default=None)
     args = ap.parse_args(argv)
     sc = Scenario(
@@ -467,6 +470,7 @@ def main(argv: list[str] | None = None) -> None:
         batch_bytes=args.batch_bytes,
         linger_s=args.linger_s,
         keepalive_s=args.keepalive_s,
+        compression=Codec(args.compression),
     )
     if sc.outage_s <= 1.5 * sc.keepalive_s:
         print(f"warning: outage {sc.outage_s} s <= 1.5 x keepalive: resume may count bytes held in the link")
@@ -474,7 +478,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"scenario: backlog {sc.backlog} x 200 B P5, P0 every {sc.alert_every_s} s, link {sc.rate_bps / 1000:g} "
         f"kbit/s {sc.delay_s * 1000:g} ms one way; drain {sc.drain_s} s, silent outage {sc.outage_s} s, then "
-        f"{sc.after_s} s; load average {os.getloadavg()[0]:.2f}",
+        f"{sc.after_s} s; edgehub codec {sc.compression}; load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="bench-uplink-") as tmp:

@@ -14,7 +14,8 @@ properties alone. Rules (ROUTE_LANGUAGE.md, "Routes in the manifest"):
   (``"batch"`` or ``"message"``), ``maxUplinkBps`` (a cap on upstream bits per second), ``maxBatchBytes`` (wire
   bytes per batch), ``lingerMs`` (how long a short batch may wait to fill while others are in flight),
   ``maxInflightBytes`` (the window of unacknowledged bytes), ``linkRateBps`` / ``linkRttMs`` (the link hints
-  the default window and batch size are computed from). Credentials and TLS files are not here: desired
+  the default window and batch size are computed from), ``compression`` (``"gzip"`` or ``"zstd"``, the
+  segment codec of ``batch`` mode). Credentials and TLS files are not here: desired
   properties are no place for secrets (see ``edgehub run --help``). Unknown keys there are refused (a typo
   must not silently leave detection off), and values must have their JSON type (``"4"`` is not a partition
   count).
@@ -97,6 +98,7 @@ class UpstreamConfiguration(BaseModel):
     maxInflightBytes: StrictInt | None = Field(default=None, ge=512, le=1_073_741_824)
     linkRateBps: StrictInt | None = Field(default=None, ge=1_000)
     linkRttMs: StrictInt | None = Field(default=None, ge=0, le=60_000)
+    compression: Literal["gzip", "zstd"] | None = None
 
 
 class EdgeHubDesired(BaseModel):

@@ -30,6 +30,7 @@ from edgehub.runtime.linksim_cli import link_sim
 from edgehub.runtime.routes_cli import describe_routes, routes
 from edgehub.testing.linksim import parse_duration_s, parse_rate_bps
 from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstreamSettings, TlsSettings, WireMode
+from edgehub.upstream.segment import Codec
 
 __all__ = ["DEFAULT_MANIFEST", "main"]
 
@@ -75,8 +76,8 @@ def show_transport(settings: MqttUpstreamSettings | None) -> None:
     cap = f"{s.max_uplink_bps:g} bit/s" if s.max_uplink_bps else "none"
     click.echo(
         f"upstream transport: mqtt {s.protocol} {s.host}:{s.port} tls={'on' if s.tls else 'off'} auth={auth} "
-        f"wire={s.wire_mode} batch={s.segment_bytes} B window={s.window_bytes} B linger={s.linger_s:g} s "
-        f"max uplink={cap}"
+        f"wire={s.wire_mode} codec={s.compression} batch={s.segment_bytes} B window={s.window_bytes} B "
+        f"linger={s.linger_s:g} s max uplink={cap}"
     )
 
 
@@ -155,6 +156,12 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
     default=None,
     help="Unacknowledged bytes in flight (maxInflightBytes; default one BDP of the link hints plus one batch).",
 )
+@click.option(
+    "--upstream-compression",
+    type=click.Choice(["gzip", "zstd"]),
+    default=None,
+    help="Segment codec in batch mode (overrides upstream.compression; default gzip; zstd needs edgehub[zstd]).",
+)
 @click.option("--upstream-link-rate", default=None, metavar="RATE", help="Link hint, e.g. 64kbit (linkRateBps).")
 @click.option("--upstream-link-rtt", default=None, metavar="DURATION", help="Link hint, e.g. 600ms (linkRttMs).")
 @click.option(
@@ -198,6 +205,7 @@ def run(
     upstream_window_bytes: int | None,
     upstream_link_rate: str | None,
     upstream_link_rtt: str | None,
+    upstream_compression: str | None,
     upstream_partitions: int | None,
     duplicate_detection: bool | None,
     duplicate_window_secs: int | None,
@@ -234,6 +242,7 @@ def run(
         max_inflight_bytes=upstream_window_bytes,
         link_rate_bps=_parsed(parse_rate_bps, upstream_link_rate, "--upstream-link-rate"),
         link_rtt_s=_parsed(parse_duration_s, upstream_link_rtt, "--upstream-link-rtt"),
+        compression=Codec(upstream_compression) if upstream_compression else None,
     )
     config = HubConfig(
         manifest=manifest,

@@ -9,9 +9,10 @@ an ``MqttUpstream`` transport delivers it; otherwise messages routed there stay 
 survive restarts and go out once an upstream is configured).
 
 How the transport uses its link (``wireMode``, ``maxUplinkBps``, ``maxBatchBytes``, ``lingerMs``,
-``maxInflightBytes``, ``linkRateBps``, ``linkRttMs``) comes from the manifest's ``upstream`` section applied over
-``HubConfig.upstream``, and ``HubConfig.upstream_overrides`` (the CLI's ``--upstream-*`` flags) over both
-(``transport_settings``). Credentials and TLS come from ``HubConfig.upstream`` only (the CLI), never the manifest.
+``maxInflightBytes``, ``linkRateBps``, ``linkRttMs``, ``compression``) comes from the manifest's ``upstream``
+section applied over ``HubConfig.upstream``, and ``HubConfig.upstream_overrides`` (the CLI's ``--upstream-*``
+flags) over both (``transport_settings``). Credentials and TLS come from ``HubConfig.upstream`` only (the CLI),
+never the manifest.
 
 Partitions and duplicate detection come from the manifest's ``upstream`` section, each overridable in
 ``HubConfig`` (the CLI's ``--upstream-partitions``, ``--duplicate-detection``, ``--duplicate-window-secs``).
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from edgehub.core import SystemClock
+from edgehub.core import ConfigurationError, SystemClock
 from edgehub.hub.facade import EdgeHub
 from edgehub.hub.identities import IdentityRegistry
 from edgehub.hub.lanes import UpstreamOptions
@@ -41,6 +42,7 @@ from edgehub.store import FsyncPolicy, Store, is_upstream_endpoint, parse_upstre
 from edgehub.store.rocks import open_rocks_store
 from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, WireMode
 from edgehub.upstream.partitions import lane_name_of
+from edgehub.upstream.segment import Codec
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 
 __all__ = [
@@ -72,6 +74,7 @@ class UpstreamOverrides:
     max_inflight_bytes: int | None = None
     link_rate_bps: float | None = None
     link_rtt_s: float | None = None
+    compression: Codec | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,11 +137,15 @@ def transport_settings(desired: EdgeHubDesired, config: HubConfig) -> MqttUpstre
         "max_inflight_bytes": up.maxInflightBytes,
         "link_rate_bps": float(up.linkRateBps) if up.linkRateBps is not None else None,
         "link_rtt_s": up.linkRttMs / 1000 if up.linkRttMs is not None else None,
+        "compression": Codec(up.compression) if up.compression is not None else None,
     }
     o = config.upstream_overrides
     cli: dict[str, object] = {name: getattr(o, name) for name in manifest}
     changes = {k: v for k, v in manifest.items() if v is not None} | {k: v for k, v in cli.items() if v is not None}
-    return replace(config.upstream, **changes)  # type: ignore[arg-type]
+    try:
+        return replace(config.upstream, **changes)  # type: ignore[arg-type]
+    except ValueError as exc:  # e.g. zstd without the zstandard package
+        raise ConfigurationError(f"upstream: {exc}") from exc
 
 
 def lane_settings(base: MqttUpstreamSettings, lane_id: str) -> MqttUpstreamSettings:

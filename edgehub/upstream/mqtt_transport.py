@@ -32,12 +32,15 @@ What it guarantees
 
 Wire modes
 ----------
-* ``batch`` (default): one PUBLISH carries one segment (``edgehub.upstream.segment``, format v1, gzip) of one
-  priority, on ``batch_topic`` (default ``edgehub/segments/{hub_id}/{lane}/p{priority:02d}``). A ``send``'s
-  batch is cut into segments of at most about ``max_batch_bytes`` compressed bytes. On MQTT 5 the PUBLISH also
-  carries content type ``application/x-edgehub-segment;v=1;encoding=gzip`` and user property
-  ``edgehub-segment-version=1``. zstd is not in format v1; a v2 would flag it in that content type
-  (``encoding=zstd``) on MQTT 5 and by a ``/zstd`` topic suffix on 3.1.1, so a v1 reader never mistakes it.
+* ``batch`` (default): one PUBLISH carries one segment (``edgehub.upstream.segment``: record format v1,
+  compressed by ``compression``, gzip by default) of one priority, on ``batch_topic`` (default
+  ``edgehub/segments/{hub_id}/{lane}/p{priority:02d}``). A ``send``'s batch is cut into segments of at most
+  about ``max_batch_bytes`` compressed bytes. On MQTT 5 the PUBLISH also carries content type
+  ``application/x-edgehub-segment;v=1;encoding=gzip`` (``encoding=zstd`` for zstd) and user properties
+  ``edgehub-segment-version=1`` and ``edgehub-segment-codec``. A zstd segment's topic ends in ``/zstd`` (on
+  both MQTT versions), so a subscriber that reads gzip only can leave it out by topic; the bytes themselves
+  tell their codec by magic number too. zstd needs the ``zstandard`` package (``edgehub[zstd]``); asking for it
+  without the package is refused when the settings are made.
 * ``message``: one PUBLISH per message on the IoT Hub telemetry topic
   ``devices/{device_id}/messages/events/{property_bag}`` (``devices/{d}/modules/{m}/...`` when ``module_id``
   is set), the bag holding the application properties URL-encoded and the system properties as IoT Hub names
@@ -78,6 +81,7 @@ from edgehub.core import Clock, FailureKind, SystemClock, SystemProperty, Transp
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.bandwidth import RateEstimator, TokenBucket, bdp_bytes
 from edgehub.upstream.batching import edge_message_id, segment_bytes
+from edgehub.upstream.segment import Codec, zstd_available
 
 __all__ = [
     "MqttProtocol",
@@ -92,7 +96,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SEGMENT_CONTENT_TYPE = "application/x-edgehub-segment;v=1;encoding=gzip"
+SEGMENT_CONTENT_TYPE = "application/x-edgehub-segment;v=1;encoding={codec}"
 _BAG_NAMES = {
     SystemProperty.MESSAGE_ID: "$.mid",
     SystemProperty.CORRELATION_ID: "$.cid",
@@ -158,7 +162,8 @@ class MqttUpstreamSettings:
     max_batch_bytes: int | None = None  # wire bytes per batch and per segment; None: half a BDP (1-64 KiB)
     max_batch_messages: int = 1000  # the most messages in one batch, whatever their size
     linger_s: float = 0.2  # while batches are in flight, how long a short batch waits to fill
-    compresslevel: int = 6
+    compression: Codec = Codec.GZIP  # batch mode's segment codec; zstd needs the zstandard package
+    compresslevel: int = 6  # gzip 1-9, zstd 1-22
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
 
@@ -169,6 +174,8 @@ class MqttUpstreamSettings:
             raise ValueError("max_inflight_bytes must be positive")
         if self.linger_s < 0 or (self.max_uplink_bps is not None and self.max_uplink_bps <= 0):
             raise ValueError("linger_s must be >= 0 and max_uplink_bps positive")
+        if self.compression is Codec.ZSTD and not zstd_available():
+            raise ValueError("compression zstd needs the zstandard package: pip install edgehub[zstd]")
         if self.keepalive_s <= 0 or self.ack_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("keepalive_s, ack_timeout_s and connect_timeout_s must be positive")
 
@@ -581,7 +588,7 @@ class MqttUpstream:
 
     def _segment_payload(self, msgs: Sequence[QueuedMessage]) -> bytes:
         s = self.settings
-        return segment_bytes(msgs, hub_id=s.hub_id, lane=s.lane, compresslevel=s.compresslevel)
+        return segment_bytes(msgs, hub_id=s.hub_id, lane=s.lane, compresslevel=s.compresslevel, codec=s.compression)
 
     def _units(self, batch: Sequence[QueuedMessage]) -> list[_Unit]:
         if self.settings.wire_mode is WireMode.MESSAGE:
@@ -591,10 +598,15 @@ class MqttUpstream:
     def _segment_units(self, batch: Sequence[QueuedMessage]) -> list[_Unit]:
         s = self.settings
         topic = s.batch_topic.format(hub_id=s.hub_id, lane=s.lane, priority=batch[0].priority)
+        if s.compression is Codec.ZSTD:
+            topic += "/zstd"
         props: Properties | None = None
         props_len: int | None = None
         if s.protocol is MqttProtocol.V5:
-            props, props_len = _publish_properties([("edgehub-segment-version", "1")], SEGMENT_CONTENT_TYPE)
+            props, props_len = _publish_properties(
+                [("edgehub-segment-version", "1"), ("edgehub-segment-codec", str(s.compression))],
+                SEGMENT_CONTENT_TYPE.format(codec=s.compression),
+            )
         # Cut into runs whose compressed size is about max_batch_bytes: halve a run until it fits (or is one
         # message), so compression still sees as many messages as fit.
         units: list[_Unit] = []

@@ -118,6 +118,7 @@ def test_upstream_link_settings_are_unset_unless_given() -> None:
         ({"duplicateDetectionWindowSecs": 604_801}, r"upstream\.duplicateDetectionWindowSecs: .* less than or equal"),
         ({"duplicateDetections": True}, r"upstream\.duplicateDetections: Extra inputs are not permitted"),
         ({"wireMode": "fast"}, r"upstream\.wireMode: Input should be 'batch' or 'message'"),
+        ({"compression": "lz4"}, r"upstream\.compression: Input should be 'gzip' or 'zstd'"),
         ({"maxUplinkBps": 999}, r"upstream\.maxUplinkBps: Input should be greater than or equal to 1000"),
         ({"maxUplinkBps": "64kbit"}, r"upstream\.maxUplinkBps: Input should be a valid integer"),
         ({"lingerMs": -1}, r"upstream\.lingerMs: Input should be greater than or equal to 0"),

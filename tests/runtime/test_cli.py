@@ -142,11 +142,14 @@ def test_run_applies_the_manifests_link_settings_and_the_flags_over_them(tmp_pat
     manifest = write(tmp_path / "m.json", {"schemaVersion": "1.1", "routes": {}, "upstream": upstream})
     out = _run_with_port_taken(
         tmp_path,
-        ["--manifest", manifest, "--upstream-mqtt", "cloud.example:8883", "--upstream-max-uplink", "32kbit"],
+        [
+            *["--manifest", manifest, "--upstream-mqtt", "cloud.example:8883", "--upstream-max-uplink", "32kbit"],
+            *["--upstream-compression", "zstd"],
+        ],
         env={"EDGEHUB_UPSTREAM_PASSWORD": "s3cret"},
     )
     [line] = [x for x in out.splitlines() if x.startswith("upstream transport:")]
-    assert "mqtt 3.1.1 cloud.example:8883 tls=off auth=password wire=message batch=3000 B" in line
+    assert "mqtt 3.1.1 cloud.example:8883 tls=off auth=password wire=message codec=zstd batch=3000 B" in line
     assert "window=12600 B" in line  # 64 kbit/s x 1.2 s (the manifest's RTT) + one batch
     assert "max uplink=32000 bit/s" in line  # the flag over the manifest's 16000
     assert "s3cret" not in out
