@@ -287,7 +287,10 @@ class EndpointExecutor:
         """The earliest time (monotonic) at which a queue becomes ready without a signal, or None."""
         # A queue with a batch in flight becomes ready when that batch settles, which wakes the pump.
         times = [qs.retry_at_mono_s for qs in self._queues.values() if qs.pending and not qs.inflight]
-        times += [qs.linger_until_mono_s for qs in self._queues.values() if qs.linger_until_mono_s is not None]
+        # A linger time only while it is ahead: one that passed while its queue could not send (parked) is no
+        # reason to wake, and would spin the pump.
+        now = self._clock.monotonic()
+        times += [t for qs in self._queues.values() if (t := qs.linger_until_mono_s) is not None and t > now]
         if self._unreachable and any(not qs.pending and self._has_new(q, qs) for q, qs in self._queues.items()):
             times.append(self._park_until_mono_s)
         return min(times, default=None)
@@ -525,8 +528,9 @@ class EndpointExecutor:
             qs.fire(Event.BATCH)
         if not failed:
             if qs.state is not State.SENDING or qs.inflight:  # a retry pending, or more of the queue in flight
-                if qs.state is State.SENDING:
+                if qs.state is State.SENDING:  # nothing of the queue failed since: healthy, schedule starts over
                     qs.unhealthy_since_s = None
+                    qs.failures = 0
                 await self._commit(q, qs.checkpointer.commit(done))
                 return
             qs.clear_retry()

@@ -150,3 +150,25 @@ async def test_a_lingering_short_batch_goes_before_any_lower_priority_that_is_re
         ex.notify()
         await ep.wait_submitted(3)
     assert [bodies(b) for b in ep.submitted[1:]] == [[b"urgent"], [b"low3", b"low4", b"low5"]]
+
+
+async def test_a_lingering_queue_that_gets_parked_waits_for_the_endpoint_without_spinning(
+    store: Store, clock: ManualClock
+) -> None:
+    ep = PipelinedTestEndpoint("ep", window=3, max_batch_messages=3, linger_s=1.0)
+    await fill(store, ["a", "b", "c"], 5)
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=HOUR_WAIT) as ex:
+        await ep.wait_submitted(1)
+        await put(store, ex, "short", 5)
+        await ex.wait_idle()  # lingering behind the batch in flight
+        ep.lose_link()  # the batch fails, the endpoint says it is unreachable: parked for an hour
+        await ex.wait_idle()
+        await clock.wait_for_sleepers(2)
+        clock.advance(2.0)  # past the linger time, still parked
+        # The pump sleeps again until the retry time; one that took the passed linger time for a deadline would
+        # spin on it and never sleep on the clock.
+        await clock.wait_for_sleepers(2)
+        assert len(ep.submitted) == 1
+        ep.revive()
+        await ep.wait_submitted(2)
+    assert bodies(ep.submitted[1]) == [b"a", b"b", b"c"]  # the retry first, then the rest
