@@ -15,8 +15,9 @@ What it guarantees
   ``max_inflight_bytes`` (one PUBLISH larger than the bound goes alone). The window is configured, not
   measured: by default one bandwidth-delay product of the link hints ``link_rate_bps`` x ``link_rtt_s`` plus
   one batch (64 kbit/s, 600 ms: 4,800 + 2,400 bytes). Socket buffers therefore never hold more than one
-  window, so a priority-0 message waits behind at most one window of lower-priority bytes: the executor
-  chooses the next batch only when the window has room, highest priority first.
+  window, so a priority-0 message waits behind about one window of lower-priority bytes (at most the window
+  plus the batch being handed over when it came): the executor chooses the next batch only when the window has
+  room, highest priority first.
 * **``max_uplink_bps``**: a token bucket on PUBLISH wire bytes; a backlog after an outage cannot exceed it.
   ``status()`` reports the achieved rate (acknowledged bytes over a 10 s window) and wire bytes per message.
 * **Reconnect** runs in its own task (tenacity): exponential backoff with jitter from ``reconnect_min_s`` to
@@ -66,6 +67,7 @@ import hmac
 import logging
 import ssl
 import urllib.parse
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -214,6 +216,10 @@ class UpstreamStatus:
     publishes_acked: int
     wire_bytes_acked: int
     wire_bytes_per_message: float  # PUBLISH bytes (fixed header to payload) per acknowledged message
+    # The least PUBLISH-to-PUBACK time of the last 64 acks (a PUBLISH that went out with little ahead of it takes
+    # about one round trip plus its own serialisation); None before the first ack. With ``achieved_bps`` it tells
+    # whether the window fits the link: the configured window is not changed by it.
+    rtt_min_s: float | None = None
 
 
 def generate_sas_token(resource_uri: str, key_b64: str, expiry_epoch_s: int, policy: str | None = None) -> str:
@@ -266,6 +272,7 @@ class _Unit:
 class _Pending:
     future: asyncio.Future[None]
     wire_bytes: int
+    sent_at_s: float  # loop time when it was handed to the client
 
 
 class _Connection:
@@ -310,6 +317,8 @@ class _Connection:
         if p is None:
             return
         self.inflight_bytes -= p.wire_bytes
+        if not failed:
+            self.owner._rtt_samples.append(self.loop.time() - p.sent_at_s)
         if not p.future.done():
             if failed:
                 p.future.set_exception(TransportError(f"PUBACK {reason}", kind=FailureKind.PERMANENT))
@@ -341,7 +350,7 @@ class _Connection:
             fut.set_exception(TransportError(f"publish refused by client: {paho.error_string(info.rc)}"))
             return fut
         # Registered before the loop runs again, so the PUBACK (delivered via call_soon_threadsafe) finds it.
-        self.pending[info.mid] = _Pending(fut, unit.wire_bytes)
+        self.pending[info.mid] = _Pending(fut, unit.wire_bytes, self.loop.time())
         self.inflight_bytes += unit.wire_bytes
         return fut
 
@@ -379,6 +388,7 @@ class MqttUpstream:
         self._publishes_acked = 0
         self._wire_acked = 0
         self._bytes_per_message: float | None = None
+        self._rtt_samples: deque[float] = deque(maxlen=64)
 
     # -- Endpoint ---------------------------------------------------------------------------------------------
 
@@ -472,6 +482,7 @@ class MqttUpstream:
             publishes_acked=self._publishes_acked,
             wire_bytes_acked=self._wire_acked,
             wire_bytes_per_message=self._wire_acked / self._messages_acked if self._messages_acked else 0.0,
+            rtt_min_s=min(self._rtt_samples, default=None),
         )
 
     async def send(self, batch: Sequence[QueuedMessage]) -> SendResult:

@@ -261,6 +261,18 @@ async def test_bytes_in_flight_never_exceed_the_window(link: LinkSim) -> None:
         assert status.achieved_bps > 0
 
 
+async def test_status_reports_the_least_round_trip_of_its_publishes(link: LinkSim) -> None:
+    link.delay_s = 0.1  # each way: no PUBACK can come back sooner than 0.2 s after its PUBLISH
+    up = MqttUpstream(_settings(link))
+    async with asyncio.timeout(20), up:
+        await up.wait_connected()
+        assert up.status().rtt_min_s is None
+        assert _ids((await up.send(_batch(3))).succeeded) == [0, 1, 2]
+        rtt = up.status().rtt_min_s
+        assert rtt is not None
+        assert rtt >= 0.2
+
+
 def test_sas_token_has_the_iot_hub_shape() -> None:
     token = generate_sas_token("myhub.azure-devices.net/devices/d1", "c2VjcmV0", 1_800_000_000)
     assert token.startswith("SharedAccessSignature sr=myhub.azure-devices.net%2Fdevices%2Fd1&sig=")
