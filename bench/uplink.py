@@ -1,29 +1,45 @@
-"""python -m bench.uplink: the upstream over a thin link, edgehub's MQTT transport vs a Mosquitto bridge.
+"""python -m bench.uplink: the whole hub's upstream over a thin link, versus a Mosquitto bridge, in one run.
 
 Usage::
 
-    python -m bench.uplink                      # scaled default run, about 2.5 minutes
-    python -m bench.uplink --backlog 50000 --outage-s 60 --drain-s 120 --after-s 120   # the issue's scenario
+    python -m bench.uplink                  # scaled default: 10,000 backlog, 60 s outage; about 3 minutes
+    python -m bench.uplink --backlog 50000 --drain-s 120 --outage-s 60 --after-s 240   # the issue's scenario
+    python -m bench.uplink --only edgehub   # one side (for profiling); the JSON then lacks the other's figures
 
-Both sides run the same scenario through their own ``LinkSim`` (default 64 kbit/s, 300 ms one way) in front
-of a cloud Mosquitto: a backlog of priority-5 telemetry (200-byte JSON), a priority-0 alert every 5 s, the link
-going silent for ``--outage-s`` after ``--drain-s`` seconds, then ``--after-s`` seconds more.
+Both sides run at the same time, each through its own ``LinkSim`` (default 64 kbit/s each way, 300 ms one way)
+in front of its own cloud Mosquitto, with the same scenario:
 
-* **edgehub**: ``MqttUpstream`` in ``batch`` mode, driven by a *simple local sender loop* standing in for the
-  endpoint executor (not built yet): strict priority (P0 first), ``--batch-messages`` per send, failed batches
-  put back at the head, waits for ``on_reachable`` after a failure. No store, no checkpointer: what this
-  measures is the transport and the wire format, not the executor.
-* **bridge**: Debian's mosquitto as the edge broker (fed by ``mosquitto_pub``), bridged (QoS 1) to the cloud
-  Mosquitto through the link; FIFO, one message per PUBLISH, as Mosquitto bridges do.
+1. the link is silent; a device publishes ``--backlog`` priority-5 telemetry messages (200-byte JSON, QoS 1,
+   paho) into the edge, and every PUBACK is in (the backlog is durable at the edge);
+2. the link comes up; ``--drain-s`` seconds of draining; meanwhile, and until the end, a second device
+   publishes one priority-0 alert every ``--alert-every-s`` seconds;
+3. the link goes silent (no FIN, no RST) for ``--outage-s`` seconds, then comes back;
+4. ``--after-s`` seconds more; then 3 s for what is on its way.
 
-Figures: P0 latency p50/p99 (alerts not delivered by the end count as the time they waited so far: a lower
-bound), wire bytes per delivered message (all bytes the link carried up / messages delivered), link
-utilisation while draining (bytes carried up over rate x time while the link was up and backlog remained),
-and resume (from link restore to the first backlog message arriving in the cloud).
+* **edgehub**: the real hub, started as users start it (``serve(HubConfig)`` of ``edgehub.runtime``): the
+  manifest routes device ``pump`` to ``$upstream`` at priority 5 and device ``alarm`` at priority 0; devices
+  publish over MQTT into the hub's MQTT head; RocksDB store (fsync always), the endpoint executor, and the
+  ``MqttUpstream`` transport in ``batch`` mode pointed at the link.
+* **bridge**: Debian's mosquitto as the edge broker (the same paho devices publish into it), bridged with QoS 1
+  and a persistent session to the cloud Mosquitto through the link: FIFO, one message per PUBLISH.
 
-Not covered yet (needs the executor and store, issue 3): durable queues, TTL, restart while offline, the
-executor's cut-short of retry waits; the sender loop here keeps the backlog in memory.
-Last line: one JSON object.
+Figures (each side):
+
+* ``p0`` latency: from the alert's PUBLISH at the edge to its arrival in the cloud, over the alerts raised while
+  the link was up and stayed up for the next 3 s (an alert raised into an outage waits for the link, whatever
+  the hub does; those are reported apart as ``p0_outage_max_s``). An alert not delivered by the end counts
+  the time it waited so far (a lower bound).
+* wire bytes per message: every byte the link carried up (CONNECTs, pings and resends included) over the
+  distinct messages delivered.
+* utilisation while draining: bytes carried up over ``rate x time`` while the link was up and backlog remained
+  (from each restore to the earlier of the next outage and the last backlog message's arrival).
+* resume: from the restore after the outage to the arrival in the cloud of the first backlog message that had
+  not arrived before (so it includes one one-way delay and that message's serialisation). The outage outlasts
+  1.5 x either side's keepalive, so the cloud broker has dropped the old connection and bytes held in the link
+  during the outage cannot count.
+
+Last line: one JSON object (``p0_p50_s``, ``p0_p99_s``, ``bridge_p0_p99_s``, ``wire_bytes_per_msg``,
+``bridge_wire_bytes_per_msg``, ``utilisation``, ``resume_s``, and more).
 """
 
 from __future__ import annotations
@@ -32,23 +48,30 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import random
 import tempfile
 import time
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from edgehub.core import Message
-from edgehub.delivery.endpoint import QueuedMessage
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+
+from edgehub.core import Identity
+from edgehub.runtime.hub_runtime import DEFAULT_HOST_NAME, HubConfig, open_identities, open_store, serve
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer, PeerWay
-from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
-from edgehub.upstream.segment import decode_segment
+from edgehub.upstream.mqtt_transport import MqttUpstreamSettings
+from edgehub.upstream.segment import Codec, decode_segment
+
+SETTLE_S = 3.0  # after the end, and the guard before an outage for counting an alert as "raised while up"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Scenario:
     backlog: int
     rate_bps: float
@@ -57,42 +80,71 @@ class Scenario:
     drain_s: float
     outage_s: float
     after_s: float
-    batch_messages: int
     window_bytes: int | None
-    segment_bytes: int | None
+    batch_bytes: int | None
+    linger_s: float | None
+    keepalive_s: int
+    compression: Codec
+
+
+@dataclass
+class Timeline:
+    """What the scenario driver saw, on ``time.monotonic()``."""
+
+    restores: list[float] = field(default_factory=list)
+    outages: list[float] = field(default_factory=list)
+    end: float = 0.0
+    samples: list[tuple[float, int]] = field(default_factory=list)  # (t, link up bytes)
+    alerts_at: dict[str, float] = field(default_factory=dict)
+
+    def up_bytes_at(self, t: float) -> int:
+        best = 0
+        for at, n in self.samples:
+            if at > t:
+                break
+            best = n
+        return best
+
+    def raised_while_up(self, at: float) -> bool:
+        for down, up in zip(self.outages, self.restores[1:], strict=False):
+            if down - SETTLE_S <= at < up:
+                return False
+        return at >= self.restores[0]
 
 
 @dataclass
 class Figures:
-    p0_latencies_s: list[float] = field(default_factory=list)
-    p0_up_latencies_s: list[float] = field(default_factory=list)  # alerts raised while the link was up
+    p0_up_s: list[float] = field(default_factory=list)
+    p0_outage_s: list[float] = field(default_factory=list)
+    p0_missing: int = 0
     delivered: int = 0
+    backlog_delivered: int = 0
     up_bytes: int = 0
-    draining_bytes: int = 0
-    draining_s: float = 0.0
+    utilisation: float | None = None
     resume_s: float | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
 
-    def summary(self, rate_bps: float) -> dict[str, float | None]:
+    def summary(self) -> dict[str, Any]:
         def pct(values: list[float], q: float) -> float | None:
-            lat = sorted(values)
-            if not lat:
-                return None
-            return lat[min(len(lat) - 1, round(q * (len(lat) - 1)))]
+            v = sorted(values)
+            return v[min(len(v) - 1, round(q * (len(v) - 1)))] if v else None
 
         return {
-            "p0_p50_s": pct(self.p0_latencies_s, 0.5),
-            "p0_p99_s": pct(self.p0_latencies_s, 0.99),
-            "p0_up_p50_s": pct(self.p0_up_latencies_s, 0.5),
-            "p0_up_p99_s": pct(self.p0_up_latencies_s, 0.99),
-            "p0_count": len(self.p0_latencies_s),
+            "p0_p50_s": pct(self.p0_up_s, 0.5),
+            "p0_p99_s": pct(self.p0_up_s, 0.99),
+            "p0_count": len(self.p0_up_s),
+            "p0_outage_max_s": max(self.p0_outage_s, default=None),
+            "p0_missing": self.p0_missing,
             "delivered": self.delivered,
+            "backlog_delivered": self.backlog_delivered,
             "wire_bytes_per_msg": self.up_bytes / self.delivered if self.delivered else None,
-            "utilisation": self.draining_bytes / (rate_bps / 8 * self.draining_s) if self.draining_s else None,
+            "utilisation": self.utilisation,
             "resume_s": self.resume_s,
+            **self.notes,
         }
 
 
-def _telemetry(i: int, rnd: random.Random) -> bytes:
+def telemetry(i: int, rnd: random.Random) -> bytes:
     body = {
         "deviceId": f"pump-{i % 17}",
         "seq": i,
@@ -106,236 +158,305 @@ def _telemetry(i: int, rnd: random.Random) -> bytes:
     return (raw + " " * max(0, 200 - len(raw))).encode()  # 200-byte JSON
 
 
-async def _phases(
-    sc: Scenario, link: LinkSim, figures: Figures, stop: asyncio.Event, restored: list[float], backlog_left: list[int]
+class Device:
+    """A paho MQTT 3.1.1 client on its own thread; ``publish`` is QoS 1, ``wait_acked`` waits for the PUBACKs."""
+
+    def __init__(self, client_id: str, port: int, *, password: str | None = None) -> None:
+        self.port = port
+        self.client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=client_id)
+        self.client.max_inflight_messages_set(500)
+        self.client.max_queued_messages_set(0)
+        if password is not None:
+            self.client.username_pw_set(client_id, password)
+        self.acked = 0
+        self._loop = asyncio.get_running_loop()
+        self._connected = asyncio.Event()
+        self._progress = asyncio.Event()
+        self.client.on_connect = self._t_on_connect
+        self.client.on_publish = self._t_on_publish
+
+    def _t_on_connect(self, c: paho.Client, u: Any, flags: Any, rc: Any, props: Any) -> None:
+        self._loop.call_soon_threadsafe(self._connected.set)
+
+    def _t_on_publish(self, c: paho.Client, u: Any, mid: int, rc: Any, props: Any) -> None:
+        self._loop.call_soon_threadsafe(self._ack)
+
+    def _ack(self) -> None:
+        self.acked += 1
+        self._progress.set()
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.client.connect, "127.0.0.1", self.port, 60)
+        self.client.loop_start()
+        async with asyncio.timeout(20):
+            await self._connected.wait()
+
+    def publish(self, topic: str, payload: bytes) -> None:
+        self.client.publish(topic, payload, qos=1)
+
+    async def wait_acked(self, n: int) -> None:
+        while self.acked < n:
+            self._progress.clear()
+            await self._progress.wait()
+
+    async def stop(self) -> None:
+        self.client.disconnect()
+        await asyncio.to_thread(self.client.loop_stop)
+
+
+async def drive(
+    sc: Scenario,
+    link: LinkSim,
+    pump: Device,
+    alarm: Device,
+    topics: tuple[str, str],
+    tl: Timeline,
+    log: Callable[[str], None],
 ) -> None:
-    """Drain, outage, after: sample the link's byte counts for utilisation while backlog remains."""
-    t0, b0 = time.monotonic(), link.stats.up_bytes
-    await asyncio.sleep(sc.drain_s)
-    figures.draining_s += time.monotonic() - t0
-    figures.draining_bytes += link.stats.up_bytes - b0
-    link.go_silent()
-    await asyncio.sleep(sc.outage_s)
-    link.restore()
-    restored.append(time.monotonic())
-    t1, b1 = time.monotonic(), link.stats.up_bytes
-    end = t1 + sc.after_s
-    while time.monotonic() < end and backlog_left[0] > 0:  # noqa: ASYNC110 (sampling a counter, no event)
-        await asyncio.sleep(0.2)
-    figures.draining_s += time.monotonic() - t1
-    figures.draining_bytes += link.stats.up_bytes - b1
-    await asyncio.sleep(max(0.0, end - time.monotonic()) if backlog_left[0] == 0 else 0)
-    stop.set()
+    """Load the backlog with the link silent, then drain, outage, after; alerts and link samples meanwhile."""
+    rnd = random.Random(1)
+    t0 = time.monotonic()
+    for i in range(sc.backlog):
+        pump.publish(topics[0], telemetry(i, rnd))
+        if i % 1000 == 999:
+            await pump.wait_acked(i - 500)
+    async with asyncio.timeout(600):
+        await pump.wait_acked(sc.backlog)
+    log(f"backlog of {sc.backlog} acknowledged at the edge in {time.monotonic() - t0:.1f} s")
+    stop = asyncio.Event()
+
+    async def alerts() -> None:
+        n = 0
+        while not stop.is_set():
+            mid = f"a{n}"
+            tl.alerts_at[mid] = time.monotonic()
+            alarm.publish(topics[1], json.dumps({"alert": "pressure", "id": mid}).encode())
+            n += 1
+            try:
+                async with asyncio.timeout(sc.alert_every_s):
+                    await stop.wait()
+            except TimeoutError:
+                pass
+
+    async def sample() -> None:
+        while not stop.is_set():
+            tl.samples.append((time.monotonic(), link.stats.up_bytes))
+            await asyncio.sleep(0.25)
+
+    async with asyncio.TaskGroup() as tg:
+        tl.restores.append(time.monotonic())
+        link.restore()
+        tg.create_task(alerts(), name="bench.alerts")
+        tg.create_task(sample(), name="bench.sample")
+        await asyncio.sleep(sc.drain_s)
+        tl.outages.append(time.monotonic())
+        link.go_silent()
+        log("outage")
+        await asyncio.sleep(sc.outage_s)
+        tl.restores.append(time.monotonic())
+        link.restore()
+        log("restored")
+        await asyncio.sleep(sc.after_s)
+        tl.end = time.monotonic()
+        stop.set()
+    await asyncio.sleep(SETTLE_S)
+
+
+def figures_from(
+    sc: Scenario, tl: Timeline, link: LinkSim, arrivals: list[tuple[float, str, str]], backlog: int
+) -> Figures:
+    """``arrivals``: (received_at, kind 'p0'|'p5', id) in arrival order, duplicates included."""
+    f = Figures()
+    first: dict[str, float] = {}
+    done_at: float | None = None
+    resume_at: float | None = None
+    p5_seen = 0
+    for at, kind, mid in arrivals:
+        if mid in first:
+            continue
+        first[mid] = at
+        if kind == "p5":
+            p5_seen += 1
+            if p5_seen == backlog:
+                done_at = at
+            if resume_at is None and len(tl.restores) > 1 and at >= tl.restores[1]:
+                resume_at = at
+    f.delivered = len(first)
+    f.backlog_delivered = p5_seen
+    f.up_bytes = link.stats.up_bytes
+    for mid, sent in tl.alerts_at.items():
+        got = first.get(mid)
+        if got is None:
+            f.p0_missing += 1
+        wait = (got if got is not None else tl.end + SETTLE_S) - sent
+        (f.p0_up_s if tl.raised_while_up(sent) else f.p0_outage_s).append(wait)
+    if resume_at is not None:
+        f.resume_s = resume_at - tl.restores[1]
+    spans = [(tl.restores[0], tl.outages[0]), (tl.restores[1], tl.end)]
+    carried, seconds = 0, 0.0
+    for start, stop in spans:
+        stop = min(stop, done_at) if done_at is not None else stop
+        if stop <= start:
+            continue
+        carried += tl.up_bytes_at(stop) - tl.up_bytes_at(start)
+        seconds += stop - start
+    if seconds:
+        f.utilisation = carried / (sc.rate_bps / 8 * seconds)
+    f.notes["drain_s_measured"] = round(seconds, 1)
+    return f
+
+
+def manifest(path: Path) -> None:
+    routes = {
+        "alerts": {
+            "route": "FROM /messages/* WHERE $connectionDeviceId = 'alarm' INTO $upstream",
+            "priority": 0,
+            "timeToLiveSecs": 86400,
+        },
+        "telemetry": {
+            "route": "FROM /messages/* WHERE $connectionDeviceId = 'pump' INTO $upstream",
+            "priority": 5,
+            "timeToLiveSecs": 604800,
+        },
+    }
+    path.write_text(json.dumps({"schemaVersion": "1.1", "routes": routes}))
 
 
 async def run_edgehub(sc: Scenario, work: Path) -> Figures:
-    figures = Figures()
-    rnd = random.Random(1)
-    async with MosquittoPeer(work, name="cloud-e", way=PeerWay.BINARY) as cloud:
+    def log(text: str) -> None:
+        print(f"edgehub: {text}", flush=True)
+
+    await asyncio.to_thread(work.mkdir)
+    data, manifest_path = work / "data", work / "manifest.json"
+    manifest(manifest_path)
+    store = open_store(data)
+    identities = open_identities(store, DEFAULT_HOST_NAME)
+    for name in ("pump", "alarm"):
+        await identities.set_password(Identity.parse(name), b"pw")
+    await store.close()
+    tl = Timeline()
+    async with MosquittoPeer(work, name="cloud", way=PeerWay.BINARY) as cloud:
         link = LinkSim(target_host=cloud.host, target_port=cloud.port, rate_bps=sc.rate_bps, delay_s=sc.delay_s)
         async with link, MqttCollector(host=cloud.host, port=cloud.port, topic="edgehub/#") as sink:
-            settings = MqttUpstreamSettings(
+            link.go_silent()
+            extra: dict[str, Any] = {}
+            if sc.linger_s is not None:
+                extra["linger_s"] = sc.linger_s
+            upstream = MqttUpstreamSettings(
                 host="127.0.0.1",
                 port=link.port,
                 client_id="edge-hub",
                 hub_id="edge",
                 link_rate_bps=sc.rate_bps,
                 link_rtt_s=2 * sc.delay_s,
-                max_batch_messages=sc.batch_messages,
                 max_inflight_bytes=sc.window_bytes,
-                max_batch_bytes=sc.segment_bytes,
-                keepalive_s=10,
-                ack_timeout_s=10,
-                reconnect_min_s=0.2,
-                reconnect_max_s=2,
+                max_batch_bytes=sc.batch_bytes,
+                keepalive_s=sc.keepalive_s,
+                compression=sc.compression,
+                **extra,
             )
-            up = MqttUpstream(settings)
-            reachable = asyncio.Event()
-            up.bind(reachable.set)
-            p5: deque[QueuedMessage] = deque(
-                QueuedMessage(
-                    message=Message(body=_telemetry(i, rnd), system_properties={"edgeMessageId": f"t{i}"}),
-                    offset=i,
-                    priority=5,
-                    enqueued_at_s=time.time(),
-                    ttl_s=86400,
-                )
-                for i in range(sc.backlog)
-            )
-            p0: deque[QueuedMessage] = deque()
-            sent_at: dict[str, float] = {}
-            up_at: dict[str, bool] = {}
+            config = HubConfig(manifest=manifest_path, data_dir=data, mqtt_port=0, mqtts_port=None, upstream=upstream)
             stop = asyncio.Event()
-            restored: list[float] = []
-            left = [len(p5)]
-
-            async def alerts() -> None:
-                n = 0
-                while not stop.is_set():
-                    mid = f"a{n}"
-                    sent_at[mid] = time.monotonic()
-                    up_at[mid] = link.is_up
-                    body = json.dumps({"alert": "pressure", "id": mid}).encode()
-                    p0.append(
-                        QueuedMessage(
-                            message=Message(body=body, system_properties={"edgeMessageId": mid}),
-                            offset=n,
-                            priority=0,
-                            enqueued_at_s=time.time(),
-                            ttl_s=86400,
-                        )
-                    )
-                    n += 1
-                    await asyncio.sleep(sc.alert_every_s)
-
-            async def sender() -> None:
-                await up.wait_connected()
-                while not stop.is_set():
-                    queue = p0 if p0 else p5
-                    if not queue:
-                        await asyncio.sleep(0.05)
-                        continue
-                    batch = [queue.popleft() for _ in range(min(sc.batch_messages, len(queue)))]
-                    result = await up.send(batch)
-                    if result.failed:
-                        queue.extendleft(reversed(result.failed))
-                        reachable.clear()
-                        try:
-                            async with asyncio.timeout(1.0):
-                                await reachable.wait()
-                        except TimeoutError:
-                            pass
-                    left[0] = len(p5)
-
-            async with up:
-                await up.wait_connected()
-                async with asyncio.TaskGroup() as tg:
-                    tasks = [
-                        tg.create_task(alerts(), name="bench.alerts"),
-                        tg.create_task(sender(), name="bench.sender"),
-                    ]
-                    await _phases(sc, link, figures, stop, restored, left)
-                    for t in tasks:
-                        t.cancel()
-            end = time.monotonic()
-            delivered_p0: dict[str, float] = {}
-            first_after_restore: float | None = None
+            ports: asyncio.Queue[dict[str, int]] = asyncio.Queue()
+            hub = asyncio.create_task(serve(config, stop=stop, on_ready=ports.put_nowait), name="bench.hub")
+            async with asyncio.timeout(30):
+                port = (await ports.get())["tcp"]
+            pump, alarm = Device("pump", port, password="pw"), Device("alarm", port, password="pw")
+            await pump.start()
+            await alarm.start()
+            topics = ("devices/pump/messages/events/", "devices/alarm/messages/events/")
+            try:
+                await drive(sc, link, pump, alarm, topics, tl, log)
+            finally:
+                await pump.stop()
+                await alarm.stop()
+                stop.set()
+                async with asyncio.timeout(30):
+                    await hub
+            arrivals: list[tuple[float, str, str]] = []
+            segments = 0
             for m in sink.messages:
+                segments += 1
                 for r in decode_segment(m.payload):
                     if r.priority == 0:
-                        delivered_p0.setdefault(r.edge_message_id, m.received_at)
+                        arrivals.append((m.received_at, "p0", json.loads(r.body)["id"]))
                     else:
-                        figures.delivered += 1
-                        if restored and m.received_at >= restored[0] + sc.delay_s and first_after_restore is None:
-                            first_after_restore = m.received_at
-            for mid, at in sent_at.items():
-                figures.p0_latencies_s.append(delivered_p0.get(mid, end) - at)
-                if up_at[mid]:
-                    figures.p0_up_latencies_s.append(delivered_p0.get(mid, end) - at)
-            figures.delivered += len(delivered_p0)
-            figures.up_bytes = link.stats.up_bytes
-            if first_after_restore is not None:
-                figures.resume_s = first_after_restore - restored[0]
-            status = up.status()
-            print(
-                f"edgehub: transport wire bytes/msg {status.wire_bytes_per_message:.1f}, "
-                f"peak in flight {status.peak_inflight_bytes} B (window {status.window_bytes} B), "
-                f"connects {status.connects}, P0 delivered {len(delivered_p0)}/{len(sent_at)}"
-            )
-    return figures
+                        arrivals.append((m.received_at, "p5", r.edge_message_id))
+            f = figures_from(sc, tl, link, arrivals, sc.backlog)
+            f.notes["segments"] = segments
+            f.notes["link_connections"] = link.accepted
+    return f
 
 
 async def run_bridge(sc: Scenario, work: Path) -> Figures:
-    figures = Figures()
-    rnd = random.Random(1)
-    async with MosquittoPeer(work, name="cloud-b", way=PeerWay.BINARY) as cloud:
+    def log(text: str) -> None:
+        print(f"bridge: {text}", flush=True)
+
+    await asyncio.to_thread(work.mkdir)
+    tl = Timeline()
+    async with MosquittoPeer(work, name="cloud", way=PeerWay.BINARY) as cloud:
         link = LinkSim(target_host=cloud.host, target_port=cloud.port, rate_bps=sc.rate_bps, delay_s=sc.delay_s)
         async with link, MqttCollector(host=cloud.host, port=cloud.port, topic="#", client_id="cloud-sink") as sink:
+            link.go_silent()
             bridge = [
                 "max_queued_messages 10000000",
+                "max_inflight_messages 20",
                 "connection cloud",
                 f"address 127.0.0.1:{link.port}",
                 "topic tele/# out 1",
                 "topic alert/# out 1",
                 "bridge_protocol_version mqttv311",
                 "cleansession false",
-                "keepalive_interval 10",
+                f"keepalive_interval {sc.keepalive_s}",
                 "restart_timeout 1 2",
             ]
-            async with MosquittoPeer(work, name="edge-b", way=PeerWay.BINARY, extra_config=bridge) as edge:
-                lines = b"\n".join(_telemetry(i, rnd) for i in range(sc.backlog)) + b"\n"
-                pub = await asyncio.create_subprocess_exec(
-                    "mosquitto_pub", "-h", edge.host, "-p", str(edge.port), "-t", "tele/pump", "-q", "1", "-l",
-                    stdin=asyncio.subprocess.PIPE,
-                )  # fmt: skip
-                await pub.communicate(lines)
-                stop = asyncio.Event()
-                restored: list[float] = []
-                sent_at: dict[str, float] = {}
-                up_at: dict[str, bool] = {}
-                left = [sc.backlog]
+            async with MosquittoPeer(work, name="edge", way=PeerWay.BINARY, extra_config=bridge) as edge:
+                pump, alarm = Device("pump", edge.port), Device("alarm", edge.port)
+                await pump.start()
+                await alarm.start()
+                try:
+                    await drive(sc, link, pump, alarm, ("tele/pump", "alert/pressure"), tl, log)
+                finally:
+                    await pump.stop()
+                    await alarm.stop()
+            arrivals: list[tuple[float, str, str]] = []
+            seq = 0
+            for m in sink.messages:
+                if m.topic.startswith("alert/"):
+                    arrivals.append((m.received_at, "p0", json.loads(m.payload)["id"]))
+                else:
+                    arrivals.append((m.received_at, "p5", str(json.loads(m.payload)["seq"])))
+                    seq += 1
+            f = figures_from(sc, tl, link, arrivals, sc.backlog)
+            f.notes["link_connections"] = link.accepted
+    return f
 
-                async def alerts() -> None:
-                    n = 0
-                    while not stop.is_set():
-                        mid = f"a{n}"
-                        sent_at[mid] = time.monotonic()
-                        up_at[mid] = link.is_up
-                        p = await asyncio.create_subprocess_exec(
-                            "mosquitto_pub", "-h", edge.host, "-p", str(edge.port), "-t", "alert/pressure", "-q", "1",
-                            "-m", json.dumps({"alert": "pressure", "id": mid}),
-                        )  # fmt: skip
-                        await p.wait()
-                        n += 1
-                        await asyncio.sleep(sc.alert_every_s)
 
-                async def count_left() -> None:
-                    while not stop.is_set():
-                        left[0] = sc.backlog - sum(1 for m in sink.messages if m.topic.startswith("tele/"))
-                        await asyncio.sleep(0.5)
-
-                async with asyncio.TaskGroup() as tg:
-                    tasks = [
-                        tg.create_task(alerts(), name="bench.bridge_alerts"),
-                        tg.create_task(count_left(), name="bench.bridge_left"),
-                    ]
-                    await _phases(sc, link, figures, stop, restored, left)
-                    for t in tasks:
-                        t.cancel()
-                end = time.monotonic()
-                delivered_p0: dict[str, float] = {}
-                first_after_restore: float | None = None
-                for m in sink.messages:
-                    if m.topic.startswith("alert/"):
-                        delivered_p0.setdefault(json.loads(m.payload)["id"], m.received_at)
-                    else:
-                        figures.delivered += 1
-                        if restored and m.received_at >= restored[0] + sc.delay_s and first_after_restore is None:
-                            first_after_restore = m.received_at
-                for mid, at in sent_at.items():
-                    figures.p0_latencies_s.append(delivered_p0.get(mid, end) - at)
-                    if up_at[mid]:
-                        figures.p0_up_latencies_s.append(delivered_p0.get(mid, end) - at)
-                figures.delivered += len(delivered_p0)
-                figures.up_bytes = link.stats.up_bytes
-                if first_after_restore is not None:
-                    figures.resume_s = first_after_restore - restored[0]
-                print(f"bridge: P0 delivered {len(delivered_p0)}/{len(sent_at)}")
-    return figures
+async def run(sc: Scenario, work: Path, only: str | None) -> dict[str, dict[str, Any]]:
+    jobs = {}
+    if only in (None, "edgehub"):
+        jobs["edgehub"] = run_edgehub(sc, work / "edgehub")
+    if only in (None, "bridge"):
+        jobs["bridge"] = run_bridge(sc, work / "bridge")
+    results = await asyncio.gather(*jobs.values())
+    return {name: f.summary() for name, f in zip(jobs, results, strict=True)}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--backlog", type=int, default=50_000)
+    ap.add_argument("--backlog", type=int, default=10_000)
     ap.add_argument("--rate-bps", type=float, default=64_000)
-    ap.add_argument("--delay-s", type=float, default=0.3)
+    ap.add_argument("--delay-s", type=float, default=0.3, help="one way")
     ap.add_argument("--alert-every-s", type=float, default=5.0)
-    ap.add_argument("--drain-s", type=float, default=25.0)
-    ap.add_argument("--outage-s", type=float, default=30.0)
-    ap.add_argument("--after-s", type=float, default=20.0)
-    ap.add_argument("--batch-messages", type=int, default=500)
-    ap.add_argument("--window-bytes", type=int, default=None, help="edgehub bytes in flight (default: one BDP)")
-    ap.add_argument("--segment-bytes", type=int, default=None, help="edgehub segment size (default: window/4)")
+    ap.add_argument("--drain-s", type=float, default=30.0)
+    ap.add_argument("--outage-s", type=float, default=60.0)
+    ap.add_argument("--after-s", type=float, default=40.0)
+    ap.add_argument("--keepalive-s", type=int, default=30, help="both sides' MQTT keepalive upstream")
+    ap.add_argument("--window-bytes", type=int, default=None, help="edgehub: bytes in flight (default: its own)")
+    ap.add_argument("--batch-bytes", type=int, default=None, help="edgehub: bytes per segment (default: its own)")
+    ap.add_argument("--linger-s", type=float, default=None, help="edgehub: batch linger (default: its own)")
+    ap.add_argument("--compression", choices=["gzip", "zstd"], default="gzip", help="edgehub: segment codec")
+    ap.add_argument("--only", choices=["edgehub", "bridge"], default=None)
     args = ap.parse_args(argv)
     sc = Scenario(
         backlog=args.backlog,
@@ -345,41 +466,46 @@ def main(argv: list[str] | None = None) -> None:
         drain_s=args.drain_s,
         outage_s=args.outage_s,
         after_s=args.after_s,
-        batch_messages=args.batch_messages,
         window_bytes=args.window_bytes,
-        segment_bytes=args.segment_bytes,
+        batch_bytes=args.batch_bytes,
+        linger_s=args.linger_s,
+        keepalive_s=args.keepalive_s,
+        compression=Codec(args.compression),
     )
-    logging.basicConfig(level=logging.WARNING)
+    if sc.outage_s <= 1.5 * sc.keepalive_s:
+        print(f"warning: outage {sc.outage_s} s <= 1.5 x keepalive: resume may count bytes held in the link")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     print(
         f"scenario: backlog {sc.backlog} x 200 B P5, P0 every {sc.alert_every_s} s, link {sc.rate_bps / 1000:g} "
-        f"kbit/s {sc.delay_s * 1000:g} ms one way; drain {sc.drain_s} s, silent outage {sc.outage_s} s, "
-        f"then {sc.after_s} s; edgehub batch {sc.batch_messages} msgs/send"
+        f"kbit/s {sc.delay_s * 1000:g} ms one way; drain {sc.drain_s} s, silent outage {sc.outage_s} s, then "
+        f"{sc.after_s} s; edgehub codec {sc.compression}; load average {os.getloadavg()[0]:.2f}",
+        flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="bench-uplink-") as tmp:
-        e = asyncio.run(run_edgehub(sc, Path(tmp))).summary(sc.rate_bps)
-        b = asyncio.run(run_bridge(sc, Path(tmp))).summary(sc.rate_bps)
-    for name, f in (("edgehub", e), ("bridge", b)):
-        print(f"{name:8s} " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in f.items()))
-    ew, bw = e["wire_bytes_per_msg"], b["wire_bytes_per_msg"]
-    if ew and bw:
-        print(f"wire bytes per message: edgehub/bridge = {ew / bw:.3f}")
+        res = asyncio.run(run(sc, Path(tmp), args.only))
+    for name, figs in res.items():
+        print(f"{name:8s} " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in figs.items()))
+    e, b = res.get("edgehub", {}), res.get("bridge", {})
+    ew, bw = e.get("wire_bytes_per_msg"), b.get("wire_bytes_per_msg")
     print(
         json.dumps(
             {
-                "p0_p50_s": e["p0_p50_s"],
-                "p0_p99_s": e["p0_p99_s"],
-                "bridge_p0_p99_s": b["p0_p99_s"],
-                "p0_up_p99_s": e["p0_up_p99_s"],
-                "bridge_p0_up_p99_s": b["p0_up_p99_s"],
+                "p0_p50_s": e.get("p0_p50_s"),
+                "p0_p99_s": e.get("p0_p99_s"),
+                "bridge_p0_p99_s": b.get("p0_p99_s"),
                 "wire_bytes_per_msg": ew,
                 "bridge_wire_bytes_per_msg": bw,
-                "utilisation": e["utilisation"],
-                "bridge_utilisation": b["utilisation"],
-                "resume_s": e["resume_s"],
-                "bridge_resume_s": b["resume_s"],
-                "delivered": e["delivered"],
-                "bridge_delivered": b["delivered"],
-                "scaled": sc.outage_s < 60 or sc.backlog < 50_000,
+                "wire_ratio": ew / bw if ew and bw else None,
+                "utilisation": e.get("utilisation"),
+                "resume_s": e.get("resume_s"),
+                "bridge_p0_p50_s": b.get("p0_p50_s"),
+                "bridge_utilisation": b.get("utilisation"),
+                "bridge_resume_s": b.get("resume_s"),
+                "p0_outage_max_s": e.get("p0_outage_max_s"),
+                "delivered": e.get("delivered"),
+                "bridge_delivered": b.get("delivered"),
+                "load_avg": round(os.getloadavg()[0], 2),
+                "scaled": sc.backlog < 50_000 or sc.outage_s < 60,
             }
         )
     )

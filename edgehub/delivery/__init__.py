@@ -2,7 +2,7 @@
 Endpoint seam."""
 
 from edgehub.delivery.checkpointer import Checkpointer
-from edgehub.delivery.endpoint import Endpoint, QueuedMessage, ReportsUnreachable, SendResult
+from edgehub.delivery.endpoint import Endpoint, PipelinedEndpoint, QueuedMessage, ReportsUnreachable, SendResult
 from edgehub.delivery.executor import DeadLetterReason, EndpointExecutor, ExecutorSettings
 from edgehub.delivery.fsm import TRANSITIONS, Event, InvalidTransition, State, next_state
 from edgehub.delivery.retry import BackoffFunction, RetryPolicy, effective_policy
@@ -17,6 +17,7 @@ __all__ = [
     "Event",
     "ExecutorSettings",
     "InvalidTransition",
+    "PipelinedEndpoint",
     "QueuedMessage",
     "ReportsUnreachable",
     "RetryPolicy",

@@ -15,17 +15,25 @@ sends, and no attempts counted against ``maxDeliveryAttempts``) until it reports
 delay has passed. That part is optional: an endpoint without ``bind_unreachable`` is never taken for
 unreachable, and its failed sends alone drive the retries. Both callbacks are called on the executor's event
 loop, and may be called any number of times in any order; the last one called holds.
+
+Pipelining: over a link with a long round trip, one batch at a time leaves the link idle while each batch waits
+for its acknowledgement. An endpoint that can keep several batches on their way implements
+``PipelinedEndpoint`` as well: the executor then waits until it ``has_room`` before it chooses the next batch
+(so the choice is made when the batch can go at once, and a high priority that arrived meanwhile is chosen first),
+hands the batch over with ``submit`` and goes on choosing; each batch's result is its own checkpoint, settled
+in the order the batches were submitted. ``send`` stays the way to deliver one batch and wait for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from edgehub.core import FailureKind, Message
 
-__all__ = ["Endpoint", "QueuedMessage", "ReportsUnreachable", "SendResult"]
+__all__ = ["Endpoint", "PipelinedEndpoint", "QueuedMessage", "ReportsUnreachable", "SendResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,4 +105,27 @@ class ReportsUnreachable(Protocol):
 
     def bind_unreachable(self, on_unreachable: Callable[[], None]) -> None:
         """Called once by the executor, after ``bind`` and before the first send."""
+        ...
+
+
+@runtime_checkable
+class PipelinedEndpoint(Protocol):
+    """What an ``Endpoint`` adds to take several batches at once (see the module docstring)."""
+
+    @property
+    def linger_s(self) -> float:
+        """While batches are in flight, how long a batch shorter than ``max_batch_messages`` may wait for more
+        messages before it is sent (0: never waits). With nothing in flight a batch goes at once."""
+        ...
+
+    @property
+    def has_room(self) -> bool:
+        """Whether a new batch would go on its way at once (the bytes already in flight leave room for it), or
+        waiting is pointless (not connected: the next ``submit`` fails at once). While it is False the executor
+        waits for a batch in flight to settle."""
+        ...
+
+    async def submit(self, batch: Sequence[QueuedMessage]) -> asyncio.Future[SendResult]:
+        """Hand ``batch`` (one priority, queue order, non-empty) over and return once it is on its way; the
+        future resolves to its ``SendResult`` (the same contract as ``send``) and should not fail."""
         ...

@@ -29,6 +29,14 @@ Invariants:
   ``max_delivery_attempts`` and never exhausts the retry policy (its wait is then the policy's maximum
   delay); a send that was in flight when the report came counts as usual (it may have reached the peer). A
   send that succeeds counts as a reachable report;
+* a ``PipelinedEndpoint`` gets several batches at once: the pump waits until it ``has_room`` before each choice,
+  ``submit``s the batch and chooses again; results are settled in submission order, each batch's result its own
+  checkpoint (the checkpointer never commits past a batch still in flight). A queue with a batch in flight is
+  SENDING; a failed batch makes it FAILING and the failures of its later batches still in flight join the
+  retry (in queue order); a retry waits until the queue has nothing in flight, and newer messages may follow a
+  retry on its way. A batch shorter than ``max_batch_messages`` waits up to the endpoint's ``linger_s`` for
+  more while other batches are in flight, but only while nothing of lower priority is ready (else it goes
+  first: lingering never lets a lower priority overtake);
 * the cleanup processor removes delivered and expired references every ``cleanup_interval_s`` (head-only, or the
   whole queue with ``check_entire_queue_on_cleanup``); the store deletes a body with its last reference.
 
@@ -40,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -47,7 +56,7 @@ from typing import Self
 
 from edgehub.core import Clock, FailureKind, StoreClosedError, StoreError, SystemClock
 from edgehub.delivery.checkpointer import Checkpointer
-from edgehub.delivery.endpoint import Endpoint, QueuedMessage, ReportsUnreachable, SendResult
+from edgehub.delivery.endpoint import Endpoint, PipelinedEndpoint, QueuedMessage, ReportsUnreachable, SendResult
 from edgehub.delivery.fsm import Event, State, next_state
 from edgehub.delivery.retry import RetryPolicy, effective_policy
 from edgehub.store import QueueId, RemovalReason, Store, StoredItem
@@ -94,6 +103,8 @@ class _QueueState:
         self.retry_at_mono_s = 0.0  # on the clock's monotonic scale
         self.failed_send_seq = 0  # the executor's signal sequence number when the failed send began
         self.attempts: dict[int, int] = {}  # offset -> failed deliveries counted against the message
+        self.inflight = 0  # batches of this queue submitted to a pipelined endpoint and not settled yet
+        self.linger_until_mono_s: float | None = None  # a short batch waits for more until then
 
     def fire(self, event: Event) -> None:
         self.state = next_state(self.state, event)
@@ -101,6 +112,18 @@ class _QueueState:
     def clear_retry(self) -> None:
         self.pending = []
         self.failures = 0
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """A batch submitted to a pipelined endpoint, not settled yet."""
+
+    q: QueueId
+    qs: _QueueState
+    items: list[StoredItem]
+    seq: int
+    probe: bool
+    result: asyncio.Future[SendResult]
 
 
 class EndpointExecutor:
@@ -127,6 +150,8 @@ class EndpointExecutor:
         self.idle_waits = 0  # times the pump found nothing ready and waited
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._pipelined: PipelinedEndpoint | None = endpoint if isinstance(endpoint, PipelinedEndpoint) else None
+        self._inflight: deque[_InFlight] = deque()
         self.batches_sent = 0
         self.batches_prefetched = 0  # batches read while the one before was in flight
         self.cleanups_run = 0
@@ -235,25 +260,45 @@ class EndpointExecutor:
     def _choose(self) -> tuple[QueueId, bool] | None:
         """The queue to serve next, highest priority first, and whether it is a retry; None: nothing is ready."""
         now = self._clock.monotonic()
+        lingering: QueueId | None = None  # the first short batch waiting to fill: it goes before anything lower
         for q in self._store.queues(self._id):  # highest priority first
             qs = self._qs(q)
             if qs.pending:
-                if self._retry_due(qs, now):
-                    return q, True
+                if not qs.inflight and self._retry_due(qs, now):
+                    return (lingering, False) if lingering is not None else (q, True)
             elif self._has_new(q, qs) and self._may_send_new(now):
-                return q, False
+                if not self._lingers(q, qs, now):
+                    return (lingering or q), False
+                lingering = lingering or q
         return None
+
+    def _lingers(self, q: QueueId, qs: _QueueState, now_mono: float) -> bool:
+        """Whether a short batch of ``q`` should wait for more (only while other batches are in flight)."""
+        if self._pipelined is None or not self._inflight or self._pipelined.linger_s <= 0:
+            qs.linger_until_mono_s = None
+            return False
+        if self._store.end_offset(q) - qs.cursor >= self._endpoint.max_batch_messages:
+            return False
+        if qs.linger_until_mono_s is None:
+            qs.linger_until_mono_s = now_mono + self._pipelined.linger_s
+        return now_mono < qs.linger_until_mono_s
 
     def _next_deadline(self) -> float | None:
         """The earliest time (monotonic) at which a queue becomes ready without a signal, or None."""
-        times = [qs.retry_at_mono_s for qs in self._queues.values() if qs.pending]
+        # A queue with a batch in flight becomes ready when that batch settles, which wakes the pump.
+        times = [qs.retry_at_mono_s for qs in self._queues.values() if qs.pending and not qs.inflight]
+        # A linger time only while it is ahead: one that passed while its queue could not send (parked) is no
+        # reason to wake, and would spin the pump.
+        now = self._clock.monotonic()
+        times += [t for qs in self._queues.values() if (t := qs.linger_until_mono_s) is not None and t > now]
         if self._unreachable and any(not qs.pending and self._has_new(q, qs) for q, qs in self._queues.items()):
             times.append(self._park_until_mono_s)
         return min(times, default=None)
 
-    async def _idle(self) -> None:
-        """Wait for new messages, a reachability report, or the earliest retry time."""
-        deadline = self._next_deadline()
+    async def _idle(self, *, until_woken: bool = False) -> None:
+        """Wait for new messages, a reachability report, a settled batch, or the earliest retry time (not that
+        with ``until_woken``)."""
+        deadline = None if until_woken else self._next_deadline()
         delay_s = None if deadline is None else deadline - self._clock.monotonic()
         if delay_s is not None and delay_s <= 0:  # due already (a clock that woke a hair early): choose again
             await asyncio.sleep(0)
@@ -298,13 +343,18 @@ class EndpointExecutor:
             except StoreError as exc:
                 log.warning("executor.store_failed endpoint=%s error=%s retry_in_s=%s", self._id, exc, STORE_RETRY_S)
                 self._queues.clear()
+                self._inflight.clear()  # their results are not awaited: what they carried is sent again
                 await self._clock.sleep(STORE_RETRY_S)
 
     async def _pump_once(self) -> None:
         prefetch: tuple[QueueId, asyncio.Task[list[StoredItem]]] | None = None
         try:
             while True:
-                self._wake.clear()  # before choosing: a notify from here on wakes the wait below
+                self._wake.clear()  # before choosing: a notify (or a settled batch) from here on wakes the wait below
+                await self._settle_finished()
+                if self._pipelined is not None and self._inflight and not self._pipelined.has_room:
+                    await self._idle(until_woken=True)  # choose once the batch can go at once: a settled batch wakes
+                    continue
                 choice = self._choose()
                 if prefetch is not None and choice != (prefetch[0], False):  # the next batch is not the prefetched one
                     prefetch[1].cancel()
@@ -333,7 +383,9 @@ class EndpointExecutor:
                 task = asyncio.create_task(self._prefetch(q, qs.cursor), name=f"executor.prefetch:{q}")
                 task.add_done_callback(lambda t: t.cancelled() or t.exception())  # dropped ones: nobody awaits
                 prefetch = (q, task)
-                qs.fire(Event.BATCH)
+                qs.linger_until_mono_s = None
+                if qs.state is not State.SENDING:  # SENDING: a pipelined endpoint has batches of it in flight
+                    qs.fire(Event.BATCH)
                 await self._attempt(q, qs, items)
         finally:
             if prefetch is not None:
@@ -387,13 +439,49 @@ class EndpointExecutor:
             qs.fire(Event.REACHABLE)
         else:
             qs.fire(Event.RETRY_DUE)
+        # On its way again: no longer waiting. (Its failures still count until it succeeds.) With a pipelined
+        # endpoint, newer messages of the queue may follow it at once; if it fails, they join its retry.
+        qs.pending = []
         await self._attempt(q, qs, live)
 
-    async def _send(self, q: QueueId, qs: _QueueState, items: Sequence[StoredItem]) -> SendResult:
-        batch = [
+    def _batch(self, q: QueueId, qs: _QueueState, items: Sequence[StoredItem]) -> list[QueuedMessage]:
+        return [
             QueuedMessage(it.message, it.offset, q.priority, it.enqueued_at_s, it.ttl_s, qs.attempts.get(it.offset, 0))
             for it in items
         ]
+
+    async def _submit(
+        self, endpoint: PipelinedEndpoint, q: QueueId, qs: _QueueState, items: Sequence[StoredItem]
+    ) -> asyncio.Future[SendResult]:
+        batch = self._batch(q, qs, items)
+        try:
+            return await endpoint.submit(batch)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("endpoint.submit_raised endpoint=%s error=%s", self._id, exc)
+            failed: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+            failed.set_result(SendResult.all_failed(batch, FailureKind.TRANSIENT, str(exc)))
+            return failed
+
+    async def _settle_finished(self) -> None:
+        """Settle the submitted batches whose results are in, in submission order."""
+        while self._inflight and self._inflight[0].result.done():
+            f = self._inflight.popleft()
+            f.qs.inflight -= 1
+            if f.result.cancelled() or f.result.exception() is not None:
+                error = "cancelled" if f.result.cancelled() else str(f.result.exception())
+                log.warning("endpoint.send_raised endpoint=%s error=%s", self._id, error)
+                result = SendResult.all_failed(self._batch(f.q, f.qs, f.items), FailureKind.TRANSIENT, error)
+            else:
+                result = f.result.result()
+            self.batches_sent += 1
+            self._changed.set()
+            if self._queues.get(f.q) is f.qs:  # else the queue state was rebuilt after a store failure
+                await self._settle(f.q, f.qs, f.items, result, f.seq, f.probe)
+
+    async def _send(self, q: QueueId, qs: _QueueState, items: Sequence[StoredItem]) -> SendResult:
+        batch = self._batch(q, qs, items)
         try:
             result = await self._endpoint.send(batch)
         except asyncio.CancelledError:
@@ -407,10 +495,25 @@ class EndpointExecutor:
 
     async def _attempt(self, q: QueueId, qs: _QueueState, items: list[StoredItem]) -> None:
         """Send ``items`` once (the queue is SENDING). On success commit; on failure record the retry state and
-        return (FAILING): the pump chooses again."""
+        return (FAILING): the pump chooses again. A pipelined endpoint gets the batch submitted; it is settled
+        once its result is in."""
         seq = self._next_seq()
         probe = self._unreachable  # parked: this send only finds out whether the endpoint is back
+        if self._pipelined is not None:
+            fut = await self._submit(self._pipelined, q, qs, items)
+            qs.inflight += 1
+            self._inflight.append(_InFlight(q, qs, items, seq, probe, fut))
+            fut.add_done_callback(lambda _: self._wake.set())
+            return
         result = await self._send(q, qs, items)
+        await self._settle(q, qs, items, result, seq, probe)
+
+    async def _settle(
+        self, q: QueueId, qs: _QueueState, items: list[StoredItem], result: SendResult, seq: int, probe: bool
+    ) -> None:
+        """Sort the result of one send of ``items``: commit what is done, dead-letter what must be, keep the rest
+        for a retry. With a pipelined endpoint other batches of ``q`` may still be in flight: SENDING then holds
+        until the last of them is settled, and a failure joins the retry of an earlier failed batch."""
         by_offset = {it.offset: it for it in items}
         ok = {m.offset for m in result.succeeded} & by_offset.keys()
         invalid = {m.offset for m in result.invalid} & by_offset.keys() - ok
@@ -421,16 +524,26 @@ class EndpointExecutor:
             done.add(off)
         if result.succeeded and self._unreachable:
             self._on_reachable()  # it delivered: whatever the last report said, the endpoint is back
+        if qs.state is State.IDLE:  # a batch that was in flight when an earlier one gave up
+            qs.fire(Event.BATCH)
         if not failed:
+            if qs.state is not State.SENDING or qs.inflight:  # a retry pending, or more of the queue in flight
+                if qs.state is State.SENDING:  # nothing of the queue failed since: healthy, schedule starts over
+                    qs.unhealthy_since_s = None
+                    qs.failures = 0
+                await self._commit(q, qs.checkpointer.commit(done))
+                return
             qs.clear_retry()
             qs.fire(Event.SENT_OK)
             qs.unhealthy_since_s = None
             await self._commit(q, qs.checkpointer.commit(done))
             qs.fire(Event.COMMITTED)
             return
-        qs.fire(Event.SENT_FAILED)
-        qs.failures += 1
-        qs.failed_send_seq = seq
+        joining = qs.state is not State.SENDING  # an earlier batch of the queue failed: these join its retry
+        if not joining:
+            qs.fire(Event.SENT_FAILED)
+            qs.failures += 1
+            qs.failed_send_seq = seq
         now = self._clock.time()
         if qs.unhealthy_since_s is None:
             qs.unhealthy_since_s = now
@@ -463,6 +576,9 @@ class EndpointExecutor:
                 done.add(it.offset)
             still = []
         await self._commit(q, qs.checkpointer.commit(done, [it.offset for it in still]))
+        if joining:
+            qs.pending = sorted([*qs.pending, *still], key=lambda it: it.offset)
+            return
         if not still:
             qs.clear_retry()
             qs.fire(Event.GIVE_UP)

@@ -9,8 +9,16 @@ properties alone. Rules (ROUTE_LANGUAGE.md, "Routes in the manifest"):
 * ``storeAndForwardConfiguration.timeToLiveSecs``: the global TTL (default 7200 s, as Azure IoT Edge).
 * ``upstream`` (edgehub's own, not Azure IoT Edge's): ``partitions`` 1-64 (default 1: one lane, ``$upstream``),
   ``duplicateDetection`` (default false) and ``duplicateDetectionWindowSecs`` 1-604800 (default 600, as
-  Service Bus's default; at most 7 days as Service Bus allows). Unknown keys there are refused (a typo must not
-  silently leave detection off), and values must have their JSON type (``"4"`` is not a partition count).
+  Service Bus's default; at most 7 days as Service Bus allows); and how the upstream uses its link, each unset
+  by default (unset: the transport's default; the command line's flag overrides either): ``wireMode``
+  (``"batch"`` or ``"message"``), ``maxUplinkBps`` (a cap on upstream bits per second), ``maxBatchBytes`` (wire
+  bytes per batch), ``lingerMs`` (how long a short batch may wait to fill while others are in flight),
+  ``maxInflightBytes`` (the window of unacknowledged bytes), ``linkRateBps`` / ``linkRttMs`` (the link hints
+  the default window and batch size are computed from), ``compression`` (``"gzip"`` or ``"zstd"``, the
+  segment codec of ``batch`` mode). Credentials and TLS files are not here: desired
+  properties are no place for secrets (see ``edgehub run --help``). Unknown keys there are refused (a typo
+  must not silently leave detection off), and values must have their JSON type (``"4"`` is not a partition
+  count).
 
 Errors are ``ManifestError`` (a ConfigurationError) naming the field; route text errors stay RouteErrors.
 """
@@ -20,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -82,6 +90,15 @@ class UpstreamConfiguration(BaseModel):
     partitions: StrictInt = Field(default=1, ge=1, le=MAX_PARTITIONS)
     duplicateDetection: StrictBool = False
     duplicateDetectionWindowSecs: StrictInt = Field(default=DEFAULT_DUPLICATE_WINDOW_SECS, ge=1, le=604_800)
+    # The link: None leaves the transport's default (or the command line's value).
+    wireMode: Literal["batch", "message"] | None = None
+    maxUplinkBps: StrictInt | None = Field(default=None, ge=1_000)
+    maxBatchBytes: StrictInt | None = Field(default=None, ge=256, le=16_777_216)
+    lingerMs: StrictInt | None = Field(default=None, ge=0, le=60_000)
+    maxInflightBytes: StrictInt | None = Field(default=None, ge=512, le=1_073_741_824)
+    linkRateBps: StrictInt | None = Field(default=None, ge=1_000)
+    linkRttMs: StrictInt | None = Field(default=None, ge=0, le=60_000)
+    compression: Literal["gzip", "zstd"] | None = None
 
 
 class EdgeHubDesired(BaseModel):

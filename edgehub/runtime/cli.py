@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -16,11 +17,20 @@ from edgehub.hub.lanes import UpstreamOptions
 from edgehub.manifest import MAX_PARTITIONS, load_desired_file
 from edgehub.routing import Router
 from edgehub.runtime.certs import HubCerts
-from edgehub.runtime.hub_runtime import DEFAULT_HOST_NAME, HubConfig, serve, upstream_options
+from edgehub.runtime.hub_runtime import (
+    DEFAULT_HOST_NAME,
+    HubConfig,
+    UpstreamOverrides,
+    serve,
+    transport_settings,
+    upstream_options,
+)
 from edgehub.runtime.identity_cli import identity
 from edgehub.runtime.linksim_cli import link_sim
 from edgehub.runtime.routes_cli import describe_routes, routes
-from edgehub.upstream.mqtt_transport import MqttUpstreamSettings, WireMode
+from edgehub.testing.linksim import parse_duration_s, parse_rate_bps
+from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstreamSettings, TlsSettings, WireMode
+from edgehub.upstream.segment import Codec
 
 __all__ = ["DEFAULT_MANIFEST", "main"]
 
@@ -54,6 +64,32 @@ def show_upstream(options: UpstreamOptions) -> None:
     click.echo(f"upstream: partitions={options.partitions} duplicate detection {detection}")
 
 
+def show_transport(settings: MqttUpstreamSettings | None) -> None:
+    """Print where ``$upstream`` goes and how it uses the link (secrets left out)."""
+    if settings is None:
+        click.echo("upstream transport: none ($upstream stays queued)")
+        return
+    s = settings
+    auth = "sas token" if s.sas_token else "password" if s.password else "none"
+    if s.tls is not None and s.tls.certfile:
+        auth += " + client certificate"
+    cap = f"{s.max_uplink_bps:g} bit/s" if s.max_uplink_bps else "none"
+    click.echo(
+        f"upstream transport: mqtt {s.protocol} {s.host}:{s.port} tls={'on' if s.tls else 'off'} auth={auth} "
+        f"wire={s.wire_mode} codec={s.compression} batch={s.segment_bytes} B window={s.window_bytes} B "
+        f"linger={s.linger_s:g} s max uplink={cap}"
+    )
+
+
+def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=flag) from None
+
+
 @main.command()
 @click.option("--manifest", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_MANIFEST)
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data"), show_default=True)
@@ -64,8 +100,70 @@ def show_upstream(options: UpstreamOptions) -> None:
 @click.option("--upstream-mqtt", default=None, metavar="HOST:PORT", help="Deliver $upstream to this MQTT broker.")
 @click.option("--upstream-client-id", default="edgehub", show_default=True, help="Client id (and hub id) upstream.")
 @click.option(
-    "--upstream-wire", type=click.Choice(["batch", "message"]), default="batch", show_default=True, help="Wire mode."
+    "--upstream-wire",
+    type=click.Choice(["batch", "message"]),
+    default=None,
+    help="Wire mode (overrides upstream.wireMode; default batch).",
 )
+@click.option(
+    "--upstream-protocol", type=click.Choice(["3.1.1", "5"]), default="3.1.1", show_default=True, help="MQTT version."
+)
+@click.option("--upstream-username", default=None, help="MQTT user name upstream.")
+@click.option(
+    "--upstream-password",
+    default=None,
+    envvar="EDGEHUB_UPSTREAM_PASSWORD",
+    help="MQTT password upstream; better given in $EDGEHUB_UPSTREAM_PASSWORD than on the command line.",
+)
+@click.option(
+    "--upstream-sas-token",
+    default=None,
+    envvar="EDGEHUB_UPSTREAM_SAS_TOKEN",
+    help="An IoT Hub SAS token as the password (user name: the IoT Hub form); or $EDGEHUB_UPSTREAM_SAS_TOKEN.",
+)
+@click.option("--upstream-tls", is_flag=True, default=False, help="TLS upstream, trusting the system's CAs.")
+@click.option(
+    "--upstream-ca-file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="TLS upstream, trusting this CA file (PEM).",
+)
+@click.option(
+    "--upstream-cert-file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Client certificate (PEM) for X.509 authentication; implies TLS.",
+)
+@click.option(
+    "--upstream-key-file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="The client certificate's key (PEM), when not in the certificate file.",
+)
+@click.option(
+    "--upstream-max-uplink",
+    default=None,
+    metavar="RATE",
+    help="Cap on the upstream rate, e.g. 32kbit (overrides upstream.maxUplinkBps; default none).",
+)
+@click.option(
+    "--upstream-batch-bytes", type=click.IntRange(256), default=None, help="Wire bytes per batch (maxBatchBytes)."
+)
+@click.option("--upstream-linger-ms", type=click.IntRange(0, 60_000), default=None, help="Batch linger (lingerMs).")
+@click.option(
+    "--upstream-window-bytes",
+    type=click.IntRange(512),
+    default=None,
+    help="Unacknowledged bytes in flight (maxInflightBytes; default one BDP of the link hints plus one batch).",
+)
+@click.option(
+    "--upstream-compression",
+    type=click.Choice(["gzip", "zstd"]),
+    default=None,
+    help="Segment codec in batch mode (overrides upstream.compression; default gzip; zstd needs edgehub[zstd]).",
+)
+@click.option("--upstream-link-rate", default=None, metavar="RATE", help="Link hint, e.g. 64kbit (linkRateBps).")
+@click.option("--upstream-link-rtt", default=None, metavar="DURATION", help="Link hint, e.g. 600ms (linkRttMs).")
 @click.option(
     "--upstream-partitions",
     type=click.IntRange(1, MAX_PARTITIONS),
@@ -92,7 +190,22 @@ def run(
     host_name: str,
     upstream_mqtt: str | None,
     upstream_client_id: str,
-    upstream_wire: str,
+    upstream_wire: str | None,
+    upstream_protocol: str,
+    upstream_username: str | None,
+    upstream_password: str | None,
+    upstream_sas_token: str | None,
+    upstream_tls: bool,
+    upstream_ca_file: Path | None,
+    upstream_cert_file: Path | None,
+    upstream_key_file: Path | None,
+    upstream_max_uplink: str | None,
+    upstream_batch_bytes: int | None,
+    upstream_linger_ms: int | None,
+    upstream_window_bytes: int | None,
+    upstream_link_rate: str | None,
+    upstream_link_rtt: str | None,
+    upstream_compression: str | None,
     upstream_partitions: int | None,
     duplicate_detection: bool | None,
     duplicate_window_secs: int | None,
@@ -103,13 +216,34 @@ def run(
         up_host, _, up_port = upstream_mqtt.rpartition(":")
         if not up_host or not up_port.isdigit():
             raise click.BadParameter("expected HOST:PORT", param_hint="--upstream-mqtt")
+        tls = None
+        if upstream_tls or upstream_ca_file or upstream_cert_file:
+            tls = TlsSettings(
+                ca_certs=str(upstream_ca_file) if upstream_ca_file else None,
+                certfile=str(upstream_cert_file) if upstream_cert_file else None,
+                keyfile=str(upstream_key_file) if upstream_key_file else None,
+            )
         upstream = MqttUpstreamSettings(
             host=up_host,
             port=int(up_port),
             client_id=upstream_client_id,
             hub_id=upstream_client_id.replace("/", "-"),
-            wire_mode=WireMode(upstream_wire),
+            protocol=MqttProtocol(upstream_protocol),
+            username=upstream_username,
+            password=upstream_password,
+            sas_token=upstream_sas_token,
+            tls=tls,
         )
+    overrides = UpstreamOverrides(
+        wire_mode=WireMode(upstream_wire) if upstream_wire else None,
+        max_uplink_bps=_parsed(parse_rate_bps, upstream_max_uplink, "--upstream-max-uplink"),
+        max_batch_bytes=upstream_batch_bytes,
+        linger_s=upstream_linger_ms / 1000 if upstream_linger_ms is not None else None,
+        max_inflight_bytes=upstream_window_bytes,
+        link_rate_bps=_parsed(parse_rate_bps, upstream_link_rate, "--upstream-link-rate"),
+        link_rtt_s=_parsed(parse_duration_s, upstream_link_rtt, "--upstream-link-rtt"),
+        compression=Codec(upstream_compression) if upstream_compression else None,
+    )
     config = HubConfig(
         manifest=manifest,
         data_dir=data_dir,
@@ -121,10 +255,13 @@ def run(
         partitions=upstream_partitions,
         duplicate_detection=duplicate_detection,
         duplicate_window_s=float(duplicate_window_secs) if duplicate_window_secs is not None else None,
+        upstream_overrides=overrides,
     )
     try:
         show_routes(manifest)
-        show_upstream(upstream_options(load_desired_file(manifest), config))
+        desired = load_desired_file(manifest)
+        show_upstream(upstream_options(desired, config))
+        show_transport(transport_settings(desired, config))
     except ConfigurationError as exc:
         click.echo(str(exc), err=True)
         raise SystemExit(1) from None

@@ -8,6 +8,12 @@ executors, then the store (closed, so every acknowledged message is on disk).
 an ``MqttUpstream`` transport delivers it; otherwise messages routed there stay queued in the store (they
 survive restarts and go out once an upstream is configured).
 
+How the transport uses its link (``wireMode``, ``maxUplinkBps``, ``maxBatchBytes``, ``lingerMs``,
+``maxInflightBytes``, ``linkRateBps``, ``linkRttMs``, ``compression``) comes from the manifest's ``upstream``
+section applied over ``HubConfig.upstream``, and ``HubConfig.upstream_overrides`` (the CLI's ``--upstream-*``
+flags) over both (``transport_settings``). Credentials and TLS come from ``HubConfig.upstream`` only (the CLI),
+never the manifest.
+
 Partitions and duplicate detection come from the manifest's ``upstream`` section, each overridable in
 ``HubConfig`` (the CLI's ``--upstream-partitions``, ``--duplicate-detection``, ``--duplicate-window-secs``).
 With ``partitions`` N > 1 there is one ``MqttUpstream`` per lane ``$upstream/{i}`` (``lane_settings``): its own
@@ -21,10 +27,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from edgehub.core import SystemClock
+from edgehub.core import ConfigurationError, SystemClock
 from edgehub.hub.facade import EdgeHub
 from edgehub.hub.identities import IdentityRegistry
 from edgehub.hub.lanes import UpstreamOptions
@@ -34,17 +40,41 @@ from edgehub.routing import Router
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
 from edgehub.store import FsyncPolicy, Store, is_upstream_endpoint, parse_upstream_lane_id, upstream_lane_id
 from edgehub.store.rocks import open_rocks_store
-from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
+from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, WireMode
 from edgehub.upstream.partitions import lane_name_of
+from edgehub.upstream.segment import Codec
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 
-__all__ = ["DEFAULT_HOST_NAME", "HubConfig", "lane_settings", "open_identities", "serve", "upstream_options"]
+__all__ = [
+    "DEFAULT_HOST_NAME",
+    "HubConfig",
+    "UpstreamOverrides",
+    "lane_settings",
+    "open_identities",
+    "serve",
+    "transport_settings",
+    "upstream_options",
+]
 
 log = logging.getLogger(__name__)
 
 # The IoT Hub host name of connection strings and SAS resources, and the gateway name clients dial (the server
 # certificate's SAN holds it).
 DEFAULT_HOST_NAME = "localhost"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpstreamOverrides:
+    """Link settings given on the command line; each None is left to the manifest (then the transport)."""
+
+    wire_mode: WireMode | None = None
+    max_uplink_bps: float | None = None
+    max_batch_bytes: int | None = None
+    linger_s: float | None = None
+    max_inflight_bytes: int | None = None
+    link_rate_bps: float | None = None
+    link_rtt_s: float | None = None
+    compression: Codec | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,6 +92,7 @@ class HubConfig:
     partitions: int | None = None
     duplicate_detection: bool | None = None
     duplicate_window_s: float | None = None
+    upstream_overrides: UpstreamOverrides = field(default_factory=UpstreamOverrides)
 
 
 def store_path(data_dir: Path) -> Path:
@@ -91,6 +122,30 @@ def upstream_options(desired: EdgeHubDesired, config: HubConfig) -> UpstreamOpti
             else float(up.duplicateDetectionWindowSecs)
         ),
     )
+
+
+def transport_settings(desired: EdgeHubDesired, config: HubConfig) -> MqttUpstreamSettings | None:
+    """``config.upstream`` with the manifest's link settings applied, then the overrides; None without one."""
+    if config.upstream is None:
+        return None
+    up = desired.upstream
+    manifest: dict[str, object] = {
+        "wire_mode": WireMode(up.wireMode) if up.wireMode is not None else None,
+        "max_uplink_bps": float(up.maxUplinkBps) if up.maxUplinkBps is not None else None,
+        "max_batch_bytes": up.maxBatchBytes,
+        "linger_s": up.lingerMs / 1000 if up.lingerMs is not None else None,
+        "max_inflight_bytes": up.maxInflightBytes,
+        "link_rate_bps": float(up.linkRateBps) if up.linkRateBps is not None else None,
+        "link_rtt_s": up.linkRttMs / 1000 if up.linkRttMs is not None else None,
+        "compression": Codec(up.compression) if up.compression is not None else None,
+    }
+    o = config.upstream_overrides
+    cli: dict[str, object] = {name: getattr(o, name) for name in manifest}
+    changes = {k: v for k, v in manifest.items() if v is not None} | {k: v for k, v in cli.items() if v is not None}
+    try:
+        return replace(config.upstream, **changes)  # type: ignore[arg-type]
+    except ValueError as exc:  # e.g. zstd without the zstandard package
+        raise ConfigurationError(f"upstream: {exc}") from exc
 
 
 def lane_settings(base: MqttUpstreamSettings, lane_id: str) -> MqttUpstreamSettings:
@@ -131,12 +186,13 @@ async def serve(
         on_certs(certs)
     ssl_context = server_ssl_context(certs) if config.mqtts_port is not None else None
     options = upstream_options(desired, config)
+    transport = transport_settings(desired, config)
     store = open_store(config.data_dir, default_ttl_s=float(desired.time_to_live_secs), fsync=config.fsync)
     endpoints: list[MqttUpstream] = []
     try:
-        if config.upstream is not None:
+        if transport is not None:
             for lane_id in _lane_ids(store, options):
-                upstream = MqttUpstream(lane_settings(config.upstream, lane_id))
+                upstream = MqttUpstream(lane_settings(transport, lane_id))
                 await upstream.start()  # the executor closes it when the hub stops
                 endpoints.append(upstream)
         async with EdgeHub(

@@ -7,6 +7,8 @@ executor's ``on_reachable``; ``go_down(report=True)`` calls its ``on_unreachable
 notices its link drop would, while plain ``go_down()`` just fails every send; ``revive(report=False)`` comes
 back without a word). ``wait_delivered(n)`` and ``wait_sends(n)`` wait for progress (bound them with
 ``asyncio.timeout``). ``NullEndpoint`` takes everything and keeps only a count (benchmarks).
+``PipelinedTestEndpoint`` is a ``PipelinedEndpoint`` with a window of ``window`` batches: every submitted batch
+waits until the test acks or fails it (``ack``, ``fail``, ``lose_link``), as a link with a long round trip would.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable, Sequence
 from edgehub.core import FailureKind, Message
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 
-__all__ = ["NullEndpoint", "TestEndpoint"]
+__all__ = ["NullEndpoint", "PipelinedTestEndpoint", "TestEndpoint"]
 
 
 class TestEndpoint:
@@ -152,5 +154,96 @@ class NullEndpoint:
 
     async def wait_delivered(self, n: int) -> None:
         while self.count < n:
+            self._progress.clear()
+            await self._progress.wait()
+
+
+class PipelinedTestEndpoint:
+    """Takes up to ``window`` batches at once; each stays in flight until the test settles it.
+
+    ``submitted`` holds every batch in submission order; ``ack(i)`` / ``fail(i)`` settle batch ``i`` (an index
+    into ``submitted``); ``lose_link()`` fails every batch in flight and reports unreachable; ``revive()`` reports
+    reachable. ``send`` submits and waits. ``wait_submitted(n)`` waits until ``n`` batches were submitted."""
+
+    __test__ = False
+
+    def __init__(
+        self, endpoint_id: str = "test", *, window: int = 3, max_batch_messages: int = 10, linger_s: float = 0.0
+    ) -> None:
+        self._id = endpoint_id
+        self._max = max_batch_messages
+        self.window = window
+        self._linger_s = linger_s
+        self.submitted: list[list[QueuedMessage]] = []
+        self._results: list[asyncio.Future[SendResult]] = []
+        self._progress = asyncio.Event()
+        self._on_reachable: Callable[[], None] = lambda: None
+        self._on_unreachable: Callable[[], None] = lambda: None
+        self.down = False
+        self.closed = False
+
+    @property
+    def endpoint_id(self) -> str:
+        return self._id
+
+    @property
+    def max_batch_messages(self) -> int:
+        return self._max
+
+    @property
+    def linger_s(self) -> float:
+        return self._linger_s
+
+    @property
+    def in_flight(self) -> list[int]:
+        """Indexes of the batches submitted and not settled yet."""
+        return [i for i, f in enumerate(self._results) if not f.done()]
+
+    def bind(self, on_reachable: Callable[[], None]) -> None:
+        self._on_reachable = on_reachable
+
+    def bind_unreachable(self, on_unreachable: Callable[[], None]) -> None:
+        self._on_unreachable = on_unreachable
+
+    @property
+    def has_room(self) -> bool:
+        return self.down or len(self.in_flight) < self.window
+
+    async def submit(self, batch: Sequence[QueuedMessage]) -> asyncio.Future[SendResult]:
+        fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        self.submitted.append(list(batch))
+        self._results.append(fut)
+        if self.down:
+            fut.set_result(SendResult.all_failed(batch, FailureKind.TRANSIENT, "link down"))
+        self._progress.set()
+        return fut
+
+    async def send(self, batch: Sequence[QueuedMessage]) -> SendResult:
+        return await (await self.submit(batch))
+
+    async def close(self) -> None:
+        self.closed = True
+
+    def ack(self, i: int) -> None:
+        self._results[i].set_result(SendResult.all_succeeded(self.submitted[i]))
+        self._progress.set()
+
+    def fail(self, i: int, kind: FailureKind = FailureKind.TRANSIENT) -> None:
+        self._results[i].set_result(SendResult.all_failed(self.submitted[i], kind, "test endpoint told to fail"))
+        self._progress.set()
+
+    def lose_link(self) -> None:
+        self.down = True
+        for i in self.in_flight:
+            self.fail(i)
+        self._on_unreachable()
+
+    def revive(self) -> None:
+        self.down = False
+        self._on_reachable()
+        self._progress.set()
+
+    async def wait_submitted(self, n: int) -> None:
+        while len(self.submitted) < n:
             self._progress.clear()
             await self._progress.wait()

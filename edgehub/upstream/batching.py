@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from edgehub.delivery.endpoint import QueuedMessage
-from edgehub.upstream.segment import SegmentName, encode_segment, record_from_message
+from edgehub.upstream.segment import Codec, SegmentName, encode_segment, record_from_message
 
 __all__ = ["edge_message_id", "segment_bytes", "segment_name"]
 
@@ -18,8 +18,10 @@ def edge_message_id(qm: QueuedMessage, *, hub_id: str, lane: str) -> str:
     return qm.message.edge_message_id or f"{hub_id}.{lane}.{qm.priority}.{qm.offset}"
 
 
-def segment_bytes(batch: Sequence[QueuedMessage], *, hub_id: str, lane: str, compresslevel: int = 6) -> bytes:
-    """The v1 segment of ``batch`` (gzip'ed JSON lines, one record per message, in queue order)."""
+def segment_bytes(
+    batch: Sequence[QueuedMessage], *, hub_id: str, lane: str, compresslevel: int = 6, codec: Codec = Codec.GZIP
+) -> bytes:
+    """The v1 segment of ``batch`` (JSON lines, one record per message, in queue order; gzip or zstd)."""
     records = (
         record_from_message(
             qm.message,
@@ -31,7 +33,7 @@ def segment_bytes(batch: Sequence[QueuedMessage], *, hub_id: str, lane: str, com
         )
         for qm in batch
     )
-    return encode_segment(records, compresslevel=compresslevel)
+    return encode_segment(records, compresslevel=compresslevel, codec=codec)
 
 
 def segment_name(batch: Sequence[QueuedMessage], *, hub_id: str, lane: str) -> SegmentName:

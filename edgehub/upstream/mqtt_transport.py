@@ -8,28 +8,40 @@ What it guarantees
   every unacknowledged message of the batch; nothing is reported delivered without its ack. A message may
   arrive twice (a PUBLISH that got through but whose PUBACK was lost); consumers remove duplicates by
   ``edge_message_id`` (segment records) or ``$.mid`` (message mode).
-* **Bytes in flight are bounded** by ``max_inflight_bytes`` (default: one bandwidth-delay product of the link
-  hints ``link_rate_bps`` x ``link_rtt_s``): a PUBLISH is handed to the socket only while the unacknowledged
-  wire bytes plus its own stay within the bound (one PUBLISH larger than the bound goes alone). Socket
-  buffers therefore never hold more than one window, so a priority-0 batch waits behind at most one window
-  of lower-priority bytes once the executor hands it over.
+* **Pipelined, and bytes in flight are bounded.** It is a ``PipelinedEndpoint``: the executor ``submit``s
+  batches of about ``max_batch_bytes`` wire bytes (``max_batch_messages`` follows the wire bytes per message
+  seen so far) while the window ``has_room``, and each batch's PUBACKs settle it, its own checkpoint. A PUBLISH
+  is handed to the socket only while the unacknowledged wire bytes plus its own stay within
+  ``max_inflight_bytes`` (one PUBLISH larger than the bound goes alone). The window is configured, not
+  measured: by default one bandwidth-delay product of the link hints ``link_rate_bps`` x ``link_rtt_s`` plus
+  one batch (64 kbit/s, 600 ms: 4,800 + 2,400 bytes). Socket buffers therefore never hold more than one
+  window, so a priority-0 message waits behind about one window of lower-priority bytes (at most the window
+  plus the batch being handed over when it came): the executor chooses the next batch only when the window has
+  room, highest priority first.
 * **``max_uplink_bps``**: a token bucket on PUBLISH wire bytes; a backlog after an outage cannot exceed it.
   ``status()`` reports the achieved rate (acknowledged bytes over a 10 s window) and wire bytes per message.
-* **Reconnect** runs in its own task with exponential backoff and jitter (tenacity); ``reconnect_now()`` cuts a
-  wait short. Each successful CONNACK calls the executor's ``on_reachable``; the loss of that connection (a
-  drop, or a silent link noticed by keepalive or ``ack_timeout_s``) calls its ``on_unreachable``, which parks
-  the executor's queues until the next CONNACK rather than have it send into a dead link. Every connection is
-  a fresh paho client with ``reconnect_on_failure=False``: paho never resends a previous connection's
-  PUBLISHes behind our back, so what is in flight is exactly what this module counts.
+* **Reconnect** runs in its own task (tenacity): exponential backoff with jitter from ``reconnect_min_s`` to
+  ``reconnect_max_s`` after a refusal or reset, none after an attempt that hung until ``connect_timeout_s`` (a
+  silent link: the next attempt starts at once, so one is always on its way and its CONNECT goes through as
+  soon as the link does). ``reconnect_now()`` cuts a backoff short, and every ``submit`` while disconnected
+  calls it: the executor's retry and probe schedule (itself cut short by ``on_reachable``) overrides the
+  transport's backoff. Each successful CONNACK calls the executor's ``on_reachable``; the loss of that
+  connection (a drop, or a silent link noticed by keepalive or ``ack_timeout_s``) calls its ``on_unreachable``,
+  which parks the executor's queues until the next CONNACK rather than have it send into a dead link. Every
+  connection is a fresh paho client with ``reconnect_on_failure=False``: paho never resends a previous
+  connection's PUBLISHes behind our back, so what is in flight is exactly what this module counts.
 
 Wire modes
 ----------
-* ``batch`` (default): one PUBLISH carries one segment (``edgehub.upstream.segment``, format v1, gzip) of one
-  priority, on ``batch_topic`` (default ``edgehub/segments/{hub_id}/{lane}/p{priority:02d}``). A ``send``'s
-  batch is cut into segments of at most about ``max_batch_bytes`` compressed bytes. On MQTT 5 the PUBLISH also
-  carries content type ``application/x-edgehub-segment;v=1;encoding=gzip`` and user property
-  ``edgehub-segment-version=1``. zstd is not in format v1; a v2 would flag it in that content type
-  (``encoding=zstd``) on MQTT 5 and by a ``/zstd`` topic suffix on 3.1.1, so a v1 reader never mistakes it.
+* ``batch`` (default): one PUBLISH carries one segment (``edgehub.upstream.segment``: record format v1,
+  compressed by ``compression``, gzip by default) of one priority, on ``batch_topic`` (default
+  ``edgehub/segments/{hub_id}/{lane}/p{priority:02d}``). A ``send``'s batch is cut into segments of at most
+  about ``max_batch_bytes`` compressed bytes. On MQTT 5 the PUBLISH also carries content type
+  ``application/x-edgehub-segment;v=1;encoding=gzip`` (``encoding=zstd`` for zstd) and user properties
+  ``edgehub-segment-version=1`` and ``edgehub-segment-codec``. A zstd segment's topic ends in ``/zstd`` (on
+  both MQTT versions), so a subscriber that reads gzip only can leave it out by topic; the bytes themselves
+  tell their codec by magic number too. zstd needs the ``zstandard`` package (``edgehub[zstd]``); asking for it
+  without the package is refused when the settings are made.
 * ``message``: one PUBLISH per message on the IoT Hub telemetry topic
   ``devices/{device_id}/messages/events/{property_bag}`` (``devices/{d}/modules/{m}/...`` when ``module_id``
   is set), the bag holding the application properties URL-encoded and the system properties as IoT Hub names
@@ -55,6 +67,7 @@ import hmac
 import logging
 import ssl
 import urllib.parse
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -70,6 +83,7 @@ from edgehub.core import Clock, FailureKind, SystemClock, SystemProperty, Transp
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.bandwidth import RateEstimator, TokenBucket, bdp_bytes
 from edgehub.upstream.batching import edge_message_id, segment_bytes
+from edgehub.upstream.segment import Codec, zstd_available
 
 __all__ = [
     "MqttProtocol",
@@ -84,7 +98,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SEGMENT_CONTENT_TYPE = "application/x-edgehub-segment;v=1;encoding=gzip"
+SEGMENT_CONTENT_TYPE = "application/x-edgehub-segment;v=1;encoding={codec}"
 _BAG_NAMES = {
     SystemProperty.MESSAGE_ID: "$.mid",
     SystemProperty.CORRELATION_ID: "$.cid",
@@ -145,12 +159,13 @@ class MqttUpstreamSettings:
     ack_timeout_s: float = 30.0  # a PUBACK later than this fails its messages and drops the connection
     link_rate_bps: float = 64_000.0  # link hints for the default window
     link_rtt_s: float = 0.6
-    max_inflight_bytes: int | None = None  # None: one bandwidth-delay product of the hints
+    max_inflight_bytes: int | None = None  # None: one bandwidth-delay product of the hints plus one batch
     max_uplink_bps: float | None = None  # maxUplinkBps: cap on PUBLISH wire bytes; None = no cap
-    max_batch_bytes: int | None = None  # compressed bytes per segment (one PUBLISH); None: a quarter window
-    max_batch_messages: int = 1000  # the most messages the executor should hand over in one send
-    linger_s: float = 0.2  # for the executor: how long to wait for a batch to fill before sending it
-    compresslevel: int = 6
+    max_batch_bytes: int | None = None  # wire bytes per batch and per segment; None: half a BDP (1-64 KiB)
+    max_batch_messages: int = 1000  # the most messages in one batch, whatever their size
+    linger_s: float = 0.2  # while batches are in flight, how long a short batch waits to fill
+    compression: Codec = Codec.GZIP  # batch mode's segment codec; zstd needs the zstandard package
+    compresslevel: int = 6  # gzip 1-9, zstd 1-22
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
 
@@ -159,21 +174,32 @@ class MqttUpstreamSettings:
             raise ValueError("max_batch_bytes and max_batch_messages must be positive")
         if self.max_inflight_bytes is not None and self.max_inflight_bytes <= 0:
             raise ValueError("max_inflight_bytes must be positive")
+        if self.linger_s < 0 or (self.max_uplink_bps is not None and self.max_uplink_bps <= 0):
+            raise ValueError("linger_s must be >= 0 and max_uplink_bps positive")
+        if self.compression is Codec.ZSTD and not zstd_available():
+            raise ValueError("compression zstd needs the zstandard package: pip install edgehub[zstd]")
         if self.keepalive_s <= 0 or self.ack_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("keepalive_s, ack_timeout_s and connect_timeout_s must be positive")
 
     @property
     def window_bytes(self) -> int:
+        """The bound on unacknowledged PUBLISH bytes: one bandwidth-delay product keeps the link busy while the
+        acks travel back, and one batch more covers the time that batch takes to serialise before it can be
+        acknowledged."""
         if self.max_inflight_bytes is not None:
             return self.max_inflight_bytes
-        return bdp_bytes(self.link_rate_bps, self.link_rtt_s)
+        return bdp_bytes(self.link_rate_bps, self.link_rtt_s) + self.segment_bytes
 
     @property
     def segment_bytes(self) -> int:
-        """Segments of a quarter window keep the window flowing: while one is acked, three are on the wire."""
+        """Wire bytes of one batch (and of one segment): half a bandwidth-delay product, so two or more are on
+        their way at once, within 1 KiB (smaller compresses badly) and 64 KiB; at most half an explicit window."""
         if self.max_batch_bytes is not None:
             return self.max_batch_bytes
-        return max(512, self.window_bytes // 4)
+        size = min(65_536, max(1024, bdp_bytes(self.link_rate_bps, self.link_rtt_s) // 2))
+        if self.max_inflight_bytes is not None:
+            size = min(size, max(512, self.max_inflight_bytes // 2))
+        return size
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +216,10 @@ class UpstreamStatus:
     publishes_acked: int
     wire_bytes_acked: int
     wire_bytes_per_message: float  # PUBLISH bytes (fixed header to payload) per acknowledged message
+    # The least PUBLISH-to-PUBACK time of the last 64 acks (a PUBLISH that went out with little ahead of it takes
+    # about one round trip plus its own serialisation); None before the first ack. With ``achieved_bps`` it tells
+    # whether the window fits the link: the configured window is not changed by it.
+    rtt_min_s: float | None = None
 
 
 def generate_sas_token(resource_uri: str, key_b64: str, expiry_epoch_s: int, policy: str | None = None) -> str:
@@ -242,6 +272,7 @@ class _Unit:
 class _Pending:
     future: asyncio.Future[None]
     wire_bytes: int
+    sent_at_s: float  # loop time when it was handed to the client
 
 
 class _Connection:
@@ -286,6 +317,8 @@ class _Connection:
         if p is None:
             return
         self.inflight_bytes -= p.wire_bytes
+        if not failed:
+            self.owner._rtt_samples.append(self.loop.time() - p.sent_at_s)
         if not p.future.done():
             if failed:
                 p.future.set_exception(TransportError(f"PUBACK {reason}", kind=FailureKind.PERMANENT))
@@ -317,7 +350,7 @@ class _Connection:
             fut.set_exception(TransportError(f"publish refused by client: {paho.error_string(info.rc)}"))
             return fut
         # Registered before the loop runs again, so the PUBACK (delivered via call_soon_threadsafe) finds it.
-        self.pending[info.mid] = _Pending(fut, unit.wire_bytes)
+        self.pending[info.mid] = _Pending(fut, unit.wire_bytes, self.loop.time())
         self.inflight_bytes += unit.wire_bytes
         return fut
 
@@ -354,6 +387,8 @@ class MqttUpstream:
         self._messages_acked = 0
         self._publishes_acked = 0
         self._wire_acked = 0
+        self._bytes_per_message: float | None = None
+        self._rtt_samples: deque[float] = deque(maxlen=64)
 
     # -- Endpoint ---------------------------------------------------------------------------------------------
 
@@ -363,7 +398,21 @@ class MqttUpstream:
 
     @property
     def max_batch_messages(self) -> int:
-        return self.settings.max_batch_messages
+        """About ``max_batch_bytes`` worth of messages, learnt from the wire bytes per message of the batches
+        sent so far (one message until the first batch tells), at most ``settings.max_batch_messages``."""
+        if self._bytes_per_message is None:
+            return 1
+        fit = int(self.settings.segment_bytes / self._bytes_per_message)
+        return max(1, min(self.settings.max_batch_messages, fit))
+
+    def _learn_size(self, messages: int, wire_bytes: int) -> None:
+        """Keep a moving average of wire bytes per message (weighted by the batch's size)."""
+        sample = wire_bytes / messages
+        if self._bytes_per_message is None:
+            self._bytes_per_message = sample
+        else:
+            weight = min(0.5, messages / max(1, self.max_batch_messages) / 2)
+            self._bytes_per_message += weight * (sample - self._bytes_per_message)
 
     @property
     def linger_s(self) -> float:
@@ -433,19 +482,41 @@ class MqttUpstream:
             publishes_acked=self._publishes_acked,
             wire_bytes_acked=self._wire_acked,
             wire_bytes_per_message=self._wire_acked / self._messages_acked if self._messages_acked else 0.0,
+            rtt_min_s=min(self._rtt_samples, default=None),
         )
 
     async def send(self, batch: Sequence[QueuedMessage]) -> SendResult:
+        """Deliver ``batch`` and wait for every PUBACK (``submit``, then its result)."""
+        return await (await self.submit(batch))
+
+    @property
+    def has_room(self) -> bool:
+        """One more batch of ``max_batch_bytes`` fits the window (or nothing is in flight, or no connection)."""
+        conn = self._conn
+        if conn is None or not conn.alive or conn.inflight_bytes == 0:
+            return True
+        return conn.inflight_bytes + self.settings.segment_bytes <= self.settings.window_bytes
+
+    async def submit(self, batch: Sequence[QueuedMessage]) -> asyncio.Future[SendResult]:
+        """Publish ``batch`` (waiting for window room and the uplink budget as needed) and return once every
+        PUBLISH of it is handed to the client; the future resolves once their PUBACKs are in (or failed)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[SendResult] = loop.create_future()
         if not batch:
-            return SendResult()
+            done.set_result(SendResult())
+            return done
         conn = self._conn
         if conn is None or not conn.alive:
-            return SendResult.all_failed(batch, FailureKind.TRANSIENT, "upstream not connected")
+            self.reconnect_now()  # the executor wants to send: a reconnect backoff need not run its course
+            done.set_result(SendResult.all_failed(batch, FailureKind.TRANSIENT, "upstream not connected"))
+            return done
         try:
             units = self._units(batch)
         except Exception as exc:  # an encoding failure is this batch's, not the link's
             log.exception("upstream.encode_failed lane=%s", self.settings.lane)
-            return SendResult(invalid=tuple(batch), failure_kind=FailureKind.INVALID_INPUT, error=repr(exc))
+            done.set_result(SendResult(invalid=tuple(batch), failure_kind=FailureKind.INVALID_INPUT, error=repr(exc)))
+            return done
+        self._learn_size(len(batch), sum(u.wire_bytes for u in units))
         sent: list[tuple[_Unit, asyncio.Future[None]]] = []
         for unit in units:
             if not await self._wait_window(conn, unit.wire_bytes):
@@ -455,7 +526,7 @@ class MqttUpstream:
                 break
             sent.append((unit, conn.publish(unit)))
             self._peak_inflight = max(self._peak_inflight, conn.inflight_bytes)
-        return await self._collect(conn, units, sent)
+        return asyncio.ensure_future(self._collect(conn, units, sent))
 
     # -- internals --------------------------------------------------------------------------------------------
 
@@ -528,7 +599,7 @@ class MqttUpstream:
 
     def _segment_payload(self, msgs: Sequence[QueuedMessage]) -> bytes:
         s = self.settings
-        return segment_bytes(msgs, hub_id=s.hub_id, lane=s.lane, compresslevel=s.compresslevel)
+        return segment_bytes(msgs, hub_id=s.hub_id, lane=s.lane, compresslevel=s.compresslevel, codec=s.compression)
 
     def _units(self, batch: Sequence[QueuedMessage]) -> list[_Unit]:
         if self.settings.wire_mode is WireMode.MESSAGE:
@@ -538,10 +609,15 @@ class MqttUpstream:
     def _segment_units(self, batch: Sequence[QueuedMessage]) -> list[_Unit]:
         s = self.settings
         topic = s.batch_topic.format(hub_id=s.hub_id, lane=s.lane, priority=batch[0].priority)
+        if s.compression is Codec.ZSTD:
+            topic += "/zstd"
         props: Properties | None = None
         props_len: int | None = None
         if s.protocol is MqttProtocol.V5:
-            props, props_len = _publish_properties([("edgehub-segment-version", "1")], SEGMENT_CONTENT_TYPE)
+            props, props_len = _publish_properties(
+                [("edgehub-segment-version", "1"), ("edgehub-segment-codec", str(s.compression))],
+                SEGMENT_CONTENT_TYPE.format(codec=s.compression),
+            )
         # Cut into runs whose compressed size is about max_batch_bytes: halve a run until it fits (or is one
         # message), so compression still sees as many messages as fit.
         units: list[_Unit] = []
@@ -617,7 +693,8 @@ class MqttUpstream:
         try:
             await asyncio.to_thread(client.connect, s.host, s.port, s.keepalive_s)
         except (OSError, ssl.SSLError, ValueError) as exc:
-            raise TransportError(f"connect to {s.host}:{s.port} failed: {exc!r}") from exc
+            kind = FailureKind.TIMEOUT if isinstance(exc, TimeoutError) else FailureKind.TRANSIENT  # a silent link
+            raise TransportError(f"connect to {s.host}:{s.port} failed: {exc!r}", kind=kind) from exc
         client.loop_start()
         try:
             async with asyncio.timeout(s.connect_timeout_s):
@@ -627,7 +704,9 @@ class MqttUpstream:
             await conn.stop()
             if isinstance(exc, TransportError):
                 raise
-            raise TransportError(f"no CONNACK from {s.host}:{s.port} within {s.connect_timeout_s}s") from exc
+            raise TransportError(
+                f"no CONNACK from {s.host}:{s.port} within {s.connect_timeout_s}s", kind=FailureKind.TIMEOUT
+            ) from exc
         return conn
 
     async def _backoff_sleep(self, delay_s: float) -> None:
@@ -640,12 +719,21 @@ class MqttUpstream:
         error = rs.outcome.exception() if rs.outcome is not None else None
         log.info("upstream.connect_failed lane=%s attempt=%d error=%s", self.settings.lane, rs.attempt_number, error)
 
+    def _reconnect_wait(self, rs: RetryCallState) -> float:
+        """Exponential backoff with jitter after a refusal or a reset; none after an attempt that hung until
+        ``connect_timeout_s``: it paced the loop already, and while the link is silent the attempt on its way is
+        the one that hears first when the link comes back (its CONNECT goes through, the CONNACK follows)."""
+        error = rs.outcome.exception() if rs.outcome is not None else None
+        if isinstance(error, TransportError) and error.kind is FailureKind.TIMEOUT:
+            return 0.0
+        backoff = wait_exponential(multiplier=self.settings.reconnect_min_s, max=self.settings.reconnect_max_s)
+        return float(backoff(rs)) + float(wait_random(0, self.settings.reconnect_min_s)(rs))
+
     async def _connection_loop(self) -> None:
         s = self.settings
         while not self._closed:
             retrying = AsyncRetrying(
-                wait=wait_exponential(multiplier=s.reconnect_min_s, max=s.reconnect_max_s)
-                + wait_random(0, s.reconnect_min_s),
+                wait=self._reconnect_wait,
                 retry=retry_if_exception_type(TransportError),
                 sleep=self._backoff_sleep,
                 before_sleep=self._log_connect_failed,

@@ -206,4 +206,5 @@ def aggregate_status(statuses: Sequence[UpstreamStatus]) -> UpstreamStatus:
         publishes_acked=sum(s.publishes_acked for s in statuses),
         wire_bytes_acked=wire,
         wire_bytes_per_message=wire / acked if acked else 0.0,
+        rtt_min_s=min((s.rtt_min_s for s in statuses if s.rtt_min_s is not None), default=None),
     )

@@ -16,7 +16,7 @@ from edgehub.core.sas import generate_sas_token, resource_uri
 from edgehub.delivery import Endpoint, ExecutorSettings, RetryPolicy
 from edgehub.hub.facade import EdgeHub
 from edgehub.hub.lanes import UpstreamOptions
-from edgehub.routing import Router
+from edgehub.routing import Router, RouteSpec
 from edgehub.store import QueuePolicy, Store
 from edgehub.store.rocks import open_rocks_store
 from edgehub.testing.certs import TestCA
@@ -67,7 +67,7 @@ class Rig:
 async def running_hub(
     data: Path,
     *,
-    routes: Mapping[str, str] = ROUTES,
+    routes: Mapping[str, str | RouteSpec] = ROUTES,
     policies: Mapping[str, QueuePolicy] | None = None,
     settings: ExecutorSettings = LONG_WAIT,
     tls_port: int = 0,

@@ -97,6 +97,15 @@ def test_upstream_section_sets_partitions_and_duplicate_detection() -> None:
     assert (up.partitions, up.duplicateDetection, up.duplicateDetectionWindowSecs) == (4, True, 120)
 
 
+def test_upstream_link_settings_are_unset_unless_given() -> None:
+    up = load_desired(desired()).upstream
+    assert (up.wireMode, up.maxUplinkBps, up.maxBatchBytes, up.lingerMs) == (None, None, None, None)
+    assert (up.maxInflightBytes, up.linkRateBps, up.linkRttMs) == (None, None, None)
+    given = {"wireMode": "message", "maxUplinkBps": 32000, "lingerMs": 0, "linkRttMs": 1200}
+    up = load_desired(desired(upstream=given)).upstream
+    assert (up.wireMode, up.maxUplinkBps, up.lingerMs, up.linkRttMs) == ("message", 32000, 0, 1200)
+
+
 @pytest.mark.parametrize(
     ("upstream", "fragment"),
     [
@@ -108,6 +117,12 @@ def test_upstream_section_sets_partitions_and_duplicate_detection() -> None:
         ({"duplicateDetectionWindowSecs": 0}, r"upstream\.duplicateDetectionWindowSecs: .* greater than or equal"),
         ({"duplicateDetectionWindowSecs": 604_801}, r"upstream\.duplicateDetectionWindowSecs: .* less than or equal"),
         ({"duplicateDetections": True}, r"upstream\.duplicateDetections: Extra inputs are not permitted"),
+        ({"wireMode": "fast"}, r"upstream\.wireMode: Input should be 'batch' or 'message'"),
+        ({"compression": "lz4"}, r"upstream\.compression: Input should be 'gzip' or 'zstd'"),
+        ({"maxUplinkBps": 999}, r"upstream\.maxUplinkBps: Input should be greater than or equal to 1000"),
+        ({"maxUplinkBps": "64kbit"}, r"upstream\.maxUplinkBps: Input should be a valid integer"),
+        ({"lingerMs": -1}, r"upstream\.lingerMs: Input should be greater than or equal to 0"),
+        ({"maxBatchBytes": 100}, r"upstream\.maxBatchBytes: Input should be greater than or equal to 256"),
         ("4", r"upstream: Input should be a valid dictionary"),
     ],
 )

@@ -122,3 +122,53 @@ def test_run_refuses_a_manifest_with_a_bad_upstream_section(tmp_path: Path) -> N
     result = CliRunner().invoke(main, ["run", "--manifest", manifest, "--data-dir", str(tmp_path / "d")])
     assert result.exit_code == 1
     assert "upstream.partitions: Input should be greater than or equal to 1" in result.output
+
+
+def _run_with_port_taken(tmp_path: Path, args: list[str], env: dict[str, str] | None = None) -> str:
+    """``edgehub run`` up to the point where it would serve (its TLS port is taken): its start-up output."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = CliRunner().invoke(
+            main, ["run", "--data-dir", str(tmp_path / "d"), "--mqtts-port", port, *args], env=env
+        )
+    assert result.exit_code == 1, result.output
+    return result.output
+
+
+def test_run_applies_the_manifests_link_settings_and_the_flags_over_them(tmp_path: Path) -> None:
+    upstream = {"wireMode": "message", "maxUplinkBps": 16000, "maxBatchBytes": 3000, "linkRttMs": 1200}
+    manifest = write(tmp_path / "m.json", {"schemaVersion": "1.1", "routes": {}, "upstream": upstream})
+    out = _run_with_port_taken(
+        tmp_path,
+        [
+            *["--manifest", manifest, "--upstream-mqtt", "cloud.example:8883", "--upstream-max-uplink", "32kbit"],
+            *["--upstream-compression", "zstd"],
+        ],
+        env={"EDGEHUB_UPSTREAM_PASSWORD": "s3cret"},
+    )
+    [line] = [x for x in out.splitlines() if x.startswith("upstream transport:")]
+    assert "mqtt 3.1.1 cloud.example:8883 tls=off auth=password wire=message codec=zstd batch=3000 B" in line
+    assert "window=12600 B" in line  # 64 kbit/s x 1.2 s (the manifest's RTT) + one batch
+    assert "max uplink=32000 bit/s" in line  # the flag over the manifest's 16000
+    assert "s3cret" not in out
+
+
+def test_run_takes_tls_and_a_client_certificate_for_the_upstream(tmp_path: Path) -> None:
+    ca, cert = tmp_path / "ca.pem", tmp_path / "c.pem"
+    ca.write_text("-")
+    cert.write_text("-")
+    out = _run_with_port_taken(
+        tmp_path,
+        ["--upstream-mqtt", "h:8883", "--upstream-ca-file", str(ca), "--upstream-cert-file", str(cert)],
+    )
+    assert "tls=on auth=none + client certificate" in out
+
+
+def test_run_refuses_a_bad_uplink_rate_before_serving(tmp_path: Path) -> None:
+    args = ["run", "--data-dir", str(tmp_path / "d"), "--upstream-mqtt", "h:1883", "--upstream-max-uplink", "fast"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2
+    assert "not a rate: 'fast'" in result.output
+    assert not (tmp_path / "d").exists()

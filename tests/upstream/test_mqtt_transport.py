@@ -24,7 +24,7 @@ from edgehub.upstream.mqtt_transport import (
     generate_sas_token,
     publish_wire_bytes,
 )
-from edgehub.upstream.segment import decode_segment
+from edgehub.upstream.segment import Codec, decode_segment, segment_codec
 
 
 def _batch(n: int, *, priority: int = 5, body: bytes | None = None, start: int = 0) -> list[QueuedMessage]:
@@ -261,6 +261,18 @@ async def test_bytes_in_flight_never_exceed_the_window(link: LinkSim) -> None:
         assert status.achieved_bps > 0
 
 
+async def test_status_reports_the_least_round_trip_of_its_publishes(link: LinkSim) -> None:
+    link.delay_s = 0.1  # each way: no PUBACK can come back sooner than 0.2 s after its PUBLISH
+    up = MqttUpstream(_settings(link))
+    async with asyncio.timeout(20), up:
+        await up.wait_connected()
+        assert up.status().rtt_min_s is None
+        assert _ids((await up.send(_batch(3))).succeeded) == [0, 1, 2]
+        rtt = up.status().rtt_min_s
+        assert rtt is not None
+        assert rtt >= 0.2
+
+
 def test_sas_token_has_the_iot_hub_shape() -> None:
     token = generate_sas_token("myhub.azure-devices.net/devices/d1", "c2VjcmV0", 1_800_000_000)
     assert token.startswith("SharedAccessSignature sr=myhub.azure-devices.net%2Fdevices%2Fd1&sig=")
@@ -287,3 +299,22 @@ async def test_max_uplink_bps_caps_the_rate_of_publish_bytes(link: LinkSim) -> N
     # The bucket starts full (one segment's worth of burst); everything after it goes at the cap.
     burst = 1500
     assert elapsed >= (wire - burst) * 8 / cap_bps * 0.9
+
+
+async def test_zstd_batch_mode_publishes_zstd_segments_under_a_zstd_topic_on_mqtt5(
+    broker: MosquittoPeer, link: LinkSim
+) -> None:
+    up = MqttUpstream(_settings(link, compression=Codec.ZSTD, protocol=MqttProtocol.V5))
+    async with (
+        asyncio.timeout(20),
+        MqttCollector(host=broker.host, port=broker.port, topic="edgehub/#") as sink,
+        up,
+    ):
+        await up.wait_connected()
+        result = await up.send(_batch(4, priority=2))
+        assert _ids(result.succeeded) == [0, 1, 2, 3]
+        await sink.wait_for(1)
+    [got] = sink.messages
+    assert got.topic == "edgehub/segments/hub1/upstream/p02/zstd"
+    assert segment_codec(got.payload) is Codec.ZSTD
+    assert [r.edge_message_id for r in decode_segment(got.payload)] == ["e-0", "e-1", "e-2", "e-3"]

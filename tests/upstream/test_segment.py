@@ -6,6 +6,7 @@ import pytest
 
 from edgehub import Message
 from edgehub.upstream.segment import (
+    Codec,
     SegmentFormatError,
     SegmentName,
     SegmentRecord,
@@ -13,6 +14,7 @@ from edgehub.upstream.segment import (
     encode_segment,
     format_enqueued_at,
     record_from_message,
+    segment_codec,
 )
 
 
@@ -74,3 +76,20 @@ def test_segment_name_is_a_function_of_the_batch() -> None:
         SegmentName(hub_id=".hidden", lane="upstream", priority=0, first_offset=0, last_offset=0)
     with pytest.raises(ValueError):
         SegmentName(hub_id="hub", lane="upstream", priority=0, first_offset=3, last_offset=2)
+
+
+def test_a_zstd_segment_round_trips_and_says_its_codec_by_its_first_bytes() -> None:
+    records = [_record(i, body=bytes(range(256))) for i in range(5)]
+    data = encode_segment(records, codec=Codec.ZSTD, compresslevel=19)
+    assert data[:4] == bytes.fromhex("28b52ffd")
+    assert segment_codec(data) is Codec.ZSTD
+    assert segment_codec(encode_segment(records)) is Codec.GZIP
+    assert segment_codec(b"plain") is None
+    assert decode_segment(data) == records
+    assert encode_segment(records, codec=Codec.ZSTD, compresslevel=19) == data  # deterministic, as gzip is
+
+
+def test_a_corrupt_zstd_segment_is_refused_as_a_segment_error() -> None:
+    data = encode_segment([_record(0)], codec=Codec.ZSTD)
+    with pytest.raises(SegmentFormatError, match="not a zstd UTF-8 segment"):
+        decode_segment(data[:-3])
