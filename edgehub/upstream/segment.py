@@ -45,8 +45,8 @@ property (an ``edge_message_id`` the transport derived), ``system_properties`` h
 which a reader removes. So v1 and v2 records of one message decode to the same ``SegmentRecord``.
 
 ``body_json`` is taken from the line's text (the Spark job has no ``json.dumps`` of its own to write it back
-with): the value after the first ``"body_json":`` of the line up to the record's closing brace, trailing
-spaces aside. Writers therefore put ``body_json`` last and use ``body_text`` when ``properties`` or
+with): the value after the first ``"body_json":`` of the line up to the record's closing brace, spaces around it
+aside. Writers therefore put ``body_json`` last and use ``body_text`` when ``properties`` or
 ``system_properties`` has a key ``body_json``. A v2 record with none or several body fields, or whose
 ``body_json`` is not its last field, is malformed.
 
@@ -323,7 +323,7 @@ def _body(obj: dict[str, Any], line: str, line_no: int) -> bytes:
             raise SegmentFormatError(f"line {line_no}: body_text is not UTF-8 text") from exc
     # body_json: its text in the line, which must end the record (see the module docstring).
     stripped = line.rstrip(" \r")
-    raw = stripped[stripped.index(_BODY_JSON_KEY) + len(_BODY_JSON_KEY) : -1]
+    raw = stripped[stripped.index(_BODY_JSON_KEY) + len(_BODY_JSON_KEY) : -1].strip(" ")
     try:
         json.loads(raw)
     except (ValueError, RecursionError) as exc:
