@@ -10,11 +10,14 @@ Usage:
 What it does, per micro-batch of new landing files (Structured Streaming, built-in text source; gzip is
 decoded by the file source from the ``.gz`` suffix):
 
-* every line is classified: a good record goes to **bronze** (all segment fields typed, body decoded to bytes),
-  anything else to **quarantine** with a ``reason`` and its ``source_file``: ``empty_line``,
-  ``unparseable_line`` (not JSON or not an object), ``unsupported_version``, ``malformed_record`` (a field of the
-  wrong type), ``missing_fields:a,b`` (required field absent or null), ``bad_enqueued_at``,
-  ``body_not_base64``. Nothing is dropped silently;
+* every line is classified: a good record (record format v1 or v2, in any mix) goes to **bronze** (all segment
+  fields typed, the body decoded to bytes, v2's left-out system properties put back, ``v`` as written), anything
+  else to **quarantine** with a ``reason`` and its ``source_file``: ``empty_line``, ``unparseable_line`` (not
+  JSON or not an object), ``unsupported_version`` (``v`` not 1 or 2), ``malformed_record`` (a field of the wrong
+  type), ``missing_fields:a,b`` (required field absent or null; ``body`` in v1), ``bad_enqueued_at``,
+  ``no_body_field`` and ``several_body_fields`` (v2: not exactly one of ``body_json``, ``body_text``,
+  ``body_b64``), ``body_json_not_last`` (v2: the body's text cannot be cut from the line), ``body_not_base64``
+  (v1 ``body``, v2 ``body_b64``). Nothing is dropped silently;
 * records whose ``(hub_id, edge_message_id)`` was already seen within the dedup window are removed
   (``dropDuplicatesWithinWatermark`` over the ingest time, which is the micro-batch time and so never "late");
 * **silver** is bronze with the body parsed to a VARIANT (``parse_json``; null when the body is not JSON, which
@@ -64,7 +67,13 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 from pyspark.sql.streaming.query import StreamingQuery
 
 from edgehub.core import ConfigurationError
-from edgehub.upstream.segment import RECORD_FIELDS, SEGMENT_FORMAT_VERSION, SEGMENT_SUFFIX
+from edgehub.upstream.segment import (
+    BODY_FIELDS,
+    COLUMN_SYSTEM_PROPERTIES,
+    READ_VERSIONS,
+    RECORD_FIELDS,
+    SEGMENT_SUFFIX,
+)
 
 __all__ = [
     "BRONZE_COLUMNS",
@@ -84,7 +93,8 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-# The segment record, field for field (edgehub.upstream.segment.RECORD_FIELDS; a test keeps them in step).
+# A segment line of any version we read, field for field (edgehub.upstream.segment.LINE_FIELDS: the v1 fields, then
+# the v2 body fields; a test keeps them in step). body_json may hold any JSON value: a string column gets its text.
 RECORD_SCHEMA = T.StructType(
     [
         T.StructField("v", T.IntegerType()),
@@ -100,9 +110,15 @@ RECORD_SCHEMA = T.StructType(
         T.StructField("properties", T.MapType(T.StringType(), T.StringType(), valueContainsNull=True)),
         T.StructField("system_properties", T.MapType(T.StringType(), T.StringType(), valueContainsNull=True)),
         T.StructField("body", T.StringType()),
+        T.StructField("body_json", T.StringType()),
+        T.StructField("body_text", T.StringType()),
+        T.StructField("body_b64", T.StringType()),
     ]
 )
-REQUIRED_FIELDS: tuple[str, ...] = ("edge_message_id", "hub_id", "enqueued_at", "priority", "ttl_s", "source", "body")
+# Required in every version; v1 requires body too, v2 exactly one of BODY_FIELDS.
+REQUIRED_FIELDS: tuple[str, ...] = ("edge_message_id", "hub_id", "enqueued_at", "priority", "ttl_s", "source")
+_BODY_JSON_KEY = '"body_json":'
+_TOMBSTONE_KEYS = [key for key, _ in COLUMN_SYSTEM_PROPERTIES]
 _CORRUPT = "_corrupt_record"
 _PARSE_SCHEMA = T.StructType([*RECORD_SCHEMA.fields, T.StructField(_CORRUPT, T.StringType())])
 _ENQUEUED_AT_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSX"
@@ -186,7 +202,42 @@ def build_session(
 
 def _missing_fields(rec: Column) -> Column:
     names = [F.when(rec[name].isNull(), F.lit(name)) for name in REQUIRED_FIELDS]
+    names.append(F.when((rec["v"] == 1) & rec["body"].isNull(), F.lit("body")))
     return F.concat_ws(",", *names)
+
+
+def _v2_body(value: Column, r: Column) -> Column:
+    """A v2 record's body bytes, null when its one body field does not decode. body_json is the text after the line's
+    first ``"body_json":`` up to its closing brace (edgehub.upstream.segment's docstring); wrapped in brackets it
+    parses only when that cut is the value (the record's last field): parse_json ignores text after a value, but
+    not a stray brace or ``,"key":`` inside an array."""
+    line = F.rtrim(value)
+    start = F.locate(_BODY_JSON_KEY, line) + F.lit(len(_BODY_JSON_KEY))
+    raw = F.trim(line.substr(start, F.length(line) - start))
+    json_bytes = F.when(F.try_parse_json(F.concat(F.lit("["), raw, F.lit("]"))).isNotNull(), F.encode(raw, "UTF-8"))
+    return (
+        F.when(r["body_json"].isNotNull(), json_bytes)
+        .when(r["body_text"].isNotNull(), F.encode(r["body_text"], "UTF-8"))
+        .otherwise(F.try_to_binary(r["body_b64"], F.lit("base64")))
+    )
+
+
+def _system_properties(r: Column) -> Column:
+    """v1: as written. v2: the column system properties put back where the record left them out, and those it
+    wrote as null (a column the message had no such property for) removed."""
+    sysprops = r["system_properties"]
+    columns = [F.struct(F.lit(key).alias("k"), r[column].alias("v")) for key, column in COLUMN_SYSTEM_PROPERTIES]
+    restore = F.map_from_entries(
+        F.filter(
+            F.array(*columns),
+            lambda e: e["v"].isNotNull() & ~F.coalesce(F.map_contains_key(sysprops, e["k"]), F.lit(False)),
+        )
+    )
+    empty = F.create_map().cast(T.MapType(T.StringType(), T.StringType()))
+    v2 = F.map_filter(
+        F.map_concat(F.coalesce(sysprops, empty), restore), lambda k, v: v.isNotNull() | ~k.isin(_TOMBSTONE_KEYS)
+    )
+    return F.when(r["v"] == 1, sysprops).otherwise(v2)
 
 
 def classify(lines: DataFrame) -> DataFrame:
@@ -197,20 +248,22 @@ def classify(lines: DataFrame) -> DataFrame:
     corrupt = r[_CORRUPT].isNotNull()
     missing = _missing_fields(r)
     enqueued_ts = F.try_to_timestamp(r["enqueued_at"], F.lit(_ENQUEUED_AT_FORMAT))
-    body = F.try_to_binary(r["body"], F.lit("base64"))
+    v1 = r["v"] == 1
+    body_count = sum((F.when(r[name].isNotNull(), 1).otherwise(0) for name in BODY_FIELDS), F.lit(0))
+    body = F.when(v1, F.try_to_binary(r["body"], F.lit("base64"))).otherwise(_v2_body(F.col("value"), r))
     # The second JSON parse (is it JSON at all, and an object?) only runs for the rare corrupt lines: CASE WHEN
     # and AND evaluate lazily, and the expression occurs once so it is not hoisted.
     is_object = F.coalesce(F.schema_of_variant(F.try_parse_json("value")), F.lit("")).startswith("OBJECT")
     reason = (
         F.when(F.trim("value") == "", F.lit("empty_line"))
         .when(corrupt & ~is_object, F.lit("unparseable_line"))
-        .when(
-            ~corrupt & (r["v"].isNull() | (r["v"] != F.lit(SEGMENT_FORMAT_VERSION))),
-            F.lit("unsupported_version"),
-        )
+        .when(~corrupt & (r["v"].isNull() | ~r["v"].isin(list(READ_VERSIONS))), F.lit("unsupported_version"))
         .when(r[_CORRUPT].isNotNull(), F.lit("malformed_record"))
         .when(missing != "", F.concat(F.lit("missing_fields:"), missing))
         .when(enqueued_ts.isNull(), F.lit("bad_enqueued_at"))
+        .when(~v1 & (body_count == 0), F.lit("no_body_field"))
+        .when(~v1 & (body_count > 1), F.lit("several_body_fields"))
+        .when(~v1 & r["body_json"].isNotNull() & body.isNull(), F.lit("body_json_not_last"))
         .when(body.isNull(), F.lit("body_not_base64"))
     )
     return parsed.select(
@@ -218,7 +271,7 @@ def classify(lines: DataFrame) -> DataFrame:
         "source_file",
         "ingest_at",
         reason.alias("reason"),
-        F.lit(SEGMENT_FORMAT_VERSION).alias("v"),
+        r["v"].alias("v"),
         r["edge_message_id"].alias("edge_message_id"),
         r["message_id"].alias("message_id"),
         r["device_id"].alias("device_id"),
@@ -229,7 +282,7 @@ def classify(lines: DataFrame) -> DataFrame:
         r["ttl_s"].alias("ttl_s"),
         r["source"].alias("source"),
         r["properties"].alias("properties"),
-        r["system_properties"].alias("system_properties"),
+        _system_properties(r).alias("system_properties"),
         body.alias("body"),
     )
 

@@ -21,7 +21,7 @@ def edge_message_id(qm: QueuedMessage, *, hub_id: str, lane: str) -> str:
 def segment_bytes(
     batch: Sequence[QueuedMessage], *, hub_id: str, lane: str, compresslevel: int = 6, codec: Codec = Codec.GZIP
 ) -> bytes:
-    """The v1 segment of ``batch`` (JSON lines, one record per message, in queue order; gzip or zstd)."""
+    """The segment of ``batch`` (record format v2, JSON lines, one record per message, in queue order; gzip or zstd)."""
     records = (
         record_from_message(
             qm.message,

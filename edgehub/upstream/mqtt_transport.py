@@ -33,7 +33,7 @@ What it guarantees
 
 Wire modes
 ----------
-* ``batch`` (default): one PUBLISH carries one segment (``edgehub.upstream.segment``: record format v1,
+* ``batch`` (default): one PUBLISH carries one segment (``edgehub.upstream.segment``: record format v2,
   compressed by ``compression``, gzip by default) of one priority, on ``batch_topic`` (default
   ``edgehub/segments/{hub_id}/{lane}/p{priority:02d}``). A ``send``'s batch is cut into segments of at most
   about ``max_batch_bytes`` compressed bytes. On MQTT 5 the PUBLISH also carries content type

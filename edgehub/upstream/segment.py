@@ -1,16 +1,17 @@
-"""The segment format: how a batch of messages leaves the hub for the cloud, version 1.
+"""The segment format: how a batch of messages leaves the hub for the cloud, record format version 2.
 
 One segment is one upstream batch (one endpoint lane, one priority, a run of consecutive queue offsets). The
 same bytes are the payload of an MQTT ``batch``-mode PUBLISH and the content of a landing-zone file, so the
 landing receiver stores what it receives unchanged and the Spark job reads both the same way.
 
-Format v1: UTF-8 JSON lines, one record per message, compressed by one codec (below), each record a JSON object
-with exactly:
+A segment is UTF-8 JSON lines (separated by ``\\n``), one record per message, compressed by one codec (below),
+each record a JSON object with exactly these fields. Writers write version 2; readers (``decode_segment`` and
+``spark_upload.job``) read versions 1 and 2, in any mix.
 
 =====================  ==============================  ==================================================
 field                  JSON type                       meaning
 =====================  ==============================  ==================================================
-``v``                  number (1)                      record format version
+``v``                  number (1 or 2)                 record format version
 ``edge_message_id``    string                          the hub's id for the message; unique per hub
 ``message_id``         string or null                  the device's ``messageId`` system property
 ``device_id``          string or null                  ``connectionDeviceId``
@@ -22,12 +23,35 @@ field                  JSON type                       meaning
 ``ttl_s``              number                          time-to-live fixed at enqueue
 ``source``             string                          the routing source (``/messages/modules/m1/...``)
 ``properties``         object of string -> string|null application properties
-``system_properties``  object of string -> string      system properties
-``body``               string                          the body bytes, base64 (RFC 4648, padded)
+``system_properties``  v1: object of string -> string  system properties; v2: without the column ones
+                       v2: string -> string|null       (below)
+v1: ``body``           string                          the body bytes, base64 (RFC 4648, padded)
+v2: exactly one of:                                    the body bytes, the first form that fits:
+``body_json``          any JSON value but null         the body is this value's text as it stands in the
+                                                       line, UTF-8; used when the body is a JSON text that
+                                                       the writer's compact form (``json.dumps(value,
+                                                       separators=(",", ":"), ensure_ascii=False)``) gives
+                                                       back byte for byte; always the line's last field
+``body_text``          string                          the body is this string, UTF-8 (when it decodes)
+``body_b64``           string                          the body bytes, base64 (RFC 4648, padded)
 =====================  ==============================  ==================================================
 
-Two things are versioned apart: the **record format** (the ``v`` field of every record, 1 here; a reader refuses
-a version it does not know) and the **codec** that compresses the whole segment:
+Version 2 writes nothing twice, which is what a batch on a thin link pays for (issue 5): the body is not
+base64'ed when it is text, and the four system properties that are columns (``edgeMessageId`` =
+``edge_message_id``, ``messageId`` = ``message_id``, ``connectionDeviceId`` = ``device_id``,
+``connectionModuleId`` = ``module_id``) are left out of ``system_properties`` when equal to their column (not
+null); a reader puts them back from the column. When a column is set but the message had no such system
+property (an ``edge_message_id`` the transport derived), ``system_properties`` holds that key with ``null``,
+which a reader removes. So v1 and v2 records of one message decode to the same ``SegmentRecord``.
+
+``body_json`` is taken from the line's text (the Spark job has no ``json.dumps`` of its own to write it back
+with): the value after the first ``"body_json":`` of the line up to the record's closing brace, spaces around it
+aside. Writers therefore put ``body_json`` last and use ``body_text`` when ``properties`` or
+``system_properties`` has a key ``body_json``. A v2 record with none or several body fields, or whose
+``body_json`` is not its last field, is malformed.
+
+Two things are versioned apart: the **record format** (the ``v`` field of every record, 2 when written; a reader
+refuses a version it does not know) and the **codec** that compresses the whole segment:
 
 =========  =====================================  ================================================================
 codec      bytes                                  where
@@ -69,6 +93,11 @@ from typing import Any
 from edgehub.core import EdgeHubError, Message, SystemProperty
 
 __all__ = [
+    "BODY_FIELDS",
+    "COLUMN_SYSTEM_PROPERTIES",
+    "LINE_FIELDS",
+    "READ_VERSIONS",
+    "RECORD_FIELDS",
     "SEGMENT_FORMAT_VERSION",
     "SEGMENT_SUFFIX",
     "Codec",
@@ -83,9 +112,11 @@ __all__ = [
     "zstd_available",
 ]
 
-SEGMENT_FORMAT_VERSION = 1
+SEGMENT_FORMAT_VERSION = 2  # what writers write
+READ_VERSIONS: tuple[int, ...] = (1, 2)  # what readers read
 SEGMENT_SUFFIX = ".jsonl.gz"
-# Spark-side column names and types mirror these; spark_upload keeps its schema in step (a test checks it).
+# A decoded record, field for field (what bronze holds: the body as bytes; v is the version the line had). Spark's
+# column names and types mirror these; spark_upload keeps its schema in step (a test checks it).
 RECORD_FIELDS: tuple[str, ...] = (
     "v",
     "edge_message_id",
@@ -101,6 +132,20 @@ RECORD_FIELDS: tuple[str, ...] = (
     "system_properties",
     "body",
 )
+# The v2 body fields, in the order a writer tries them; exactly one is in a v2 record.
+BODY_FIELDS: tuple[str, ...] = ("body_json", "body_text", "body_b64")
+# The fields of a line, per record format version.
+LINE_FIELDS: Mapping[int, tuple[str, ...]] = {1: RECORD_FIELDS, 2: (*RECORD_FIELDS[:-1], *BODY_FIELDS)}
+# v2: system properties that are record columns, left out of system_properties when equal to the column.
+COLUMN_SYSTEM_PROPERTIES: tuple[tuple[str, str], ...] = (
+    (SystemProperty.EDGE_MESSAGE_ID.value, "edge_message_id"),
+    (SystemProperty.MESSAGE_ID.value, "message_id"),
+    (SystemProperty.CONNECTION_DEVICE_ID.value, "device_id"),
+    (SystemProperty.CONNECTION_MODULE_ID.value, "module_id"),
+)
+_COLUMN_KEYS = frozenset(k for k, _ in COLUMN_SYSTEM_PROPERTIES)
+_SEPARATORS = (",", ":")
+_BODY_JSON_KEY = '"body_json":'
 _NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -140,6 +185,18 @@ class SegmentRecord:
     system_properties: Mapping[str, str] = field(default_factory=dict)
 
     def to_json_obj(self) -> dict[str, object]:
+        """The record as its v2 line's object (``body_json``, when used, is the last key)."""
+        sysprops: dict[str, str | None] = dict(self.system_properties)
+        for key, column in COLUMN_SYSTEM_PROPERTIES:
+            value = getattr(self, column)
+            if value is None:
+                continue
+            if key not in sysprops:
+                sysprops[key] = None  # the column is set, the message had no such property
+            elif sysprops[key] == value:
+                del sysprops[key]
+        clash = "body_json" in self.properties or "body_json" in sysprops
+        body_key, body_value = _body_field(self.body, json_allowed=not clash)
         return {
             "v": SEGMENT_FORMAT_VERSION,
             "edge_message_id": self.edge_message_id,
@@ -152,9 +209,34 @@ class SegmentRecord:
             "ttl_s": self.ttl_s,
             "source": self.source,
             "properties": dict(self.properties),
-            "system_properties": dict(self.system_properties),
-            "body": base64.b64encode(self.body).decode("ascii"),
+            "system_properties": sysprops,
+            body_key: body_value,
         }
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _body_field(body: bytes, *, json_allowed: bool) -> tuple[str, object]:
+    """The v2 body field for ``body``: JSON when the compact form writes the same bytes back, else text, else
+    base64 (the module docstring)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return "body_b64", base64.b64encode(body).decode("ascii")
+    if json_allowed:
+        try:
+            value = json.loads(text, parse_constant=_reject_constant)
+            if value is not None and _compact(value) == text:
+                return "body_json", value
+        except (ValueError, RecursionError):  # not JSON, a number too long for int(), nested too deep
+            pass
+    return "body_text", text
+
+
+def _compact(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=_SEPARATORS, allow_nan=False)
 
 
 def format_enqueued_at(epoch_s: float) -> str:
@@ -187,7 +269,7 @@ def record_from_message(
 def encode_segment(records: Iterable[SegmentRecord], *, compresslevel: int = 6, codec: Codec = Codec.GZIP) -> bytes:
     """The JSON lines of ``records``, compressed by ``codec`` at ``compresslevel`` (gzip 1-9, zstd 1-22). The
     same records always give the same bytes (gzip ``mtime=0``). zstd without ``zstandard`` raises ValueError."""
-    lines = [json.dumps(r.to_json_obj(), ensure_ascii=False, separators=(",", ":")) for r in records]
+    lines = [_compact(r.to_json_obj()) for r in records]
     text = ("\n".join(lines) + ("\n" if lines else "")).encode("utf-8")
     if codec is Codec.ZSTD:
         compressed: bytes = _zstd().ZstdCompressor(level=compresslevel, write_content_size=True).compress(text)
@@ -220,26 +302,84 @@ def _str_or_none(obj: Mapping[str, object], key: str, line_no: int) -> str | Non
     return value
 
 
-def _record_from_obj(obj: object, line_no: int) -> SegmentRecord:
+def _body(obj: dict[str, Any], line: str, line_no: int) -> bytes:
+    if obj["v"] == 1:
+        return _base64(obj["body"], line_no)
+    present = [k for k in BODY_FIELDS if obj.get(k) is not None]
+    if len(present) != 1:
+        raise SegmentFormatError(
+            f"line {line_no}: a v2 record has exactly one of {', '.join(BODY_FIELDS)}, not {present or 'none'}"
+        )
+    (key,) = present
+    if key == "body_b64":
+        return _base64(obj[key], line_no)
+    if key == "body_text":
+        text = obj[key]
+        if not isinstance(text, str):
+            raise SegmentFormatError(f"line {line_no}: body_text must be a string")
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate, written as a \u escape
+            raise SegmentFormatError(f"line {line_no}: body_text is not UTF-8 text") from exc
+    # body_json: its text in the line, which must end the record (see the module docstring).
+    stripped = line.rstrip(" \r")
+    raw = stripped[stripped.index(_BODY_JSON_KEY) + len(_BODY_JSON_KEY) : -1].strip(" ")
+    try:
+        json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise SegmentFormatError(f"line {line_no}: body_json is not the record's last field") from exc
+    return raw.encode("utf-8")
+
+
+def _base64(value: object, line_no: int) -> bytes:
+    if not isinstance(value, str):
+        raise SegmentFormatError(f"line {line_no}: body is not base64")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise SegmentFormatError(f"line {line_no}: body is not base64") from exc
+
+
+def _system_properties(obj: dict[str, Any], line_no: int) -> dict[str, str]:
+    sysprops = obj["system_properties"]
+    if obj["v"] == 1:
+        if not isinstance(sysprops, dict) or not all(isinstance(v, str) for v in sysprops.values()):
+            raise SegmentFormatError(f"line {line_no}: system_properties must map strings to strings")
+        return sysprops
+    if not isinstance(sysprops, dict) or not all(
+        isinstance(v, str) or (v is None and k in _COLUMN_KEYS) for k, v in sysprops.items()
+    ):
+        raise SegmentFormatError(
+            f"line {line_no}: system_properties must map strings to strings (or null for {sorted(_COLUMN_KEYS)})"
+        )
+    out = {k: v for k, v in sysprops.items() if v is not None}
+    for key, column in COLUMN_SYSTEM_PROPERTIES:
+        value = obj[column]
+        if key not in sysprops and value is not None:
+            out[key] = value
+    return out
+
+
+def _record_from_obj(obj: object, line: str, line_no: int) -> SegmentRecord:
     if not isinstance(obj, dict):
         raise SegmentFormatError(f"line {line_no}: not a JSON object")
-    if obj.get("v") != SEGMENT_FORMAT_VERSION:
-        raise SegmentFormatError(f"line {line_no}: unsupported record version {obj.get('v')!r}")
-    missing = [k for k in RECORD_FIELDS if k not in obj]
+    version = obj.get("v")
+    if type(version) is not int or version not in READ_VERSIONS:
+        raise SegmentFormatError(f"line {line_no}: unsupported record version {version!r}")
+    missing = [k for k in LINE_FIELDS[version] if k not in obj and k not in BODY_FIELDS]
     if missing:
         raise SegmentFormatError(f"line {line_no}: missing fields {missing}")
-    try:
-        body = base64.b64decode(obj["body"], validate=True)
-    except (binascii.Error, TypeError, ValueError) as exc:
-        raise SegmentFormatError(f"line {line_no}: body is not base64") from exc
-    props, sysprops = obj["properties"], obj["system_properties"]
-    if not isinstance(props, dict) or not all(isinstance(v, str | None) for v in props.values()):
-        raise SegmentFormatError(f"line {line_no}: properties must map strings to strings or null")
-    if not isinstance(sysprops, dict) or not all(isinstance(v, str) for v in sysprops.values()):
-        raise SegmentFormatError(f"line {line_no}: system_properties must map strings to strings")
     for key in ("edge_message_id", "hub_id", "enqueued_at", "source"):
         if not isinstance(obj[key], str):
             raise SegmentFormatError(f"line {line_no}: {key} must be a string")
+    message_id = _str_or_none(obj, "message_id", line_no)
+    device_id = _str_or_none(obj, "device_id", line_no)
+    module_id = _str_or_none(obj, "module_id", line_no)
+    body = _body(obj, line, line_no)
+    props = obj["properties"]
+    if not isinstance(props, dict) or not all(isinstance(v, str | None) for v in props.values()):
+        raise SegmentFormatError(f"line {line_no}: properties must map strings to strings or null")
+    sysprops = _system_properties(obj, line_no)
     priority, ttl_s = obj["priority"], obj["ttl_s"]
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise SegmentFormatError(f"line {line_no}: priority must be an integer")
@@ -253,16 +393,17 @@ def _record_from_obj(obj: object, line_no: int) -> SegmentRecord:
         ttl_s=ttl_s,
         source=obj["source"],
         body=body,
-        message_id=_str_or_none(obj, "message_id", line_no),
-        device_id=_str_or_none(obj, "device_id", line_no),
-        module_id=_str_or_none(obj, "module_id", line_no),
+        message_id=message_id,
+        device_id=device_id,
+        module_id=module_id,
         properties=props,
         system_properties=sysprops,
     )
 
 
 def decode_segment(data: bytes) -> list[SegmentRecord]:
-    """Every record of a segment (either codec), or ``SegmentFormatError`` naming the first bad line (1-based)."""
+    """Every record of a segment (either codec, record versions 1 and 2), or ``SegmentFormatError`` naming the
+    first bad line (1-based)."""
     if segment_codec(data) is Codec.ZSTD:
         try:
             zstandard = _zstd()
@@ -282,14 +423,17 @@ def decode_segment(data: bytes) -> list[SegmentRecord]:
 
 def _records(text: str) -> list[SegmentRecord]:
     records = []
-    for line_no, line in enumerate(text.splitlines(), start=1):
+    # Lines end at "\n" only: str.splitlines would also cut at U+2028, U+0085 and others, which JSON strings
+    # written with ensure_ascii=False hold unescaped.
+    for line_no, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SegmentFormatError(f"line {line_no}: not JSON ({exc.msg})") from exc
-        records.append(_record_from_obj(obj, line_no))
+        except (json.JSONDecodeError, RecursionError) as exc:
+            msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deep"
+            raise SegmentFormatError(f"line {line_no}: not JSON ({msg})") from exc
+        records.append(_record_from_obj(obj, line, line_no))
     return records
 
 

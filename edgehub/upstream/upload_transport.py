@@ -1,7 +1,7 @@
 """The upload transport: ``$upstream`` as an ``Endpoint`` that lands each batch as one segment file.
 
-``send`` encodes the batch as one v1 segment (``edgehub.upstream.segment``), names it after what it is
-(``SegmentName``: hub, lane, priority, first and last offset) and hands both to a ``SegmentWriter``; the
+``send`` encodes the batch as one segment (``edgehub.upstream.segment``, record format v2), names it after what
+it is (``SegmentName``: hub, lane, priority, first and last offset) and hands both to a ``SegmentWriter``; the
 write returning is the checkpoint. In production the writer is ``edgehub.upstream.landing.LandingZone``
 (fsspec: a local folder by default, s3/abfs/gcs/... through plugins), which makes a write idempotent and
 atomically visible; the composition root builds it from the configured URL and passes it here, so this module

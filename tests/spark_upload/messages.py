@@ -11,13 +11,13 @@ from typing import Any
 
 from edgehub.core import Message, SystemProperty
 from edgehub.delivery.endpoint import QueuedMessage
-from edgehub.upstream.segment import format_enqueued_at
+from edgehub.upstream.segment import SEGMENT_FORMAT_VERSION, format_enqueued_at
 
 BASE_S = 1_795_000_020.0  # 2026-11-18T11:07:00Z
 
 
 def queued_messages(first: int, count: int, *, priority: int) -> list[QueuedMessage]:
-    """``count`` messages at offsets ``first``..., varied: binary and JSON bodies, a null property, a module,
+    """``count`` messages at offsets ``first``..., varied: binary, text and JSON bodies, a null property, a module,
     some with the hub's edge id and some without (the transport then derives one from the queue position)."""
     out = []
     for offset in range(first, first + count):
@@ -31,7 +31,12 @@ def queued_messages(first: int, count: int, *, priority: int) -> list[QueuedMess
             system[SystemProperty.OUTPUT_NAME] = "out1"
         if offset % 4 != 3:
             system[SystemProperty.EDGE_MESSAGE_ID] = f"edge-{offset:06d}"
-        body = bytes(range(256)) if offset % 5 == 4 else b'{"temp": %d.5, "unit": "C"}' % offset
+        # Each v2 body form: binary (body_b64), compact JSON (body_json), spaced JSON and text (body_text).
+        body = {
+            4: bytes(range(256)),
+            2: b'{"temp":%d.5,"unit":"\xc2\xb0C","tags":["a",null]}' % offset,
+            1: "plain çødé \u2028 text".encode(),
+        }.get(offset % 5, b'{"temp": %d.5, "unit": "C"}' % offset)
         msg = Message(
             body=body, properties={"alert": "yes" if offset % 2 else "no", "empty": None}, system_properties=system
         )
@@ -56,7 +61,7 @@ def assert_bronze_row_carries(row: Any, qm: QueuedMessage, *, hub_id: str, lane:
     """Every field of the message is in its bronze row, with its type."""
     m = qm.message
     sp = m.system_properties
-    assert row.v == 1
+    assert row.v == SEGMENT_FORMAT_VERSION
     assert row.edge_message_id == expected_edge_message_id(qm, hub_id=hub_id, lane=lane)
     assert row.hub_id == hub_id
     assert row.message_id == sp.get(SystemProperty.MESSAGE_ID)

@@ -44,7 +44,7 @@ async def test_messages_sent_by_the_hubs_mqtt_upstream_reach_bronze_field_for_fi
                 client_id="hub1",
                 hub_id="hub1",
                 protocol=protocol,
-                max_batch_bytes=1500,  # several segments per send
+                max_batch_bytes=1024,  # the least: several segments per send (v2 puts 40 in ~1.7 KB)
             )
             async with asyncio.timeout(30), MqttUpstream(settings) as upstream:
                 await upstream.wait_connected()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import typing
@@ -14,6 +15,8 @@ from pyspark.sql import SparkSession
 from edgehub import Message
 from edgehub.upstream.landing import LandingZone
 from edgehub.upstream.segment import (
+    BODY_FIELDS,
+    LINE_FIELDS,
     RECORD_FIELDS,
     SegmentName,
     SegmentRecord,
@@ -75,8 +78,8 @@ def _bronze_ids(spark: SparkSession, tmp_path: Path) -> list[str]:
     return sorted(r.edge_message_id for r in rows)
 
 
-# How each SegmentRecord field is written in a JSON line (bytes as base64, the time as an ISO string), and so the
-# Spark type that reads it.
+# How each SegmentRecord field is written in a JSON line (bytes as base64 or text, the time as an ISO string), and
+# so the Spark type that reads it.
 _SPARK_TYPE_OF_RECORD_TYPE: dict[object, str] = {
     int: "int",
     float: "double",
@@ -89,12 +92,16 @@ _SPARK_TYPE_OF_RECORD_TYPE: dict[object, str] = {
 
 
 def test_spark_schema_is_in_step_with_the_segment_record_fields_and_their_types() -> None:
-    assert tuple(f.name for f in RECORD_SCHEMA.fields) == RECORD_FIELDS
+    # The parse schema holds every field of every line version we read: v1's, then v2's body fields.
+    assert LINE_FIELDS[1] == RECORD_FIELDS
+    assert tuple(f.name for f in RECORD_SCHEMA.fields) == (*RECORD_FIELDS, *BODY_FIELDS)
+    assert set(LINE_FIELDS[2]) == set(RECORD_FIELDS) - {"body"} | set(BODY_FIELDS)
     assert BRONZE_COLUMNS[: len(RECORD_FIELDS)] == RECORD_FIELDS
     record_types = {"v": int, **typing.get_type_hints(SegmentRecord)}  # v is SEGMENT_FORMAT_VERSION, an int
     assert set(record_types) == set(RECORD_FIELDS)
+    line_types = {**record_types, **dict.fromkeys(BODY_FIELDS, bytes)}  # body_json: any JSON value, read as text
     spark_types = {f.name: f.dataType.simpleString() for f in RECORD_SCHEMA.fields}
-    assert spark_types == {name: _SPARK_TYPE_OF_RECORD_TYPE[record_types[name]] for name in RECORD_FIELDS}
+    assert spark_types == {name: _SPARK_TYPE_OF_RECORD_TYPE[line_types[name]] for name in line_types}
 
 
 # Bronze holds the record typed: the time as a timestamp, the body as its bytes.
@@ -178,28 +185,44 @@ def test_duplicates_by_edge_message_id_are_removed_across_segments_and_batches(
     assert [(m["input_rows"], m["bronze_rows"], m["duplicates"]) for m in metrics] == [(20, 15, 5), (17, 7, 10)]
 
 
+def _v1_obj(r: SegmentRecord) -> dict[str, object]:
+    """The record as the v1 writer wrote it (edgehub.upstream.segment's docstring, v1 rows)."""
+    obj: dict[str, object] = {k: v for k, v in r.to_json_obj().items() if k not in BODY_FIELDS}
+    return {**obj, "v": 1, "system_properties": dict(r.system_properties), "body": base64.b64encode(r.body).decode()}
+
+
 @pytest.mark.spark
 def test_each_kind_of_bad_record_is_quarantined_with_its_reason_and_the_job_keeps_going(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    good = _record(1).to_json_obj()
+    good = replace(_record(1), body=b'{"temp":21,"hum":0.5}').to_json_obj()  # v2, body_json
+    good_v1 = _v1_obj(_record(2))
 
-    def line(**changes: object) -> str:
-        obj = {**good, **changes}
+    def line(base: dict[str, object] = good, **changes: object) -> str:
+        obj = {**base, **changes}
         return json.dumps({k: v for k, v in obj.items() if v != "DROP"})
 
+    body = good["body_json"]
     lines = {
         "empty_line": "   ",
         "unparseable_line": "{not json",
         "unparseable_line ": "[1, 2]",
-        "unsupported_version": line(v=2, edge_message_id="bad-v"),
+        "unsupported_version": line(v=3, edge_message_id="bad-v"),
+        "unsupported_version ": line(good_v1, v=None, edge_message_id="bad-v1"),
         "malformed_record": line(priority="high", edge_message_id="bad-prio"),
-        "missing_fields:edge_message_id,body": line(edge_message_id="DROP", body="DROP"),
+        "malformed_record ": line(good_v1, priority="high", edge_message_id="bad-prio-v1"),
+        "missing_fields:edge_message_id,body": line(good_v1, edge_message_id="DROP", body="DROP"),
         "missing_fields:hub_id": line(hub_id=None, edge_message_id="bad-hub"),
         "bad_enqueued_at": line(enqueued_at="yesterday", edge_message_id="bad-time"),
-        "body_not_base64": line(body="%%%not-base64%%%", edge_message_id="bad-body"),
+        "body_not_base64": line(good_v1, body="%%%not-base64%%%", edge_message_id="bad-body"),
+        "body_not_base64 ": line(body_json="DROP", body_b64="%%%", edge_message_id="bad-body-v2"),
+        "no_body_field": line(body_json="DROP", edge_message_id="no-body"),
+        "several_body_fields": line(body_text="also", edge_message_id="two-bodies"),
+        "body_json_not_last": json.dumps({"body_json": body, **{k: v for k, v in good.items() if k != "body_json"}}),
     }
-    text = "\n".join([json.dumps(good), *lines.values(), json.dumps(_record(2).to_json_obj())]) + "\n"
+    v2_text = {k: v for k, v in _record(3).to_json_obj().items() if k not in BODY_FIELDS} | {"body_text": "hi"}
+    goods = [json.dumps(good), json.dumps(good_v1), json.dumps(v2_text)]
+    text = "\n".join([goods[0], *lines.values(), *goods[1:]]) + "\n"
     folder = tmp_path / "landing" / "hub1" / "upstream" / "p03"
     folder.mkdir(parents=True)
     (folder / "bad.jsonl.gz").write_bytes(gzip.compress(text.encode()))
@@ -209,9 +232,18 @@ def test_each_kind_of_bad_record_is_quarantined_with_its_reason_and_the_job_keep
     got = sorted((r.reason, r.line) for r in quarantine)
     assert got == sorted((reason.strip(), raw) for reason, raw in lines.items())
     assert all(r.source_file.endswith("/hub1/upstream/p03/bad.jsonl.gz") for r in quarantine)
-    assert _bronze_ids(spark, tmp_path) == ["e-000001", "e-000002"]
+    bronze = {r.edge_message_id: r for r in spark.read.parquet(str(tmp_path / "lake" / "bronze")).collect()}
+    assert sorted(bronze) == ["e-000001", "e-000002", "e-000003"]
+    # json.dumps with its default ", " and ": ": body_json's bytes are its text as it stands in the line.
+    assert bytes(bronze["e-000001"].body) == json.dumps(body).encode()
+    assert bytes(bronze["e-000002"].body) == _record(2).body
+    assert bytes(bronze["e-000003"].body) == b"hi"
+    assert [bronze[k].v for k in sorted(bronze)] == [2, 1, 2]
+    assert all(
+        bronze[k].system_properties == dict(_record(i + 1).system_properties) for i, k in enumerate(sorted(bronze))
+    )
     (m,) = [m for m in _metrics(tmp_path) if m["input_rows"]]
-    assert (m["input_rows"], m["bronze_rows"], m["quarantined"], m["duplicates"]) == (11, 2, 9, 0)
+    assert (m["input_rows"], m["bronze_rows"], m["quarantined"], m["duplicates"]) == (18, 3, 15, 0)
 
 
 @pytest.mark.spark
