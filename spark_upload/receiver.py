@@ -29,6 +29,9 @@ Invariants:
   short, a CRC that does not match: it is decompressed once to check) cannot be a segment, so it lands under
   ``rejected/{sha256}.bin`` (outside the job's ``*.jsonl.gz`` filter), is counted and logged, and is
   acknowledged: a redelivery would bring the same bytes.
+* **zstd segments land as gzip.** The hub's MQTT transport may compress with zstd (``compression: zstd``); the
+  landing zone and the Spark job know gzip only, so such a segment is decompressed and compressed again as gzip
+  before it lands (with the ``zstandard`` package installed; without it, it is set aside as above).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import importlib
 import io
 import logging
 import re
@@ -45,6 +49,7 @@ import threading
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import paho.mqtt.client as mqtt
@@ -55,9 +60,18 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from edgehub.core import TransportError
 from edgehub.upstream.landing import LandingZone
-from edgehub.upstream.segment import SEGMENT_SUFFIX
+from edgehub.upstream.segment import SEGMENT_SUFFIX, Codec, segment_codec
 
-__all__ = ["DEFAULT_TOPIC", "Received", "Receiver", "ReceiverSettings", "gzip_problem", "landing_path_for", "main"]
+__all__ = [
+    "DEFAULT_TOPIC",
+    "Received",
+    "Receiver",
+    "ReceiverSettings",
+    "as_landing_bytes",
+    "gzip_problem",
+    "landing_path_for",
+    "main",
+]
 
 _log = logging.getLogger(__name__)
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -113,6 +127,25 @@ def gzip_problem(payload: bytes) -> str | None:
     except (OSError, EOFError, zlib.error) as exc:
         return f"broken gzip stream: {exc}"
     return None
+
+
+def as_landing_bytes(payload: bytes) -> bytes:
+    """The bytes to land for ``payload``: a zstd segment (the MQTT transport's optional codec) decompressed and
+    compressed again as gzip, the landing zone's one codec (``mtime=0``, so the same segment always gives the
+    same bytes and a resend lands once); anything else unchanged. Without the ``zstandard`` package, or when the
+    frame does not decompress, the payload is returned as it came and is set aside as not gzip."""
+    if segment_codec(payload) is not Codec.ZSTD:
+        return payload
+    try:
+        zstandard: Any = importlib.import_module("zstandard")
+    except ImportError:
+        _log.warning("receiver.zstd_unavailable: a zstd segment is set aside; pip install edgehub[zstd]")
+        return payload
+    try:
+        raw = zstandard.ZstdDecompressor().decompress(payload)
+    except zstandard.ZstdError:
+        return payload
+    return gzip.compress(raw, mtime=0)
 
 
 def landing_path_for(payload: bytes, segment_property: str | None) -> tuple[str, bool]:
@@ -228,7 +261,7 @@ class Receiver:
         return None
 
     def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
-        payload = bytes(message.payload)
+        payload = as_landing_bytes(bytes(message.payload))
         path, is_segment = landing_path_for(payload, self._segment_property(message))
         try:
             outcome = str(self._zone.write_path(path, payload))

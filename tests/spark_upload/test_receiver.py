@@ -11,8 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from edgehub.upstream.segment import SegmentName, SegmentRecord, decode_segment, encode_segment
-from spark_upload.receiver import Received, Receiver, ReceiverSettings, landing_path_for
+from edgehub.upstream.segment import Codec, SegmentName, SegmentRecord, decode_segment, encode_segment, segment_codec
+from spark_upload.receiver import (
+    Received,
+    Receiver,
+    ReceiverSettings,
+    as_landing_bytes,
+    gzip_problem,
+    landing_path_for,
+)
 
 pytestmark = pytest.mark.interop
 
@@ -363,3 +370,31 @@ def test_a_shared_subscription_refused_with_0x9e_is_retried_as_the_plain_topic(
         _land_one_segment_through(scripted_broker, receiver, reports)
     finally:
         receiver.stop()
+
+
+def test_a_zstd_segment_lands_as_gzip_with_the_same_records(broker: str, tmp_path: Path) -> None:
+    reports: queue.Queue[Received] = queue.Queue()
+    receiver = _receiver(broker, tmp_path / "landing", reports)
+    try:
+        name, gz = _segment(0, 9)
+        zst = encode_segment(decode_segment(gz), codec=Codec.ZSTD)
+        assert segment_codec(zst) is Codec.ZSTD
+        _publish(broker, zst, tmp_path, segment=name.path)
+        got = reports.get(timeout=10)
+        assert (got.path, got.outcome, got.acked) == (name.path, "written", True)
+        landed = (tmp_path / "landing" / name.path).read_bytes()
+        assert gzip_problem(landed) is None  # what the job's gzip text source reads
+        assert decode_segment(landed) == decode_segment(gz)
+        # The same zstd bytes again (a resend) land on the same bytes: once.
+        _publish(broker, zst, tmp_path)
+        again = reports.get(timeout=10)
+        assert again.path == f"received/{hashlib.sha256(landed).hexdigest()}.jsonl.gz"
+    finally:
+        receiver.stop()
+
+
+def test_a_zstd_frame_that_does_not_decompress_is_set_aside() -> None:
+    broken = b"\x28\xb5\x2f\xfd" + b"not a zstd frame"
+    assert as_landing_bytes(broken) == broken
+    path, is_segment = landing_path_for(broken, "hub1/upstream/p0/x.jsonl.gz")
+    assert (path.startswith("rejected/"), is_segment) == (True, False)
