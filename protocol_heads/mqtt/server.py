@@ -294,7 +294,7 @@ class _Client(asyncio.BufferedProtocol):
         self._keepalive: asyncio.TimerHandle | None = None
         self._last_read = 0.0
 
-    # --- asyncio.BufferedProtocol ----------------------------------------------------------------------------------
+    # --- asyncio.BufferedProtocol --------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -349,8 +349,8 @@ class _Client(asyncio.BufferedProtocol):
     def _update_reading(self) -> None:
         """Read unless a limit says not to: the handshake's buffer, the groups in flight, the write buffer."""
         transport = self.transport
-        if transport is None or transport.is_closing():
-            return
+        if self._ended or transport is None or transport.is_closing():
+            return  # once ended, reading stays paused (_finish) whatever frees up later
         pause = (
             self._writing_paused
             or self._groups_in_flight >= self.settings.max_groups_in_flight
