@@ -460,3 +460,65 @@ async def test_store_failure_closes_a_v5_client_without_acking(head: MqttServer,
     assert dev.publishes.empty()
     assert hub.stored == []
     await dev.close()
+
+
+async def test_reading_pauses_while_max_groups_wait_on_the_hub_and_resumes_on_release(
+    hub: InMemoryHub,
+) -> None:
+    from protocol_heads.mqtt.codec import PingReq, PingResp, PubAck, Publish
+    from protocol_heads.mqtt.server import MqttSettings
+
+    settings = MqttSettings(tcp_port=0, tls_port=None, max_groups_in_flight=2)
+    async with MqttServer(hub, settings=settings) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.ports["tcp"])
+        writer.write(encode(Connect("dev1", username=username(DEV), password=sas_password(DEV, DEVICE_KEY).encode())))
+        decoder = Decoder(protocol_level=4)
+        got: list[object] = []
+        async with asyncio.timeout(10):
+            while not got:
+                got += decoder.receive_data(await reader.read(4096))
+            hub.hold()
+            for i in (1, 2):  # one read, one group each
+                writer.write(encode(Publish("devices/dev1/messages/events/", b"m", 1, packet_id=i)))
+                await hub.wait_held(i)
+            writer.write(encode(Publish("devices/dev1/messages/events/", b"m", 1, packet_id=3)) + encode(PingReq()))
+        # Two groups wait on the hub: the third PUBLISH and the PINGREQ after it are not read.
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5):
+                await reader.read(4096)
+        assert hub.held_groups == 2
+        hub.release()
+        got = []
+        async with asyncio.timeout(10):
+            while len(got) < 4:
+                got += decoder.receive_data(await reader.read(4096))
+        acks = [p.packet_id for p in got if isinstance(p, PubAck)]
+        assert acks == [1, 2, 3]
+        assert sum(isinstance(p, PingResp) for p in got) == 1
+        assert hub.groups == [1, 1, 1]
+        writer.close()
+        await writer.wait_closed()
+
+
+async def test_a_client_that_talks_within_its_keepalive_stays_connected(head: MqttServer) -> None:
+    from protocol_heads.mqtt.codec import PingReq, PingResp
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", head.ports["tcp"])
+    connect = Connect("dev1", keepalive_s=1, username=username(DEV), password=sas_password(DEV, DEVICE_KEY).encode())
+    writer.write(encode(connect))
+    decoder = Decoder(protocol_level=4)
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(10):
+        assert (await reader.read(4))[:1] == b"\x20"
+        started = loop.time()
+        while loop.time() - started < 3.5:  # over twice the 1.5 s allowed for silence
+            await asyncio.sleep(0.4)  # the client's own pace, well inside its keepalive
+            writer.write(encode(PingReq()))
+            packets: list[object] = []
+            while not packets:
+                data = await reader.read(4096)
+                assert data, "closed although the client kept talking"
+                packets += decoder.receive_data(data)
+            assert [type(p) for p in packets] == [PingResp]
+    writer.close()
+    await writer.wait_closed()
