@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 import edgehub
 from edgehub.core import ConfigurationError, StoreError
@@ -20,7 +21,9 @@ from edgehub.runtime.certs import HubCerts
 from edgehub.runtime.hub_runtime import (
     DEFAULT_HOST_NAME,
     HubConfig,
+    UploadUpstreamSettings,
     UpstreamOverrides,
+    landing_zone,
     serve,
     transport_settings,
     upstream_options,
@@ -64,10 +67,16 @@ def show_upstream(options: UpstreamOptions) -> None:
     click.echo(f"upstream: partitions={options.partitions} duplicate detection {detection}")
 
 
-def show_transport(settings: MqttUpstreamSettings | None) -> None:
+def show_transport(settings: MqttUpstreamSettings | UploadUpstreamSettings | None) -> None:
     """Print where ``$upstream`` goes and how it uses the link (secrets left out)."""
     if settings is None:
         click.echo("upstream transport: none ($upstream stays queued)")
+        return
+    if isinstance(settings, UploadUpstreamSettings):
+        click.echo(
+            f"upstream transport: upload to {_without_password(settings.url)} hub={settings.hub_id} "
+            "(one gzip segment file per batch, {hub}/{lane}/p{NN}/{first}-{last}.jsonl.gz)"
+        )
         return
     s = settings
     auth = "sas token" if s.sas_token else "password" if s.password else "none"
@@ -79,6 +88,73 @@ def show_transport(settings: MqttUpstreamSettings | None) -> None:
         f"wire={s.wire_mode} codec={s.compression} batch={s.segment_bytes} B window={s.window_bytes} B "
         f"linger={s.linger_s:g} s max uplink={cap}"
     )
+
+
+def _without_password(url: str) -> str:
+    """``url`` with the password of its ``user:password@`` part (sftp, ftp, ...) replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    userinfo, at, hostport = authority.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{hostport}{slash}{path}"
+
+
+# The flags that set up the MQTT transport: refused next to --upstream-upload rather than silently ignored.
+_MQTT_ONLY_FLAGS = (
+    "upstream_wire",
+    "upstream_protocol",
+    "upstream_username",
+    "upstream_password",
+    "upstream_sas_token",
+    "upstream_tls",
+    "upstream_ca_file",
+    "upstream_cert_file",
+    "upstream_key_file",
+    "upstream_max_uplink",
+    "upstream_batch_bytes",
+    "upstream_linger_ms",
+    "upstream_window_bytes",
+    "upstream_compression",
+    "upstream_link_rate",
+    "upstream_link_rtt",
+)
+# The manifest's upstream keys that only the MQTT transport reads.
+_MQTT_LINK_KEYS = (
+    "wireMode",
+    "maxUplinkBps",
+    "maxBatchBytes",
+    "lingerMs",
+    "maxInflightBytes",
+    "linkRateBps",
+    "linkRttMs",
+    "compression",
+)
+
+
+def _upload_settings(url: str, client_id: str) -> UploadUpstreamSettings:
+    """``--upstream-upload URL`` checked before the hub starts: the MQTT-only flags are not given on the command
+    line (an environment variable such as $EDGEHUB_UPSTREAM_PASSWORD is left alone), the URL's fsspec protocol
+    is installed, and the client id makes a valid segment name part."""
+    ctx = click.get_current_context()
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in _MQTT_ONLY_FLAGS
+        if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
+    ]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} set up the MQTT transport; they do not apply to --upstream-upload")
+    try:
+        settings = UploadUpstreamSettings(url=url, hub_id=client_id.replace("/", "-"))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--upstream-client-id" if url else "--upstream-upload") from None
+    try:
+        landing_zone(url)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), param_hint="--upstream-upload") from None
+    return settings
 
 
 def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float | None:
@@ -98,7 +174,19 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
 @click.option("--host-name", default=DEFAULT_HOST_NAME, show_default=True, help="The hub's IoT Hub host name.")
 @click.option("--upstream-mqtt", default=None, metavar="HOST:PORT", help="Deliver $upstream to this MQTT broker.")
-@click.option("--upstream-client-id", default="edgehub", show_default=True, help="Client id (and hub id) upstream.")
+@click.option(
+    "--upstream-upload",
+    default=None,
+    metavar="URL",
+    help="Land $upstream as segment files in this folder or fsspec URL (file:///data/landing; s3://bucket/prefix "
+    "with s3fs installed). Not with --upstream-mqtt.",
+)
+@click.option(
+    "--upstream-client-id",
+    default="edgehub",
+    show_default=True,
+    help="Client id upstream, and the hub id that names segments (upload: its first folder).",
+)
 @click.option(
     "--upstream-wire",
     type=click.Choice(["batch", "message"]),
@@ -189,6 +277,7 @@ def run(
     host: str,
     host_name: str,
     upstream_mqtt: str | None,
+    upstream_upload: str | None,
     upstream_client_id: str,
     upstream_wire: str | None,
     upstream_protocol: str,
@@ -211,8 +300,12 @@ def run(
     duplicate_window_secs: int | None,
 ) -> None:
     """Start the hub: print the compiled routes, then serve MQTT until SIGTERM or SIGINT."""
-    upstream = None
-    if upstream_mqtt is not None:
+    upstream: MqttUpstreamSettings | UploadUpstreamSettings | None = None
+    if upstream_mqtt is not None and upstream_upload is not None:
+        raise click.UsageError("--upstream-mqtt and --upstream-upload are two transports for $upstream: give one")
+    if upstream_upload is not None:
+        upstream = _upload_settings(upstream_upload, upstream_client_id)
+    elif upstream_mqtt is not None:
         up_host, _, up_port = upstream_mqtt.rpartition(":")
         if not up_host or not up_port.isdigit():
             raise click.BadParameter("expected HOST:PORT", param_hint="--upstream-mqtt")
@@ -262,6 +355,10 @@ def run(
         desired = load_desired_file(manifest)
         show_upstream(upstream_options(desired, config))
         show_transport(transport_settings(desired, config))
+        if isinstance(upstream, UploadUpstreamSettings):
+            unused = [key for key in _MQTT_LINK_KEYS if getattr(desired.upstream, key) is not None]
+            if unused:
+                click.echo(f"upstream: manifest keys {', '.join(unused)} are the MQTT transport's; not used by upload")
     except ConfigurationError as exc:
         click.echo(str(exc), err=True)
         raise SystemExit(1) from None

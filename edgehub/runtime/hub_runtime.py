@@ -4,22 +4,27 @@
 order: the listeners and their clients first (so no ack is promised after the store closes), then the
 executors, then the store (closed, so every acknowledged message is on disk).
 
-``$upstream``: when ``HubConfig.upstream`` names an MQTT broker or parent hub (``edgehub run --upstream-mqtt``),
-an ``MqttUpstream`` transport delivers it; otherwise messages routed there stay queued in the store (they
-survive restarts and go out once an upstream is configured).
+``$upstream``: when ``HubConfig.upstream`` names an MQTT broker or parent hub (``MqttUpstreamSettings``,
+``edgehub run --upstream-mqtt``), an ``MqttUpstream`` transport delivers it; when it names a landing zone
+(``UploadUpstreamSettings``, ``edgehub run --upstream-upload``), an ``UploadTransport`` writes one segment file per
+batch there through a ``LandingZone`` (fsspec: a folder, or s3/abfs/... with the plugin installed); otherwise
+messages routed there stay queued in the store (they survive restarts and go out once an upstream is configured).
 
 How the transport uses its link (``wireMode``, ``maxUplinkBps``, ``maxBatchBytes``, ``lingerMs``,
 ``maxInflightBytes``, ``linkRateBps``, ``linkRttMs``, ``compression``) comes from the manifest's ``upstream``
 section applied over ``HubConfig.upstream``, and ``HubConfig.upstream_overrides`` (the CLI's ``--upstream-*``
 flags) over both (``transport_settings``). Credentials and TLS come from ``HubConfig.upstream`` only (the CLI),
-never the manifest.
+never the manifest. The link settings are the MQTT transport's; the upload transport takes none of them (its
+batches are the executor's, up to ``UploadTransport.max_batch_messages``, and each is one file).
 
 Partitions and duplicate detection come from the manifest's ``upstream`` section, each overridable in
 ``HubConfig`` (the CLI's ``--upstream-partitions``, ``--duplicate-detection``, ``--duplicate-window-secs``).
-With ``partitions`` N > 1 there is one ``MqttUpstream`` per lane ``$upstream/{i}`` (``lane_settings``): its own
-connection, client id ``{client_id}-p{i}`` and segment lane ``upstream-p{i}``. A lane the store still holds
-undelivered messages for but that the partition count no longer names (after N changed) gets a transport too,
-so what it held still goes out; new messages never go to it, and once drained it is left out at the next start.
+With ``partitions`` N > 1 there is one transport per lane ``$upstream/{i}``: an ``MqttUpstream``
+(``lane_settings``) with its own connection, client id ``{client_id}-p{i}`` and segment lane ``upstream-p{i}``, or
+an ``UploadTransport`` (``upload_lane``) whose segment files carry the lane ``upstream-p{i}`` in their names. A
+lane the store still holds undelivered messages for but that the partition count no longer names (after N
+changed) gets a transport too, so what it held still goes out; new messages never go to it, and once drained it
+is left out at the next start.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from edgehub.core import ConfigurationError, SystemClock
+from edgehub.core import ConfigurationError, SystemClock, TransportError
+from edgehub.delivery import Endpoint
 from edgehub.hub.facade import EdgeHub
 from edgehub.hub.identities import IdentityRegistry
 from edgehub.hub.lanes import UpstreamOptions
@@ -40,19 +46,24 @@ from edgehub.routing import Router
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
 from edgehub.store import FsyncPolicy, Store, is_upstream_endpoint, parse_upstream_lane_id, upstream_lane_id
 from edgehub.store.rocks import open_rocks_store
+from edgehub.upstream.landing import LandingZone
 from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, WireMode
 from edgehub.upstream.partitions import lane_name_of
-from edgehub.upstream.segment import Codec
+from edgehub.upstream.segment import Codec, SegmentName
+from edgehub.upstream.upload_transport import UploadTransport
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 
 __all__ = [
     "DEFAULT_HOST_NAME",
     "HubConfig",
+    "UploadUpstreamSettings",
     "UpstreamOverrides",
+    "landing_zone",
     "lane_settings",
     "open_identities",
     "serve",
     "transport_settings",
+    "upload_lane",
     "upstream_options",
 ]
 
@@ -78,6 +89,21 @@ class UpstreamOverrides:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class UploadUpstreamSettings:
+    """``$upstream`` as segment files in a landing zone: ``url`` is a folder path or an fsspec URL
+    (``file:///data/landing``, ``s3://bucket/prefix`` with s3fs installed, ...); ``hub_id`` is the first part
+    of every segment's name (``{hub_id}/{lane}/p{NN}/{first}-{last}.jsonl.gz``)."""
+
+    url: str
+    hub_id: str = "edgehub"
+
+    def __post_init__(self) -> None:
+        if not self.url:
+            raise ValueError("the landing zone url must not be empty")
+        SegmentName(hub_id=self.hub_id, lane="upstream", priority=0, first_offset=0, last_offset=0)  # validates
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HubConfig:
     manifest: Path
     data_dir: Path
@@ -87,7 +113,7 @@ class HubConfig:
     host_name: str = DEFAULT_HOST_NAME
     module_window: int = DEFAULT_WINDOW  # deliveries in flight per module link
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
-    upstream: MqttUpstreamSettings | None = None  # None: $upstream stays queued
+    upstream: MqttUpstreamSettings | UploadUpstreamSettings | None = None  # None: $upstream stays queued
     # None: as the manifest's upstream section says (which defaults to 1 partition, detection off, 600 s).
     partitions: int | None = None
     duplicate_detection: bool | None = None
@@ -124,10 +150,13 @@ def upstream_options(desired: EdgeHubDesired, config: HubConfig) -> UpstreamOpti
     )
 
 
-def transport_settings(desired: EdgeHubDesired, config: HubConfig) -> MqttUpstreamSettings | None:
-    """``config.upstream`` with the manifest's link settings applied, then the overrides; None without one."""
-    if config.upstream is None:
-        return None
+def transport_settings(
+    desired: EdgeHubDesired, config: HubConfig
+) -> MqttUpstreamSettings | UploadUpstreamSettings | None:
+    """``config.upstream`` with the manifest's link settings applied, then the overrides; None without one. The
+    link settings are the MQTT transport's: an ``UploadUpstreamSettings`` comes back as it is."""
+    if config.upstream is None or isinstance(config.upstream, UploadUpstreamSettings):
+        return config.upstream
     up = desired.upstream
     manifest: dict[str, object] = {
         "wire_mode": WireMode(up.wireMode) if up.wireMode is not None else None,
@@ -159,6 +188,24 @@ def lane_settings(base: MqttUpstreamSettings, lane_id: str) -> MqttUpstreamSetti
     return replace(base, endpoint_id=lane_id, lane=lane_name_of(partition), client_id=f"{base.client_id}-p{partition}")
 
 
+def landing_zone(url: str) -> LandingZone:
+    """The landing zone at ``url``; ``ConfigurationError`` when its fsspec protocol is unknown or its plugin is not
+    installed (``s3://`` without s3fs)."""
+    try:
+        return LandingZone(url)
+    except TransportError as exc:
+        raise ConfigurationError(f"upstream upload: {exc}") from exc
+
+
+def upload_lane(settings: UploadUpstreamSettings, lane_id: str) -> UploadTransport:
+    """The upload transport of one lane: ``$upstream`` writes lane ``upstream``, ``$upstream/{i}`` lane
+    ``upstream-p{i}``, each through its own ``LandingZone`` on ``settings.url``."""
+    if not is_upstream_endpoint(lane_id):
+        raise ValueError(f"{lane_id!r} is not an upstream lane")
+    lane = lane_name_of(parse_upstream_lane_id(lane_id))
+    return UploadTransport(landing_zone(settings.url), hub_id=settings.hub_id, lane=lane, endpoint_id=lane_id)
+
+
 def _lane_ids(store: Store, options: UpstreamOptions) -> list[str]:
     """The lanes of ``options``, and any other upstream lane the store still holds undelivered messages for (to
     drain it; once drained it is left out at the next start)."""
@@ -188,9 +235,11 @@ async def serve(
     options = upstream_options(desired, config)
     transport = transport_settings(desired, config)
     store = open_store(config.data_dir, default_ttl_s=float(desired.time_to_live_secs), fsync=config.fsync)
-    endpoints: list[MqttUpstream] = []
+    endpoints: list[Endpoint] = []
     try:
-        if transport is not None:
+        if isinstance(transport, UploadUpstreamSettings):
+            endpoints.extend(upload_lane(transport, lane_id) for lane_id in _lane_ids(store, options))
+        elif transport is not None:
             for lane_id in _lane_ids(store, options):
                 upstream = MqttUpstream(lane_settings(transport, lane_id))
                 await upstream.start()  # the executor closes it when the hub stops

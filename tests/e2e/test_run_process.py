@@ -5,67 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-import signal
-import sys
 from pathlib import Path
 
 import pytest
 
 from edgehub.core import Identity
-from edgehub.core.sas import ConnectionString
+from tests.e2e.hub_process import identity_add, start, stop
 from tests.protocol_heads.mqtt.conftest import Paho
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(90)]
 
-EDGEHUB = str(Path(sys.executable).parent / "edgehub")
 ROUTES = {
     "schemaVersion": "1.1",
     "routes": {"toFilter": "FROM /messages/* INTO BrokeredEndpoint('/modules/f/inputs/in')"},
 }
-
-
-async def identity_add(data: Path, *args: str) -> ConnectionString:
-    proc = await asyncio.create_subprocess_exec(
-        EDGEHUB, "identity", "add", *args, "--data-dir", str(data), stdout=asyncio.subprocess.PIPE
-    )
-    out, _ = await proc.communicate()
-    assert proc.returncode == 0
-    return ConnectionString.parse(out.decode().strip())
-
-
-async def start(data: Path, manifest: Path, *extra: str) -> tuple[asyncio.subprocess.Process, int, list[str]]:
-    proc = await asyncio.create_subprocess_exec(
-        EDGEHUB,
-        "run",
-        "--manifest",
-        str(manifest),
-        "--data-dir",
-        str(data),
-        "--mqtts-port",
-        "0",
-        *extra,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert proc.stdout is not None
-    lines: list[str] = []
-    async with asyncio.timeout(30):
-        while True:
-            line = (await proc.stdout.readline()).decode()
-            assert line, f"edgehub run ended early: {lines}"
-            lines.append(line.rstrip("\n"))
-            m = re.search(r"listening: tls 127\.0\.0\.1:(\d+)", line)
-            if m:
-                return proc, int(m.group(1)), lines
-
-
-async def stop(proc: asyncio.subprocess.Process) -> str:
-    proc.send_signal(signal.SIGTERM)
-    async with asyncio.timeout(30):
-        out, _ = await proc.communicate()
-    assert proc.returncode == 0
-    return out.decode()
 
 
 async def test_edgehub_run_serves_tls_with_its_generated_ca_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:

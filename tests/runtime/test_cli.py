@@ -1,12 +1,16 @@
 from __future__ import annotations
 
+import importlib.util
 import json
 import socket
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
+from fsspec.registry import known_implementations
 
-from edgehub.runtime.cli import DEFAULT_MANIFEST, main
+from edgehub.runtime.cli import DEFAULT_MANIFEST, main, show_transport
+from edgehub.runtime.hub_runtime import UploadUpstreamSettings
 
 
 def write(path: Path, doc: object) -> str:
@@ -172,3 +176,70 @@ def test_run_refuses_a_bad_uplink_rate_before_serving(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "not a rate: 'fast'" in result.output
     assert not (tmp_path / "d").exists()
+
+
+def _protocol_without_its_plugin() -> str:
+    """An fsspec protocol fsspec knows whose plugin package is not installed here (s3 unless s3fs is)."""
+    missing = [
+        proto
+        for proto, spec in known_implementations.items()
+        if not spec["class"].startswith("fsspec.") and importlib.util.find_spec(spec["class"].split(".")[0]) is None
+    ]
+    assert missing, "every fsspec plugin is installed"
+    return "s3" if "s3" in missing else sorted(missing)[0]
+
+
+def test_run_refuses_both_upstream_transports_at_once(tmp_path: Path) -> None:
+    args = ["run", "--data-dir", str(tmp_path / "d"), "--upstream-mqtt", "h:1883", "--upstream-upload", "landing"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2
+    assert "--upstream-mqtt and --upstream-upload are two transports for $upstream: give one" in result.output
+    assert not (tmp_path / "d").exists()
+
+
+def test_run_refuses_an_upload_url_whose_filesystem_is_not_installed(tmp_path: Path) -> None:
+    proto = _protocol_without_its_plugin()
+    for url in (f"{proto}://bucket/prefix", "nosuchfs://bucket/prefix"):
+        result = CliRunner().invoke(main, ["run", "--data-dir", str(tmp_path / "d"), "--upstream-upload", url])
+        assert result.exit_code == 2, result.output
+        assert "Invalid value for --upstream-upload" in result.output
+        assert f"landing zone {url!r}: no usable filesystem" in result.output
+        assert "Traceback" not in result.output
+    assert not (tmp_path / "d").exists()
+
+
+def test_run_refuses_mqtt_flags_next_to_an_upload_target(tmp_path: Path) -> None:
+    args = ["run", "--data-dir", str(tmp_path / "d"), "--upstream-upload", str(tmp_path / "landing")]
+    result = CliRunner().invoke(main, [*args, "--upstream-wire", "batch", "--upstream-linger-ms", "5"])
+    assert result.exit_code == 2
+    assert "--upstream-wire, --upstream-linger-ms set up the MQTT transport" in result.output
+    # A password in the environment is someone else's business; only flags on the command line are refused.
+    out = _run_with_port_taken(
+        tmp_path, ["--upstream-upload", str(tmp_path / "landing")], env={"EDGEHUB_UPSTREAM_PASSWORD": "s3cret"}
+    )
+    assert f"upstream transport: upload to {tmp_path / 'landing'} hub=edgehub" in out
+
+
+def test_run_refuses_a_client_id_that_cannot_name_segments(tmp_path: Path) -> None:
+    args = ["run", "--data-dir", str(tmp_path / "d"), "--upstream-upload", "landing", "--upstream-client-id", "gw.1"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2
+    assert "Invalid value for --upstream-client-id" in result.output
+    assert "'gw.1' must match" in result.output
+
+
+def test_run_says_which_manifest_link_keys_the_upload_transport_does_not_use(tmp_path: Path) -> None:
+    upstream = {"partitions": 2, "wireMode": "message", "lingerMs": 50}
+    manifest = write(tmp_path / "m.json", {"schemaVersion": "1.1", "routes": {}, "upstream": upstream})
+    url = (tmp_path / "landing").as_uri()
+    out = _run_with_port_taken(tmp_path, ["--manifest", manifest, "--upstream-upload", url])
+    assert f"upstream transport: upload to {url} hub=edgehub" in out
+    assert "upstream: manifest keys wireMode, lingerMs are the MQTT transport's; not used by upload" in out
+    assert "upstream: partitions=2 duplicate detection off" in out
+
+
+def test_the_transport_line_leaves_the_password_of_an_upload_url_out(capsys: pytest.CaptureFixture[str]) -> None:
+    show_transport(UploadUpstreamSettings(url="sftp://ops:s3cret@files.example/landing", hub_id="gw"))
+    out = capsys.readouterr().out
+    assert "upload to sftp://ops:***@files.example/landing hub=gw" in out
+    assert "s3cret" not in out
