@@ -36,6 +36,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from edgehub.core.sas import ConnectionString
 
 BODY = b"x" * 200
+MODULE_WINDOW = 64  # deliveries in flight to the subscriber, the same for both brokers
 EDGEHUB = str(Path(sys.executable).parent / "edgehub")
 MANIFEST = {
     "schemaVersion": "1.1",
@@ -210,6 +211,9 @@ def run_edgehub(work: Path, args: argparse.Namespace) -> dict[str, float]:
             str(port),
             "--mqtts-port",
             "0",
+            # The same outbound window as mosquitto's max_inflight_messages below, so both deliver alike.
+            "--module-window",
+            str(MODULE_WINDOW),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -235,7 +239,7 @@ def run_mosquitto(work: Path, args: argparse.Namespace) -> dict[str, float]:
     (work / "mosq").mkdir()
     conf.write_text(
         f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {work / 'mosq'}/\n"
-        "max_inflight_messages 64\nmax_queued_messages 100000\n"
+        f"max_inflight_messages {MODULE_WINDOW}\nmax_queued_messages 100000\n"
     )
     proc = subprocess.Popen(
         [shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)], stderr=subprocess.DEVNULL

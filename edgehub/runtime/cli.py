@@ -15,6 +15,7 @@ from click.core import ParameterSource
 import edgehub
 from edgehub.core import ConfigurationError, StoreError
 from edgehub.hub.lanes import UpstreamOptions
+from edgehub.hub.modules import DEFAULT_WINDOW
 from edgehub.manifest import MAX_PARTITIONS, load_desired_file
 from edgehub.routing import Router
 from edgehub.runtime.certs import HubCerts
@@ -173,6 +174,13 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
 @click.option("--mqtts-port", type=int, default=8883, show_default=True, help="MQTT over TLS.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
 @click.option("--host-name", default=DEFAULT_HOST_NAME, show_default=True, help="The hub's IoT Hub host name.")
+@click.option(
+    "--module-window",
+    type=click.IntRange(1, 65535),
+    default=DEFAULT_WINDOW,
+    show_default=True,
+    help="Deliveries in flight at once to each connected module (an MQTT 5 module's Receive Maximum caps it).",
+)
 @click.option("--upstream-mqtt", default=None, metavar="HOST:PORT", help="Deliver $upstream to this MQTT broker.")
 @click.option(
     "--upstream-upload",
@@ -276,6 +284,7 @@ def run(
     mqtts_port: int,
     host: str,
     host_name: str,
+    module_window: int,
     upstream_mqtt: str | None,
     upstream_upload: str | None,
     upstream_client_id: str,
@@ -344,6 +353,7 @@ def run(
         mqtt_port=mqtt_port,
         mqtts_port=mqtts_port,
         host_name=host_name,
+        module_window=module_window,
         upstream=upstream,
         partitions=upstream_partitions,
         duplicate_detection=duplicate_detection,

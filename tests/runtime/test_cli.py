@@ -121,6 +121,13 @@ def test_run_refuses_a_partition_count_out_of_range_before_serving(tmp_path: Pat
     assert not (tmp_path / "d").exists()
 
 
+def test_run_refuses_a_module_window_out_of_range_before_serving(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["run", "--data-dir", str(tmp_path / "d"), "--module-window", "0"])
+    assert result.exit_code == 2
+    assert "0 is not in the range 1<=x<=65535" in result.output
+    assert not (tmp_path / "d").exists()
+
+
 def test_run_refuses_a_manifest_with_a_bad_upstream_section(tmp_path: Path) -> None:
     manifest = write(tmp_path / "m.json", {"schemaVersion": "1.1", "routes": {}, "upstream": {"partitions": 0}})
     result = CliRunner().invoke(main, ["run", "--manifest", manifest, "--data-dir", str(tmp_path / "d")])
