@@ -1,0 +1,64 @@
+"""``edgehub run --module-window N``: at most N deliveries in flight to a module, as a user starts the hub."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.hub_process import identity_add, start, stop
+from tests.protocol_heads.mqtt.conftest import Paho
+
+pytestmark = [pytest.mark.interop, pytest.mark.timeout(90)]
+
+TOKEN_EXPIRY = 4_000_000_000
+
+
+async def test_a_module_never_has_more_unacknowledged_deliveries_than_the_window(tmp_path: Path) -> None:
+    data, manifest = tmp_path / "data", tmp_path / "manifest.json"
+    route = "FROM /messages/* WHERE $connectionDeviceId = 'dev1' INTO BrokeredEndpoint('/modules/sink/inputs/in1')"
+    manifest.write_text(json.dumps({"schemaVersion": "1.1", "routes": {"toSink": route}}))
+    sink_cs = await identity_add(data, "edge", "--module", "sink")
+    dev_cs = await identity_add(data, "dev1")
+    proc, port, _ = await start(data, manifest, "--module-window", "3")
+    ca = data / "certs" / "ca.pem"
+
+    # Queued while the module is away, so the executor hands its link one batch of all eight.
+    dev = Paho.make("dev1")
+    user = f"{dev_cs.host_name}/dev1/?api-version=2021-04-12"
+    assert await dev.connect(port, tls_ca=ca, user=user, password=dev_cs.sas_token(TOKEN_EXPIRY)) == 0
+    for n in range(8):
+        mid = dev.publish("devices/dev1/messages/events/", json.dumps({"n": n}).encode())
+        async with asyncio.timeout(10):
+            assert await dev.publishes.get() == (mid, 0)
+
+    sink = Paho.make("edge/sink")
+    sink.client.manual_ack_set(True)  # unacknowledged until the test says so
+    user = f"{sink_cs.host_name}/edge/sink/?api-version=2021-04-12"
+    assert await sink.connect(port, tls_ca=ca, user=user, password=sink_cs.sas_token(TOKEN_EXPIRY)) == 0
+    # After the module was away, the executor probes with one message; its ack reopens the queue.
+    async with asyncio.timeout(10):
+        probe = await sink.messages.get()
+    sink.client.ack(probe.mid, 1)
+    got = [probe]
+    async with asyncio.timeout(10):
+        for _ in range(3):
+            got.append(await sink.messages.get())
+    await asyncio.sleep(1.0)  # time for a fourth to arrive, were the window wider
+    assert sink.messages.empty()
+
+    # Each ack frees one place: the rest follow in order, never more than three unacknowledged.
+    while len(got) < 8:
+        sink.client.ack(got[len(got) - 3].mid, 1)  # the oldest unacknowledged
+        async with asyncio.timeout(10):
+            got.append(await sink.messages.get())
+        await asyncio.sleep(0.1)
+        assert sink.messages.empty()
+    assert [json.loads(m.payload)["n"] for m in got] == list(range(8))
+    for m in got[-3:]:
+        sink.client.ack(m.mid, 1)
+    await dev.close()
+    await sink.close()
+    assert (await stop(proc)).rstrip().endswith("stopped")
