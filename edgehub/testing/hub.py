@@ -12,7 +12,8 @@ Steering:
   ``redelivery=True`` if it was in flight when the link went away.
 
 Invariants: outcomes come back in message order; ``stored`` holds exactly the messages answered ``Stored``,
-in ingest order; ``groups`` records the size of every ingest call (one per socket read on the head side).
+in ingest order (the order of the ``ingest`` calls, also when held groups are released together, as the real
+hub's group commit keeps them); ``groups`` records the size of every ingest call (one per socket read on the head side).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class InMemoryHub:
         self._fail_next = False
         self._release = asyncio.Event()
         self._held_count = 0
+        self._previous: asyncio.Future[None] | None = None  # the latest ingest call's turn (see ingest)
         self._changed = asyncio.Condition()
         self._mailboxes: dict[str, _Mailbox] = {}
         self._ids = itertools.count(1)
@@ -183,10 +185,19 @@ class InMemoryHub:
         raise AuthenticationError(f"bad credentials for {identity}")
 
     async def ingest(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:
+        # Calls store in the order they were made: each waits for the one before it (held groups, released
+        # together, would otherwise wake in any order).
+        previous, turn = self._previous, asyncio.get_running_loop().create_future()
+        self._previous = turn
+        try:
+            return await self._ingest_in_turn(identity, messages, previous)
+        finally:
+            turn.set_result(None)
+
+    async def _ingest_in_turn(
+        self, identity: Identity, messages: Sequence[Message], previous: asyncio.Future[None] | None
+    ) -> list[IngestOutcome]:
         self.groups.append(len(messages))
-        if self._fail_next:
-            self._fail_next = False
-            raise StorageIOError("in-memory hub told to fail this ingest")
         if self._held:
             self._held_count += 1
             await self._notify()
@@ -194,6 +205,11 @@ class InMemoryHub:
                 await self._release.wait()
             finally:
                 self._held_count -= 1
+        if previous is not None:
+            await asyncio.shield(previous)  # shielded: a cancelled caller must not cancel the turn before it
+        if self._fail_next:
+            self._fail_next = False
+            raise StorageIOError("in-memory hub told to fail this ingest")
         outcomes: list[IngestOutcome] = []
         for message in messages:
             if self._refusals:

@@ -12,6 +12,13 @@ one buffer per server, allocated once (``recv`` of 256 KiB allocated and shrank 
 ``get_buffer`` and ``buffer_updated`` back to back, so connections never see each other's bytes. The
 connection's task (``mqtt.client {peer}``) only authenticates, waits for the end and cleans up.
 
+Acks are ACKed at once (Linux: ``TCP_QUICKACK``, set again after every read, since the kernel drops it). Most
+clients (paho, so the Azure IoT SDKs; libmosquitto) leave Nagle's algorithm on, so a client holds each small
+PUBACK back until its previous segment is ACKed, and the kernel delays that ACK by up to 40 ms when the hub has
+nothing to send back: each time a module's delivery window drained (the end of a batch), delivery stood still
+for 40 ms. bench.ingest's module-to-module p50 went from ~190 ms to ~25 ms, and draining a stored queue to a
+libmosquitto client from ~4,300 to ~18,000 msg/s. It costs one ``setsockopt`` per read.
+
 Invariants:
 * Every client task runs in the server's ``TaskGroup`` under a name; it and the protocol callbacks catch
   everything but cancellation, so one bad client never cancels the server or another client.
@@ -32,12 +39,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
+import socket
 import ssl
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
@@ -102,6 +111,7 @@ REJECT_REASONS: Mapping[str, int] = {
 }
 
 _READ_SIZE = 256 * 1024
+_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only; see the module docstring
 _TELEMETRY_CACHE_SIZE = 1024
 
 
@@ -293,6 +303,7 @@ class _Client(asyncio.BufferedProtocol):
         self._reading_paused = False
         self._keepalive: asyncio.TimerHandle | None = None
         self._last_read = 0.0
+        self._quickack: Callable[[], None] | None = None  # re-arms TCP_QUICKACK (see the module docstring)
 
     # --- asyncio.BufferedProtocol --------------------------------------------------------------------------
 
@@ -300,13 +311,20 @@ class _Client(asyncio.BufferedProtocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.peer = str(transport.get_extra_info("peername"))
+        sock = transport.get_extra_info("socket")
+        if _QUICKACK is not None and sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            self._quickack = functools.partial(sock.setsockopt, socket.IPPROTO_TCP, _QUICKACK, 1)
         self.server._start(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.server._read_buffer
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._received(bytes(self.server._read_buffer[:nbytes]))
+        data = bytes(self.server._read_buffer[:nbytes])
+        if self._quickack is not None:
+            with contextlib.suppress(OSError):  # the peer is gone: the read's handling finds out
+                self._quickack()
+        self._received(data)
 
     def _received(self, data: bytes) -> None:
         if self._live:
