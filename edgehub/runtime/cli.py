@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -373,6 +374,7 @@ def run(
         click.echo(str(exc), err=True)
         raise SystemExit(1) from None
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    tune_gc()
     try:
         asyncio.run(_serve(config))
     except (ConfigurationError, StoreError, OSError, ExceptionGroup) as exc:
@@ -382,6 +384,19 @@ def run(
         click.echo(f"edgehub: {'; '.join(reasons)}", err=True)
         raise SystemExit(1) from None
     click.echo("stopped")
+
+
+GC_THRESHOLDS = (50_000, 20, 100)
+
+
+def tune_gc() -> None:
+    """Fewer, cheaper cyclic collections for a long-running hub: what is loaded at start (some 10^5 objects of
+    imported modules) is frozen out of every collection, and a young collection runs every 50,000 container
+    allocations instead of 700. Garbage without cycles is freed at once whatever the thresholds. bench.ingest
+    telemetry, hub CPU per message, four runs each: 158 us (CPython's defaults) -> 135 us."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 _START_FAILURES = (ConfigurationError, StoreError, OSError)

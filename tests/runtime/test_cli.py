@@ -250,3 +250,19 @@ def test_the_transport_line_leaves_the_password_of_an_upload_url_out(capsys: pyt
     out = capsys.readouterr().out
     assert "upload to sftp://ops:***@files.example/landing hub=gw" in out
     assert "s3cret" not in out
+
+
+def test_tune_gc_freezes_what_is_loaded_and_raises_the_thresholds() -> None:
+    import gc
+
+    from edgehub.runtime.cli import GC_THRESHOLDS, tune_gc
+
+    before = gc.get_threshold()
+    try:
+        tune_gc()
+        assert gc.get_threshold() == GC_THRESHOLDS
+        assert gc.get_freeze_count() > 10_000  # the imported modules' objects, out of every collection
+        assert gc.get_count()[0] < 1_000  # and nothing young left over from before
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
