@@ -1,6 +1,6 @@
 """Ingest and module-to-module throughput of the edgehub process against Debian's Mosquitto (persistence on).
 
-``python -m bench.ingest [--publishers 4] [--messages 5000] [--m2m 5000]``
+``python -m bench.ingest [--publishers 4] [--messages 5000] [--m2m 5000] [--rounds 1]``
 
 1. Telemetry: ``--publishers`` paho-mqtt processes each send ``--messages`` QoS1 200-byte messages (up to 64 in
    flight) to the broker; a subscriber (an edgehub module on its input; a plain subscriber on Mosquitto) receives
@@ -11,7 +11,9 @@
    topics; throughput and p50/p99 latency (send to receipt, one clock). The sender and the receiver are separate
    processes. The same clients run against Mosquitto (the receiver subscribed to the sender's topic), which says
    what the clients themselves can do on this machine: ``mosquitto_m2m_msgs_per_s``.
-Last line: one JSON object.
+Last line: one JSON object. With ``--rounds N`` both brokers run N times, one after the other, and the JSON
+gives medians (``cpu_ratio``: the median of the rounds' ratios): figures move by about 10 % between runs on a
+shared machine.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -296,21 +299,34 @@ def main() -> None:
     ap.add_argument("--publishers", type=int, default=4)
     ap.add_argument("--messages", type=int, default=5000, help="per publisher")
     ap.add_argument("--m2m", type=int, default=5000)
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="Mosquitto then edgehub, this many times; the JSON gives medians"
+    )
     args = ap.parse_args()
+    mosqs: list[dict[str, float]] = []
+    edges: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
-        work = Path(tmp)
-        mosq = run_mosquitto(work, args)
-        print(f"mosquitto: {mosq['rate']:.0f} msgs/s end to end, {mosq['cpu']:.1f} CPU us/msg (broker)")
-        print(f"mosquitto, module to module: {m2m_text(mosq)}")
-        edge = run_edgehub(work, args)
-        print(f"edgehub:   {edge['rate']:.0f} msgs/s end to end, {edge['cpu']:.1f} CPU us/msg (hub, fsync always)")
-        print(f"edgehub, module to module: {m2m_text(edge)}")
+        for n in range(args.rounds):
+            work = Path(tmp) / f"round{n}"
+            work.mkdir()
+            mosq = run_mosquitto(work, args)
+            print(f"mosquitto: {mosq['rate']:.0f} msgs/s end to end, {mosq['cpu']:.1f} CPU us/msg (broker)")
+            print(f"mosquitto, module to module: {m2m_text(mosq)}")
+            edge = run_edgehub(work, args)
+            print(f"edgehub:   {edge['rate']:.0f} msgs/s end to end, {edge['cpu']:.1f} CPU us/msg (hub, fsync always)")
+            print(f"edgehub, module to module: {m2m_text(edge)}")
+            mosqs.append(mosq)
+            edges.append(edge)
+    # Each round's pair ran back to back, so the ratio is taken per round, then the median of those.
+    ratios = [e["cpu"] / m["cpu"] for e, m in zip(edges, mosqs, strict=True) if m["cpu"]]
+    edge = {k: statistics.median([e[k] for e in edges]) for k in edges[0]}
+    mosq = {k: statistics.median([m[k] for m in mosqs]) for k in mosqs[0]}
     result = {
         "edgehub_msgs_per_s": round(edge["rate"], 1),
         "mosquitto_msgs_per_s": round(mosq["rate"], 1),
         "edgehub_cpu_us_per_msg": round(edge["cpu"], 1),
         "mosquitto_cpu_us_per_msg": round(mosq["cpu"], 1),
-        "cpu_ratio": round(edge["cpu"] / mosq["cpu"], 2) if mosq["cpu"] else None,  # None: too short to tell
+        "cpu_ratio": round(statistics.median(ratios), 2) if ratios else None,  # None: too short to tell
         "m2m_msgs_per_s": round(edge["m2m"], 1),
         "m2m_p50_ms": round(edge["p50"], 2),
         "m2m_p99_ms": round(edge["p99"], 2),
@@ -319,6 +335,7 @@ def main() -> None:
         "mosquitto_m2m_p99_ms": round(mosq["p99"], 2),
         "m2m_cpu_us_per_msg": round(edge["m2m_cpu"], 1),
         "mosquitto_m2m_cpu_us_per_msg": round(mosq["m2m_cpu"], 1),
+        "rounds": args.rounds,
     }
     print(json.dumps(result))
 
