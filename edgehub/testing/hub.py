@@ -13,7 +13,8 @@ Steering:
 
 Invariants: outcomes come back in message order; ``stored`` holds exactly the messages answered ``Stored``,
 in ingest order (the order of the ``ingest`` calls, also when held groups are released together, as the real
-hub's group commit keeps them); ``groups`` records the size of every ingest call (one per socket read on the head side).
+hub's group commit keeps them); ``groups`` records the size of every ingest call (one per socket read on the
+head side).
 """
 
 from __future__ import annotations

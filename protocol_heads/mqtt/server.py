@@ -12,16 +12,16 @@ one buffer per server, allocated once (``recv`` of 256 KiB allocated and shrank 
 ``get_buffer`` and ``buffer_updated`` back to back, so connections never see each other's bytes. The
 connection's task (``mqtt.client {peer}``) only authenticates, waits for the end and cleans up.
 
-Acks are ACKed at once (Linux: ``TCP_QUICKACK``, set again after every read, since the kernel drops it). Most
-clients (paho, so the Azure IoT SDKs; libmosquitto) leave Nagle's algorithm on, so a client holds each small
-PUBACK back until its previous segment is ACKed, and the kernel delays that ACK by up to 40 ms when the hub has
-nothing to send back: each time a module's delivery window drained (the end of a batch), delivery stood still
-for 40 ms. bench.ingest's module-to-module p50 went from ~190 ms to ~25 ms, and draining a stored queue to a
-libmosquitto client from ~4,300 to ~18,000 msg/s. It costs one ``setsockopt`` per read, and is set only while
-deliveries to the client are unacknowledged: a client that only publishes gets its PUBACKs (and the ACK with
-them) once its group is stored anyway, and acking its segments at once would only split its PUBLISHes into
-more, smaller reads and groups, each with its own group work (module-to-module runs, three each: 158 -> 151 us
-of hub CPU per message, within this machine's noise).
+While deliveries to a client wait for its acks, its segments are ACKed at once (Linux: ``TCP_QUICKACK``, set again
+after each of its reads, since the kernel drops it). Most clients (paho, so the Azure IoT SDKs; libmosquitto) leave
+Nagle's algorithm on, so a client holds each small PUBACK back until its previous segment is ACKed, and the kernel
+delays that ACK by up to 40 ms when the hub has nothing to send back: each time a module's delivery window drained
+(the end of a batch), delivery stood still for 40 ms. bench.ingest's module-to-module p50 went from ~190 ms to ~25
+ms, and draining a stored queue to a libmosquitto client from ~4,300 to ~18,000 msg/s. It costs one ``setsockopt``
+per read, and is set only while deliveries to the client are unacknowledged: a client that only publishes gets its
+PUBACKs (and the ACK with them) once its group is stored anyway, and acking its segments at once would only split
+its PUBLISHes into more, smaller reads and groups, each with its own group work (module-to-module runs, three each:
+158 -> 151 us of hub CPU per message, within this machine's noise).
 
 Invariants:
 * Every client task runs in the server's ``TaskGroup`` under a name; it and the protocol callbacks catch

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import socket
@@ -9,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from fsspec.registry import known_implementations
 
-from edgehub.runtime.cli import DEFAULT_MANIFEST, main, show_transport
+from edgehub.runtime.cli import DEFAULT_MANIFEST, GC_THRESHOLDS, main, show_transport, tune_gc
 from edgehub.runtime.hub_runtime import UploadUpstreamSettings
 
 
@@ -253,10 +254,6 @@ def test_the_transport_line_leaves_the_password_of_an_upload_url_out(capsys: pyt
 
 
 def test_tune_gc_freezes_what_is_loaded_and_raises_the_thresholds() -> None:
-    import gc
-
-    from edgehub.runtime.cli import GC_THRESHOLDS, tune_gc
-
     before = gc.get_threshold()
     try:
         tune_gc()
