@@ -32,10 +32,12 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from edgehub.core import FailureKind, Message
+from edgehub.core.values import fast_init
 
 __all__ = ["Endpoint", "PipelinedEndpoint", "QueuedMessage", "ReportsUnreachable", "SendResult"]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class QueuedMessage:
     """A message as it stands in one endpoint queue."""

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from edgehub.core import Identity, Message
+from edgehub.core.values import fast_init
 
 __all__ = [
     "AuthResult",
@@ -63,6 +64,7 @@ class AuthResult:
     auth_method: str  # "sas", "x509", "password": becomes the connectionAuthMethod system property
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Stored:
     """Routed and durable: the head may ack. ``duplicate``: a copy of a message accepted earlier inside the
@@ -72,6 +74,7 @@ class Stored:
     duplicate: bool = False
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Rejected:
     """Refused at ingest; nothing was stored."""
@@ -83,6 +86,7 @@ class Rejected:
 IngestOutcome = Stored | Rejected
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """One message for a connected client. ``input_name`` None means device-bound."""

@@ -71,6 +71,7 @@ from edgehub.core import (
     SystemProperty,
     utc_from_epoch,
 )
+from edgehub.core.values import fast_init
 from edgehub.store.backend import Backend, MemoryBackend, Op
 from edgehub.store.codec import (
     VERSION,
@@ -130,6 +131,7 @@ class RemovalReason(StrEnum):
     PURGED = "purged"  # a dead letter deleted by ``purge_dead_letters``
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class StoredItem:
     """A reference in a queue, with its message."""
@@ -147,6 +149,7 @@ class StoredItem:
         return self.enqueued_at_s + self.ttl_s
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Reference:
     """A reference without its message: what cleanup and quota accounting look at."""
@@ -162,6 +165,7 @@ class Reference:
         return self.enqueued_at_s + self.ttl_s
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class EnqueueReceipt:
     """The stamped message and where it went: ``(queue, offset)`` per reference (empty: routed nowhere)."""

@@ -28,6 +28,7 @@ from enum import IntEnum
 from typing import Final
 
 from edgehub.core import LocalProtocolError, RemoteProtocolError
+from edgehub.core.values import fast_init
 
 __all__ = [
     "MAX_VARINT",
@@ -229,6 +230,7 @@ _PROPERTY_KIND: Final[Mapping[int, str]] = {
 PropertyValue = int | str | bytes
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Properties:
     """MQTT 5 properties of one packet. ``values`` holds every property but user properties (each at most
@@ -286,6 +288,7 @@ class ConnAck:
     properties: Properties = NO_PROPERTIES
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Publish:
     topic: str
@@ -297,6 +300,7 @@ class Publish:
     properties: Properties = NO_PROPERTIES
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PubAck:
     packet_id: int

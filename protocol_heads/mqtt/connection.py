@@ -31,6 +31,7 @@ from enum import Enum
 from typing import Final
 
 from edgehub.core import LocalProtocolError, RemoteProtocolError
+from edgehub.core.values import fast_init
 from protocol_heads.mqtt.codec import (
     MAX_VARINT,
     MQTT_50,
@@ -184,6 +185,7 @@ class ConnectRequested:
     connect: Connect
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class MessageReceived:
     """A PUBLISH for the hub. ``ticket`` is its ack slot (None for QoS 0): settle it once the hub has
@@ -207,6 +209,7 @@ class UnsubscribeRequested:
     unsubscribe: Unsubscribe
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class DeliveryAcked:
     """The client acknowledged an outbound QoS 1 message (``reason_code`` ≥ 0x80: it refused it)."""
