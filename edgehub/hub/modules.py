@@ -195,21 +195,28 @@ class ModuleMailboxes:
 
     def _pump(self, box: _Mailbox) -> None:
         link = box.link
-        while link is not None and box.waiting and link.window_free > 0:
-            p = box.waiting[0]
+        if link is None:
+            return
+        # Read once, then counted down: only this loop's sends take from the window until it returns (asking the
+        # link per delivery showed in the delivery profile).
+        free = link.window_free
+        waiting, inflight = box.waiting, box.inflight
+        while waiting and free > 0:
+            p = waiting[0]
             if p.batch.future.cancelled():  # its batch was cancelled
-                box.waiting.popleft()
+                waiting.popleft()
                 continue
             try:
                 link.send(p.delivery)
             except DeliveryError as exc:
                 if exc.kind is FailureKind.PERMANENT:
-                    box.waiting.popleft()
+                    waiting.popleft()
                     _settle(p, _Outcome.INVALID)
                     continue
                 return  # the link is not ready yet: link_ready pumps again
-            box.waiting.popleft()
-            box.inflight[p.delivery.delivery_id] = p
+            waiting.popleft()
+            inflight[p.delivery.delivery_id] = p
+            free -= 1
 
 
 class ModuleEndpoint:

@@ -548,17 +548,30 @@ class ServerConnection:
         """The hub's answer for one inbound message: 0 stored, ≥ 0x80 refused. Acks go out in arrival order.
         ``reason``: why it was refused, sent to an MQTT 5 client as the ack's Reason String unless the client
         asked for no problem information or the string would make the ack larger than the client accepts."""
+        self.settle_many(((ticket, reason_code, reason),))
+
+    def settle_many(self, answers: Iterable[tuple[int, int, str | None]]) -> None:
+        """``settle`` for several messages at once: ``(ticket, reason code, reason)`` each. The acks that become
+        due go out together, in arrival order (a group of one read is answered in one call, not one per
+        message)."""
         if self.state is not ConnectionState.CONNECTED:
             self.state = self._require(Trigger.SETTLE)
-        slot = self._slots.get(ticket)
-        if slot is None:
-            if self.closed:
-                return
-            raise LocalProtocolError(f"unknown or already settled ticket {ticket}")
-        if slot.reason is not None:
-            raise LocalProtocolError(f"ticket {ticket} settled twice")
-        slot.reason = reason_code
-        slot.text = reason if reason_code >= 0x80 else None
+        slots = self._slots
+        try:
+            for ticket, reason_code, reason in answers:
+                slot = slots.get(ticket)
+                if slot is None:
+                    if self.closed:
+                        return
+                    raise LocalProtocolError(f"unknown or already settled ticket {ticket}")
+                if slot.reason is not None:
+                    raise LocalProtocolError(f"ticket {ticket} settled twice")
+                slot.reason = reason_code
+                slot.text = reason if reason_code >= 0x80 else None
+        finally:
+            self._send_due_acks()  # what was settled before a misuse still goes out
+
+    def _send_due_acks(self) -> None:
         acks = self._acks
         while acks and acks[0].reason is not None and self.state is not ConnectionState.CLOSED:
             head = acks.popleft()

@@ -682,6 +682,7 @@ class _Client(asyncio.BufferedProtocol):
                     known.clear()
                 known[p.topic] = (msg.system_properties, msg.properties)
         outcomes = await self.hub.ingest(identity, to_store) if to_store else []
+        answers: list[tuple[int, int, str | None]] = []
         for ticket, reason in settle:
             text = None
             if reason < 0:
@@ -695,7 +696,9 @@ class _Client(asyncio.BufferedProtocol):
                 if reason:
                     log.info("mqtt.qos0_dropped client=%s reason=0x%02x", identity, reason)
                 continue
-            self.conn.settle(ticket, reason, reason=text)
+            answers.append((ticket, reason, text))
+        if answers:
+            self.conn.settle_many(answers)
         self.flush()
         if self.conn.closed:
             self._finish()

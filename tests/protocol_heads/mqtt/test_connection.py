@@ -145,6 +145,31 @@ def test_qos1_acks_wait_for_settlement_and_leave_in_arrival_order() -> None:
     assert pair.server.unsettled == 0
 
 
+def test_settle_many_answers_a_group_in_arrival_order_whatever_order_it_is_given_in() -> None:
+    pair = Pair(MQTT_50)
+    pair.connect()
+    pair.received()
+    t = tickets(pair.send(*(Publish("t", bytes([i]), 1, packet_id=20 + i) for i in range(4))))
+    pair.server.settle_many([(t[3], 0, None), (t[1], ReasonCode.QUOTA_EXCEEDED, "full")])
+    assert pair.received() == []  # the first is still unanswered
+    pair.server.settle_many([(t[2], 0, None), (t[0], 0, None)])
+    acks = [a for a in pair.received() if isinstance(a, PubAck)]
+    assert [(a.packet_id, a.reason_code) for a in acks] == [(20, 0), (21, 0x97), (22, 0), (23, 0)]
+    assert pair.server.unsettled == 0
+
+
+def test_settle_many_sends_what_was_due_before_a_misuse() -> None:
+    pair = Pair()
+    pair.connect()
+    pair.received()
+    t = tickets(pair.send(*(Publish("t", bytes([i]), 1, packet_id=30 + i) for i in range(2))))
+    with pytest.raises(LocalProtocolError, match="unknown"):
+        pair.server.settle_many([(t[0], 0, None), (9999, 0, None)])
+    assert pair.received() == [PubAck(30)]
+    with pytest.raises(LocalProtocolError, match="already settled"):
+        pair.server.settle_many([(t[0], 0, None)])
+
+
 def test_qos0_messages_have_no_ticket() -> None:
     pair = Pair()
     pair.connect()
