@@ -121,8 +121,8 @@ class Message:
             n += len(k) if k.isascii() else len(k.encode())
             if v is not None:
                 n += len(v) if v.isascii() else len(v.encode())
-        for k, v in self.system_properties.items():
-            n += (len(k) if k.isascii() else len(k.encode())) + (len(v) if v.isascii() else len(v.encode()))
+        for k, v in self.system_properties.items():  # the keys are SystemProperty names: ASCII
+            n += len(k) + (len(v) if v.isascii() else len(v.encode()))
         return n
 
 

@@ -63,6 +63,8 @@ log = logging.getLogger(__name__)
 
 _TWIN = "twin/"
 _EDGE_MESSAGE_ID: str = SystemProperty.EDGE_MESSAGE_ID.value
+_SESSION_ID: str = SystemProperty.SESSION_ID.value
+_PARTITION_KEY: str = SystemProperty.PARTITION_KEY.value
 
 
 class EdgeHub:
@@ -232,12 +234,14 @@ class EdgeHub:
         stamped = self.store.stamp_group(messages, self._identity_stamps(identity), drop=drop)
         route, assign = self.router.route, self.lanes.assign
         for i, message in enumerate(stamped):
-            try:
-                check_partition_properties(message)
-            except IngestRejected as exc:
-                log.info("hub.rejected identity=%s reason=%s detail=%s", identity, exc.reason, exc)
-                outcomes[i] = Rejected(exc.reason, str(exc))
-                continue
+            sp = message.system_properties
+            if _SESSION_ID in sp and _PARTITION_KEY in sp:  # only then can they disagree
+                try:
+                    check_partition_properties(message)
+                except IngestRejected as exc:
+                    log.info("hub.rejected identity=%s reason=%s detail=%s", identity, exc.reason, exc)
+                    outcomes[i] = Rejected(exc.reason, str(exc))
+                    continue
             items.append((message, assign(message, route(message))))
             at.append(i)
         endpoints: set[str] = set()
