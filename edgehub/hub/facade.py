@@ -17,10 +17,12 @@ Partitions and duplicates (``upstream=UpstreamOptions(...)``, the manifest's ``u
   write never marks a message seen and a restart remembers the window.
 
 Invariants:
-* ``ingest`` routes and enqueues every message of a group concurrently, so the store's group commit writes
-  them in one batch; it answers ``Stored`` only once a message is durable in every routed queue (a message no
-  route takes is answered ``Stored`` too, as IoT Hub does: the device did nothing wrong), ``Rejected(reason)``
-  for an ``IngestRejected``, and raises only ``StoreError``;
+* ``ingest`` routes and enqueues the messages of a group in their order, and the store's group commit writes
+  them in one batch; with duplicate detection (or quotas, in the store) each is admitted in turn, so one that
+  waits (for room, or for a copy of itself in flight) holds the ones after it and none overtakes another. It
+  answers ``Stored`` only once a message is durable in every routed queue (a message no route takes is
+  answered ``Stored`` too, as IoT Hub does: the device did nothing wrong), ``Rejected(reason)`` for an
+  ``IngestRejected``, and raises only ``StoreError``;
 * the hub, not the head, is the authority for ``connectionDeviceId``, ``connectionModuleId`` and
   ``connectionAuthMethod`` (stamped from the authenticated identity);
 * twins live in the store's metadata (``twin/{identity}``); a reported patch is merged (JSON merge patch) and
@@ -32,9 +34,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
@@ -49,12 +53,12 @@ from edgehub.core import (
 )
 from edgehub.delivery import Endpoint, EndpointExecutor, ExecutorSettings
 from edgehub.hub import AuthResult, ClientLink, Credentials, IngestOutcome, Rejected, SessionInfo, Stored
-from edgehub.hub.dedup import DuplicateWindow
+from edgehub.hub.dedup import Claim, DuplicateWindow
 from edgehub.hub.identities import IdentityRegistry
 from edgehub.hub.lanes import UpstreamLanes, UpstreamLanesStatus, UpstreamOptions
 from edgehub.hub.modules import DEFAULT_MAX_BATCH, ModuleEndpoint, ModuleMailboxes, parse_module_endpoint
 from edgehub.routing import Router
-from edgehub.store import Store
+from edgehub.store import EnqueueReceipt, Store
 from edgehub.upstream.partitions import check_partition_properties
 
 __all__ = ["EdgeHub"]
@@ -180,6 +184,20 @@ class EdgeHub:
         return self.store.stamp(message, updates=updates)
 
     async def _ingest_one(self, identity: Identity, message: Message) -> IngestOutcome:
+        [outcome] = await self._settle_admitted([await self._admit_one(identity, message)])
+        return outcome
+
+    async def _ingest_in_turn(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:
+        """With duplicate detection: each message claims its id and is admitted to the store in turn (a claim
+        or a wait for room holds the ones after it, so they keep their order), then all are awaited together."""
+        arrived = self.store.clock.monotonic()
+        return await self._settle_admitted([await self._admit_one(identity, m, arrived) for m in messages])
+
+    async def _admit_one(
+        self, identity: Identity, message: Message, arrived_mono_s: float | None = None
+    ) -> IngestOutcome | _Admitted:
+        """Stamp, check, claim, route and admit one message (``Store.admit``): its outcome if that is known
+        already (refused, or a duplicate), else what is left to await."""
         message = self._stamp(identity, message)
         try:
             check_partition_properties(message)
@@ -194,7 +212,9 @@ class EdgeHub:
                 return Stored(None, duplicate=True)
         try:
             results = self.lanes.assign(message, self.router.route(message))
-            receipt = await self.store.enqueue(message, results, metadata=claim.metadata if claim else None)
+            receipt, durable = await self.store.admit(
+                message, results, metadata=claim.metadata if claim else None, arrived_mono_s=arrived_mono_s
+            )
         except IngestRejected as exc:
             if claim is not None:
                 claim.abandoned()
@@ -205,9 +225,21 @@ class EdgeHub:
                 claim.abandoned()  # not durable as far as we know: the device's retry must be taken
             raise
         if claim is not None:
-            claim.accepted()
-        await self._notify({q.endpoint for q, _ in receipt.refs})
-        return Stored(receipt.message.edge_message_id)
+            if durable is None:
+                claim.accepted()
+            else:
+                # Settled when its write is, not when the caller gets to it: a copy of the same id later in the
+                # group waits on this claim while it is admitted.
+                durable.add_done_callback(functools.partial(_settle_claim, claim))
+        return _Admitted(receipt, durable)
+
+    async def _settle_admitted(self, admitted: list[IngestOutcome | _Admitted]) -> list[IngestOutcome]:
+        """Wait until every admitted message is durable, wake the executors of their queues; the outcomes."""
+        durable = [a.durable for a in admitted if isinstance(a, _Admitted) and a.durable is not None]
+        if durable:
+            await asyncio.gather(*durable)
+        await self._notify({q.endpoint for a in admitted if isinstance(a, _Admitted) for q, _ in a.receipt.refs})
+        return [Stored(a.receipt.message.edge_message_id) if isinstance(a, _Admitted) else a for a in admitted]
 
     async def _start_executor_once(self, endpoint_id: str) -> None:
         task = self._starting.get(endpoint_id)
@@ -219,8 +251,8 @@ class EdgeHub:
     async def ingest(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:
         if len(messages) == 1:
             return [await self._ingest_one(identity, messages[0])]
-        if self._dedup is not None:  # each message claims its id in the duplicate window on its own
-            return list(await asyncio.gather(*(self._ingest_one(identity, m) for m in messages)))
+        if self._dedup is not None:  # each message claims its id in the duplicate window, one after the other
+            return await self._ingest_in_turn(identity, messages)
         return await self._ingest_group(identity, messages)
 
     async def _ingest_group(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:
@@ -341,3 +373,18 @@ def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
             _merge(target[key], value)
         else:
             target[key] = copy.deepcopy(value)
+
+
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    """A message the store has admitted: its receipt, and the future of its write (None: nothing to write)."""
+
+    receipt: EnqueueReceipt
+    durable: asyncio.Future[None] | None
+
+
+def _settle_claim(claim: Claim, durable: asyncio.Future[None]) -> None:
+    if durable.cancelled() or durable.exception() is not None:
+        claim.abandoned()
+    else:
+        claim.accepted()

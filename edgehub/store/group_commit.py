@@ -1,10 +1,10 @@
 """Group commit: many concurrent producers, one durable write per group.
 
-Producers call ``submit(item)``; a single writer task takes everything waiting (up to ``max_group`` items),
-hands it to ``write(group)`` (which runs the blocking write on a ``WriterThread``, so the event loop keeps
-accepting while the disk syncs), and then releases every producer of that group, in arrival order. If
-``write`` raises, every producer of that group gets the error and nothing else is affected: the next group is
-written as usual.
+Producers call ``submit(item)`` (or ``enqueue(item)``, which returns the future instead of awaiting it); a
+single writer task takes everything waiting (up to ``max_group`` items), hands it to ``write(group)`` (which
+runs the blocking write on a ``WriterThread``, so the event loop keeps accepting while the disk syncs), and
+then releases every producer of that group, in arrival order. If ``write`` raises, every producer of that group
+gets the error and nothing else is affected: the next group is written as usual.
 
 Invariants: a producer returns only after the write covering its item returned; items are written in arrival
 order; at most one write is in flight; a producer cancelled while it waits does not take its item out of the
@@ -111,6 +111,12 @@ class GroupCommitter(Generic[T]):
 
     async def submit(self, item: T) -> None:
         """Return once ``item`` is durable; raise what its group's write raised."""
+        # Not shielded: cancelling this await cancels only the future; the item stays in the group and is written.
+        await self.enqueue(item)
+
+    def enqueue(self, item: T) -> asyncio.Future[None]:
+        """Queue ``item`` for the next group and return at once: the future is done when it is durable (or has
+        the write's error). Items queued one after the other are written in that order."""
         if self._closed:
             raise StoreClosedError("the store is closed")
         loop = asyncio.get_running_loop()
@@ -121,8 +127,7 @@ class GroupCommitter(Generic[T]):
         wake = self._wake
         if wake is not None and not wake.done():
             wake.set_result(None)
-        # Not shielded: cancelling this await cancels only ``fut``; the item stays in the group and is written.
-        await fut
+        return fut
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

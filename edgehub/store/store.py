@@ -370,6 +370,11 @@ class Store:
         out[reason] = out.get(reason, 0) + n
         return out
 
+    @property
+    def clock(self) -> Clock:
+        """The clock the store stamps and times its waits with."""
+        return self._clock
+
     def usage(self, endpoint: str | None = None) -> tuple[int, int]:
         """(messages, bytes) held for ``endpoint`` (None: the whole store), writes in flight included."""
         key = STORE_WIDE if endpoint is None else endpoint
@@ -498,6 +503,27 @@ class Store:
         ``metadata``: metadata keys to set (or, with None, delete) in the same atomic group write as the message,
         so they are durable exactly when it is (the hub's duplicate window). They are written whenever the
         message is accepted, also when it is routed nowhere; never when ``enqueue`` raises."""
+        receipt, durable = await self.admit(message, route_results, metadata=metadata)
+        if durable is not None:
+            await durable
+        return receipt
+
+    async def admit(
+        self,
+        message: Message,
+        route_results: Sequence[RouteResult],
+        *,
+        metadata: Mapping[str, bytes | None] | None = None,
+        arrived_mono_s: float | None = None,
+    ) -> tuple[EnqueueReceipt, asyncio.Future[None] | None]:
+        """``enqueue`` in two steps: return once the message has its offsets (after any wait for room) and is
+        queued for the next group write, with the future that is done when it is durable (None: nothing to
+        write). Raises what ``enqueue`` raises before that point. Messages admitted one after the other get
+        their offsets, and are written, in that order: a producer keeps its order by admitting its messages
+        one at a time and then awaiting the futures.
+
+        ``arrived_mono_s`` (the store clock's monotonic time): when the message arrived, if it waited for its
+        turn behind others; a wait for room ends ``enqueue_timeout_s`` after it (default: now)."""
         if self._closed:
             raise StoreClosedError("the store is closed")
         meta_ops = self._metadata_ops(metadata)
@@ -505,8 +531,7 @@ class Store:
         now = self._clock.time()
         queues = self._queues_for(route_results)
         if not queues:
-            await self._accept_unrouted(meta_ops)
-            return EnqueueReceipt(self.stamp(message, now), ())
+            return EnqueueReceipt(self.stamp(message, now), ()), self._accept_unrouted(meta_ops)
         overflow = 0
         dp = self.default_policy
         if self._policies_may_apply():
@@ -514,7 +539,7 @@ class Store:
             limit = min(self.policy(e).max_message_size_bytes for e in endpoints)
             if size > limit:
                 raise MessageTooLargeError(f"message of {size} bytes is over maxMessageSizeBytes={limit}")
-            dropped = await self._make_room(endpoints, queues, size)
+            dropped = await self._make_room(endpoints, queues, size, arrived_mono_s)
             now = self._clock.time()  # enqueued once there was room (the enqueue timeout may have passed)
             if dropped:
                 overflow = sum(1 for q in queues if q.endpoint in dropped)
@@ -526,14 +551,12 @@ class Store:
             raise StoreClosedError("the store is closed")
         message = self.stamp(message, now)
         if not queues:  # dropped everywhere (discardIncoming): the write carries only the count
-            await self._committer.submit(_Pending(meta_ops, {}, [], overflow))
-            return EnqueueReceipt(message, ())
+            return EnqueueReceipt(message, ()), self._committer.enqueue(_Pending(meta_ops, {}, [], overflow))
         pending = _Pending(meta_ops, {}, [], overflow)
         deltas: Usage = {}
         refs = self._add_message(pending, message, queues, size, now, deltas)
         self._reserve(pending, deltas)
-        await self._committer.submit(pending)
-        return EnqueueReceipt(message, refs)
+        return EnqueueReceipt(message, refs), self._committer.enqueue(pending)
 
     def _queues_for(self, route_results: Sequence[RouteResult]) -> Mapping[QueueId, tuple[str, float]]:
         """queue -> (its name, the reference's TTL), one per (endpoint, priority); the first route wins.
@@ -630,7 +653,7 @@ class Store:
         if self._closed:
             raise StoreClosedError("the store is closed")
         if self._policies_may_apply():
-            return list(await asyncio.gather(*(self._enqueue_or_refusal(m, r) for m, r in items)))
+            return await self._enqueue_in_turn(items)
         now = self._clock.time()
         limit = self.default_policy.max_message_size_bytes
         pending = _Pending([], {}, [])
@@ -653,13 +676,23 @@ class Store:
             await self._committer.submit(pending)
         return out
 
-    async def _enqueue_or_refusal(
-        self, message: Message, route_results: Sequence[RouteResult]
-    ) -> EnqueueReceipt | IngestRejected:
-        try:
-            return await self.enqueue(message, route_results)
-        except IngestRejected as exc:
-            return exc
+    async def _enqueue_in_turn(
+        self, items: Sequence[tuple[Message, Sequence[RouteResult]]]
+    ) -> list[EnqueueReceipt | IngestRejected]:
+        """``enqueue_many`` with quotas or policies: each message is admitted in turn (it may wait for room, and
+        the ones after it wait behind it, so a producer's messages keep their order in every queue), each
+        wait bounded from the group's arrival as if they had waited side by side; then all are awaited."""
+        arrived = self._clock.monotonic()
+        admitted: list[tuple[EnqueueReceipt, asyncio.Future[None] | None] | IngestRejected] = []
+        for message, route_results in items:
+            try:
+                admitted.append(await self.admit(message, route_results, arrived_mono_s=arrived))
+            except IngestRejected as exc:
+                admitted.append(exc)
+        durable = [a[1] for a in admitted if not isinstance(a, IngestRejected) and a[1] is not None]
+        if durable:
+            await asyncio.gather(*durable)
+        return [a if isinstance(a, IngestRejected) else a[0] for a in admitted]
 
     # Added for the hub's duplicate window (issue 5): metadata carried by an enqueue, in its group write.
     @staticmethod
@@ -670,10 +703,9 @@ class Store:
             raise ValueError("stats/ keys belong to the store")
         return [(META, k.encode(), v) for k, v in metadata.items()]
 
-    async def _accept_unrouted(self, meta_ops: list[Op]) -> None:
+    def _accept_unrouted(self, meta_ops: list[Op]) -> asyncio.Future[None] | None:
         """A message stored nowhere is still accepted: its metadata goes through the group commit alone."""
-        if meta_ops:
-            await self._committer.submit(_Pending(meta_ops, {}, []))
+        return self._committer.enqueue(_Pending(meta_ops, {}, [])) if meta_ops else None
 
     def _full(self, endpoints: Iterable[str], per_endpoint: Mapping[str, int], size: int) -> list[str | None]:
         """Endpoints whose quota this message would exceed, and None when the store-wide quota would be."""
@@ -691,9 +723,12 @@ class Store:
             full.append(None)
         return full
 
-    async def _make_room(self, endpoints: set[str], queues: Iterable[QueueId], size: int) -> set[str]:
-        """Wait for space, then apply the overflow policy. Returns the endpoints to drop (discardIncoming); the
-        caller counts them when its write is durable."""
+    async def _make_room(
+        self, endpoints: set[str], queues: Iterable[QueueId], size: int, arrived_mono_s: float | None = None
+    ) -> set[str]:
+        """Wait for space (until ``enqueue_timeout_s`` after ``arrived_mono_s``, default now), then apply the
+        overflow policy. Returns the endpoints to drop (discardIncoming); the caller counts them when its write
+        is durable."""
         if not self._quotas_set:  # the common case: nothing to check
             return set()
         per_endpoint = {e: sum(1 for q in queues if q.endpoint == e) for e in endpoints}
@@ -701,7 +736,7 @@ class Store:
         if not full:
             return set()
         timeout = min(self.policy(e).enqueue_timeout_s if e else self.default_policy.enqueue_timeout_s for e in full)
-        deadline = self._clock.monotonic() + timeout
+        deadline = (self._clock.monotonic() if arrived_mono_s is None else arrived_mono_s) + timeout
         while full and (remaining := deadline - self._clock.monotonic()) > 0:
             self._space_freed.clear()
             sleeper = asyncio.ensure_future(self._clock.sleep(remaining))

@@ -3,6 +3,8 @@ records written with the message, copies in flight at once, expiry on disk, odd 
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from edgehub.core import Identity, Message
@@ -11,7 +13,7 @@ from edgehub.hub.dedup import DEDUP_PREFIX
 from edgehub.hub.facade import EdgeHub
 from edgehub.hub.lanes import UpstreamOptions
 from edgehub.routing import Router
-from edgehub.store import MemoryBackend, QueueId, Store
+from edgehub.store import MemoryBackend, QueueId, QueuePolicy, RemovalReason, Store
 from edgehub.testing import ManualClock
 
 pytestmark = pytest.mark.timeout(30)
@@ -105,3 +107,29 @@ async def test_a_refused_message_is_not_recorded_so_its_retry_is_taken() -> None
         assert not taken.duplicate
         assert queued(store) == [b"b"]
         assert store.queues("$upstream") == [QueueId("$upstream", 10)]
+
+
+async def test_a_message_waiting_for_room_keeps_its_place_in_its_group() -> None:
+    # Each message of a group claims its id and gets its offsets in turn: the second (small enough to fit at
+    # once) must not overtake the first while that one waits for room, and both are acknowledged once stored.
+    clock = ManualClock()
+    store = Store(MemoryBackend(), clock=clock)
+    async with hub_over(store, clock) as hub:
+        await hub.ingest(DEV, [msg("m-0", b"o" * 60)])
+        q = store.queues("$upstream")[0]
+        _, first_size = store.usage("$upstream")
+        stamps = first_size - 60  # what the hub adds to each (same-length ids and times here)
+        # Room for the first and a 1-byte message, not for a second 60-byte one.
+        store.endpoint_policies["$upstream"] = QueuePolicy(max_bytes=first_size + 1 + stamps, enqueue_timeout_s=10)
+        sleeping = clock.sleepers
+        group = asyncio.create_task(hub.ingest(DEV, [msg("m-1", b"b" * 60), msg("m-2", b"s")]))
+        async with asyncio.timeout(10):
+            await clock.wait_for_sleepers(sleeping + 1)
+        assert store.next_offset(q) == 1  # neither has its offset while the first waits
+        await store.remove(q, [0], RemovalReason.DELIVERED)
+        first, second = await asyncio.wait_for(group, 10)
+        assert isinstance(first, Stored)
+        assert isinstance(second, Stored)
+        assert queued(store) == [b"b" * 60, b"s"]
+        ids = [k for k, _ in store.metadata_items(DEDUP_PREFIX)]
+        assert ids == ["dedup/dev1/m-0", "dedup/dev1/m-1", "dedup/dev1/m-2"]

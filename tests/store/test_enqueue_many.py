@@ -3,8 +3,11 @@ per message in order, and the same answers ``enqueue`` gives, also when policies
 
 from __future__ import annotations
 
+import asyncio
+
 from edgehub.core import Message, MessageTooLargeError, QuotaExceededError, RouteResult
-from edgehub.store import EnqueueReceipt, QueueId, QueuePolicy, Store
+from edgehub.store import EnqueueReceipt, QueueId, QueuePolicy, RemovalReason, Store
+from edgehub.testing import ManualClock
 from tests.store.conftest import StoreFactory
 
 UP0, M1 = QueueId("up", 0), QueueId("/modules/m/inputs/i", 3)
@@ -88,3 +91,45 @@ async def test_a_route_result_used_again_follows_a_changed_default_ttl(store: St
     store.default_ttl_s = 5.0
     await store.enqueue_many([(m(1), route)])
     assert [it.ttl_s for it in store.read(UP0, 0, 10)] == [7200.0, 5.0]
+
+
+async def test_with_a_quota_a_message_waiting_for_room_keeps_its_place(
+    store_factory: StoreFactory, clock: ManualClock
+) -> None:
+    # Room for 30 bytes: 20 are taken, so the 20-byte message waits and the 5-byte one behind it would fit at
+    # once. It must not overtake: the group keeps its order in the queue.
+    s = store_factory(endpoint_policies={"up": QueuePolicy(max_bytes=30, enqueue_timeout_s=10)})
+    try:
+        await s.enqueue(Message(b"o" * 20), [RouteResult("up", 0)])
+        big, small = Message(b"b" * 20), Message(b"s" * 5)
+        async with asyncio.timeout(10):
+            group = asyncio.create_task(
+                s.enqueue_many([(big, [RouteResult("up", 0)]), (small, [RouteResult("up", 0)])])
+            )
+            await clock.wait_for_sleepers(1)
+            assert s.next_offset(UP0) == 1  # neither has an offset while the first waits for room
+            await s.remove(UP0, [0], RemovalReason.DELIVERED)
+            out = await group
+        assert [r.refs for r in out if isinstance(r, EnqueueReceipt)] == [((UP0, 1),), ((UP0, 2),)]
+        assert bodies(s, UP0) == [big.body, small.body]
+    finally:
+        await s.close()
+
+
+async def test_a_group_waits_for_room_at_most_the_timeout_from_its_arrival(
+    store_factory: StoreFactory, clock: ManualClock
+) -> None:
+    # Three messages that do not fit, waiting in turn: all are refused once the timeout has passed since the
+    # group arrived, not after three timeouts one after the other.
+    s = store_factory(endpoint_policies={"up": QueuePolicy(max_messages=1, enqueue_timeout_s=10)})
+    try:
+        await s.enqueue(m(0), [RouteResult("up", 0)])
+        async with asyncio.timeout(10):
+            group = asyncio.create_task(s.enqueue_many([(m(i), [RouteResult("up", 0)]) for i in (1, 2, 3)]))
+            await clock.wait_for_sleepers(1)
+            clock.advance(10)
+            out = await group
+        assert [type(r) for r in out] == [QuotaExceededError] * 3
+        assert clock.monotonic() == 10
+    finally:
+        await s.close()
