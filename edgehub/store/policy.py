@@ -1,8 +1,9 @@
 """Queue policies (after the .NET Service Bus queue policy): message size, quotas, overflow, enqueue timeout.
 
 A ``QueuePolicy`` applies per endpoint (all its priorities together), with a hub-wide default; ``StoreQuota``
-bounds the whole store. Sizes are ``Message.size_bytes()`` (body and properties). Per endpoint a message
-counts once per queue that references it; store-wide it counts once.
+bounds the whole store. Sizes are ``Message.size_bytes()`` (body and properties) without the store's
+``edgeMessageId`` and ``enqueuedTime`` stamps. Per endpoint a message counts once per queue that references
+it; store-wide it counts once.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ counts, so the counts survive a restart). Metadata: ``get_metadata`` / ``put_met
 digits) and ``enqueuedTime`` (ISO 8601 UTC, from the store's clock, as ``datetime.isoformat`` writes it) when
 the message does not carry them yet; the stamped message is in
 the receipt. Stamping here keeps it in the one place every accepted message passes. Sizes for quotas and
-``maxMessageSizeBytes`` are measured before stamping (the hub's stamps are not charged). Refusals (quotas, size)
+``maxMessageSizeBytes`` leave these two stamps out (``_charged_size``), also when the hub stamped the message
+before handing it over: a message is charged as its producer sent it. Refusals (quotas, size)
 raise ``IngestRejected`` subclasses; a disk failure raises ``StorageIOError`` for that group only.
 
 Layout (column families): ``messages`` (u64 message key -> body record listing its references),
@@ -232,6 +233,21 @@ _VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
 _RANDOM_POOL_BYTES = 16 * 256
 _ONE_ROUTE_CACHE_SIZE = 256
 _RECENT_MAX = 4096
+
+
+def _charged_size(message: Message) -> int:
+    """``message.size_bytes()`` less the store's own stamps (``edgeMessageId``, ``enqueuedTime``): a message is
+    charged as its producer sent it, also when the hub stamped it before handing it over (it stamps the groups
+    of the protocol heads itself, to copy each message once)."""
+    size = message.size_bytes()
+    sp = message.system_properties
+    stamp = sp.get(_EDGE_MESSAGE_ID)
+    if stamp is not None:
+        size -= len(_EDGE_MESSAGE_ID) + (len(stamp) if stamp.isascii() else len(stamp.encode()))
+    stamp = sp.get(_ENQUEUED_TIME)
+    if stamp is not None:
+        size -= len(_ENQUEUED_TIME) + (len(stamp) if stamp.isascii() else len(stamp.encode()))
+    return size
 
 
 class _Stamper:
@@ -527,7 +543,7 @@ class Store:
         if self._closed:
             raise StoreClosedError("the store is closed")
         meta_ops = self._metadata_ops(metadata)
-        size = message.size_bytes()  # as the producer sent it: the hub's own stamps are not charged to it
+        size = _charged_size(message)
         now = self._clock.time()
         queues = self._queues_for(route_results)
         if not queues:
@@ -660,7 +676,7 @@ class Store:
         deltas: Usage = {}
         out: list[EnqueueReceipt | IngestRejected] = []
         for message, route_results in items:
-            size = message.size_bytes()  # as the producer sent it: the hub's own stamps are not charged to it
+            size = _charged_size(message)
             queues = self._queues_for(route_results)
             if queues and size > limit:
                 out.append(MessageTooLargeError(f"message of {size} bytes is over maxMessageSizeBytes={limit}"))

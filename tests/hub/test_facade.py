@@ -127,3 +127,21 @@ async def test_a_group_without_policies_is_one_write_with_each_refusal_in_its_pl
             o.edge_message_id for o in outcomes if isinstance(o, Stored)
         ]
         assert all(it.message.system_properties["connectionDeviceId"] == "dev1" for it in stored)
+
+
+async def test_a_message_is_charged_as_sent_not_with_the_hubs_id_and_time_stamps() -> None:
+    # maxMessageSizeBytes and quotas count the body and properties; the identity the hub vouches for counts
+    # (connectionDeviceId=dev1), its edgeMessageId and enqueuedTime do not, also on the grouped path.
+    limit = 200
+    charged_extra = len("connectionDeviceId") + len("dev1")
+    store = Store(MemoryBackend(), default_policy=QueuePolicy(max_message_size_bytes=limit, enqueue_timeout_s=0))
+    async with hub_over(store) as hub:
+        at_limit = Message(b"a" * (limit - charged_extra))
+        over = Message(b"b" * (limit - charged_extra + 1))
+        for group in ([at_limit], [at_limit, over]):
+            outcomes = await hub.ingest(DEV, group)
+            assert isinstance(outcomes[0], Stored)
+            if len(group) == 2:
+                assert isinstance(outcomes[1], Rejected)
+                assert outcomes[1].reason == "too_large"
+        assert store.usage("$upstream") == (2, 2 * limit)
