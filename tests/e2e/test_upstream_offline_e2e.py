@@ -35,18 +35,6 @@ P5 = QueueId("$upstream", 5)
 
 
 @pytest.fixture
-async def broker(tmp_path: Path) -> AsyncIterator[MosquittoPeer]:
-    async with MosquittoPeer(tmp_path) as peer:
-        yield peer
-
-
-@pytest.fixture
-async def link(broker: MosquittoPeer) -> AsyncIterator[LinkSim]:
-    async with LinkSim(target_host=broker.host, target_port=broker.port) as sim:
-        yield sim
-
-
-@pytest.fixture
 async def cloud(broker: MosquittoPeer) -> AsyncIterator[MqttCollector]:
     async with MqttCollector(host=broker.host, port=broker.port, topic="edgehub/#") as sink:
         yield sink
