@@ -63,6 +63,7 @@ __all__ = [
     "Will",
     "decode_varint",
     "encode",
+    "encode_qos1_publish",
     "encode_varint",
 ]
 
@@ -985,6 +986,21 @@ def _encode_publish(packet: Publish, v5: bool) -> bytes:
     parts.append(packet.payload)
     body = b"".join(parts)
     return _fixed_header(0x30 | (packet.dup << 3) | (qos << 1) | int(packet.retain), len(body)) + body
+
+
+def encode_qos1_publish(topic: str, payload: bytes, packet_id: int, *, dup: bool = False, v5: bool = False) -> bytes:
+    """The bytes ``encode(Publish(topic, payload, 1, False, dup, packet_id), level)`` gives, without building the
+    packet: a QoS 1 PUBLISH with no properties, how the hub delivers to modules (one per message)."""
+    raw = topic.encode("utf-8")
+    n = len(raw)
+    if n > _MAX_U16:
+        raise LocalProtocolError(f"string of {n} bytes is too long for MQTT")
+    if not 0 < packet_id <= _MAX_U16:
+        raise LocalProtocolError(f"packet identifier {packet_id} out of range")
+    head = _U16.pack(n) + raw + _U16.pack(packet_id)
+    if v5:
+        head += b"\x00"  # no properties
+    return _fixed_header(0x3A if dup else 0x32, len(head) + len(payload)) + head + payload
 
 
 def _encode_connect(c: Connect) -> bytes:

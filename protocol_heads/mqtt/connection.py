@@ -59,6 +59,7 @@ from protocol_heads.mqtt.codec import (
     UnsubAck,
     Unsubscribe,
     encode,
+    encode_qos1_publish,
 )
 
 __all__ = [
@@ -626,6 +627,17 @@ class ServerConnection:
             if self.window_free == 0:
                 raise LocalProtocolError("outbound window full")
             packet_id = self._allocate_packet_id()
+            v5 = self.protocol_level == MQTT_50
+            if properties is NO_PROPERTIES or not v5:
+                # The module deliveries' path: the bytes without building them through encode()'s dispatch.
+                wire = encode_qos1_publish(topic, payload, packet_id, dup=dup, v5=v5)
+                if len(wire) > self._peer_max_packet_size:
+                    raise PeerPacketTooLarge(
+                        f"PUBLISH of {len(wire)} bytes over the client's {self._peer_max_packet_size}"
+                    )
+                self._inflight[packet_id] = Publish(topic, payload, 1, False, dup, packet_id, NO_PROPERTIES)
+                self._out += wire
+                return packet_id
         publish = Publish(topic, payload, qos, False, dup, packet_id, properties if self.v5 else NO_PROPERTIES)
         self._send_publish(publish)
         return packet_id

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from edgehub.core import LocalProtocolError, RemoteProtocolError
 from protocol_heads.mqtt.codec import (
     MQTT_50,
+    MQTT_311,
     Auth,
     ConnAck,
     Connect,
@@ -38,6 +39,7 @@ from protocol_heads.mqtt.codec import (
     Will,
     decode_varint,
     encode,
+    encode_qos1_publish,
     encode_varint,
 )
 
@@ -384,3 +386,28 @@ def test_publishes_on_a_known_topic_split_anywhere_decode_the_same(level: int) -
     for cut in range(len(stream) + 1):
         d = Decoder(protocol_level=level)
         assert d.receive_data(stream[:cut]) + d.receive_data(stream[cut:]) == [p1, p2, p3, PubAck(4)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    topic=st.text(min_size=1, max_size=40),
+    payload_len=st.sampled_from([0, 1, 100, 120, 125, 16_370, 16_380, 2_097_140]),
+    packet_id=st.integers(1, 0xFFFF),
+    dup=st.booleans(),
+    level=st.sampled_from([MQTT_311, MQTT_50]),
+)
+def test_encode_qos1_publish_gives_the_bytes_encode_gives(
+    topic: str, payload_len: int, packet_id: int, dup: bool, level: int
+) -> None:
+    # Payload sizes around the 1-, 2- and 3-byte remaining lengths (127, 16,383, 2,097,151).
+    payload = b"p" * payload_len
+    fast = encode_qos1_publish(topic, payload, packet_id, dup=dup, v5=level == MQTT_50)
+    assert fast == encode(Publish(topic, payload, 1, False, dup, packet_id), level)
+
+
+def test_encode_qos1_publish_refuses_what_encode_refuses() -> None:
+    with pytest.raises(LocalProtocolError, match="too long"):
+        encode_qos1_publish("t" * 0x10000, b"", 1)
+    for bad in (0, 0x10000):
+        with pytest.raises(LocalProtocolError, match="packet identifier"):
+            encode_qos1_publish("t", b"", bad)
