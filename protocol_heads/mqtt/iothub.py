@@ -143,20 +143,20 @@ def parse_username(username: str) -> UsernameInfo:
 _UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]*")
 
 
-# quote() costs ~4 µs for "application/json": values that need quoting (content types, times, paths) are
-# remembered, since the same few recur on every message of a device. Bounded: cleared when full.
+# quote() costs ~4 µs for "application/json", the match ~0.2 µs for a plain word: names and values are
+# remembered quoted (device ids, content types, property names and values recur on every message of a device),
+# a look-up being cheaper than either. Bounded: cleared when full (unique values, such as message ids, pass).
 _QUOTED: dict[str, str] = {}
 _QUOTED_MAX = 4096
 
 
 def _quote_value(text: str) -> str:
-    if _UNRESERVED.fullmatch(text):
-        return text
     quoted = _QUOTED.get(text)
     if quoted is None:
+        quoted = text if _UNRESERVED.fullmatch(text) else quote(text, safe="")
         if len(_QUOTED) >= _QUOTED_MAX:
             _QUOTED.clear()
-        quoted = _QUOTED[text] = quote(text, safe="")
+        _QUOTED[text] = quoted
     return quoted
 
 
