@@ -602,6 +602,9 @@ class Decoder:
                 length = buf[pos + 1]
                 if length < 0x80:  # a one-byte remaining length: every packet under 128 bytes
                     body = pos + 2
+                elif n - pos >= 3 and buf[pos + 2] < 0x80:  # two bytes: under 16 KiB (a 200-byte telemetry PUBLISH)
+                    length = (length & 0x7F) | (buf[pos + 2] << 7)
+                    body = pos + 3
                 else:
                     got = decode_varint(buf, pos + 1)
                     if got is None:
