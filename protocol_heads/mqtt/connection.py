@@ -631,12 +631,7 @@ class ServerConnection:
             if properties is NO_PROPERTIES or not v5:
                 # The module deliveries' path: the bytes without building them through encode()'s dispatch.
                 wire = encode_qos1_publish(topic, payload, packet_id, dup=dup, v5=v5)
-                if len(wire) > self._peer_max_packet_size:
-                    raise PeerPacketTooLarge(
-                        f"PUBLISH of {len(wire)} bytes over the client's {self._peer_max_packet_size}"
-                    )
-                self._inflight[packet_id] = Publish(topic, payload, 1, False, dup, packet_id, NO_PROPERTIES)
-                self._out += wire
+                self._send_publish(Publish(topic, payload, 1, False, dup, packet_id, NO_PROPERTIES), wire)
                 return packet_id
         publish = Publish(topic, payload, qos, False, dup, packet_id, properties if self.v5 else NO_PROPERTIES)
         self._send_publish(publish)
@@ -665,8 +660,10 @@ class ServerConnection:
 
     # --- internals ---------------------------------------------------------------------------------------
 
-    def _send_publish(self, publish: Publish) -> None:
-        wire = encode(publish, self.protocol_level)
+    def _send_publish(self, publish: Publish, wire: bytes | None = None) -> None:
+        """Send ``publish`` (``wire``: its bytes, when the caller has them already)."""
+        if wire is None:
+            wire = encode(publish, self.protocol_level)
         if len(wire) > self._peer_max_packet_size:
             raise PeerPacketTooLarge(f"PUBLISH of {len(wire)} bytes over the client's {self._peer_max_packet_size}")
         if publish.packet_id is not None:
