@@ -8,6 +8,10 @@ Usage: python -m bench.store [--messages N] [--rounds N] [--queued N] [--dir PAT
   ``stats/``; one batch per group, so the same group sizes). Each message is routed by a compiled Router (two
   routes, one per endpoint) before it is enqueued, as the hub's ingest does.
 * drain: the executor delivers the ingested ``$upstream`` queue to a null endpoint.
+* cleanup: then the executor's cleanup removes the delivered references, first of ``$upstream`` (each body stays:
+  the module's queue still holds it), then, once the module's queue is committed too, of that queue (each body
+  goes with it): CPU time per reference removed (the process's, writer threads included), and the longest
+  time the event loop went without turning meanwhile (cleanup runs on it, a chunk at a time).
 * recovery: a store holding ``--queued`` messages (default 1,000,000, routed to two endpoints) is built in a
   subprocess, then reopened in a fresh subprocess that delivers the first message; its time and peak RSS.
 
@@ -15,7 +19,8 @@ Usage: python -m bench.store [--messages N] [--rounds N] [--queued N] [--dir PAT
 one round that round is ingest only, no drain); the profiler slows Python several times over, so read its
 shares, not its rates.
 
-Last line: one JSON object with ingest_msgs_per_s, ingest_vs_raw_ratio, drain_msgs_per_s, recovery_s, rss_mb_1m.
+Last line: one JSON object with ingest_msgs_per_s, ingest_vs_raw_ratio, drain_msgs_per_s, cleanup_us_per_ref,
+cleanup_max_stall_ms, recovery_s, rss_mb_1m.
 """
 
 from __future__ import annotations
@@ -126,6 +131,35 @@ async def drain(store: Store, n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
+async def cleanup(store: Store, n: int) -> tuple[float, float]:
+    """Clean up after ``drain``: CPU µs per reference removed, and the event loop's longest stall (ms)."""
+    mod = QueueId(ROUTES[1].endpoint, ROUTES[1].priority)
+    stall = 0.0
+    running = True
+
+    async def ticker() -> None:  # wakes every millisecond: how late it wakes is how long the loop stood still
+        nonlocal stall
+        while running:
+            last = time.perf_counter()
+            await asyncio.sleep(0.001)
+            stall = max(stall, time.perf_counter() - last - 0.001)
+
+    tick = asyncio.create_task(ticker())
+    removed = 0
+    c0 = time.process_time()
+    async with EndpointExecutor(store, NullEndpoint("$upstream"), settings=ExecutorSettings()) as ex:
+        removed += sum((await ex.cleanup()).values())
+    await store.commit(mod, store.end_offset(mod) - 1)
+    async with EndpointExecutor(store, NullEndpoint(mod.endpoint), settings=ExecutorSettings()) as ex:
+        removed += sum((await ex.cleanup()).values())
+    cpu = time.process_time() - c0
+    running = False
+    await tick
+    if removed != 2 * n or store.usage() != (0, 0):
+        raise RuntimeError(f"cleanup removed {removed} of {2 * n} references; left {store.usage()}")
+    return cpu / removed * 1e6, stall * 1e3
+
+
 def build(path: Path, n: int) -> None:
     """Write ``n`` messages routed to two endpoints in the store's own format, in large unsynced batches.
 
@@ -199,10 +233,16 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         base = Path(tmp)
 
+        cleaned = (0.0, 0.0)
+
         async def run_ingest(path: Path, with_drain: bool) -> tuple[float, float, float, list[list[Op]]]:
+            nonlocal cleaned
             rate, group, store, batches = await ingest(path, args.messages)
             try:
-                drained = await drain(store, args.messages) if with_drain else 0.0
+                drained = 0.0
+                if with_drain:
+                    drained = await drain(store, args.messages)
+                    cleaned = await cleanup(store, args.messages)
             finally:
                 await store.close()
             return rate, group, drained, batches
@@ -235,6 +275,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"ingest  {ingest_rate:10.0f} msg/s  (median; 8 producers, fsync=always)")
         print(f"raw     {raw_rate:10.0f} msg/s  (median; rocksdict synced batches of the same groups and bytes)")
         print(f"drain   {drain_rate:10.0f} msg/s  (executor -> null endpoint)")
+        print(
+            f"cleanup {cleaned[0]:10.1f} us CPU per reference removed;"
+            f" the event loop stood still {cleaned[1]:.1f} ms at most"
+        )
         t0 = time.perf_counter()
         here = [sys.executable, "-m", "bench.store", "--dir", str(base / "big"), "--queued", str(args.queued)]
         subprocess.run([*here, "--role", "build"], check=True)
@@ -251,6 +295,8 @@ def main(argv: list[str] | None = None) -> None:
                     "ingest_msgs_per_s": round(ingest_rate),
                     "ingest_vs_raw_ratio": round(ingest_rate / raw_rate, 3),
                     "drain_msgs_per_s": round(drain_rate),
+                    "cleanup_us_per_ref": round(cleaned[0], 1),
+                    "cleanup_max_stall_ms": round(cleaned[1], 1),
                     "recovery_s": round(rec["recovery_s"], 3),
                     "rss_mb_1m": round(rec["rss_mb"], 1),
                 }

@@ -625,23 +625,18 @@ class EndpointExecutor:
         now = self._clock.time()
         whole = self._settings.check_entire_queue_on_cleanup
         for q in self._store.queues(self._id):
-            committed = self._store.checkpoint(q).committed
-            start = 0
+            removed[RemovalReason.DELIVERED] += await self._store.remove_delivered(q)
+            start = self._store.checkpoint(q).committed + 1
             while True:
                 refs = self._store.references(q, start, 4096)
-                delivered = [r.offset for r in refs if r.offset <= committed]
                 expired: list[int] = []
                 stop = False
                 for r in refs:
-                    if r.offset <= committed:
-                        continue
                     if r.expires_at_s <= now:
                         expired.append(r.offset)
                     elif not whole:
                         stop = True
                         break
-                if delivered:
-                    removed[RemovalReason.DELIVERED] += await self._store.remove(q, delivered, RemovalReason.DELIVERED)
                 if expired:
                     removed[RemovalReason.TTL] += await self._store.remove(q, expired, RemovalReason.TTL)
                 if stop or len(refs) < 4096:

@@ -22,6 +22,7 @@ __all__ = [
     "decode_checkpoint",
     "decode_dead_letter",
     "decode_message",
+    "decode_message_refs",
     "decode_ref",
     "encode_checkpoint",
     "encode_dead_letter",
@@ -56,6 +57,17 @@ class MessageRecord(msgspec.Struct, array_like=True, frozen=True):
 
     def to_message(self) -> Message:
         return Message(body=self.body, properties=self.properties, system_properties=self.system_properties)
+
+
+class _MessageRefs(msgspec.Struct, array_like=True, frozen=True):
+    """A ``MessageRecord`` read for its ``refs`` alone: the other fields are skipped, not decoded (removal needs
+    only to know which references point at a body)."""
+
+    v: int
+    body: msgspec.Raw
+    properties: msgspec.Raw
+    system_properties: msgspec.Raw
+    refs: list[tuple[str, int]]
 
 
 class RefRecord(msgspec.Struct, array_like=True, frozen=True):
@@ -94,6 +106,7 @@ class DeadLetterRecord(msgspec.Struct, array_like=True, frozen=True):
 
 _enc = msgspec.msgpack.Encoder()
 _dec_msg = msgspec.msgpack.Decoder(MessageRecord)
+_dec_msg_refs = msgspec.msgpack.Decoder(_MessageRefs)
 _dec_ref = msgspec.msgpack.Decoder(RefRecord)
 _dec_cp = msgspec.msgpack.Decoder(CheckpointRecord)
 _dec_dl = msgspec.msgpack.Decoder(DeadLetterRecord)
@@ -121,6 +134,16 @@ def decode_message(data: bytes) -> MessageRecord:
         raise StoreError(f"corrupt message record: {exc}") from exc
     _check(rec.v, "message")
     return rec
+
+
+def decode_message_refs(data: bytes) -> list[tuple[str, int]]:
+    """The ``refs`` of a ``MessageRecord``, without decoding its body and properties."""
+    try:
+        rec = _dec_msg_refs.decode(data)
+    except msgspec.DecodeError as exc:
+        raise StoreError(f"corrupt message record: {exc}") from exc
+    _check(rec.v, "message")
+    return rec.refs
 
 
 def encode_ref(ref: RefRecord) -> bytes:

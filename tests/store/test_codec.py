@@ -9,16 +9,18 @@ from __future__ import annotations
 import uuid
 
 import msgspec
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from edgehub.core import Message, SystemProperty, utc_from_epoch
+from edgehub.core import Message, StoreError, SystemProperty, utc_from_epoch
 from edgehub.store import Store
 from edgehub.store.codec import (
     VERSION,
     MessageRecord,
     RefRecord,
     decode_message,
+    decode_message_refs,
     decode_ref,
     encode_message,
     encode_ref,
@@ -47,6 +49,15 @@ def test_message_encoded_from_a_tuple_is_byte_identical_to_the_struct() -> None:
     decoded = decode_message(encoded)
     assert decoded.to_message() == message
     assert [tuple(r) for r in decoded.refs] == refs
+    assert [tuple(r) for r in decode_message_refs(encoded)] == refs
+
+
+def test_refs_alone_are_read_with_the_version_checked_and_corruption_named() -> None:
+    newer = msgspec.msgpack.encode((VERSION + 1, b"b", {}, {}, [("q:p0:x", 1)]))
+    with pytest.raises(StoreError, match=f"version {VERSION + 1}"):
+        decode_message_refs(newer)
+    with pytest.raises(StoreError, match="corrupt message record"):
+        decode_message_refs(b"\x93\x01")
 
 
 @given(st.floats(min_value=0, max_value=2**32, allow_nan=False, allow_infinity=False))

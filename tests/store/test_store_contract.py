@@ -111,6 +111,38 @@ async def test_body_is_deleted_with_its_last_reference(store: Store) -> None:
     assert store.removed[RemovalReason.TTL] == 1
 
 
+async def test_remove_delivered_takes_everything_up_to_the_checkpoint_in_chunks(
+    store_factory: StoreFactory,
+) -> None:
+    s = store_factory()
+    a, b = QueueId("a", 0), QueueId("b", 0)
+    for i in range(7):  # 0, 2, 4, 6 also go to b: their bodies must stay while b holds them
+        await s.enqueue(msg(i), [RouteResult("a", 0)] + ([RouteResult("b", 0)] if i % 2 == 0 else []))
+    keys = [it.message_key for it in s.read(a, 0, 10)]
+    await s.remove(a, [1], RemovalReason.TTL)  # a hole below the checkpoint
+    await s.commit(a, 4)
+    assert await s.remove_delivered(a, chunk=2) == 4  # 0, 2, 3, 4: two full chunks
+    assert [r.offset for r in s.references(a, 0, 10)] == [5, 6]
+    assert [s.has_message(k) for k in keys] == [True, False, True, False, True, True, True]
+    assert s.usage("a") == (2, len(b"m5") + len(b"m6") + 2 * len("i1"))
+    assert await s.remove_delivered(a) == 0  # nothing new below the checkpoint
+    await s.commit(b, 3)
+    assert await s.remove_delivered(b) == 4
+    assert [s.has_message(k) for k in keys] == [False, False, False, False, False, True, True]
+    assert s.removed[RemovalReason.DELIVERED] == 8
+    await s.commit(a, 6)
+    await s.close()
+    s = store_factory()  # a fresh store knows no head: it scans from the start
+    try:
+        assert await s.remove_delivered(a) == 2
+        assert s.usage() == (0, 0)
+        assert s.removed[RemovalReason.DELIVERED] == 10
+        with pytest.raises(ValueError):
+            await s.remove_delivered(a, chunk=0)
+    finally:
+        await s.close()
+
+
 async def test_dead_letters_are_listed_requeued_and_purged(store: Store) -> None:
     q = QueueId("up", 2)
     await store.enqueue(msg(1), [RouteResult("up", 2)])
