@@ -182,6 +182,14 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
     show_default=True,
     help="Deliveries in flight at once to each connected module (an MQTT 5 module's Receive Maximum caps it).",
 )
+@click.option(
+    "--cleanup-interval",
+    type=click.FloatRange(0, min_open=True),
+    default=60.0,
+    show_default=True,
+    metavar="SECS",
+    help="How often each endpoint's delivered and expired messages are removed from the store.",
+)
 @click.option("--upstream-mqtt", default=None, metavar="HOST:PORT", help="Deliver $upstream to this MQTT broker.")
 @click.option(
     "--upstream-upload",
@@ -286,6 +294,7 @@ def run(
     host: str,
     host_name: str,
     module_window: int,
+    cleanup_interval: float,
     upstream_mqtt: str | None,
     upstream_upload: str | None,
     upstream_client_id: str,
@@ -355,6 +364,7 @@ def run(
         mqtts_port=mqtts_port,
         host_name=host_name,
         module_window=module_window,
+        cleanup_interval_s=cleanup_interval,
         upstream=upstream,
         partitions=upstream_partitions,
         duplicate_detection=duplicate_detection,

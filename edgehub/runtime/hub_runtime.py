@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from edgehub.core import ConfigurationError, SystemClock, TransportError
-from edgehub.delivery import Endpoint
+from edgehub.delivery import Endpoint, ExecutorSettings
 from edgehub.hub.facade import EdgeHub
 from edgehub.hub.identities import IdentityRegistry
 from edgehub.hub.lanes import UpstreamOptions
@@ -112,6 +112,7 @@ class HubConfig:
     mqtts_port: int | None = 8883
     host_name: str = DEFAULT_HOST_NAME
     module_window: int = DEFAULT_WINDOW  # deliveries in flight per module link
+    cleanup_interval_s: float = ExecutorSettings().cleanup_interval_s  # delivered/expired references removed
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
     upstream: MqttUpstreamSettings | UploadUpstreamSettings | None = None  # None: $upstream stays queued
     # None: as the manifest's upstream section says (which defaults to 1 partition, detection off, 600 s).
@@ -245,7 +246,12 @@ async def serve(
                 await upstream.start()  # the executor closes it when the hub stops
                 endpoints.append(upstream)
         async with EdgeHub(
-            store=store, router=router, host_name=config.host_name, endpoints=endpoints, upstream=options
+            store=store,
+            router=router,
+            host_name=config.host_name,
+            endpoints=endpoints,
+            upstream=options,
+            executor_settings=ExecutorSettings(cleanup_interval_s=config.cleanup_interval_s),
         ) as hub:
             settings = MqttSettings(
                 host=config.host,

@@ -129,6 +129,13 @@ def test_run_refuses_a_module_window_out_of_range_before_serving(tmp_path: Path)
     assert not (tmp_path / "d").exists()
 
 
+def test_run_refuses_a_cleanup_interval_that_is_not_positive(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["run", "--data-dir", str(tmp_path / "d"), "--cleanup-interval", "0"])
+    assert result.exit_code == 2
+    assert "0 is not in the range x>0" in result.output
+    assert not (tmp_path / "d").exists()
+
+
 def test_run_refuses_a_manifest_with_a_bad_upstream_section(tmp_path: Path) -> None:
     manifest = write(tmp_path / "m.json", {"schemaVersion": "1.1", "routes": {}, "upstream": {"partitions": 0}})
     result = CliRunner().invoke(main, ["run", "--manifest", manifest, "--data-dir", str(tmp_path / "d")])
