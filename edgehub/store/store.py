@@ -235,7 +235,12 @@ _UUID4_VERSION = bytes((b & 0x0F) | 0x40 for b in range(256))
 _UUID4_VARIANT = bytes((b & 0x3F) | 0x80 for b in range(256))
 _RANDOM_POOL_BYTES = 16 * 256
 _ONE_ROUTE_CACHE_SIZE = 256
-_RECENT_MAX = 4096
+# What ``_recent`` may hold: messages, and bytes (each message's charged size plus _RECENT_ITEM_BYTES, about
+# what its objects take beside the body: the StoredItem, the Message, its two property dicts and their strings).
+# A count alone would let 4096 messages of 256 KiB hold 1 GiB.
+_RECENT_MAX = 16384
+_RECENT_MAX_BYTES = 16 << 20
+_RECENT_ITEM_BYTES = 1024
 
 
 def _charged_size(message: Message) -> int:
@@ -332,11 +337,13 @@ class Store:
         self._lanes: dict[tuple[str, int], tuple[QueueId, str]] = {}
         # References written since they were last delivered, with their messages, so that an executor that keeps
         # up reads them without a database read and decode (~8 us a message): added when their group write
-        # succeeded, dropped when committed or removed; at most _RECENT_MAX over all queues (past that, new ones
-        # are read from the database). Mutated on the event loop only; ``read`` (which the executors call from a
-        # worker thread) only looks offsets up one by one.
+        # succeeded, dropped when committed or removed; at most _RECENT_MAX and _RECENT_MAX_BYTES over all
+        # queues (past that, new ones are read from the database). Mutated on the event loop only; ``read``
+        # (which an executor calls from a worker thread when ``read_held`` says memory does not answer) only
+        # looks offsets up one by one.
         self._recent: dict[QueueId, dict[int, StoredItem]] = {}
         self._recent_count = 0
+        self._recent_bytes = 0
         # id(route result) -> (that result, the default TTL then, its queues): see ``_queues_for``
         self._one_route: dict[int, tuple[RouteResult, float, Mapping[QueueId, tuple[str, float]]]] = {}
         for name in self._b.families():
@@ -874,29 +881,41 @@ class Store:
         """One past the last durable reference of ``queue``: a reader that reached it has seen everything."""
         return self._durable_end.get(queue, 0)
 
+    @property
+    def held_in_memory(self) -> tuple[int, int]:
+        """Written references kept in memory with their messages for the executors' reads (so an executor that
+        keeps up does not read and decode them back from the database): (messages, estimated bytes). Bounded
+        by 16,384 messages and 16 MiB; released as they are committed or removed."""
+        return self._recent_count, self._recent_bytes
+
     def _remember(self, group: list[_Pending]) -> None:
         """Keep the references a group just wrote, with their messages, for ``read`` (see ``_recent``)."""
-        room = _RECENT_MAX - self._recent_count
-        if room <= 0:
+        count, size = self._recent_count, self._recent_bytes
+        if count >= _RECENT_MAX or size >= _RECENT_MAX_BYTES:
             return
         recent = self._recent
         for p in group:
-            for item in p.items[:room]:
+            for item in p.items:
+                charge = item.size_bytes + _RECENT_ITEM_BYTES
+                if count >= _RECENT_MAX or size + charge > _RECENT_MAX_BYTES:
+                    self._recent_count, self._recent_bytes = count, size
+                    return
                 held = recent.get(item.queue)
                 if held is None:
                     held = recent[item.queue] = {}
                 held[item.offset] = item
-            room -= len(p.items)
-            if room <= 0:
-                break
-        self._recent_count = _RECENT_MAX - max(room, 0)
+                count += 1
+                size += charge
+        self._recent_count, self._recent_bytes = count, size
 
     def _forget(self, queue: QueueId, offsets: Iterable[int]) -> None:
         held = self._recent.get(queue)
         if held:
             for off in offsets:
-                if held.pop(off, None) is not None:
+                item = held.pop(off, None)
+                if item is not None:
                     self._recent_count -= 1
+                    self._recent_bytes -= item.size_bytes + _RECENT_ITEM_BYTES
 
     def _forget_upto(self, queue: QueueId, offset: int) -> None:
         held = self._recent.get(queue)
@@ -906,9 +925,34 @@ class Store:
 
     def read(self, queue: QueueId, from_offset: int, limit: int) -> list[StoredItem]:
         """Up to ``limit`` references at or after ``from_offset`` and after the committed offset, in order."""
+        out, start, answered = self._read_held(queue, from_offset, limit)
+        if answered:
+            return out
+        limit -= len(out)
+        rows = self._b.scan(queue.name, pack_u64(start), limit)
+        refs = [(unpack_u64(k), decode_ref(v)) for k, v in rows]
+        bodies = self._b.multi_get(MESSAGES, [pack_u64(r.message_key) for _, r in refs])
+        for (off, r), body in zip(refs, bodies, strict=True):
+            if body is None:  # cannot happen by the invariants; say so rather than crash the pump
+                log.error("store.missing_body queue=%s offset=%d key=%d", queue, off, r.message_key)
+                continue
+            msg = decode_message(body).to_message()
+            out.append(StoredItem(queue, off, msg, r.message_key, r.enqueued_at_s, r.ttl_s, r.size_bytes))
+        return out
+
+    def read_held(self, queue: QueueId, from_offset: int, limit: int) -> list[StoredItem] | None:
+        """What ``read`` returns, if memory alone answers it (the references are held, see ``held_in_memory``,
+        up to ``limit`` or to ``end_offset``); else None: ``read`` would go to the database. Cheap enough for
+        the event loop, where a database read (a decode per message) is not."""
+        out, _, answered = self._read_held(queue, from_offset, limit)
+        return out if answered else None
+
+    def _read_held(self, queue: QueueId, from_offset: int, limit: int) -> tuple[list[StoredItem], int, bool]:
+        """The references ``read`` finds in memory, from its start on; the offset after them; whether they are
+        all it returns (nothing durable follows them, or ``limit`` is reached)."""
         self._live()
         if queue not in self._next_offset or limit <= 0:
-            return []
+            return [], from_offset, True
         start = max(from_offset, self._checkpoints[queue].committed + 1)
         out: list[StoredItem] = []
         held = self._recent.get(queue)
@@ -922,19 +966,7 @@ class Store:
                     break
                 out.append(item)
                 start += 1
-            if len(out) == limit:
-                return out
-            limit -= len(out)
-        rows = self._b.scan(queue.name, pack_u64(start), limit)
-        refs = [(unpack_u64(k), decode_ref(v)) for k, v in rows]
-        bodies = self._b.multi_get(MESSAGES, [pack_u64(r.message_key) for _, r in refs])
-        for (off, r), body in zip(refs, bodies, strict=True):
-            if body is None:  # cannot happen by the invariants; say so rather than crash the pump
-                log.error("store.missing_body queue=%s offset=%d key=%d", queue, off, r.message_key)
-                continue
-            msg = decode_message(body).to_message()
-            out.append(StoredItem(queue, off, msg, r.message_key, r.enqueued_at_s, r.ttl_s, r.size_bytes))
-        return out
+        return out, start, len(out) == limit or start >= self._durable_end.get(queue, 0)
 
     def references(self, queue: QueueId, from_offset: int, limit: int) -> list[Reference]:
         """Up to ``limit`` references at or after ``from_offset``, delivered ones included, without bodies."""

@@ -52,6 +52,27 @@ async def test_offsets_grow_and_read_returns_queue_order(store: Store) -> None:
     assert [it.offset for it in store.read(q, 0, 2)] == [0, 1]
 
 
+async def test_messages_kept_in_memory_for_readers_are_bounded_by_bytes(store: Store) -> None:
+    q = QueueId("up", 0)
+    big = 250_000
+    for i in range(80):  # 20 MB of bodies: more than the 16 MiB kept in memory
+        await store.enqueue(Message(body=bytes([i]) * big), [RouteResult("up", 0)])
+    held, held_bytes = store.held_in_memory
+    assert 60 <= held < 80
+    assert held_bytes <= 16 << 20
+    items = store.read(q, 0, 100)  # the ones past the bound come from the database, the same
+    assert [it.offset for it in items] == list(range(80))
+    assert all(it.message.body == bytes([it.offset]) * big for it in items)
+    assert store.read_held(q, 0, held) == items[:held]  # memory answers as far as it holds them
+    assert store.read_held(q, 0, 100) is None  # past that, only the database can
+    assert store.read_held(q, held, 5) is None
+    assert store.read_held(q, 80, 5) == []  # nothing durable there
+    await store.commit(q, 79)
+    assert store.held_in_memory == (0, 0)
+    await store.enqueue(msg(1), [RouteResult("up", 0)])  # room again
+    assert store.held_in_memory[0] == 1
+
+
 async def test_concurrent_producers_are_grouped_and_acknowledged_in_arrival_order(store: Store) -> None:
     acks: list[int] = []
 
