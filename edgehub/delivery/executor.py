@@ -631,8 +631,9 @@ class EndpointExecutor:
         for q in self._store.queues(self._id):
             removed[RemovalReason.DELIVERED] += await self._store.remove_delivered(q)
             start = self._store.checkpoint(q).committed + 1
+            chunk = 64  # head-only, the first unexpired reference ends it: read a backlog's head, not 4096 of it
             while True:
-                refs = self._store.references(q, start, 4096)
+                refs = self._store.references(q, start, chunk)
                 expired: list[int] = []
                 stop = False
                 for r in refs:
@@ -643,9 +644,10 @@ class EndpointExecutor:
                         break
                 if expired:
                     removed[RemovalReason.TTL] += await self._store.remove(q, expired, RemovalReason.TTL)
-                if stop or len(refs) < 4096:
+                if stop or len(refs) < chunk:
                     break
                 start = refs[-1].offset + 1
+                chunk = min(chunk * 4, 4096)
         self.cleanups_run += 1
         self._changed.set()
         log.debug("executor.cleanup endpoint=%s delivered=%d ttl=%d", self._id, *removed.values())

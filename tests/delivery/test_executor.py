@@ -475,3 +475,26 @@ async def test_while_unreachable_queued_high_priority_waits_and_goes_first_when_
     assert [m.attempts for m in ep.delivered[:3]] == [0, 0, 0]
     assert [len(b) for b in ep.batches] == [3, 100]
     assert ep.sends == 3
+
+
+async def test_head_only_cleanup_removes_an_expired_head_longer_than_one_read(store: Store, clock: ManualClock) -> None:
+    q = QueueId("ep", 1)
+    ep = TestEndpoint("ep")
+    ep.fail_next(1)
+    settings = ExecutorSettings(retry_policy=RetryPolicy(minimum_delay_retries=5, minimum_delay_s=20))
+    async with asyncio.timeout(10), EndpointExecutor(store, ep, clock=clock, settings=settings) as ex:
+        for i in range(300):
+            await store.enqueue(Message(body=b"s%d" % i), [RouteResult("ep", 1, 10)])
+        for i in range(5):
+            await store.enqueue(Message(body=b"l%d" % i), [RouteResult("ep", 1, 1000)])
+        ex.notify()
+        await ep.wait_sends(1)  # the first batch failed: it waits 20 s for its retry, the rest behind it
+        await clock.wait_for_sleepers(2)
+        clock.advance(11)
+        assert await ex.cleanup() == {RemovalReason.DELIVERED: 0, RemovalReason.TTL: 300}
+        assert [r.offset for r in store.references(q, 0, 1000)] == [300, 301, 302, 303, 304]
+        clock.advance(9)
+        await ep.wait_delivered(5)
+        await ex.wait_for(lambda: store.checkpoint(q).committed == 304)
+    assert bodies(ep) == [b"l%d" % i for i in range(5)]
+    assert store.removed[RemovalReason.TTL] == 300
