@@ -5,6 +5,7 @@ API the hub facade and the executors call (all on one event loop)::
     store = open_rocks_store(path, clock=clock, fsync=FsyncPolicy.ALWAYS)  # edgehub.store.rocks; or Store.in_memory()
     receipt = await store.enqueue(message, route_results)   # returns when durable (per the fsync policy)
     items = store.read(queue, from_offset, limit)           # references at or after from_offset, in order
+    items = store.read_held(queue, from_offset, limit)      # the same from memory, or None (see held_in_memory)
     await store.commit(queue, offset)                        # checkpoint: everything <= offset is delivered
     await store.remove(queue, offsets, RemovalReason.TTL)    # cleanup; a body goes with its last reference
     await store.remove_delivered(queue)                       # cleanup: everything at or below the checkpoint
