@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import base64
 import ssl
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from edgehub.core import Clock, Identity
 from edgehub.core.sas import generate_sas_token, resource_uri
@@ -21,6 +23,7 @@ from edgehub.store import QueuePolicy, Store
 from edgehub.store.rocks import open_rocks_store
 from edgehub.testing.certs import TestCA
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
+from tests.e2e.hub_process import kill_leftovers
 
 HOST = "edgehub.test"
 DEV = Identity.parse("dev1")
@@ -99,3 +102,10 @@ async def running_hub(
                 yield Rig(hub, server, store, ca)
     finally:
         await store.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_hub_left_running() -> Iterator[None]:
+    """A hub process a test started and, failing, never stopped is killed after it."""
+    yield
+    kill_leftovers()

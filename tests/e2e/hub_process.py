@@ -4,6 +4,7 @@ listens, SIGTERM to stop it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -13,6 +14,23 @@ from pathlib import Path
 from edgehub.core.sas import ConnectionString
 
 EDGEHUB = str(Path(sys.executable).parent / "edgehub")
+
+# Every hub ``start`` launched, so that one a failing test never stopped is killed after it (``kill_leftovers``,
+# an autouse fixture in conftest.py): a leftover hub keeps its port, its store and a core's share.
+_started: list[int] = []
+
+
+def kill_leftovers() -> None:
+    """SIGKILL every hub ``start`` launched that is still running (the pid still an ``edgehub run``)."""
+    while _started:
+        pid = _started.pop()
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue  # gone (or no /proc): nothing to do
+        if b"edgehub" in cmdline and b"run" in cmdline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 async def identity_add(data: Path, *args: str) -> ConnectionString:
@@ -44,6 +62,7 @@ async def start(
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, **(env or {})},
     )
+    _started.append(proc.pid)
     assert proc.stdout is not None
     lines: list[str] = []
     async with asyncio.timeout(30):
