@@ -31,15 +31,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+import msgspec
+
 from edgehub.core import FailureKind, Message
-from edgehub.core.values import fast_init
 
 __all__ = ["Endpoint", "PipelinedEndpoint", "QueuedMessage", "ReportsUnreachable", "SendResult"]
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class QueuedMessage:
+# A msgspec Struct, not a dataclass: one is built for every message, and its C __init__ takes an eighth of the
+# time of a frozen dataclass's (no reference cycles go through it, hence gc=False).
+class QueuedMessage(msgspec.Struct, frozen=True, gc=False):
     """A message as it stands in one endpoint queue."""
 
     message: Message

@@ -28,8 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
+
 from edgehub.core import Identity, Message
-from edgehub.core.values import fast_init
 
 __all__ = [
     "AuthResult",
@@ -64,9 +65,9 @@ class AuthResult:
     auth_method: str  # "sas", "x509", "password": becomes the connectionAuthMethod system property
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class Stored:
+# A msgspec Struct, not a dataclass: one is built for every message, and its C __init__ takes an eighth of the
+# time of a frozen dataclass's (no reference cycles go through it, hence gc=False).
+class Stored(msgspec.Struct, frozen=True, gc=False):
     """Routed and durable: the head may ack. ``duplicate``: a copy of a message accepted earlier inside the
     duplicate-detection window, acknowledged and dropped (the earlier copy is the stored one)."""
 
@@ -74,9 +75,9 @@ class Stored:
     duplicate: bool = False
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class Rejected:
+# A msgspec Struct, not a dataclass: one is built for every message, and its C __init__ takes an eighth of the
+# time of a frozen dataclass's (no reference cycles go through it, hence gc=False).
+class Rejected(msgspec.Struct, frozen=True, gc=False):
     """Refused at ingest; nothing was stored."""
 
     reason: str
@@ -86,9 +87,9 @@ class Rejected:
 IngestOutcome = Stored | Rejected
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class Delivery:
+# A msgspec Struct, not a dataclass: one is built for every message, and its C __init__ takes an eighth of the
+# time of a frozen dataclass's (no reference cycles go through it, hence gc=False).
+class Delivery(msgspec.Struct, frozen=True, gc=False):
     """One message for a connected client. ``input_name`` None means device-bound."""
 
     delivery_id: int

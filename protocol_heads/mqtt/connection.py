@@ -26,12 +26,13 @@ import logging
 import struct
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
+import msgspec
+
 from edgehub.core import LocalProtocolError, RemoteProtocolError
-from edgehub.core.values import fast_init
 from protocol_heads.mqtt.codec import (
     MAX_VARINT,
     MQTT_50,
@@ -186,9 +187,9 @@ class ConnectRequested:
     connect: Connect
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class MessageReceived:
+# A msgspec Struct, not a dataclass: one is built for every message, and its C __init__ takes an eighth of the
+# time of a frozen dataclass's (no reference cycles go through it, hence gc=False).
+class MessageReceived(msgspec.Struct, frozen=True, gc=False):
     """A PUBLISH for the hub. ``ticket`` is its ack slot (None for QoS 0): settle it once the hub has
     stored the message (or refused it). The topic alias, if any, is already resolved in ``publish.topic``."""
 
@@ -210,9 +211,9 @@ class UnsubscribeRequested:
     unsubscribe: Unsubscribe
 
 
-@fast_init
-@dataclass(frozen=True, slots=True)
-class DeliveryAcked:
+# A msgspec Struct, not a dataclass: one is built for every message, and its C __init__ takes an eighth of the
+# time of a frozen dataclass's (no reference cycles go through it, hence gc=False).
+class DeliveryAcked(msgspec.Struct, frozen=True, gc=False):
     """The client acknowledged an outbound QoS 1 message (``reason_code`` ≥ 0x80: it refused it)."""
 
     packet_id: int
@@ -452,7 +453,7 @@ class ServerConnection:
                 if p.topic:
                     self._aliases[alias] = p.topic
                 elif alias in self._aliases:
-                    p = replace(p, topic=self._aliases[alias])
+                    p = msgspec.structs.replace(p, topic=self._aliases[alias])
                 else:
                     raise ProtocolViolation(f"unknown topic alias {alias}")
         if not p.topic:
@@ -641,7 +642,7 @@ class ServerConnection:
         """Redeliver a session's unacknowledged messages with DUP, keeping their packet ids [MQTT-4.4.0-1]."""
         self._require(Trigger.SEND_MESSAGE)
         for packet_id, publish in inflight.items():
-            again = replace(publish, dup=True, packet_id=packet_id)
+            again = msgspec.structs.replace(publish, dup=True, packet_id=packet_id)
             self._send_publish(again)
 
     def close(self, reason_code: int = ReasonCode.UNSPECIFIED_ERROR, *, reason: str | None = None) -> None:
