@@ -184,11 +184,11 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
 )
 @click.option(
     "--cleanup-interval",
-    type=click.FloatRange(0, min_open=True),
+    type=click.FloatRange(0.1),
     default=60.0,
     show_default=True,
     metavar="SECS",
-    help="How often each endpoint's delivered and expired messages are removed from the store.",
+    help="How often each endpoint's delivered and expired messages are removed from the store (at least 0.1).",
 )
 @click.option("--upstream-mqtt", default=None, metavar="HOST:PORT", help="Deliver $upstream to this MQTT broker.")
 @click.option(

@@ -129,10 +129,10 @@ def test_run_refuses_a_module_window_out_of_range_before_serving(tmp_path: Path)
     assert not (tmp_path / "d").exists()
 
 
-def test_run_refuses_a_cleanup_interval_that_is_not_positive(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["run", "--data-dir", str(tmp_path / "d"), "--cleanup-interval", "0"])
+def test_run_refuses_a_cleanup_interval_below_a_tenth_of_a_second(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["run", "--data-dir", str(tmp_path / "d"), "--cleanup-interval", "0.05"])
     assert result.exit_code == 2
-    assert "0 is not in the range x>0" in result.output
+    assert "0.05 is not in the range x>=0.1" in result.output
     assert not (tmp_path / "d").exists()
 
 
