@@ -211,8 +211,7 @@ class UnsubscribeRequested:
     unsubscribe: Unsubscribe
 
 
-# A msgspec Struct, not a dataclass: one is built for every message, and its C __init__ takes an eighth of the
-# time of a frozen dataclass's (no reference cycles go through it, hence gc=False).
+# A msgspec Struct, as above: built for every message.
 class DeliveryAcked(msgspec.Struct, frozen=True, gc=False):
     """The client acknowledged an outbound QoS 1 message (``reason_code`` ≥ 0x80: it refused it)."""
 
