@@ -2,17 +2,33 @@
 
 ``broker`` is a real Mosquitto (the peer fixture) and ``link`` the link simulator in front of it: the upstream
 tests and the end-to-end upstream tests use both. A test module may define its own ``broker`` of another kind
-(``tests/spark_upload/test_receiver.py`` does); pytest takes the module's."""
+(``tests/spark_upload/test_receiver.py`` does); pytest takes the module's.
+
+``edgehub run`` serves on uvloop (``--event-loop``), the tests in process on asyncio's loop; the MQTT head's
+interop tests and the in-process hub end-to-end tests run on both (``pytest_asyncio_loop_factories``)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 
 import pytest
+import uvloop
 
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.peers import MosquittoPeer
+
+# Test modules whose async tests run once on each event loop edgehub can serve on.
+ON_BOTH_LOOPS = {"test_server_interop.py", "test_hub_e2e.py"}
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    if item.path.name in ON_BOTH_LOOPS:
+        return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+    return {"asyncio": asyncio.new_event_loop}
 
 
 @pytest.fixture

@@ -53,7 +53,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, cast
 
 from edgehub.core import (
     AuthenticationError,
@@ -313,8 +313,7 @@ class _Client(asyncio.BufferedProtocol):
     # --- asyncio.BufferedProtocol --------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
         self.peer = str(transport.get_extra_info("peername"))
         sock = transport.get_extra_info("socket")
         if _QUICKACK is not None and sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):

@@ -1,5 +1,6 @@
 """``edgehub identity add`` and ``edgehub run`` as processes: the printed connection string logs a paho device in
-over TLS with the CA the first start generated; SIGTERM stops the hub cleanly and a restart keeps the message."""
+over TLS with the CA the first start generated; SIGTERM stops the hub cleanly and a restart keeps the message.
+The first start serves on uvloop (the default), the restart on the standard library's loop."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ async def test_edgehub_run_serves_tls_with_its_generated_ca_and_stops_cleanly_on
     assert any("toFilter:" in line and "endpoint=/modules/f/inputs/in" in line for line in lines)
     assert any(line.startswith("created TLS certificates") for line in lines)
     assert "upstream: partitions=1 duplicate detection off" in lines
+    assert "event loop: uvloop" in lines  # the default
     ca = data / "certs" / "ca.pem"
     dev = Paho.make("dev1")
     user = f"{dev_cs.host_name}/dev1/?api-version=2021-04-12"
@@ -46,8 +48,17 @@ async def test_edgehub_run_serves_tls_with_its_generated_ca_and_stops_cleanly_on
     assert (await stop(proc)).rstrip().endswith("stopped")
 
     proc, port, lines = await start(
-        data, manifest, "--upstream-partitions", "2", "--duplicate-detection", "--duplicate-window-secs", "120"
+        data,
+        manifest,
+        "--upstream-partitions",
+        "2",
+        "--duplicate-detection",
+        "--duplicate-window-secs",
+        "120",
+        "--event-loop",
+        "asyncio",
     )
+    assert "event loop: asyncio" in lines
     assert any(line.startswith("using TLS certificates") for line in lines)
     assert "upstream: partitions=2 duplicate detection on, window 120s" in lines
     mod = Paho.make("edge/f")
