@@ -7,6 +7,7 @@ API the hub facade and the executors call (all on one event loop)::
     items = store.read(queue, from_offset, limit)           # references at or after from_offset, in order
     items = store.read_held(queue, from_offset, limit)      # the same from memory, or None (see held_in_memory)
     await store.commit(queue, offset)                        # checkpoint: everything <= offset is delivered
+                                                             # (held sole references go in the same write)
     await store.remove(queue, offsets, RemovalReason.TTL)    # cleanup; a body goes with its last reference
     await store.remove_delivered(queue)                       # cleanup: everything at or below the checkpoint
     await store.dead_letter(item, reason=..., attempts=..., error=...)
@@ -43,6 +44,8 @@ Invariants:
 * offsets of a queue only grow, across restarts: the next offset is one past the largest of the last key,
   the committed offset and the highest offset ever removed;
 * a message body is deleted in the same write batch that removes its last reference;
+* a reference is removed no earlier than the write that commits it (``commit`` removes, in that write, the
+  delivered references it holds in memory that are their message's only one; cleanup the rest);
 * ``read`` never returns a reference at or below the committed offset;
 * ``end_offset`` moves only once a write succeeded, and never past an offset whose write is still in flight
   (so a reader that reached it has seen every reference below it that will ever exist).
@@ -137,7 +140,8 @@ class RemovalReason(StrEnum):
 # A msgspec Struct, not a dataclass: one is built for every message, and its C __init__ takes an eighth of the
 # time of a frozen dataclass's (no reference cycles go through it, hence gc=False).
 class StoredItem(msgspec.Struct, frozen=True, gc=False):
-    """A reference in a queue, with its message."""
+    """A reference in a queue, with its message. ``sole_reference``: the message was stored for this queue alone
+    (its body goes with this reference); False when that is not known (read back from the database)."""
 
     queue: QueueId
     offset: int
@@ -146,6 +150,7 @@ class StoredItem(msgspec.Struct, frozen=True, gc=False):
     enqueued_at_s: float
     ttl_s: float
     size_bytes: int
+    sole_reference: bool = False
 
     @property
     def expires_at_s(self) -> float:
@@ -648,6 +653,7 @@ class Store:
         named: list[tuple[str, int]] = []
         c, b = deltas.get(STORE_WIDE, (0, 0))
         deltas[STORE_WIDE] = (c + 1, b + size)
+        sole = len(queues) == 1
         for q, (name, ttl) in queues.items():
             off = self._hand_out(q)
             refs.append((q, off))
@@ -655,7 +661,7 @@ class Store:
             c, b = deltas.get(q.endpoint, (0, 0))
             deltas[q.endpoint] = (c + 1, b + size)
             ops.append((name, pack_u64(off), encode_ref_fields(key, now, ttl, size)))
-            pending.items.append(StoredItem(q, off, message, key, now, ttl, size))
+            pending.items.append(StoredItem(q, off, message, key, now, ttl, size, sole))
         ops[body_at] = (MESSAGES, pkey, encode_message(message, named))
         pending.refs.extend(refs)
         return tuple(refs)
@@ -915,11 +921,12 @@ class Store:
                     self._recent_count -= 1
                     self._recent_bytes -= item.size_bytes + _RECENT_ITEM_BYTES
 
-    def _forget_upto(self, queue: QueueId, offset: int) -> None:
+    def _held_upto(self, queue: QueueId, offset: int) -> list[StoredItem]:
+        """The held items of ``queue`` at or below ``offset``, in offset order."""
         held = self._recent.get(queue)
-        if held:
-            gone = list(itertools.takewhile(lambda off: off <= offset, held))  # kept in offset order
-            self._forget(queue, gone)
+        if not held:
+            return []
+        return list(itertools.takewhile(lambda it: it.offset <= offset, held.values()))  # kept in offset order
 
     def read(self, queue: QueueId, from_offset: int, limit: int) -> list[StoredItem]:
         """Up to ``limit`` references at or after ``from_offset`` and after the committed offset, in order."""
@@ -1006,19 +1013,44 @@ class Store:
         unhealthy_since_s: float | None = None,
         last_revival_s: float | None = None,
     ) -> None:
-        """Record that everything up to ``offset`` is delivered, with the queue's health. Never moves back."""
+        """Record that everything up to ``offset`` is delivered, with the queue's health. Never moves back.
+
+        The references it delivers that memory still holds (``held_in_memory``) and that are their message's only
+        reference are removed in the same write, with their bodies, and counted as delivered: cleanup does not
+        have to read them back. The rest (held no longer, or sharing a body with another queue) are left to
+        ``remove_delivered``."""
         self._live()
         self._queue(queue)
         # Under the maintenance lock: a removal rewrites the same checkpoint record (its removed_high), and two
         # read-modify-writes of one record must not interleave, or a commit could be undone.
         async with self._remove_lock:
             old = self._checkpoints[queue]
-            cp = CheckpointRecord(
-                VERSION, max(old.committed, offset), unhealthy_since_s, last_revival_s, old.removed_high
-            )
-            await self._write([(CHECKPOINTS, queue.name.encode(), encode_checkpoint(cp))])
+            committed = max(old.committed, offset)
+            delivered = self._held_upto(queue, committed)
+            sole = [it for it in delivered if it.sole_reference]
+            high = max(old.removed_high, sole[-1].offset) if sole else old.removed_high
+            cp = CheckpointRecord(VERSION, committed, unhealthy_since_s, last_revival_s, high)
+            ops: list[Op] = [(CHECKPOINTS, queue.name.encode(), encode_checkpoint(cp))]
+            if sole:
+                name = queue.name
+                size = 0
+                for it in sole:
+                    ops.append((name, pack_u64(it.offset), None))
+                    ops.append((MESSAGES, pack_u64(it.message_key), None))
+                    size += it.size_bytes
+                n = len(sole)
+                deltas: Usage = {queue.endpoint: (-n, -size), STORE_WIDE: (-n, -size)}
+                await self._maint_write(ops, deltas, (RemovalReason.DELIVERED, n))
+                # Removed from the head on: cleanup's scan need not start below them.
+                hint = self._head_hint.get(queue, 0)
+                for it in sole:
+                    if it.offset == hint:
+                        hint += 1
+                self._head_hint[queue] = hint
+            else:
+                await self._write(ops)
             self._checkpoints[queue] = cp
-            self._forget_upto(queue, cp.committed)
+            self._forget(queue, [it.offset for it in delivered])
 
     # -- removal ------------------------------------------------------------------------------------------
     def _removal_ops(self, refs: Sequence[tuple[str, int, int, int]], deltas: Usage) -> list[Op]:

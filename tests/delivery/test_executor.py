@@ -292,7 +292,8 @@ async def test_message_expiring_during_a_retry_wait_is_removed_not_sent(store: S
     assert bodies(ep) == [b"long"]
     assert ep.sends == 2
     assert store.removed[RemovalReason.TTL] == 1
-    assert store.count(q) == 1  # "long", delivered, until cleanup
+    assert store.removed[RemovalReason.DELIVERED] == 1  # "long": removed with the checkpoint that delivered it
+    assert store.count(q) == 0
 
 
 async def test_reference_evicted_during_a_retry_wait_is_not_sent_again(clock: ManualClock) -> None:

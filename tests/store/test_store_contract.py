@@ -141,6 +141,8 @@ async def test_remove_delivered_takes_everything_up_to_the_checkpoint_in_chunks(
         await s.enqueue(msg(i), [RouteResult("a", 0)] + ([RouteResult("b", 0)] if i % 2 == 0 else []))
     keys = [it.message_key for it in s.read(a, 0, 10)]
     await s.remove(a, [1], RemovalReason.TTL)  # a hole below the checkpoint
+    await s.close()
+    s = store_factory()  # reopened: nothing is held in memory, so the commits below remove nothing themselves
     await s.commit(a, 4)
     assert await s.remove_delivered(a, chunk=2) == 4  # 0, 2, 3, 4: two full chunks
     assert [r.offset for r in s.references(a, 0, 10)] == [5, 6]
@@ -160,6 +162,42 @@ async def test_remove_delivered_takes_everything_up_to_the_checkpoint_in_chunks(
         assert s.removed[RemovalReason.DELIVERED] == 10
         with pytest.raises(ValueError):
             await s.remove_delivered(a, chunk=0)
+    finally:
+        await s.close()
+
+
+async def test_commit_removes_the_held_deliveries_that_are_their_messages_only_reference(
+    store_factory: StoreFactory,
+) -> None:
+    s = store_factory()
+    a, b = QueueId("a", 0), QueueId("b", 0)
+    for i in range(6):  # 1 and 4 also go to b: their references in a stay for remove_delivered
+        await s.enqueue(msg(i), [RouteResult("a", 0)] + ([RouteResult("b", 0)] if i in (1, 4) else []))
+    keys = [it.message_key for it in s.read(a, 0, 10)]
+    assert s.held_in_memory[0] == 8
+    await s.commit(a, 3)
+    assert [r.offset for r in s.references(a, 0, 10)] == [1, 4, 5]  # 0, 2, 3 gone with the commit
+    assert [s.has_message(k) for k in keys] == [False, True, False, False, True, True]
+    assert s.removed[RemovalReason.DELIVERED] == 3
+    assert s.usage("a") == (3, 3 * (len(b"m0") + len("i0")))
+    assert s.usage() == (3, 3 * (len(b"m0") + len("i0")))  # bodies: 1, 4 and 5
+    assert s.held_in_memory[0] == 4  # a's 4 and 5, b's two
+    assert [it.offset for it in s.read(a, 0, 10)] == [4, 5]
+    assert await s.remove_delivered(a) == 1  # the shared one, 1; its body stays for b
+    assert s.has_message(keys[1])
+    await s.commit(b, 0)  # b's 0 is message 1: its last reference, but not the only one it had
+    assert await s.remove_delivered(b) == 1
+    assert not s.has_message(keys[1])
+    await s.commit(a, 5)
+    assert [r.offset for r in s.references(a, 0, 10)] == [4]
+    assert s.removed[RemovalReason.DELIVERED] == 6
+    await s.close()
+    s = store_factory()  # the counts, usage and checkpoint survive a restart; the next offset does not go back
+    try:
+        assert s.removed[RemovalReason.DELIVERED] == 6
+        assert s.usage() == (1, len(b"m4") + len("i4"))  # message 4: b still holds it
+        assert s.checkpoint(a).committed == 5
+        assert (await s.enqueue(msg(6), [RouteResult("a", 0)])).refs == ((a, 6),)
     finally:
         await s.close()
 
