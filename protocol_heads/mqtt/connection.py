@@ -398,6 +398,19 @@ class ServerConnection:
                 events.append(self._fail(exc))
         return events
 
+    def receive_acks(self, data: bytes) -> list[int] | None:
+        """``receive_data`` for a read of nothing but plain PUBACKs while connected (``Decoder.puback_ids``):
+        the packet ids of the deliveries they acknowledge, as its ``DeliveryAcked`` events would have given
+        them (reason code success), without the events. None for anything else: nothing was consumed, and
+        ``receive_data`` takes the bytes."""
+        if self.state is not ConnectionState.CONNECTED:
+            return None
+        ids = self._decoder.puback_ids(data)
+        if ids is None:
+            return None
+        inflight = self._inflight
+        return [pid for pid in ids if inflight.pop(pid, None) is not None]
+
     def _handle(self, packet: Packet, events: list[Event]) -> None:
         trigger = _PACKET_TRIGGER.get(_PACKET_TYPE[type(packet)])
         if trigger is None:

@@ -310,6 +310,45 @@ def test_decoder_fuzz_raises_only_its_declared_errors(data: bytes, level: int | 
         pass
 
 
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(1, 0xFFFF).map(lambda i: b"\x40\x02" + i.to_bytes(2, "big")),  # a plain PUBACK
+            st.sampled_from([b"\x40\x03\x00\x07\x97", b"\x40\x02\x00", b"\xc0\x00", b"\x41\x02\x00\x01"]),
+            st.binary(max_size=6),
+        ),
+        max_size=6,
+    ),
+    st.sampled_from([4, MQTT_50]),
+)
+def test_puback_ids_answers_only_for_plain_pubacks_and_as_the_decoder_would(chunks: list[bytes], level: int) -> None:
+    data = b"".join(chunks)
+    fast = Decoder(protocol_level=level).puback_ids(data)
+    try:
+        packets = Decoder(protocol_level=level).receive_data(data)
+    except ALLOWED:
+        assert fast is None
+        return
+    plain = bool(data) and all(isinstance(p, PubAck) and p.reason_code == 0 for p in packets)
+    plain = plain and sum(len(encode(p, level)) for p in packets) == len(data)  # nothing left partial
+    plain = plain and all(encode(p, level) == encode(p, 4) for p in packets)  # no reason code on the wire
+    if plain:
+        assert fast == [p.packet_id for p in packets if isinstance(p, PubAck)]
+    else:
+        assert fast is None
+
+
+def test_puback_ids_leaves_reads_to_the_general_decoder_when_it_cannot_answer() -> None:
+    d = Decoder(protocol_level=4)
+    assert d.puback_ids(b"\x40\x02\x00\x01\x40\x02\x00\x02") == [1, 2]
+    assert d.receive_data(b"\x40\x02\x00") == []  # a partial PUBACK is buffered ...
+    assert d.puback_ids(b"\x03\x40\x02\x00\x04") is None  # ... so the next read is not whole PUBACKs
+    assert d.receive_data(b"\x03") == [PubAck(3)]
+    assert Decoder().puback_ids(b"\x40\x02\x00\x01") is None  # before CONNECT nothing is known
+    assert Decoder(protocol_level=4).puback_ids(b"") is None
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_decoder_fuzz_on_mutated_valid_packets_raises_only_declared_errors(data: st.DataObject) -> None:

@@ -344,6 +344,22 @@ def test_outbound_window_limits_inflight_and_pubacks_free_it() -> None:
     assert list(pair.server.inflight()) == [ids[1]]
 
 
+def test_a_read_of_plain_pubacks_settles_deliveries_without_events() -> None:
+    pair = Pair(MQTT_50, outbound_window=4)
+    assert pair.server.receive_acks(b"\x40\x02\x00\x01") is None  # not connected yet
+    pair.connect()
+    pair.received()
+    ids = [pair.server.send_message("in", bytes([i]), qos=1) for i in range(3)]
+    assert None not in ids
+    wire = b"".join(encode(PubAck(i), MQTT_50) for i in [ids[1], 999, ids[0]])  # 999 was never sent
+    assert pair.server.receive_acks(wire) == [ids[1], ids[0]]
+    assert list(pair.server.inflight()) == [ids[2]]
+    assert pair.server.window_free == 3
+    refused = encode(PubAck(ids[2], 0x80), MQTT_50)  # a reason code: the general way, as an event
+    assert pair.server.receive_acks(refused) is None
+    assert pair.server.receive_data(refused) == [DeliveryAcked(ids[2], 0x80)]
+
+
 def test_client_receive_maximum_narrows_the_outbound_window() -> None:
     pair = Pair(MQTT_50, outbound_window=16)
     pair.connect(properties=Properties({PropertyId.RECEIVE_MAXIMUM: 3}))
