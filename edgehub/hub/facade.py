@@ -249,10 +249,12 @@ class EdgeHub:
         await asyncio.shield(task)
 
     async def ingest(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:
-        if len(messages) == 1:
-            return [await self._ingest_one(identity, messages[0])]
         if self._dedup is not None:  # each message claims its id in the duplicate window, one after the other
+            if len(messages) == 1:
+                return [await self._ingest_one(identity, messages[0])]
             return await self._ingest_in_turn(identity, messages)
+        # One message too: a group of one is most groups of a publisher that waits for its acks (paho sends the
+        # first message after an ack burst alone), and the group path awaits one write, not a gather of futures.
         return await self._ingest_group(identity, messages)
 
     async def _ingest_group(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:

@@ -70,11 +70,9 @@ class _Batch:
         self.future = future
 
 
-@dataclass(slots=True)
-class _Pending:
-    delivery: Delivery
-    batch: _Batch
-    index: int
+# A delivery waiting or in flight: (delivery, its batch, its index in the batch). A tuple, not a class: one is
+# made for every message delivered to a module.
+_Pending = tuple[Delivery, _Batch, int]
 
 
 @dataclass(slots=True)
@@ -87,9 +85,9 @@ class _Mailbox:
 
 
 def _settle(p: _Pending, outcome: _Outcome) -> None:
-    batch = p.batch
-    if batch.outcomes[p.index] is None and not batch.future.done():
-        batch.outcomes[p.index] = outcome
+    _, batch, index = p
+    if batch.outcomes[index] is None and not batch.future.done():
+        batch.outcomes[index] = outcome
         batch.remaining -= 1
         if batch.remaining == 0:
             batch.future.set_result(None)
@@ -166,9 +164,11 @@ class ModuleMailboxes:
         if box.link is None:
             return SendResult.all_failed(batch, FailureKind.TRANSIENT, f"module {module_id} is not connected")
         batch_state = _Batch(len(batch), asyncio.get_running_loop().create_future())
-        for i, qm in enumerate(batch):
-            d = Delivery(next(self._ids), qm.message, input_name, redelivery=qm.attempts > 0)
-            box.waiting.append(_Pending(d, batch_state, i))
+        ids = self._ids
+        box.waiting.extend(
+            (Delivery(next(ids), qm.message, input_name, redelivery=qm.attempts > 0), batch_state, i)
+            for i, qm in enumerate(batch)
+        )
         self._pump(box)
         try:
             if batch:
@@ -203,11 +203,12 @@ class ModuleMailboxes:
         waiting, inflight = box.waiting, box.inflight
         while waiting and free > 0:
             p = waiting[0]
-            if p.batch.future.cancelled():  # its batch was cancelled
+            delivery, batch, _ = p
+            if batch.future.cancelled():  # its batch was cancelled
                 waiting.popleft()
                 continue
             try:
-                link.send(p.delivery)
+                link.send(delivery)
             except DeliveryError as exc:
                 if exc.kind is FailureKind.PERMANENT:
                     waiting.popleft()
@@ -215,7 +216,7 @@ class ModuleMailboxes:
                     continue
                 return  # the link is not ready yet: link_ready pumps again
             waiting.popleft()
-            inflight[p.delivery.delivery_id] = p
+            inflight[delivery.delivery_id] = p
             free -= 1
 
 
