@@ -637,14 +637,25 @@ class ServerConnection:
             raise LocalProtocolError(f"outbound QoS {qos}: the head sends QoS 0 and 1 only")
         packet_id = None
         if qos == 1:
-            if self.window_free == 0:
+            inflight = self._inflight
+            if len(inflight) >= min(self.outbound_window, self._peer_receive_maximum):
                 raise LocalProtocolError("outbound window full")
-            packet_id = self._allocate_packet_id()
+            packet_id = self._next_packet_id
+            if packet_id in inflight:
+                packet_id = self._allocate_packet_id()
+            else:
+                self._next_packet_id = packet_id % 0xFFFF + 1
             v5 = self.protocol_level == MQTT_50
             if properties is NO_PROPERTIES or not v5:
-                # The module deliveries' path: the bytes without building them through encode()'s dispatch.
+                # The module deliveries' path (one call per message delivered): the bytes without building them
+                # through encode()'s dispatch, and _send_publish's bookkeeping in line.
                 wire = encode_qos1_publish(topic, payload, packet_id, dup=dup, v5=v5)
-                self._send_publish(Publish(topic, payload, 1, False, dup, packet_id, NO_PROPERTIES), wire)
+                if len(wire) > self._peer_max_packet_size:
+                    raise PeerPacketTooLarge(
+                        f"PUBLISH of {len(wire)} bytes over the client's {self._peer_max_packet_size}"
+                    )
+                inflight[packet_id] = Publish(topic, payload, 1, False, dup, packet_id, NO_PROPERTIES)
+                self._out += wire
                 return packet_id
         publish = Publish(topic, payload, qos, False, dup, packet_id, properties if self.v5 else NO_PROPERTIES)
         self._send_publish(publish)
