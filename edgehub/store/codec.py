@@ -7,7 +7,7 @@ Keys are big-endian u64 so that RocksDB's byte order is numeric order. A version
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import msgspec
@@ -38,8 +38,8 @@ _U64 = struct.Struct(">Q")
 _V = TypeVar("_V")
 
 
-def pack_u64(n: int) -> bytes:
-    return _U64.pack(n)
+# The struct's own method, not a function around it: four calls per message stored and delivered.
+pack_u64: Callable[[int], bytes] = _U64.pack
 
 
 def unpack_u64(b: bytes) -> int:

@@ -158,15 +158,7 @@ class RocksBackend:
         self._live()
         if self._failed:
             self._recover()
-        for family, _, _ in ops:
-            if family not in self._cfs:
-                self.ensure_family(family)
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        for family, key, value in ops:
-            if value is None:
-                batch.delete(key, self._handles[family])
-            else:
-                batch.put(key, value, self._handles[family])
+        batch = self._batch(ops)
         try:
             self._db.write(batch, self._nosync)
             if sync:
@@ -177,6 +169,23 @@ class RocksBackend:
             log.warning("store.write_failed path=%s error=%s", self._path, exc)
             self._failed = True
             raise StorageIOError(f"write to {self._path} failed: {exc}") from exc
+
+    def _batch(self, ops: Sequence[Op]) -> rocksdict.WriteBatch:
+        """The write batch of ``ops``, in one pass (two or three ops per message stored). A function of its own:
+        its locals hold column family handles, which keep the database open, and a failed write's traceback
+        must not (``_recover`` reopens it)."""
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        handles = self._handles
+        for family, key, value in ops:
+            handle = handles.get(family)
+            if handle is None:
+                self.ensure_family(family)
+                handle = handles[family]
+            if value is None:
+                batch.delete(key, handle)
+            else:
+                batch.put(key, value, handle)
+        return batch
 
     def sync_wal(self) -> None:
         self._live()
