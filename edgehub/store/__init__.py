@@ -6,7 +6,7 @@ imports rocksdict, and this package does not import it (so layers above never lo
 See ``edgehub.store.store`` for the API the hub and the executors call, and its invariants.
 """
 
-from edgehub.store.backend import Backend, MemoryBackend
+from edgehub.store.backend import Backend, DeleteTo, MemoryBackend
 from edgehub.store.group_commit import GroupCommitter
 from edgehub.store.policy import DEFAULT_MAX_MESSAGE_SIZE_BYTES, Overflow, QueuePolicy, StoreQuota
 from edgehub.store.queues import (
@@ -34,6 +34,7 @@ __all__ = [
     "Backend",
     "Checkpoint",
     "DeadLetter",
+    "DeleteTo",
     "EnqueueReceipt",
     "FsyncPolicy",
     "GroupCommitter",

@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from edgehub.core import StoreClosedError
 
-__all__ = ["Backend", "MemoryBackend", "Op"]
+__all__ = ["Backend", "DeleteTo", "MemoryBackend", "Op"]
 
-# (family, key, value): value None deletes the key.
-Op = tuple[str, bytes, bytes | None]
+
+class DeleteTo(NamedTuple):
+    """An op's value that deletes every key of its family from the op's key up to ``end`` (excluded): one range
+    deletion instead of a deletion per key (the store removes a commit's delivered references and bodies so,
+    when their keys are consecutive)."""
+
+    end: bytes
+
+
+# (family, key, value): value None deletes the key; DeleteTo(end) deletes [key, end).
+Op = tuple[str, bytes, bytes | DeleteTo | None]
 
 
 class Backend(Protocol):
@@ -92,6 +101,11 @@ class MemoryBackend:
             if value is None:
                 if d.pop(key, None) is not None:
                     del keys[bisect.bisect_left(keys, key)]
+            elif isinstance(value, DeleteTo):
+                lo, hi = bisect.bisect_left(keys, key), bisect.bisect_left(keys, value.end)
+                for k in keys[lo:hi]:
+                    del d[k]
+                del keys[lo:hi]
             else:
                 if key not in d:
                     bisect.insort(keys, key)

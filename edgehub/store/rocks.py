@@ -26,7 +26,7 @@ from typing import Any
 import rocksdict
 
 from edgehub.core import StorageIOError, StoreClosedError, StoreError
-from edgehub.store.backend import Op
+from edgehub.store.backend import DeleteTo, Op
 from edgehub.store.store import Store
 
 __all__ = ["RocksBackend", "open_rocks_store"]
@@ -183,6 +183,8 @@ class RocksBackend:
                 handle = handles[family]
             if value is None:
                 batch.delete(key, handle)
+            elif isinstance(value, DeleteTo):
+                batch.delete_range(key, value.end, handle)
             else:
                 batch.put(key, value, handle)
         return batch

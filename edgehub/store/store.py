@@ -77,7 +77,7 @@ from edgehub.core import (
     SystemProperty,
     utc_from_epoch,
 )
-from edgehub.store.backend import Backend, MemoryBackend, Op
+from edgehub.store.backend import Backend, DeleteTo, MemoryBackend, Op
 from edgehub.store.codec import (
     VERSION,
     CheckpointRecord,
@@ -244,6 +244,15 @@ _ONE_ROUTE_CACHE_SIZE = 256
 _RECENT_MAX = 16384
 _RECENT_MAX_BYTES = 16 << 20
 _RECENT_ITEM_BYTES = 1024
+
+
+def _deletions(family: str, keys: list[int]) -> list[Op]:
+    """Ops deleting these u64 keys (ascending, distinct) of ``family``: one range deletion when they are
+    consecutive (a commit's delivered references are, and so are their bodies' keys when one queue is being
+    fed), else one deletion per key."""
+    if keys[-1] - keys[0] + 1 == len(keys):
+        return [(family, pack_u64(keys[0]), DeleteTo(pack_u64(keys[-1] + 1)))]
+    return [(family, pack_u64(k), None) for k in keys]
 
 
 def _charged_size(message: Message) -> int:
@@ -1032,12 +1041,9 @@ class Store:
             cp = CheckpointRecord(VERSION, committed, unhealthy_since_s, last_revival_s, high)
             ops: list[Op] = [(CHECKPOINTS, queue.name.encode(), encode_checkpoint(cp))]
             if sole:
-                name = queue.name
-                size = 0
-                for it in sole:
-                    ops.append((name, pack_u64(it.offset), None))
-                    ops.append((MESSAGES, pack_u64(it.message_key), None))
-                    size += it.size_bytes
+                ops += _deletions(queue.name, [it.offset for it in sole])
+                ops += _deletions(MESSAGES, [it.message_key for it in sole])
+                size = sum(it.size_bytes for it in sole)
                 n = len(sole)
                 deltas: Usage = {queue.endpoint: (-n, -size), STORE_WIDE: (-n, -size)}
                 await self._maint_write(ops, deltas, (RemovalReason.DELIVERED, n))

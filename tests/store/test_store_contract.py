@@ -202,6 +202,28 @@ async def test_commit_removes_the_held_deliveries_that_are_their_messages_only_r
         await s.close()
 
 
+async def test_commit_removes_a_run_of_consecutive_deliveries_and_nothing_around_it(store: Store) -> None:
+    a, b = QueueId("a", 0), QueueId("b", 0)
+    for i in range(4):  # bodies 0-3 for a, then 4 for b, then 5-8 for a: a's offsets 0-7 are consecutive
+        await store.enqueue(msg(i), [RouteResult("a", 0)])
+    await store.enqueue(msg(9), [RouteResult("b", 0)])
+    for i in range(4, 8):
+        await store.enqueue(msg(i), [RouteResult("a", 0)])
+    a_keys = [it.message_key for it in store.read(a, 0, 10)]
+    (b_item,) = store.read(b, 0, 10)
+    await store.commit(a, 2)  # offsets 0-2, bodies 0-2: both consecutive
+    assert [r.offset for r in store.references(a, 0, 10)] == [3, 4, 5, 6, 7]
+    assert [store.has_message(k) for k in a_keys] == [False] * 3 + [True] * 5
+    await store.commit(a, 6)  # offsets 3-6 are consecutive, their bodies (3, 5, 6, 7) are not: b's 4 is between
+    assert [r.offset for r in store.references(a, 0, 10)] == [7]
+    assert [store.has_message(k) for k in a_keys] == [False] * 7 + [True]
+    assert store.has_message(b_item.message_key)
+    assert [it.message.body for it in store.read(b, 0, 10)] == [b"m9"]
+    assert store.usage("a") == (1, len(b"m7") + len("i7"))
+    assert store.usage() == (2, 2 * (len(b"m7") + len("i7")))
+    assert store.removed[RemovalReason.DELIVERED] == 7
+
+
 async def test_dead_letters_are_listed_requeued_and_purged(store: Store) -> None:
     q = QueueId("up", 2)
     await store.enqueue(msg(1), [RouteResult("up", 2)])
