@@ -71,8 +71,9 @@ from edgehub.core import (
     SystemProperty,
 )
 from edgehub.hub import Credentials, Delivery, Hub, Rejected
-from protocol_heads.mqtt.codec import NO_PROPERTIES, Connect, Properties, PropertyId, Publish, ReasonCode
+from protocol_heads.mqtt.codec import MQTT_50, NO_PROPERTIES, Connect, Properties, PropertyId, Publish, ReasonCode
 from protocol_heads.mqtt.connection import (
+    ConnectionState,
     ConnectRequested,
     DeliveryAcked,
     Disconnected,
@@ -240,7 +241,7 @@ class _Link:
     def send(self, delivery: Delivery) -> None:
         client = self._client
         conn = client.conn
-        if conn.closed or client.identity is None:
+        if conn.state is ConnectionState.CLOSED or client.identity is None:
             raise DeliveryError("client is not connected", endpoint=client.peer, kind=FailureKind.TRANSIENT)
         m = delivery.message
         if delivery.input_name is None:
@@ -248,7 +249,7 @@ class _Link:
         else:
             topic = module_input_topic(client.identity, delivery.input_name, m)
         props = NO_PROPERTIES  # a 3.1.1 client gets the topic's property bag only
-        if conn.v5:
+        if conn.protocol_level == MQTT_50:
             values: dict[PropertyId, int | str | bytes] = {}
             ct = m.system_properties.get(SystemProperty.CONTENT_TYPE)
             if ct:
@@ -266,7 +267,8 @@ class _Link:
         assert packet_id is not None
         self.pending[packet_id] = delivery.delivery_id
         # The hub sends a window of deliveries at a time: one write for all of them, not a syscall each.
-        client.schedule_flush()
+        if not client._flush_scheduled:
+            client.schedule_flush()
 
 
 class _Client(asyncio.BufferedProtocol):
