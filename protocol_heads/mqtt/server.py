@@ -334,24 +334,11 @@ class _Client(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         data = bytes(self.server._read_buffer[:nbytes])
-        if self.link.pending:  # deliveries wait for acks
-            if self._quickack is not None:  # see the module docstring
-                try:
-                    self._quickack()
-                except OSError:
-                    pass  # the peer is gone: the read's handling finds out
-            if self._live:
-                # A read of nothing but PUBACKs (most reads of a module that is being delivered to) skips the
-                # event objects and the dispatch: it only settles deliveries.
-                acked = self.conn.receive_acks(data)
-                if acked is not None:
-                    self._last_read = self._loop.time()
-                    try:
-                        self._on_acks(acked)
-                    except Exception:
-                        log.exception("mqtt.client_crashed peer=%s", self.peer)
-                        self._finish()
-                    return
+        if self._quickack is not None and self.link.pending:  # deliveries wait for acks (module docstring)
+            try:
+                self._quickack()
+            except OSError:
+                pass  # the peer is gone: the read's handling finds out
         self._received(data)
 
     def _on_acks(self, packet_ids: list[int]) -> None:
@@ -457,6 +444,13 @@ class _Client(asyncio.BufferedProtocol):
         return data
 
     def _on_data(self, data: bytes) -> None:
+        if self.link.pending:
+            # A read of nothing but PUBACKs (most reads of a module that is being delivered to) skips the event
+            # objects and the dispatch: it only settles deliveries.
+            acked = self.conn.receive_acks(data)
+            if acked is not None:
+                self._on_acks(acked)
+                return
         self._dispatch(self.conn.receive_data(data))
         if self.conn.closed:
             self._finish()
