@@ -148,6 +148,7 @@ _UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]*")
 # a look-up being cheaper than either. Bounded: cleared when full (unique values, such as message ids, pass).
 _QUOTED: dict[str, str] = {}
 _QUOTED_MAX = 4096
+_SYSTEM_PARTS: dict[tuple[str, str], str] = {}
 
 
 def _quote_value(text: str) -> str:
@@ -166,10 +167,19 @@ def encode_property_bag(
     """The bag for these system properties (only those with a ``$.`` key, less ``skip``) and application
     properties."""
     parts: list[str] = []
-    for name, value in system.items():
-        key = _QUOTED_KEY_OF.get(name)
-        if key is not None and name != skip:
-            parts.append(f"{key}={_quote_value(value)}")
+    key_of, known = _QUOTED_KEY_OF, _SYSTEM_PARTS
+    for item in system.items():
+        name = item[0]
+        if name in key_of and name != skip:
+            # "key=value" remembered whole per (name, value): device ids, auth methods and content types recur
+            # on every message of a device (bounded like _QUOTED; unique values such as message ids pass).
+            part = known.get(item)
+            if part is None:
+                part = f"{key_of[name]}={_quote_value(item[1])}"
+                if len(known) >= _QUOTED_MAX:
+                    known.clear()
+                known[item] = part
+            parts.append(part)
     for name, app_value in properties.items():
         if app_value is None:
             parts.append(_quote_value(name))
