@@ -257,6 +257,18 @@ class Router:
             if len(self._by_source) >= _SOURCE_CACHE_SIZE:
                 self._by_source.clear()
             self._by_source[message.source] = routes
+        if len(routes) == 1:  # one route for this source, the usual case: no choosing between results
+            name, condition, result = routes[0]
+            if condition is None:
+                return [result]
+            v = condition(EvalContext(message))
+            if v is True:
+                return [result]
+            if v is not False and v is not None:
+                self._undefined(message, [name])
+            return []
+        if not routes:
+            return []
         ctx = EvalContext(message)
         best: dict[str, RouteResult] = {}
         undefined: list[str] | None = None
@@ -273,12 +285,15 @@ class Router:
             if old is None or _better(result, old):
                 best[result.endpoint] = result
         if undefined is not None:
-            # Counted always; logged once per message, and only when debug is on (it is the common case
-            # for a route whose property is missing, so a call per route would cost more than the routing).
-            self.undefined_count += len(undefined)
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("route.undefined routes=%s source=%s", ",".join(undefined), message.source)
+            self._undefined(message, undefined)
         return list(best.values())
+
+    def _undefined(self, message: Message, names: list[str]) -> None:
+        # Counted always; logged once per message, and only when debug is on (it is the common case for a route
+        # whose property is missing, so a call per route would cost more than the routing).
+        self.undefined_count += len(names)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("route.undefined routes=%s source=%s", ",".join(names), message.source)
 
     def explain(self, message: Message) -> list[RouteVerdict]:
         """Each route's verdict on ``message`` and why."""

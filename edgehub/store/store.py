@@ -657,13 +657,23 @@ class Store:
         self._next_message_key = key + 1
         pkey = pack_u64(key)
         ops = pending.ops
+        c, b = deltas.get(STORE_WIDE, (0, 0))
+        deltas[STORE_WIDE] = (c + 1, b + size)
+        if len(queues) == 1:  # one route, the usual case: the loop below without its lists
+            for q, (name, ttl) in queues.items():
+                off = self._hand_out(q)
+                c, b = deltas.get(q.endpoint, (0, 0))
+                deltas[q.endpoint] = (c + 1, b + size)
+                ops.append((MESSAGES, pkey, encode_message(message, [(name, off)])))
+                ops.append((name, pack_u64(off), encode_ref_fields(key, now, ttl, size)))
+                pending.items.append(StoredItem(q, off, message, key, now, ttl, size, True))
+                ref = (q, off)
+                pending.refs.append(ref)
+                return (ref,)
         body_at = len(ops)
         ops.append((MESSAGES, pkey, b""))  # the body goes first; encoded below, once refs are known
         refs: list[tuple[QueueId, int]] = []
         named: list[tuple[str, int]] = []
-        c, b = deltas.get(STORE_WIDE, (0, 0))
-        deltas[STORE_WIDE] = (c + 1, b + size)
-        sole = len(queues) == 1
         for q, (name, ttl) in queues.items():
             off = self._hand_out(q)
             refs.append((q, off))
@@ -671,7 +681,7 @@ class Store:
             c, b = deltas.get(q.endpoint, (0, 0))
             deltas[q.endpoint] = (c + 1, b + size)
             ops.append((name, pack_u64(off), encode_ref_fields(key, now, ttl, size)))
-            pending.items.append(StoredItem(q, off, message, key, now, ttl, size, sole))
+            pending.items.append(StoredItem(q, off, message, key, now, ttl, size, False))
         ops[body_at] = (MESSAGES, pkey, encode_message(message, named))
         pending.refs.extend(refs)
         return tuple(refs)
