@@ -1005,19 +1005,33 @@ def _encode_publish(packet: Publish, v5: bool) -> bytes:
     return _fixed_header(0x30 | (packet.dup << 3) | (qos << 1) | int(packet.retain), len(body)) + body
 
 
+# Topic -> its encoded length and bytes, for encode_qos1_publish (bounded; cleared when full).
+_TOPIC_NAMES: dict[str, bytes] = {}
+
+
 def encode_qos1_publish(topic: str, payload: bytes, packet_id: int, *, dup: bool = False, v5: bool = False) -> bytes:
     """The bytes ``encode(Publish(topic, payload, 1, False, dup, packet_id), level)`` gives, without building the
     packet: a QoS 1 PUBLISH with no properties, how the hub delivers to modules (one per message)."""
-    raw = topic.encode("utf-8")
-    n = len(raw)
-    if n > _MAX_U16:
-        raise LocalProtocolError(f"string of {n} bytes is too long for MQTT")
     if not 0 < packet_id <= _MAX_U16:
         raise LocalProtocolError(f"packet identifier {packet_id} out of range")
-    head = _U16.pack(n) + raw + _U16.pack(packet_id)
-    if v5:
-        head += b"\x00"  # no properties
-    return _fixed_header(0x3A if dup else 0x32, len(head) + len(payload)) + head + payload
+    name = _TOPIC_NAMES.get(topic)  # the topic's length and bytes: topics recur (one per module input and bag)
+    if name is None:
+        raw = topic.encode("utf-8")
+        if len(raw) > _MAX_U16:
+            raise LocalProtocolError(f"string of {len(raw)} bytes is too long for MQTT")
+        name = _U16.pack(len(raw)) + raw
+        if len(_TOPIC_NAMES) >= _TOPIC_CACHE_SIZE:
+            _TOPIC_NAMES.clear()
+        _TOPIC_NAMES[topic] = name
+    length = len(name) + (3 if v5 else 2) + len(payload)
+    first = 0x3A if dup else 0x32
+    if length < 0x80:  # _fixed_header in line for the lengths a delivery has
+        header = bytes((first, length))
+    elif length < 0x4000:
+        header = bytes((first, (length & 0x7F) | 0x80, length >> 7))
+    else:
+        header = _fixed_header(first, length)
+    return b"".join((header, name, _U16.pack(packet_id), b"\x00" if v5 else b"", payload))
 
 
 def _encode_connect(c: Connect) -> bytes:
