@@ -265,8 +265,9 @@ def v311_connack_code(reason: int) -> int:
     return table.get(reason, 0x05)
 
 
-@dataclass(slots=True)
-class _AckSlot:
+# A msgspec Struct (mutable: settling sets its reason), not a dataclass: one per inbound QoS 1 message, and its C
+# __init__ is the cheaper one. Only ints and strings in it: gc=False.
+class _AckSlot(msgspec.Struct, gc=False):
     ticket: int
     qos: int
     packet_id: int
