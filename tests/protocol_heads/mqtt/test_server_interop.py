@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from pathlib import Path
 from urllib.parse import quote
 
 import paho.mqtt.client as mqtt
@@ -522,3 +523,27 @@ async def test_a_client_that_talks_within_its_keepalive_stays_connected(head: Mq
             assert [type(p) for p in packets] == [PingResp]
     writer.close()
     await writer.wait_closed()
+
+
+async def test_connections_that_come_and_go_leave_no_descriptor_behind(head: MqttServer) -> None:
+    """Each connection holds a second descriptor of its socket (for TCP_QUICKACK); it goes with the connection."""
+    fds = Path("/proc/self/fd")  # Linux, as the hub's gateways are
+
+    async def session() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", head.ports["tcp"])
+        writer.write(encode(Connect("plain", username="plain", password=b"secret"), 4))
+        async with asyncio.timeout(10):
+            assert await reader.readexactly(4) == b"\x20\x02\x00\x00"  # CONNACK accepted
+        writer.close()
+        await writer.wait_closed()
+
+    await session()  # whatever the first connection opens once (the loop's own machinery)
+    async with asyncio.timeout(10):
+        while head.connected:
+            await asyncio.sleep(0.01)
+    before = len(list(fds.iterdir()))
+    for _ in range(20):
+        await session()
+    async with asyncio.timeout(10):
+        while head.connected or len(list(fds.iterdir())) > before:
+            await asyncio.sleep(0.01)
