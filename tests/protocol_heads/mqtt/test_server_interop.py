@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from pathlib import Path
+import os
+from collections.abc import Callable
 from urllib.parse import quote
 
 import paho.mqtt.client as mqtt
@@ -525,9 +526,19 @@ async def test_a_client_that_talks_within_its_keepalive_stays_connected(head: Mq
     await writer.wait_closed()
 
 
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))  # Linux, as the hub's gateways are
+
+
+async def polled(condition: Callable[[], bool]) -> None:
+    """Until ``condition()`` holds (10 s at most): nothing signals that a connection's descriptors are closed."""
+    async with asyncio.timeout(10):
+        while not condition():  # noqa: ASYNC110 (no event to wait for; polled, bounded)
+            await asyncio.sleep(0.01)
+
+
 async def test_connections_that_come_and_go_leave_no_descriptor_behind(head: MqttServer) -> None:
     """Each connection holds a second descriptor of its socket (for TCP_QUICKACK); it goes with the connection."""
-    fds = Path("/proc/self/fd")  # Linux, as the hub's gateways are
 
     async def session() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", head.ports["tcp"])
@@ -538,12 +549,8 @@ async def test_connections_that_come_and_go_leave_no_descriptor_behind(head: Mqt
         await writer.wait_closed()
 
     await session()  # whatever the first connection opens once (the loop's own machinery)
-    async with asyncio.timeout(10):
-        while head.connected:
-            await asyncio.sleep(0.01)
-    before = len(list(fds.iterdir()))
+    await polled(lambda: not head.connected)
+    before = open_descriptors()
     for _ in range(20):
         await session()
-    async with asyncio.timeout(10):
-        while head.connected or len(list(fds.iterdir())) > before:
-            await asyncio.sleep(0.01)
+    await polled(lambda: not head.connected and open_descriptors() <= before)
