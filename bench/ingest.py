@@ -214,12 +214,10 @@ def m2m(
     return count / (t1 - t0), lat[len(lat) // 2] * 1e3, lat[int(len(lat) * 0.99)] * 1e3, (cpu1 - cpu0) / count * 1e6
 
 
-def run_edgehub(work: Path, args: argparse.Namespace) -> dict[str, float]:
-    data = work / "edgehub"
-    manifest = work / "manifest.json"
-    manifest.write_text(json.dumps(MANIFEST))
+def add_identities(data: Path, idents: list[str]) -> dict[str, str]:
+    """``edgehub identity add`` for each ``device`` or ``device/module``: their connection strings."""
     creds: dict[str, str] = {}
-    for ident in [f"pub{i}" for i in range(args.publishers)] + ["edge/sink", "edge/src"]:
+    for ident in idents:
         device, _, module = ident.partition("/")
         extra = ["--module", module] if module else []
         out = subprocess.run(
@@ -229,31 +227,50 @@ def run_edgehub(work: Path, args: argparse.Namespace) -> dict[str, float]:
             text=True,
         )
         creds[ident] = out.stdout.strip()
+    return creds
+
+
+def hub_run_args(manifest: Path, data: Path, port: int) -> list[str]:
+    """``edgehub run``'s arguments here: plain MQTT on ``port``, the same outbound window as Mosquitto's
+    max_inflight_messages (so both deliver alike), cleanup every ``CLEANUP_S``."""
+    return [
+        "run",
+        "--manifest",
+        str(manifest),
+        "--data-dir",
+        str(data),
+        "--mqtt-port",
+        str(port),
+        "--mqtts-port",
+        "0",
+        "--module-window",
+        str(MODULE_WINDOW),
+        "--cleanup-interval",
+        str(CLEANUP_S),
+    ]
+
+
+def mosquitto_conf(work: Path, port: int, *extra: str) -> Path:
+    """Mosquitto's configuration for these benchmarks: persistence on, the hub's delivery window."""
+    conf = work / "mosquitto.conf"
+    (work / "mosq").mkdir()
+    conf.write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {work / 'mosq'}/\n"
+        f"max_inflight_messages {MODULE_WINDOW}\nmax_queued_messages 100000\n" + "".join(f"{line}\n" for line in extra)
+    )
+    return conf
+
+
+def run_edgehub(work: Path, args: argparse.Namespace) -> dict[str, float]:
+    data = work / "edgehub"
+    manifest = work / "manifest.json"
+    manifest.write_text(json.dumps(MANIFEST))
+    creds = add_identities(data, [f"pub{i}" for i in range(args.publishers)] + ["edge/sink", "edge/src"])
     port = free_port()
     # EDGEHUB_BENCH_PROFILE=FILE runs the hub under pyinstrument (text report to FILE) to see where CPU goes.
     profile = os.environ.get("EDGEHUB_BENCH_PROFILE")
     prefix = [sys.executable, "-m", "pyinstrument", "-o", profile, EDGEHUB] if profile else [EDGEHUB]
-    proc = subprocess.Popen(
-        [
-            *prefix,
-            "run",
-            "--manifest",
-            str(manifest),
-            "--data-dir",
-            str(data),
-            "--mqtt-port",
-            str(port),
-            "--mqtts-port",
-            "0",
-            # The same outbound window as mosquitto's max_inflight_messages below, so both deliver alike.
-            "--module-window",
-            str(MODULE_WINDOW),
-            "--cleanup-interval",
-            str(CLEANUP_S),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    proc = subprocess.Popen([*prefix, *hub_run_args(manifest, data, port)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -283,12 +300,7 @@ async def messages_left(data: Path) -> int:
 
 def run_mosquitto(work: Path, args: argparse.Namespace) -> dict[str, float]:
     port = free_port()
-    conf = work / "mosquitto.conf"
-    (work / "mosq").mkdir()
-    conf.write_text(
-        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {work / 'mosq'}/\n"
-        f"max_inflight_messages {MODULE_WINDOW}\nmax_queued_messages 100000\n"
-    )
+    conf = mosquitto_conf(work, port)
     proc = subprocess.Popen(
         [shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)], stderr=subprocess.DEVNULL
     )

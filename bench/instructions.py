@@ -32,7 +32,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.ingest import EDGEHUB, MANIFEST, Sink, free_port, publisher
+from bench.ingest import (
+    EDGEHUB,
+    MANIFEST,
+    Sink,
+    add_identities,
+    free_port,
+    hub_run_args,
+    mosquitto_conf,
+    publisher,
+)
 from edgehub.core.sas import ConnectionString
 
 SETTLE_S = 1.5  # after the last receipt: the hub's cleanup (every 0.5 s here) runs inside the count
@@ -80,30 +89,9 @@ def run_edgehub(work: Path, args: argparse.Namespace) -> float:
     data = work / "edgehub"
     manifest = work / "manifest.json"
     manifest.write_text(json.dumps(MANIFEST))
-    creds: dict[str, str] = {}
-    for ident in [f"pub{i}" for i in range(args.publishers)] + ["edge/sink"]:
-        device, _, module = ident.partition("/")
-        extra = ["--module", module] if module else []
-        out = subprocess.run(
-            [EDGEHUB, "identity", "add", device, *extra, "--data-dir", str(data)],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        creds[ident] = out.stdout.strip()
+    creds = add_identities(data, [f"pub{i}" for i in range(args.publishers)] + ["edge/sink"])
     port = free_port()
-    cmd = [
-        sys.executable,
-        EDGEHUB,
-        "run",
-        "--manifest",
-        str(manifest),
-        "--data-dir",
-        str(data),
-        "--mqtt-port",
-        str(port),
-    ]
-    cmd += ["--mqtts-port", "0", "--module-window", "64", "--cleanup-interval", "0.5"]
+    cmd = [sys.executable, EDGEHUB, *hub_run_args(manifest, data, port)]
     proc = subprocess.Popen(
         _valgrind(work / "hub.cg", *cmd), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
@@ -120,14 +108,8 @@ def run_edgehub(work: Path, args: argparse.Namespace) -> float:
 
 def run_mosquitto(work: Path, args: argparse.Namespace) -> float:
     port = free_port()
-    conf = work / "mosquitto.conf"
-    (work / "mosq").mkdir()
-    conf.write_text(
-        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {work / 'mosq'}/\n"
-        "max_inflight_messages 64\nmax_queued_messages 100000\n"
-        # No privilege drop: callgrind_control talks to the process it started, as the same user.
-        f"user {getpass.getuser()}\n"
-    )
+    # No privilege drop: callgrind_control talks to the process it started, as the same user.
+    conf = mosquitto_conf(work, port, f"user {getpass.getuser()}")
     mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     proc = subprocess.Popen(_valgrind(work / "mosq.cg", mosquitto, "-c", str(conf)), stderr=subprocess.DEVNULL)
     try:

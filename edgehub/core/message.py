@@ -12,7 +12,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -113,8 +113,9 @@ class Message:
         merged.update(updates)
         return Message(body=self.body, properties=self.properties, system_properties=merged)
 
-    def size_bytes(self) -> int:
-        """Body plus property names and values, in UTF-8: what quotas and maxMessageSizeBytes count."""
+    def size_bytes(self, *, leaving_out: Container[str] = ()) -> int:
+        """Body plus property names and values, in UTF-8: what quotas and maxMessageSizeBytes count.
+        ``leaving_out``: system properties not counted (the store's own stamps, for one)."""
         # An ASCII string's UTF-8 length is its length (checked in C, without encoding it).
         n = len(self.body)
         for k, v in self.properties.items():
@@ -122,7 +123,8 @@ class Message:
             if v is not None:
                 n += len(v) if v.isascii() else len(v.encode())
         for k, v in self.system_properties.items():  # the keys are SystemProperty names: ASCII
-            n += len(k) + (len(v) if v.isascii() else len(v.encode()))
+            if k not in leaving_out:
+                n += len(k) + (len(v) if v.isascii() else len(v.encode()))
         return n
 
 

@@ -232,6 +232,7 @@ _RemovedCounts = dict[str, int]
 # The stamps' keys as plain strings: an enum member lookup per message showed in the ingest profile.
 _EDGE_MESSAGE_ID: str = SystemProperty.EDGE_MESSAGE_ID.value
 _ENQUEUED_TIME: str = SystemProperty.ENQUEUED_TIME.value
+_STAMPS = frozenset((_EDGE_MESSAGE_ID, _ENQUEUED_TIME))
 
 # Version-4 UUIDs (RFC 4122) from random bytes: byte 6's high nibble becomes 4, byte 8's top bits 10.
 _UUID4_VERSION = bytes((b & 0x0F) | 0x40 for b in range(256))
@@ -259,16 +260,7 @@ def _charged_size(message: Message) -> int:
     """``message.size_bytes()`` less the store's own stamps (``edgeMessageId``, ``enqueuedTime``): a message is
     charged as its producer sent it, also when the hub stamped it before handing it over (it stamps the groups
     of the protocol heads itself, to copy each message once)."""
-    # ``size_bytes`` written out with the stamps skipped: one pass, once per message stored.
-    n = len(message.body)
-    for k, v in message.properties.items():
-        n += len(k) if k.isascii() else len(k.encode())
-        if v is not None:
-            n += len(v) if v.isascii() else len(v.encode())
-    for k, v in message.system_properties.items():  # the keys are SystemProperty names: ASCII
-        if k != _EDGE_MESSAGE_ID and k != _ENQUEUED_TIME:
-            n += len(k) + (len(v) if v.isascii() else len(v.encode()))
-    return n
+    return message.size_bytes(leaving_out=_STAMPS)  # one pass, the stamps skipped
 
 
 class _Stamper:
