@@ -248,11 +248,14 @@ _RECENT_ITEM_BYTES = 1024
 
 
 def _deletions(family: str, keys: list[int]) -> list[Op]:
-    """Ops deleting these u64 keys (ascending, distinct) of ``family``: one range deletion when they are
-    consecutive (a commit's delivered references are, and so are their bodies' keys when one queue is being
-    fed), else one deletion per key."""
-    if keys[-1] - keys[0] + 1 == len(keys):
-        return [(family, pack_u64(keys[0]), DeleteTo(pack_u64(keys[-1] + 1)))]
+    """Ops deleting these distinct u64 keys of ``family``: one range deletion when they fill a range of keys
+    (a commit's delivered references do, and so do their bodies' keys when one queue is being fed), else one
+    deletion per key. The range is checked with ``min`` and ``max``, not the ends of the list: n distinct keys
+    with ``max - min + 1 == n`` are exactly that range, in whatever order they come, so a range deletion never
+    reaches a key that is not in ``keys``."""
+    lo, hi = min(keys), max(keys)
+    if hi - lo + 1 == len(keys):
+        return [(family, pack_u64(lo), DeleteTo(pack_u64(hi + 1)))]
     return [(family, pack_u64(k), None) for k in keys]
 
 

@@ -10,6 +10,7 @@ import pytest
 from edgehub.store import Backend, DeleteTo, MemoryBackend
 from edgehub.store.codec import pack_u64
 from edgehub.store.rocks import RocksBackend
+from edgehub.store.store import _deletions
 
 
 @pytest.fixture(params=["memory", "rocksdb"])
@@ -43,3 +44,22 @@ def test_delete_to_removes_the_range_of_its_family_only_with_the_rest_of_its_bat
         assert backend.last_key("a") is None
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize(
+    ("ids", "expected"),
+    [
+        ([4, 5, 6], [(4, 7)]),  # a run: one range deletion
+        ([6, 4, 5], [(4, 7)]),  # the same run in another order
+        ([1, 5, 3], [(1, None), (5, None), (3, None)]),  # ends 1 and 3 look like a run of three: they are not
+        ([7], [(7, 8)]),
+    ],
+)
+def test_a_commits_deletions_take_a_range_only_when_the_keys_fill_it(
+    ids: list[int], expected: list[tuple[int, int | None]]
+) -> None:
+    ops = _deletions("m", ids)
+    got = [
+        (int.from_bytes(k, "big"), int.from_bytes(v.end, "big") if isinstance(v, DeleteTo) else v) for _, k, v in ops
+    ]
+    assert got == expected
