@@ -1,7 +1,7 @@
 """Instructions per message of the hub and of Debian's Mosquitto under callgrind: bench.ingest's telemetry phase
 with a figure that does not move with the machine.
 
-``python -m bench.instructions [--publishers 4] [--messages 1000]``
+``python -m bench.instructions [--publishers 4] [--messages 1000] [--keep DIR]``
 
 CPU time per message (bench.ingest) moves by 10 to 25 % between runs on a shared machine, more than most single
 changes to the hub; an instruction count is the same to within ~0.3 % run after run. Each broker runs under
@@ -124,13 +124,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--publishers", type=int, default=4)
     ap.add_argument("--messages", type=int, default=1000, help="per publisher")
+    ap.add_argument(
+        "--keep", type=Path, default=None, help="a directory to leave the callgrind files in, for callgrind_annotate"
+    )
     args = ap.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("bench.instructions needs valgrind: apt-get install valgrind")
     with tempfile.TemporaryDirectory(prefix="bench-instructions-") as tmp:
-        mosq = run_mosquitto(Path(tmp), args)
+        work = Path(tmp)
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            work = args.keep
+        mosq = run_mosquitto(work, args)
         print(f"mosquitto: {mosq:,.0f} instructions per message (broker, user space)")
-        edge = run_edgehub(Path(tmp), args)
+        edge = run_edgehub(work, args)
         print(f"edgehub:   {edge:,.0f} instructions per message (hub, user space, all threads)")
     print(
         json.dumps(
