@@ -31,7 +31,10 @@ import time
 from collections import deque
 from pathlib import Path
 
+import rocksdict
+
 from bench.ingest import EDGEHUB, MANIFEST, add_identities, free_port, hub_run_args, mosquitto_conf, telemetry
+from edgehub.store.group_commit import WriterThread
 
 _WINDOW = 64  # deliveries in flight to the subscriber, as the hub's --module-window in bench.ingest
 _PUBACK = b"\x40\x02"
@@ -41,15 +44,10 @@ class _Relay:
     """The relay's state: the database, its writer thread, the subscriber and what waits for it."""
 
     def __init__(self, path: Path) -> None:
-        import rocksdict
-
-        from edgehub.store.group_commit import WriterThread
-
         self.db = rocksdict.Rdict(str(path))
         self.synced = rocksdict.WriteOptions()
         self.synced.sync = True
         self.writer = WriterThread("floor-writer")
-        self.batch = rocksdict.WriteBatch
         self.subscriber: _Client | None = None
         self.waiting: deque[tuple[bytes, bytes, bytes]] = deque()  # (key, topic, payload)
         self.next_key = 0
@@ -117,7 +115,7 @@ class _Client(asyncio.BufferedProtocol):
 
     async def _store(self, group: list[tuple[bytes, bytes, bytes]]) -> None:
         relay = self.relay
-        batch = relay.batch()
+        batch = rocksdict.WriteBatch()
         waiting = relay.waiting
         for _, topic, payload in group:
             relay.next_key += 1
@@ -146,7 +144,7 @@ class _Client(asyncio.BufferedProtocol):
 
     def _acked(self, packet_ids: list[int]) -> None:
         relay = self.relay
-        batch = relay.batch()
+        batch = rocksdict.WriteBatch()
         for packet_id in packet_ids:
             key = self.in_flight.pop(packet_id, None)
             if key is not None:

@@ -243,9 +243,9 @@ _ONE_ROUTE_CACHE_SIZE = 256
 # text of its body and properties, plus what its objects take beside that text). A count alone would let 4096
 # messages of 256 KiB hold 1 GiB. Measured with tracemalloc (tests/store/test_held_memory.py): ~110 bytes for the
 # StoredItem, the Message and its dicts, and ~120 for each property (the key and value objects, the dict slot)
-# when its strings are the message's own, as a unique message id or property value is. A flat 1024 a message
-# charged a plain telemetry message a third over what it takes, and one with ten properties of its own a third
-# under (2,335 bytes taken, 1,484 charged): the 16 MiB held up to ~25 MiB.
+# when its strings are the message's own, as a unique message id or property value is; the constants below keep
+# a margin over both. (A flat 1024 bytes a message charged plain telemetry a third over what it takes, and a
+# message with ten properties of its own a third under: 2,335 bytes taken, 1,484 charged.)
 _RECENT_MAX = 16384
 _RECENT_MAX_BYTES = 16 << 20
 _RECENT_ITEM_BYTES = 256
