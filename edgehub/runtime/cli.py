@@ -293,6 +293,13 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
     default=None,
     help="The duplicate-detection window (overrides upstream.duplicateDetectionWindowSecs; default 600).",
 )
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="Least level logged. INFO shows every refusal (rate-limited per peer) and each connection.",
+)
 def run(
     manifest: Path,
     data_dir: Path,
@@ -325,6 +332,7 @@ def run(
     upstream_partitions: int | None,
     duplicate_detection: bool | None,
     duplicate_window_secs: int | None,
+    log_level: str,
 ) -> None:
     """Start the hub: print the compiled routes, then serve MQTT until SIGTERM or SIGINT."""
     upstream: MqttUpstreamSettings | UploadUpstreamSettings | None = None
@@ -391,7 +399,7 @@ def run(
     except ConfigurationError as exc:
         click.echo(str(exc), err=True)
         raise SystemExit(1) from None
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     tune_gc()
     try:
         loop_name, factory = loop_factory(event_loop)

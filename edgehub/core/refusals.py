@@ -1,0 +1,104 @@
+"""Refusals made visible, and bounded: one INFO line per refusal, at most a few per peer per window.
+
+A hub that refuses quietly cannot be operated (an operator must see 2,000 failed logins), and a hub that logs
+every refusal of a hostile peer lets that peer fill the disk. ``RefusalLog`` is the one place that decides
+which refusals reach the log: each peer (an address, or a client id once it is known) may log ``burst``
+lines per ``window_s``; what is held back is counted and said in the peer's next line once its window has
+passed (``suppressed=N``). The peers it remembers are bounded too (``max_peers``; the oldest is forgotten).
+
+A line reads ``refused reason=REASON peer=ADDR client=ID key=value...``, reason first so that log
+searches group by it. Standard library only, like all of ``edgehub.core``.
+
+Invariants:
+* ``refused`` never raises for any values given (they are formatted with ``%s``) and costs a dict look-up
+  when the line is held back.
+* Memory is bounded by ``max_peers`` whatever the peers send.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from enum import StrEnum
+
+from edgehub.core.clock import Clock, SystemClock
+
+__all__ = ["RefusalLog", "RefusalReason"]
+
+
+class RefusalReason(StrEnum):
+    """Why the hub said no. One name per reason, the same in logs, metrics and reason strings."""
+
+    BAD_CREDENTIALS = "bad_credentials"
+    BAD_CLIENT_ID = "bad_client_id"
+    BAD_USERNAME = "bad_username"
+    LOGIN_THROTTLED = "login_throttled"
+    NOT_AUTHORIZED = "not_authorized"
+    MALFORMED_PACKET = "malformed_packet"
+    PACKET_TOO_LARGE = "packet_too_large"
+    CONNECT_TIMEOUT = "connect_timeout"
+    TOO_MANY_CONNECTIONS = "too_many_connections"
+    TOO_MANY_SUBSCRIPTIONS = "too_many_subscriptions"
+    FILTER_TOO_LONG = "filter_too_long"
+    TOPIC_INVALID = "topic_invalid"
+    QUOTA_EXCEEDED = "quota_exceeded"
+    MESSAGE_TOO_LARGE = "too_large"
+    INVALID_MESSAGE = "invalid"
+    TWIN_TOO_LARGE = "twin_too_large"
+    TWIN_TOO_DEEP = "twin_too_deep"
+    TWIN_INVALID = "twin_invalid"
+    KEEPALIVE_TIMEOUT = "keepalive_timeout"
+    NO_PENDING_CALL = "no_pending_call"
+
+
+class RefusalLog:
+    """Rate-limited refusal lines, per peer. ``burst`` lines per ``window_s`` per peer; ``max_peers`` peers."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        *,
+        burst: int = 5,
+        window_s: float = 60.0,
+        max_peers: int = 10_000,
+        clock: Clock | None = None,
+    ) -> None:
+        if burst < 1 or window_s <= 0 or max_peers < 1:
+            raise ValueError("burst, window_s and max_peers must be positive")
+        self._log = logger
+        self._burst = burst
+        self._window_s = window_s
+        self._max_peers = max_peers
+        self._clock = clock or SystemClock()
+        # peer -> [window start, lines logged in it, lines held back since the last logged one]
+        self._peers: OrderedDict[str, list[float]] = OrderedDict()
+        self.total = 0  # refusals seen, logged or not
+        self.suppressed = 0  # refusals held back
+
+    def refused(self, reason: RefusalReason | str, *, peer: str, client: str | None = None, **detail: object) -> bool:
+        """Record a refusal; log it unless ``peer`` has used its lines for this window. True when logged."""
+        self.total += 1
+        now = self._clock.monotonic()
+        state = self._peers.get(peer)
+        if state is None:
+            state = [now, 0.0, 0.0]
+            self._peers[peer] = state
+            if len(self._peers) > self._max_peers:
+                self._peers.popitem(last=False)
+        else:
+            self._peers.move_to_end(peer)
+            if now - state[0] >= self._window_s:
+                state[0], state[1] = now, 0.0
+        if state[1] >= self._burst:
+            state[2] += 1
+            self.suppressed += 1
+            return False
+        state[1] += 1
+        held = int(state[2])
+        state[2] = 0.0
+        parts = [f"refused reason={reason}", f"peer={peer}", f"client={client or '-'}"]
+        parts.extend(f"{key}={value}" for key, value in detail.items())
+        if held:
+            parts.append(f"suppressed={held}")
+        self._log.info("%s", " ".join(parts))
+        return True
