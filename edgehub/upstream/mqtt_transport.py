@@ -44,9 +44,9 @@ Wire modes
   without the package is refused when the settings are made.
 * ``message``: one PUBLISH per message on the IoT Hub telemetry topic
   ``devices/{device_id}/messages/events/{property_bag}`` (``devices/{d}/modules/{m}/...`` when ``module_id``
-  is set), the bag holding the application properties URL-encoded and the system properties as IoT Hub names
-  them (``$.mid``, ``$.cid``, ``$.ct``, ``$.ce``, ``$.cdid``, ``$.cmid``, ``$.on``, ``$.ctime``), plus
-  ``$.sid`` / ``$.pk`` for session id and partition key (see ``edgehub.upstream.partitions``).
+  is set), the bag holding the application properties URL-encoded and every system property under its bag key
+  (``edgehub.core.property_bag``, the table the MQTT head reads bags with: ``$.mid``, ``$.exp``, ``$.schema``,
+  ``$.ifid``, ``$.sid``, ``$.pk``, ...).
 
 Authentication: username/password; an IoT Hub SAS token (the password; the username defaults to
 ``{host}/{client_id}/?api-version=2021-04-12``); TLS with a CA file and optionally a client certificate.
@@ -60,10 +60,7 @@ outstanding and the PUBACK of each by packet id. paho's thread calls back throug
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import hashlib
-import hmac
 import logging
 import ssl
 import urllib.parse
@@ -80,6 +77,7 @@ from paho.mqtt.properties import Properties
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential, wait_random
 
 from edgehub.core import Clock, FailureKind, SystemClock, SystemProperty, TransportError
+from edgehub.core.property_bag import KEY_OF
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.bandwidth import RateEstimator, TokenBucket, bdp_bytes
 from edgehub.upstream.batching import edge_message_id, segment_bytes
@@ -92,27 +90,12 @@ __all__ = [
     "TlsSettings",
     "UpstreamStatus",
     "WireMode",
-    "generate_sas_token",
     "publish_wire_bytes",
 ]
 
 log = logging.getLogger(__name__)
 
 SEGMENT_CONTENT_TYPE = "application/x-edgehub-segment;v=1;encoding={codec}"
-_BAG_NAMES = {
-    SystemProperty.MESSAGE_ID: "$.mid",
-    SystemProperty.CORRELATION_ID: "$.cid",
-    SystemProperty.CONTENT_TYPE: "$.ct",
-    SystemProperty.CONTENT_ENCODING: "$.ce",
-    SystemProperty.CONNECTION_DEVICE_ID: "$.cdid",
-    SystemProperty.CONNECTION_MODULE_ID: "$.cmid",
-    SystemProperty.OUTPUT_NAME: "$.on",
-    SystemProperty.CREATION_TIME: "$.ctime",
-    SystemProperty.TO: "$.to",
-    SystemProperty.USER_ID: "$.uid",
-    SystemProperty.SESSION_ID: "$.sid",
-    SystemProperty.PARTITION_KEY: "$.pk",
-}
 
 
 class WireMode(StrEnum):
@@ -220,15 +203,6 @@ class UpstreamStatus:
     # about one round trip plus its own serialisation); None before the first ack. With ``achieved_bps`` it tells
     # whether the window fits the link: the configured window is not changed by it.
     rtt_min_s: float | None = None
-
-
-def generate_sas_token(resource_uri: str, key_b64: str, expiry_epoch_s: int, policy: str | None = None) -> str:
-    """An IoT Hub / Service Bus shared access signature for ``resource_uri`` valid until ``expiry_epoch_s``."""
-    uri = urllib.parse.quote(resource_uri, safe="")
-    to_sign = f"{uri}\n{expiry_epoch_s}".encode()
-    sig = base64.b64encode(hmac.new(base64.b64decode(key_b64), to_sign, hashlib.sha256).digest()).decode()
-    token = f"SharedAccessSignature sr={uri}&sig={urllib.parse.quote(sig, safe='')}&se={expiry_epoch_s}"
-    return token + (f"&skn={policy}" if policy else "")
 
 
 def _publish_properties(user: list[tuple[str, str]], content_type: str | None = None) -> tuple[Properties, int]:
@@ -642,7 +616,7 @@ class MqttUpstream:
         bag: list[tuple[str, str]] = []
         for k, v in m.properties.items():
             bag.append((k, v if v is not None else ""))
-        for name, short in _BAG_NAMES.items():
+        for name, short in KEY_OF.items():
             value = m.system_properties.get(name)
             if value is not None:
                 bag.append((short, value))

@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from urllib.parse import parse_qsl, quote, unquote
 
 from edgehub.core import Identity, InvalidMessageError, Message, SystemProperty
+from edgehub.core.property_bag import BAG_KEYS
 
 __all__ = [
     "PLAIN_TOPIC_PROPERTY",
@@ -60,29 +61,8 @@ __all__ = [
 
 PLAIN_TOPIC_PROPERTY = "mqtt-topic"
 
-# Property-bag keys and the system properties they carry.
-SYSTEM_KEYS: Mapping[str, SystemProperty] = {
-    "$.mid": SystemProperty.MESSAGE_ID,
-    "$.cid": SystemProperty.CORRELATION_ID,
-    "$.ct": SystemProperty.CONTENT_TYPE,
-    "$.ce": SystemProperty.CONTENT_ENCODING,
-    "$.to": SystemProperty.TO,
-    "$.uid": SystemProperty.USER_ID,
-    "$.exp": SystemProperty.ABSOLUTE_EXPIRY_TIME,
-    "$.schema": SystemProperty.MESSAGE_SCHEMA,
-    "$.ctime": SystemProperty.CREATION_TIME,
-    "$.on": SystemProperty.OUTPUT_NAME,
-    "$.cdid": SystemProperty.CONNECTION_DEVICE_ID,
-    "$.cmid": SystemProperty.CONNECTION_MODULE_ID,
-    # Plug and Play and security messages: the Azure device SDKs send these (the Python SDK's
-    # ``set_as_security_message`` puts ``$.ifid`` in the bag), and IoT Hub files them as system properties.
-    "$.ifid": SystemProperty.INTERFACE_ID,
-    "$.sub": SystemProperty.DT_SUBJECT,
-    # Not IoT Hub's: Service Bus's SessionId and PartitionKey, for partitioned upstreams (README, "Partitions").
-    # MQTT 5 has no session-id field, so on MQTT 5 they are user properties of these same names.
-    "$.sid": SystemProperty.SESSION_ID,
-    "$.pk": SystemProperty.PARTITION_KEY,
-}
+# Property-bag keys and the system properties they carry: the one table, shared with the upstream's message mode.
+SYSTEM_KEYS: Mapping[str, SystemProperty] = BAG_KEYS
 _KEY_OF: Mapping[str, str] = {v.value: k for k, v in SYSTEM_KEYS.items()}
 _OUTPUT_NAME: str = SystemProperty.OUTPUT_NAME.value  # a plain str compares faster than the StrEnum member
 _QUOTED_KEY_OF: Mapping[str, str] = {name: quote(key, safe="$.") for name, key in _KEY_OF.items()}

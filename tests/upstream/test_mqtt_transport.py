@@ -12,6 +12,7 @@ import urllib.parse
 from collections.abc import Sequence
 
 from edgehub.core import FailureKind, Message
+from edgehub.core.sas import generate_sas_token
 from edgehub.delivery.endpoint import Endpoint, QueuedMessage, ReportsUnreachable
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
@@ -21,7 +22,6 @@ from edgehub.upstream.mqtt_transport import (
     MqttUpstream,
     MqttUpstreamSettings,
     WireMode,
-    generate_sas_token,
     publish_wire_bytes,
 )
 from edgehub.upstream.segment import Codec, decode_segment, segment_codec
