@@ -30,15 +30,11 @@ class Checkpointer:
 
     def propose(self, offsets: Iterable[int]) -> None:
         """Register admitted offsets, in increasing order, as owed until committed."""
-        owed, proposed = self._owed, self._proposed
-        try:
-            for o in offsets:
-                if o <= proposed:  # ``admit`` in line: once per message delivered
-                    raise ValueError(f"offset {o} was not admitted: proposed up to {proposed}")
-                owed.add(o)
-                proposed = o
-        finally:
-            self._proposed = proposed
+        for o in offsets:
+            if not self.admit(o):
+                raise ValueError(f"offset {o} was not admitted: proposed up to {self._proposed}")
+            self._owed.add(o)
+            self._proposed = o
 
     def commit(self, successful: Iterable[int], remaining: Iterable[int] = ()) -> int:
         """Mark ``successful`` done; ``remaining`` stay owed. Returns the offset that may now be committed."""

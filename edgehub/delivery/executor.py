@@ -400,13 +400,12 @@ class EndpointExecutor:
         qs.cursor = items[-1].offset + 1
         qs.checkpointer.propose(it.offset for it in items)
         now = self._clock.time()
-        # The expiry in line (not the property): this runs for every message delivered.
-        expired = [it.offset for it in items if it.enqueued_at_s + it.ttl_s <= now]
+        expired = [it.offset for it in items if it.expires_at_s <= now]
         if not expired:
             return items
         await self._store.remove(q, expired, RemovalReason.TTL)
         await self._commit(q, qs.checkpointer.commit(expired))
-        return [it for it in items if it.enqueued_at_s + it.ttl_s > now]
+        return [it for it in items if it.expires_at_s > now]
 
     def _held(self, q: QueueId, items: Sequence[StoredItem]) -> set[int]:
         """The offsets of ``items`` (in queue order) whose references the store still holds."""

@@ -257,16 +257,6 @@ class Router:
             if len(self._by_source) >= _SOURCE_CACHE_SIZE:
                 self._by_source.clear()
             self._by_source[message.source] = routes
-        if len(routes) == 1:  # one route for this source, the usual case: no choosing between results
-            name, condition, result = routes[0]
-            if condition is None:
-                return [result]
-            v = condition(EvalContext(message))
-            if v is True:
-                return [result]
-            if v is not False and v is not None:
-                self._undefined(message, [name])
-            return []
         if not routes:
             return []
         ctx = EvalContext(message)
