@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from edgehub.core import ConfigurationError, SystemClock, TransportError
+from edgehub.core import ConfigurationError, StoreCorruptionError, SystemClock, TransportError
 from edgehub.delivery import Endpoint, ExecutorSettings
 from edgehub.hub.facade import EdgeHub
 from edgehub.hub.identities import IdentityRegistry
@@ -58,6 +58,7 @@ __all__ = [
     "HubConfig",
     "UploadUpstreamSettings",
     "UpstreamOverrides",
+    "damaged_store_advice",
     "landing_zone",
     "lane_settings",
     "open_identities",
@@ -126,9 +127,31 @@ def store_path(data_dir: Path) -> Path:
     return data_dir / "store"
 
 
-def open_store(data_dir: Path, *, default_ttl_s: float = 7200.0, fsync: FsyncPolicy = FsyncPolicy.ALWAYS) -> Store:
+def open_store(
+    data_dir: Path,
+    *,
+    default_ttl_s: float = 7200.0,
+    fsync: FsyncPolicy = FsyncPolicy.ALWAYS,
+    verify: bool = False,
+) -> Store:
+    """The hub's store in ``data_dir``. ``verify`` reads every record first (the hub does at start: a flipped byte
+    is found only by reading it). A damaged store raises ``StoreCorruptionError`` saying what to do."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    return open_rocks_store(store_path(data_dir), default_ttl_s=default_ttl_s, fsync=fsync)
+    try:
+        return open_rocks_store(store_path(data_dir), default_ttl_s=default_ttl_s, fsync=fsync, verify=verify)
+    except StoreCorruptionError as exc:
+        raise StoreCorruptionError(damaged_store_advice(exc, data_dir), path=exc.path) from exc
+
+
+def damaged_store_advice(exc: StoreCorruptionError, data_dir: Path) -> str:
+    """``exc`` with what an operator can do about it (README, "When the store is damaged")."""
+    return (
+        f"{exc}\n"
+        "The hub did not start and changed nothing in the store. To recover:\n"
+        f"  edgehub store check --data-dir {data_dir}    reads every record and reports the damage\n"
+        f"  edgehub store repair --data-dir {data_dir}   keeps a copy aside, then recovers what can be read\n"
+        f"  or move {exc.path} aside and start with an empty store (what it holds is then not delivered)"
+    )
 
 
 def open_identities(store: Store, host_name: str) -> IdentityRegistry:
@@ -235,7 +258,7 @@ async def serve(
     ssl_context = server_ssl_context(certs) if config.mqtts_port is not None else None
     options = upstream_options(desired, config)
     transport = transport_settings(desired, config)
-    store = open_store(config.data_dir, default_ttl_s=float(desired.time_to_live_secs), fsync=config.fsync)
+    store = open_store(config.data_dir, default_ttl_s=float(desired.time_to_live_secs), fsync=config.fsync, verify=True)
     endpoints: list[Endpoint] = []
     try:
         if isinstance(transport, UploadUpstreamSettings):

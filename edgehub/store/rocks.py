@@ -28,20 +28,17 @@ truncated WAL ends like a torn write, so RocksDB cannot tell them apart: at most
 backend records the WAL's size from before that sync in ``EDGEHUB-WAL-SYNCED`` (the file and a size, never more
 than is on disk), and an open that finds that WAL shorter refuses. ``verify`` reads every record with its
 checksum (a flipped byte in a table is found only by reading it; the hub does it at start), and a read that meets
-damage raises ``StoreCorruptionError``. ``check_rocks_store`` and ``repair_rocks_store`` are what ``edgehub store
-check`` and ``edgehub store repair`` run, under ``exclusive`` (the LOCK a running hub holds).
+damage raises ``StoreCorruptionError``. ``edgehub.store.salvage`` checks and repairs a damaged store.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import gc
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +48,7 @@ from edgehub.core import StorageIOError, StoreClosedError, StoreCorruptionError,
 from edgehub.store.backend import DeleteTo, Op
 from edgehub.store.store import Store
 
-__all__ = ["RocksBackend", "check_rocks_store", "exclusive", "open_rocks_store", "repair_rocks_store"]
+__all__ = ["WAL_MARK", "RocksBackend", "open_rocks_store", "repair_db"]
 
 log = logging.getLogger(__name__)
 
@@ -60,17 +57,19 @@ log = logging.getLogger(__name__)
 # little memory, and the WAL already makes every write durable.
 _DB_WRITE_BUFFER_BYTES = 32 << 20
 _REOPEN_INTERVAL_S = 1.0  # while the disk stays full, a read-write reopen is tried at most this often
-_WAL_MARK = "EDGEHUB-WAL-SYNCED"  # "<wal file name> <bytes synced>", in the store's folder
-_WAL_MARK_INTERVAL_S = 1.0
+WAL_MARK = "EDGEHUB-WAL-SYNCED"  # "<wal file name> <bytes synced>", in the store's folder
+WAL_MARK_INTERVAL_S = 1.0
 
 
-def _options() -> rocksdict.Options:
+def _options(*, salvage: bool = False) -> rocksdict.Options:
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
     opts.set_db_write_buffer_size(_DB_WRITE_BUFFER_BYTES)
-    opts.set_paranoid_checks(True)
-    opts.set_wal_recovery_mode(rocksdict.DBRecoveryMode.tolerate_corrupted_tail_records())
+    opts.set_paranoid_checks(not salvage)
+    # salvage: every WAL record that is whole, past any damaged one (a copy of the damaged store is kept)
+    mode = rocksdict.DBRecoveryMode
+    opts.set_wal_recovery_mode(mode.skip_any_corrupted_record() if salvage else mode.tolerate_corrupted_tail_records())
     return opts
 
 
@@ -92,7 +91,7 @@ def _error(path: str, exc: Exception, doing: str) -> StoreError:
 def _check_files(path: Path) -> None:
     """Refuse damage RocksDB would not: a CURRENT that is missing or names a missing MANIFEST (with
     ``create_if_missing`` RocksDB would make a new, empty database over the old files), a WAL shorter than was
-    synced (``_WAL_MARK``)."""
+    synced (``WAL_MARK``)."""
     current = path / "CURRENT"
     if not current.is_file():
         data = sorted(
@@ -109,7 +108,7 @@ def _check_files(path: Path) -> None:
             str(path), f"CURRENT names {manifest!r}, which is missing (the MANIFEST lists the store's files)"
         )
     try:
-        name, size = (path / _WAL_MARK).read_text().split()
+        name, size = (path / WAL_MARK).read_text().split()
         synced = int(size)
     except FileNotFoundError:
         return
@@ -145,9 +144,13 @@ def _current_wal(path: str) -> tuple[str, int] | None:
 
 class RocksBackend:
     """A RocksDB database at ``path``; column families are created on first use. ``read_only``: an existing
-    database, opened without writing anything (its WAL replayed in memory only)."""
+    database, opened without writing anything (its WAL replayed in memory only). ``salvage`` (read-only too): a
+    damaged one, opened as leniently as RocksDB can (WAL records past a damaged one replayed, no paranoid checks,
+    no check of CURRENT or the WAL mark), to copy out what can still be read."""
 
-    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False, salvage: bool = False) -> None:
+        read_only = read_only or salvage
+        self._salvage = salvage
         self._path = str(path)
         if not read_only:
             Path(self._path).mkdir(parents=True, exist_ok=True)
@@ -162,7 +165,8 @@ class RocksBackend:
         self._failed = read_only  # nothing to flush at close
 
     def _open(self, *, read_only: bool = False) -> None:
-        _check_files(Path(self._path))
+        if not self._salvage:
+            _check_files(Path(self._path))
         names = ["default"]
         if (Path(self._path) / "CURRENT").is_file():
             try:
@@ -173,7 +177,7 @@ class RocksBackend:
         try:
             self._db = rocksdict.Rdict(
                 self._path,
-                _options(),
+                _options(salvage=self._salvage),
                 column_families={n: rocksdict.Options(raw_mode=True) for n in names},
                 access_type=access,
             )
@@ -277,8 +281,10 @@ class RocksBackend:
         try:
             it = cf.iter()
             it.seek(from_key)
-            while it.valid() and len(out) < limit:
+            while it.valid():
                 out.append((it.key(), it.value()))
+                if len(out) >= limit:
+                    break  # not a step further: past the last record asked for may be damage (salvage reads up to it)
                 it.next()
             it.status()
         except Exception as exc:
@@ -339,12 +345,12 @@ class RocksBackend:
         wal = _current_wal(self._path) if now >= self._mark_at else None
         self._db.flush_wal(True)
         if wal is not None:
-            self._mark_at = now + _WAL_MARK_INTERVAL_S
-            tmp = os.path.join(self._path, _WAL_MARK + ".tmp")
+            self._mark_at = now + WAL_MARK_INTERVAL_S
+            tmp = os.path.join(self._path, WAL_MARK + ".tmp")
             try:
                 with open(tmp, "w") as f:
                     f.write(f"{wal[0]} {wal[1]}\n")
-                os.replace(tmp, os.path.join(self._path, _WAL_MARK))
+                os.replace(tmp, os.path.join(self._path, WAL_MARK))
             except OSError as exc:  # a full disk: the mark is a check, not the data; the next one may succeed
                 log.debug("store.wal_mark_failed path=%s error=%s", self._path, exc)
 
@@ -427,59 +433,12 @@ def open_rocks_store(path: str | Path, *, verify: bool = False, **settings: Any)
     return Store(backend, **settings)
 
 
-@contextlib.contextmanager
-def exclusive(path: str | Path) -> Iterator[None]:
-    """Hold the store's LOCK file as RocksDB does (an fcntl lock): a hub cannot open the store meanwhile, and when
-    a running hub holds it this raises ``StorageIOError`` saying so. Nothing to hold where there is no LOCK."""
-    lock = Path(path) / "LOCK"
-    try:
-        fd = os.open(lock, os.O_RDWR)
-    except FileNotFoundError:
-        yield
-        return
-    try:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            raise StorageIOError(
-                f"the store at {path} is in use: a running hub holds its LOCK; stop the hub first"
-            ) from exc
-        yield
-    finally:
-        os.close(fd)
-
-
-def _require_store(path: Path) -> None:
-    if not path.is_dir() or not any(path.iterdir()):
-        raise StoreError(f"there is no store at {path}")
-
-
-def check_rocks_store(path: str | Path) -> dict[str, int]:
-    """Open the store read-only (nothing is written: a damaged store stays as found), replay its WAL and read every
-    record with checksums verified; the number of records in each column family. ``StoreCorruptionError``
-    names the damage; ``StoreError`` when there is no store at ``path``."""
-    path = Path(path)
-    _require_store(path)
-    backend = RocksBackend(path, read_only=True)
-    try:
-        return backend.verify()
-    finally:
-        backend.refuse_damage()
-
-
-def repair_rocks_store(path: str | Path) -> tuple[dict[str, int], list[str]]:
-    """RocksDB's repair (``RepairDB``) in place: a new MANIFEST from the tables and WALs it finds, WAL records
-    turned into tables up to their first damage, tables it cannot read moved to ``lost/``; then every record is
-    read as ``check_rocks_store`` does. Returns the records in each column family and the files put in
-    ``lost/``. Take a copy first: what repair drops is gone from ``path``."""
-    path = Path(path)
-    _require_store(path)
-    (path / _WAL_MARK).unlink(missing_ok=True)  # the repair rewrites the WALs it replays: the mark no longer holds
-    lost = path / "lost"
-    before = set(os.listdir(lost)) if lost.is_dir() else set()
+def repair_db(path: str | Path) -> None:
+    """RocksDB's repair (``RepairDB``) in place: a new MANIFEST from the table files it finds (WALs turned into
+    tables, files it cannot read moved to ``lost/``). For a store whose MANIFEST or CURRENT is gone; it drops a
+    whole table for one bad block, and WAL records of a column family no table names (``edgehub.store.salvage``
+    copies record by record instead where the store still opens)."""
     try:
         rocksdict.Rdict.repair(str(path), _options())
     except Exception as exc:
         raise _error(str(path), exc, "repair of") from exc
-    moved = sorted(set(os.listdir(lost)) - before) if lost.is_dir() else []
-    return check_rocks_store(path), moved
