@@ -408,29 +408,29 @@ class RocksBackend:
             counts[name] = n
         return counts
 
-    def refuse_damage(self) -> None:
-        """Close without flushing: a damaged store is left as it was found, for ``edgehub store repair``."""
+    def close_unflushed(self) -> None:
+        """Close without flushing its memtables (a store about to be thrown away: nothing more is written)."""
         self._failed = True
         self.close()
 
 
 def open_rocks_store(path: str | Path, *, verify: bool = False, **settings: Any) -> Store:
     """A ``Store`` over a RocksDB database at ``path`` (created if missing); ``settings`` as ``Store`` takes them.
-    ``verify``: read every record first (``RocksBackend.verify``); a damaged store raises ``StoreCorruptionError``.
+    ``verify``: first read every record of an existing store, opened read-only (``RocksBackend.verify``), so that
+    a damaged one raises ``StoreCorruptionError`` before anything is written to it.
 
     Kept here, not on ``Store``, so that importing ``edgehub.store`` never loads rocksdict (layer contract)."""
-    backend = RocksBackend(path)
-    if verify:
+    if verify and (Path(path) / "CURRENT").is_file():
         started = time.monotonic()
+        check = RocksBackend(path, read_only=True)
         try:
-            counts = backend.verify()
-        except StoreCorruptionError:
-            backend.refuse_damage()
-            raise
+            counts = check.verify()
+        finally:
+            check.close()
         log.info(
             "store.verified path=%s records=%d seconds=%.3f", path, sum(counts.values()), time.monotonic() - started
         )
-    return Store(backend, **settings)
+    return Store(RocksBackend(path), **settings)
 
 
 def repair_db(path: str | Path) -> None:

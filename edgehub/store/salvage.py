@@ -130,7 +130,7 @@ def repair_store(path: str | Path, aside: str | Path) -> RepairReport:
         target.sync_wal()
         target.close()
     except BaseException:
-        target.refuse_damage()  # closes it; the half-built store is removed and the damaged one put back
+        target.close_unflushed()  # closes it; the half-built store is removed and the damaged one put back
         shutil.rmtree(path, ignore_errors=True)
         os.rename(aside, path)
         raise
