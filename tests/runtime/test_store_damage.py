@@ -3,7 +3,8 @@
 A hub process takes ``N`` acknowledged messages from a paho device and is SIGKILLed: the crash image (the
 messages in the WAL only). Its flushed twin (the same store closed cleanly, the messages in tables) is the
 other base. On copies of them: a flipped byte in a table file, a WAL truncated below what was synced, a
-missing MANIFEST (CURRENT names nothing), and a torn last write (which must still open). For each damage
+missing MANIFEST (CURRENT names nothing), a WAL corrupted in the middle, a missing CURRENT, and a torn last write
+(which must still open). For each damage
 ``edgehub run`` refuses to start (exit 1, no traceback, the damage, the path and the recovery said, the store
 untouched), ``edgehub store check`` says damaged (exit 1), ``edgehub store repair`` recovers what can be read
 (the store as found kept aside) and the hub starts again.
@@ -176,6 +177,26 @@ def test_a_missing_manifest_is_refused_and_repair_rebuilds_it_with_every_message
     assert_run_refuses(data, images.manifest, f"CURRENT names '{manifest_file.name}', which is missing")
     out = repair_and_start(data, images.manifest)
     assert "the MANIFEST was rebuilt" in out
+    assert message_bodies(out.split("recovered into")[1]) == images.acked
+
+
+def test_a_wal_corrupted_in_the_middle_is_refused_not_replayed_up_to_the_damage(images: Images, tmp_path: Path) -> None:
+    """RocksDB's default recovery (point in time) would open this store with every write after the damage gone."""
+    data = copy(images.crash, tmp_path / "data")
+    wal = max((data / "store").glob("*.log"), key=lambda p: int(p.stem))
+    raw = bytearray(wal.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    wal.write_bytes(bytes(raw))
+    assert_run_refuses(data, images.manifest, "Corruption: checksum mismatch")
+    out = repair_and_start(data, images.manifest)
+    assert 0 < message_bodies(out.split("recovered into")[1]) < images.acked
+
+
+def test_a_missing_current_is_refused_rather_than_started_as_a_new_empty_store(images: Images, tmp_path: Path) -> None:
+    data = copy(images.flushed, tmp_path / "data")
+    (data / "store" / "CURRENT").unlink()
+    assert_run_refuses(data, images.manifest, "CURRENT is missing, yet")
+    out = repair_and_start(data, images.manifest)
     assert message_bodies(out.split("recovered into")[1]) == images.acked
 
 
