@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 _DB_WRITE_BUFFER_BYTES = 32 << 20
 _REOPEN_INTERVAL_S = 1.0  # while the disk stays full, a read-write reopen is tried at most this often
 WAL_MARK = "EDGEHUB-WAL-SYNCED"  # "<wal file name> <bytes synced>", in the store's folder
-WAL_MARK_INTERVAL_S = 1.0
+_WAL_MARK_INTERVAL_S = 1.0
 
 
 def _options(*, salvage: bool = False) -> rocksdict.Options:
@@ -83,7 +83,7 @@ def _error(path: str, exc: Exception, doing: str) -> StoreError:
     text = str(exc)
     if "Corruption" in text or "No such file" in text:
         return _damaged(path, text)
-    if "lock" in text.lower():
+    if "lock file" in text:  # "While lock file: .../LOCK: Resource temporarily unavailable"
         return StorageIOError(f"the store at {path} is in use by another process (a running hub?): {text}")
     return StorageIOError(f"{doing} {path} failed: {text}")
 
@@ -161,8 +161,8 @@ class RocksBackend:
         self._unopened: str | None = None  # why no database is open (a reopen after a failure failed twice)
         self._retry_at = 0.0  # monotonic; a read-write reopen is not tried before
         self._mark_at = 0.0  # monotonic; the WAL mark is not written again before
+        self._read_only = read_only
         self._open(read_only=read_only)
-        self._failed = read_only  # nothing to flush at close
 
     def _open(self, *, read_only: bool = False) -> None:
         if not self._salvage:
@@ -304,9 +304,11 @@ class RocksBackend:
             raise _error(self._path, exc, "read of") from exc
 
     def write(self, ops: Sequence[Op], *, sync: bool) -> None:
+        if self._read_only:
+            raise ValueError(f"the store at {self._path} was opened read-only")
+        if self._failed and not self._closed:
+            self._recover()  # before _live: a store left with no database open is reopened here too
         self._live()
-        if self._failed:
-            self._recover()
         batch = self._batch(ops)
         try:
             self._db.write(batch, self._nosync)
@@ -345,7 +347,7 @@ class RocksBackend:
         wal = _current_wal(self._path) if now >= self._mark_at else None
         self._db.flush_wal(True)
         if wal is not None:
-            self._mark_at = now + WAL_MARK_INTERVAL_S
+            self._mark_at = now + _WAL_MARK_INTERVAL_S
             tmp = os.path.join(self._path, WAL_MARK + ".tmp")
             try:
                 with open(tmp, "w") as f:
@@ -366,7 +368,7 @@ class RocksBackend:
         if self._closed:
             return
         self._closed = True
-        if not self._failed:
+        if not self._failed and not self._read_only:
             # a clean close leaves nothing in memtables, so the next open replays no WAL (fast recovery)
             for cf in self._cfs.values():
                 try:
