@@ -4,6 +4,11 @@
 order: the listeners and their clients first (so no ack is promised after the store closes), then the
 executors, then the store (closed, so every acknowledged message is on disk).
 
+Before it opens the store, ``serve`` reads every record of it with checksums verified (``open_store(verify=True)``):
+a damaged store raises ``StoreCorruptionError`` before anything is written to it, its message saying the damage,
+the path and the way out (``edgehub store check`` / ``repair``, ``damaged_store_advice``), and the hub does not
+start (the CLI exits 1 with that message, no traceback).
+
 ``$upstream``: when ``HubConfig.upstream`` names an MQTT broker or parent hub (``MqttUpstreamSettings``,
 ``edgehub run --upstream-mqtt``), an ``MqttUpstream`` transport delivers it; when it names a landing zone
 (``UploadUpstreamSettings``, ``edgehub run --upstream-upload``), an ``UploadTransport`` writes one segment file per

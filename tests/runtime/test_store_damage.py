@@ -236,3 +236,12 @@ def test_check_and_repair_refuse_a_store_a_running_hub_holds(images: Images, tmp
     check = edgehub("store", "check", "--data-dir", str(data))
     assert check.returncode == 0, check
     assert message_bodies(check.stdout) == images.acked
+
+
+def test_check_and_repair_say_there_is_no_store_rather_than_create_one(tmp_path: Path) -> None:
+    for verb in ("check", "repair"):
+        res = edgehub("store", verb, "--data-dir", str(tmp_path / "data"))
+        assert res.returncode == 2, res
+        assert f"there is no store at {tmp_path / 'data' / 'store'}" in res.stderr
+        assert "Traceback" not in res.stderr
+    assert not (tmp_path / "data").exists()
