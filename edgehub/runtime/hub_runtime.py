@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -51,6 +52,7 @@ from edgehub.routing import Router
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
 from edgehub.store import FsyncPolicy, Store, is_upstream_endpoint, parse_upstream_lane_id, upstream_lane_id
 from edgehub.store.rocks import open_rocks_store
+from edgehub.store.salvage import check_store
 from edgehub.upstream.landing import LandingZone
 from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, WireMode
 from edgehub.upstream.partitions import lane_name_of
@@ -142,8 +144,14 @@ def open_store(
     """The hub's store in ``data_dir``. ``verify`` reads every record first (the hub does at start: a flipped byte
     is found only by reading it). A damaged store raises ``StoreCorruptionError`` saying what to do."""
     data_dir.mkdir(parents=True, exist_ok=True)
+    path = store_path(data_dir)
     try:
-        return open_rocks_store(store_path(data_dir), default_ttl_s=default_ttl_s, fsync=fsync, verify=verify)
+        if verify and path.is_dir() and any(path.iterdir()):
+            # read-only first: a damaged store is refused before the read-write open rewrites its MANIFEST
+            started = time.monotonic()
+            records = sum(check_store(path).values())
+            log.info("store.verified path=%s records=%d seconds=%.3f", path, records, time.monotonic() - started)
+        return open_rocks_store(path, default_ttl_s=default_ttl_s, fsync=fsync)
     except StoreCorruptionError as exc:
         raise StoreCorruptionError(damaged_store_advice(exc, data_dir), path=exc.path) from exc
 

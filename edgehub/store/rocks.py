@@ -27,8 +27,8 @@ there, or that names a missing MANIFEST, is refused before RocksDB would create 
 truncated WAL ends like a torn write, so RocksDB cannot tell them apart: at most once a second after a sync the
 backend records the WAL's size from before that sync in ``EDGEHUB-WAL-SYNCED`` (the file and a size, never more
 than is on disk), and an open that finds that WAL shorter refuses. ``verify`` reads every record with its
-checksum (a flipped byte in a table is found only by reading it; the hub does it at start), and a read that meets
-damage raises ``StoreCorruptionError``. ``edgehub.store.salvage`` checks and repairs a damaged store.
+checksum (a flipped byte in a table is found only by reading it; the hub does it at start, read-only), and a read
+that meets damage raises ``StoreCorruptionError``. ``edgehub.store.salvage`` checks and repairs a damaged store.
 """
 
 from __future__ import annotations
@@ -416,22 +416,10 @@ class RocksBackend:
         self.close()
 
 
-def open_rocks_store(path: str | Path, *, verify: bool = False, **settings: Any) -> Store:
+def open_rocks_store(path: str | Path, **settings: Any) -> Store:
     """A ``Store`` over a RocksDB database at ``path`` (created if missing); ``settings`` as ``Store`` takes them.
-    ``verify``: first read every record of an existing store, opened read-only (``RocksBackend.verify``), so that
-    a damaged one raises ``StoreCorruptionError`` before anything is written to it.
 
     Kept here, not on ``Store``, so that importing ``edgehub.store`` never loads rocksdict (layer contract)."""
-    if verify and (Path(path) / "CURRENT").is_file():
-        started = time.monotonic()
-        check = RocksBackend(path, read_only=True)
-        try:
-            counts = check.verify()
-        finally:
-            check.close()
-        log.info(
-            "store.verified path=%s records=%d seconds=%.3f", path, sum(counts.values()), time.monotonic() - started
-        )
     return Store(RocksBackend(path), **settings)
 
 
