@@ -18,6 +18,7 @@ from edgehub.core.errors import (
     RemoteProtocolError,
     StorageIOError,
     StoreClosedError,
+    StoreCorruptionError,
     StoreError,
     TransportError,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "RouteResult",
     "StorageIOError",
     "StoreClosedError",
+    "StoreCorruptionError",
     "StoreError",
     "SystemClock",
     "SystemProperty",

@@ -18,6 +18,7 @@ Third-party errors are translated once, in the library's home module, with ``rai
     │   └── InvalidMessageError      e.g. session id and partition key disagree
     ├── StoreError                   the store could not do what was asked
     │   ├── StorageIOError           the disk said no (ENOSPC, EIO); the store stays usable
+    │   ├── StoreCorruptionError     the store on disk is damaged; .path names it (the hub will not open it)
     │   └── StoreClosedError
     ├── DeliveryError                an endpoint failed; .kind is a FailureKind
     ├── ProtocolError                a wire protocol was broken
@@ -50,6 +51,7 @@ __all__ = [
     "RemoteProtocolError",
     "StorageIOError",
     "StoreClosedError",
+    "StoreCorruptionError",
     "StoreError",
     "TransportError",
 ]
@@ -102,6 +104,15 @@ class StoreError(EdgeHubError):
 
 class StorageIOError(StoreError):
     """The disk refused a write (ENOSPC, EIO). That group failed; the store stays usable."""
+
+
+class StoreCorruptionError(StoreError):
+    """The store's files are damaged (a checksum mismatch, a truncated log, a missing file): opening or reading
+    it would lose acknowledged messages, so it is refused. ``path`` is the store's folder."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class StoreClosedError(StoreError):

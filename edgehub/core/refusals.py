@@ -49,6 +49,7 @@ class RefusalReason(StrEnum):
     TWIN_INVALID = "twin_invalid"
     KEEPALIVE_TIMEOUT = "keepalive_timeout"
     NO_PENDING_CALL = "no_pending_call"
+    STORE_UNAVAILABLE = "store_unavailable"  # the disk refused the write (full, failing)
 
 
 class RefusalLog:

@@ -33,6 +33,7 @@ from edgehub.runtime.hub_runtime import (
 from edgehub.runtime.identity_cli import identity
 from edgehub.runtime.linksim_cli import link_sim
 from edgehub.runtime.routes_cli import describe_routes, routes
+from edgehub.runtime.store_cli import store
 from edgehub.testing.linksim import parse_duration_s, parse_rate_bps
 from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstreamSettings, TlsSettings, WireMode
 from edgehub.upstream.segment import Codec
@@ -51,6 +52,7 @@ def main() -> None:
 main.add_command(routes)
 main.add_command(link_sim)
 main.add_command(identity)
+main.add_command(store)
 
 
 def show_routes(manifest: Path) -> None:

@@ -4,6 +4,11 @@
 order: the listeners and their clients first (so no ack is promised after the store closes), then the
 executors, then the store (closed, so every acknowledged message is on disk).
 
+Before it opens the store, ``serve`` reads every record of it with checksums verified (``open_store(verify=True)``):
+a damaged store raises ``StoreCorruptionError`` before anything is written to it, its message saying the damage,
+the path and the way out (``edgehub store check`` / ``repair``, ``damaged_store_advice``), and the hub does not
+start (the CLI exits 1 with that message, no traceback).
+
 ``$upstream``: when ``HubConfig.upstream`` names an MQTT broker or parent hub (``MqttUpstreamSettings``,
 ``edgehub run --upstream-mqtt``), an ``MqttUpstream`` transport delivers it; when it names a landing zone
 (``UploadUpstreamSettings``, ``edgehub run --upstream-upload``), an ``UploadTransport`` writes one segment file per
@@ -31,11 +36,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from edgehub.core import ConfigurationError, SystemClock, TransportError
+from edgehub.core import ConfigurationError, StoreCorruptionError, SystemClock, TransportError
 from edgehub.delivery import Endpoint, ExecutorSettings
 from edgehub.hub.facade import EdgeHub
 from edgehub.hub.identities import IdentityRegistry
@@ -46,6 +52,7 @@ from edgehub.routing import Router
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
 from edgehub.store import FsyncPolicy, Store, is_upstream_endpoint, parse_upstream_lane_id, upstream_lane_id
 from edgehub.store.rocks import open_rocks_store
+from edgehub.store.salvage import check_store
 from edgehub.upstream.landing import LandingZone
 from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, WireMode
 from edgehub.upstream.partitions import lane_name_of
@@ -58,6 +65,7 @@ __all__ = [
     "HubConfig",
     "UploadUpstreamSettings",
     "UpstreamOverrides",
+    "damaged_store_advice",
     "landing_zone",
     "lane_settings",
     "open_identities",
@@ -126,9 +134,37 @@ def store_path(data_dir: Path) -> Path:
     return data_dir / "store"
 
 
-def open_store(data_dir: Path, *, default_ttl_s: float = 7200.0, fsync: FsyncPolicy = FsyncPolicy.ALWAYS) -> Store:
+def open_store(
+    data_dir: Path,
+    *,
+    default_ttl_s: float = 7200.0,
+    fsync: FsyncPolicy = FsyncPolicy.ALWAYS,
+    verify: bool = False,
+) -> Store:
+    """The hub's store in ``data_dir``. ``verify`` reads every record first (the hub does at start: a flipped byte
+    is found only by reading it). A damaged store raises ``StoreCorruptionError`` saying what to do."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    return open_rocks_store(store_path(data_dir), default_ttl_s=default_ttl_s, fsync=fsync)
+    path = store_path(data_dir)
+    try:
+        if verify and path.is_dir() and any(path.iterdir()):
+            # read-only first: a damaged store is refused before the read-write open rewrites its MANIFEST
+            started = time.monotonic()
+            records = sum(check_store(path).values())
+            log.info("store.verified path=%s records=%d seconds=%.3f", path, records, time.monotonic() - started)
+        return open_rocks_store(path, default_ttl_s=default_ttl_s, fsync=fsync)
+    except StoreCorruptionError as exc:
+        raise StoreCorruptionError(damaged_store_advice(exc, data_dir), path=exc.path) from exc
+
+
+def damaged_store_advice(exc: StoreCorruptionError, data_dir: Path) -> str:
+    """``exc`` with what an operator can do about it (README, "When the store is damaged")."""
+    return (
+        f"{exc}\n"
+        "The hub did not start and changed nothing in the store. To recover:\n"
+        f"  edgehub store check --data-dir {data_dir}    reads every record and reports the damage\n"
+        f"  edgehub store repair --data-dir {data_dir}   keeps a copy aside, then recovers what can be read\n"
+        f"  or move {exc.path} aside and start with an empty store (what it holds is then not delivered)"
+    )
 
 
 def open_identities(store: Store, host_name: str) -> IdentityRegistry:
@@ -235,7 +271,7 @@ async def serve(
     ssl_context = server_ssl_context(certs) if config.mqtts_port is not None else None
     options = upstream_options(desired, config)
     transport = transport_settings(desired, config)
-    store = open_store(config.data_dir, default_ttl_s=float(desired.time_to_live_secs), fsync=config.fsync)
+    store = open_store(config.data_dir, default_ttl_s=float(desired.time_to_live_secs), fsync=config.fsync, verify=True)
     endpoints: list[Endpoint] = []
     try:
         if isinstance(transport, UploadUpstreamSettings):

@@ -12,24 +12,43 @@ crash in between can only make a message delivered whose producer was never ackn
 again): at least once, as always. If the sync fails, the batch is applied but maybe not on disk: the write
 raises ``StorageIOError`` and the store reopens before the next write, as after any failed write (the WAL
 replays what reached it). ``python -m bench.store_sync`` measures the event loop's stalls both ways.
+
+A full disk: the reopen after a failed write needs room too (RocksDB writes a table of the replayed WAL and a new
+MANIFEST), so while the disk stays full it fails; the store then opens the database read-only, so that what it
+holds can still be read and delivered, and tries a read-write open again at the next write, at most once a
+second (``_REOPEN_INTERVAL_S``); writes in between fail at once with ``StorageIOError``.
+
+A damaged store is refused, never opened with acknowledged messages missing (``StoreCorruptionError``, naming the
+path and the damage): paranoid checks are on; the WAL is replayed with ``kTolerateCorruptedTailRecords``, so an
+incomplete last record (a write a crash cut short, never acknowledged: acks follow the sync) is dropped and
+anything else wrong refuses the open (RocksDB's default, point-in-time recovery, would stop at a corruption in
+the middle of the WAL and open with every later write gone); a CURRENT that is missing while tables or logs are
+there, or that names a missing MANIFEST, is refused before RocksDB would create a new, empty database over it. A
+truncated WAL ends like a torn write, so RocksDB cannot tell them apart: at most once a second after a sync the
+backend records the WAL's size from before that sync in ``EDGEHUB-WAL-SYNCED`` (the file and a size, never more
+than is on disk), and an open that finds that WAL shorter refuses. ``verify`` reads every record with its
+checksum (a flipped byte in a table is found only by reading it; the hub does it at start, read-only), and a read
+that meets damage raises ``StoreCorruptionError``. ``edgehub.store.salvage`` checks and repairs a damaged store.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import os
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import rocksdict
 
-from edgehub.core import StorageIOError, StoreClosedError, StoreError
+from edgehub.core import StorageIOError, StoreClosedError, StoreCorruptionError, StoreError
 from edgehub.store.backend import DeleteTo, Op
 from edgehub.store.store import Store
 
-__all__ = ["RocksBackend", "open_rocks_store"]
+__all__ = ["WAL_MARK", "RocksBackend", "open_rocks_store", "repair_db"]
 
 log = logging.getLogger(__name__)
 
@@ -37,66 +56,181 @@ log = logging.getLogger(__name__)
 # All memtables together stay under this, whatever the number of queues (column families): a gateway has
 # little memory, and the WAL already makes every write durable.
 _DB_WRITE_BUFFER_BYTES = 32 << 20
+_REOPEN_INTERVAL_S = 1.0  # while the disk stays full, a read-write reopen is tried at most this often
+WAL_MARK = "EDGEHUB-WAL-SYNCED"  # "<wal file name> <bytes synced>", in the store's folder
+_WAL_MARK_INTERVAL_S = 1.0
 
 
-def _options() -> rocksdict.Options:
+def _options(*, salvage: bool = False) -> rocksdict.Options:
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
     opts.set_db_write_buffer_size(_DB_WRITE_BUFFER_BYTES)
+    opts.set_paranoid_checks(not salvage)
+    # salvage: every WAL record that is whole, past any damaged one (a copy of the damaged store is kept)
+    mode = rocksdict.DBRecoveryMode
+    opts.set_wal_recovery_mode(mode.skip_any_corrupted_record() if salvage else mode.tolerate_corrupted_tail_records())
     return opts
 
 
-class RocksBackend:
-    """A RocksDB database at ``path``; column families are created on first use."""
+def _damaged(path: str, what: str) -> StoreCorruptionError:
+    return StoreCorruptionError(f"the store at {path} is damaged: {what}", path=path)
 
-    def __init__(self, path: str | Path) -> None:
+
+def _error(path: str, exc: Exception, doing: str) -> StoreError:
+    """RocksDB's error of ``doing`` as ours: damage (a corruption, a file it needs gone), a store another process
+    holds, or the disk refusing."""
+    text = str(exc)
+    if "Corruption" in text or "No such file" in text:
+        return _damaged(path, text)
+    if "lock file" in text:  # "While lock file: .../LOCK: Resource temporarily unavailable"
+        return StorageIOError(f"the store at {path} is in use by another process (a running hub?): {text}")
+    return StorageIOError(f"{doing} {path} failed: {text}")
+
+
+def _check_files(path: Path) -> None:
+    """Refuse damage RocksDB would not: a CURRENT that is missing or names a missing MANIFEST (with
+    ``create_if_missing`` RocksDB would make a new, empty database over the old files), a WAL shorter than was
+    synced (``WAL_MARK``)."""
+    current = path / "CURRENT"
+    if not current.is_file():
+        data = sorted(
+            n for n in os.listdir(path) if n.endswith(".sst") or (n.endswith(".log") and (path / n).stat().st_size)
+        )
+        if data:
+            raise _damaged(
+                str(path), f"CURRENT is missing, yet {data[0]} and {len(data) - 1} more data files are there"
+            )
+        return
+    manifest = current.read_text(errors="replace").strip()
+    if not manifest.startswith("MANIFEST-") or "/" in manifest or not (path / manifest).is_file():
+        raise _damaged(
+            str(path), f"CURRENT names {manifest!r}, which is missing (the MANIFEST lists the store's files)"
+        )
+    try:
+        name, size = (path / WAL_MARK).read_text().split()
+        synced = int(size)
+    except FileNotFoundError:
+        return
+    except ValueError:
+        log.warning("store.wal_mark_unreadable path=%s", path)  # cut short by a power cut: it checks nothing
+        return
+    if "/" in name or not name.endswith(".log"):
+        return
+    try:
+        actual = (path / name).stat().st_size
+    except FileNotFoundError:
+        return  # replayed into a table and deleted: nothing in it is needed any more
+    if actual < synced:
+        raise _damaged(
+            str(path),
+            f"the write-ahead log {name} is {actual} bytes, but {synced} bytes of it had been synced: it was "
+            "truncated, and the acknowledged messages in the missing part would be lost",
+        )
+
+
+def _current_wal(path: str) -> tuple[str, int] | None:
+    """The newest WAL file and its size now."""
+    with os.scandir(path) as entries:
+        logs = [e for e in entries if e.name.endswith(".log") and e.name[:-4].isdigit()]
+    if not logs:
+        return None
+    newest = max(logs, key=lambda e: int(e.name[:-4]))
+    try:
+        return newest.name, newest.stat().st_size
+    except FileNotFoundError:
+        return None
+
+
+class RocksBackend:
+    """A RocksDB database at ``path``; column families are created on first use. ``read_only``: an existing
+    database, opened without writing anything (its WAL replayed in memory only). ``salvage`` (read-only too): a
+    damaged one, opened as leniently as RocksDB can (WAL records past a damaged one replayed, no paranoid checks,
+    no check of CURRENT or the WAL mark), to copy out what can still be read."""
+
+    def __init__(self, path: str | Path, *, read_only: bool = False, salvage: bool = False) -> None:
+        read_only = read_only or salvage
+        self._salvage = salvage
         self._path = str(path)
-        Path(self._path).mkdir(parents=True, exist_ok=True)
+        if not read_only:
+            Path(self._path).mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()  # guards family creation and reopening; RocksDB itself is thread safe
         self._nosync = rocksdict.WriteOptions()
         self._closed = False
         self._failed = False
-        self._open()
+        self._unopened: str | None = None  # why no database is open (a reopen after a failure failed twice)
+        self._retry_at = 0.0  # monotonic; a read-write reopen is not tried before
+        self._mark_at = 0.0  # monotonic; the WAL mark is not written again before
+        self._read_only = read_only
+        self._open(read_only=read_only)
 
-    def _open(self) -> None:
-        try:
-            names = rocksdict.Rdict.list_cf(self._path, rocksdict.Options(raw_mode=True))
-        except Exception:
-            names = ["default"]  # a new database
+    def _open(self, *, read_only: bool = False) -> None:
+        if not self._salvage:
+            _check_files(Path(self._path))
+        names = ["default"]
+        if (Path(self._path) / "CURRENT").is_file():
+            try:
+                names = rocksdict.Rdict.list_cf(self._path, rocksdict.Options(raw_mode=True))
+            except Exception as exc:
+                raise _error(self._path, exc, "open of") from exc
+        access = rocksdict.AccessType.read_only() if read_only else rocksdict.AccessType.read_write()
         try:
             self._db = rocksdict.Rdict(
-                self._path, _options(), column_families={n: rocksdict.Options(raw_mode=True) for n in names}
+                self._path,
+                _options(salvage=self._salvage),
+                column_families={n: rocksdict.Options(raw_mode=True) for n in names},
+                access_type=access,
             )
         except Exception as exc:
-            raise StorageIOError(f"cannot open store at {self._path}: {exc}") from exc
+            raise _error(self._path, exc, "open of") from exc
+        # new dicts, not cleared ones: a reader in another thread keeps the ones it took until it is done
         self._cfs: dict[str, rocksdict.Rdict] = {n: self._db.get_column_family(n) for n in names}
         self._handles = {n: self._db.get_column_family_handle(n) for n in names}
+        self._unopened = None
 
     def _recover(self) -> None:
         """After a failed write RocksDB refuses every later write (a sticky background error) and rocksdict
-        offers no ``Resume``; closing and reopening replays the WAL without the failed batch."""
+        offers no ``Resume``; closing and reopening replays the WAL without the failed batch. While the disk is
+        still full the reopen fails: the database is then opened read-only (reads go on) and the next write
+        tries again, once ``_REOPEN_INTERVAL_S`` has passed."""
         with self._lock:
             if not self._failed:
                 return
-            self._cfs.clear()
-            self._handles.clear()
-            db = getattr(self, "_db", None)
-            if db is not None:
+            if time.monotonic() < self._retry_at:
+                raise StorageIOError(f"the store at {self._path} takes no writes since a failed one; retrying soon")
+            self._drop_db()
+            try:
+                self._open()
+            except StoreError as exc:
+                self._retry_at = time.monotonic() + _REOPEN_INTERVAL_S
+                log.warning("store.reopen_failed path=%s error=%s", self._path, exc)
                 try:
-                    db.close()
-                except Exception as exc:
-                    log.info("store.close_after_failure path=%s error=%s", self._path, exc)
-                # close() raised before releasing the database: dropping the last reference releases its LOCK
-                del self._db, db
-                gc.collect()
-            self._open()
+                    self._open(read_only=True)
+                except StoreError as again:
+                    self._unopened = str(again)
+                raise
             self._failed = False
             log.info("store.reopened_after_failure path=%s", self._path)
+
+    def _drop_db(self) -> None:
+        self._cfs = {}
+        self._handles = {}
+        self._unopened = "reopening after a failed write"
+        db = getattr(self, "_db", None)
+        if db is not None:
+            try:
+                db.close()
+            except Exception as exc:
+                log.info("store.close_after_failure path=%s error=%s", self._path, exc)
+            # close() raised before releasing the database: dropping the last reference releases its LOCK
+            del self._db, db
+            gc.collect()
 
     def _live(self) -> None:
         if self._closed:
             raise StoreClosedError(f"the store at {self._path} is closed")
+        if self._unopened is not None:
+            raise StorageIOError(f"the store at {self._path} is not open: {self._unopened}")
 
     def families(self) -> list[str]:
         self._live()
@@ -121,7 +255,10 @@ class RocksBackend:
         cf = self._cfs.get(family)
         if cf is None:
             return None
-        value = cf.get(key)
+        try:
+            value = cf.get(key)
+        except Exception as exc:
+            raise _error(self._path, exc, "read of") from exc
         return None if value is None else bytes(value)
 
     def multi_get(self, family: str, keys: Sequence[bytes]) -> list[bytes | None]:
@@ -129,7 +266,10 @@ class RocksBackend:
         cf = self._cfs.get(family)
         if cf is None or not keys:
             return [None] * len(keys)
-        values = cf.get(list(keys))
+        try:
+            values = cf.get(list(keys))
+        except Exception as exc:
+            raise _error(self._path, exc, "read of") from exc
         return [None if v is None else bytes(v) for v in (values or [])]
 
     def scan(self, family: str, from_key: bytes, limit: int) -> list[tuple[bytes, bytes]]:
@@ -137,12 +277,18 @@ class RocksBackend:
         cf = self._cfs.get(family)
         if cf is None or limit <= 0:
             return []
-        it = cf.iter()
-        it.seek(from_key)
         out: list[tuple[bytes, bytes]] = []
-        while it.valid() and len(out) < limit:
-            out.append((it.key(), it.value()))
-            it.next()
+        try:
+            it = cf.iter()
+            it.seek(from_key)
+            while it.valid():
+                out.append((it.key(), it.value()))
+                if len(out) >= limit:
+                    break  # not a step further: past the last record asked for may be damage (salvage reads up to it)
+                it.next()
+            it.status()
+        except Exception as exc:
+            raise _error(self._path, exc, "read of") from exc
         return out
 
     def last_key(self, family: str) -> bytes | None:
@@ -150,19 +296,24 @@ class RocksBackend:
         cf = self._cfs.get(family)
         if cf is None:
             return None
-        it = cf.iter()
-        it.seek_to_last()
-        return bytes(it.key()) if it.valid() else None
+        try:
+            it = cf.iter()
+            it.seek_to_last()
+            return bytes(it.key()) if it.valid() else None
+        except Exception as exc:
+            raise _error(self._path, exc, "read of") from exc
 
     def write(self, ops: Sequence[Op], *, sync: bool) -> None:
+        if self._read_only:
+            raise ValueError(f"the store at {self._path} was opened read-only")
+        if self._failed and not self._closed:
+            self._recover()  # before _live: a store left with no database open is reopened here too
         self._live()
-        if self._failed:
-            self._recover()
         batch = self._batch(ops)
         try:
             self._db.write(batch, self._nosync)
             if sync:
-                self._db.flush_wal(True)  # the fsync, without the GIL (see the module docstring)
+                self._sync()
         except rocksdict.DbClosedError as exc:
             raise StoreClosedError(f"the store at {self._path} is closed") from exc
         except Exception as exc:
@@ -189,10 +340,26 @@ class RocksBackend:
                 batch.put(key, value, handle)
         return batch
 
+    def _sync(self) -> None:
+        """The fsync, without the GIL (see the module docstring); at most once a second, the WAL mark of what it
+        made durable (the size read before the sync: never more than is on disk)."""
+        now = time.monotonic()
+        wal = _current_wal(self._path) if now >= self._mark_at else None
+        self._db.flush_wal(True)
+        if wal is not None:
+            self._mark_at = now + _WAL_MARK_INTERVAL_S
+            tmp = os.path.join(self._path, WAL_MARK + ".tmp")
+            try:
+                with open(tmp, "w") as f:
+                    f.write(f"{wal[0]} {wal[1]}\n")
+                os.replace(tmp, os.path.join(self._path, WAL_MARK))
+            except OSError as exc:  # a full disk: the mark is a check, not the data; the next one may succeed
+                log.debug("store.wal_mark_failed path=%s error=%s", self._path, exc)
+
     def sync_wal(self) -> None:
         self._live()
         try:
-            self._db.flush_wal(True)
+            self._sync()
         except Exception as exc:
             self._failed = True
             raise StorageIOError(f"sync of {self._path} failed: {exc}") from exc
@@ -201,7 +368,7 @@ class RocksBackend:
         if self._closed:
             return
         self._closed = True
-        if not self._failed:
+        if not self._failed and not self._read_only:
             # a clean close leaves nothing in memtables, so the next open replays no WAL (fast recovery)
             for cf in self._cfs.values():
                 try:
@@ -211,13 +378,42 @@ class RocksBackend:
                     log.warning("store.flush_failed path=%s error=%s", self._path, exc)
                     self._failed = True
                     break
-        self._cfs.clear()
-        self._handles.clear()
+        self._cfs = {}
+        self._handles = {}
+        if self._unopened is not None:
+            return
         try:
             self._db.close()
         except Exception as exc:
             if not self._failed:
                 raise StoreError(f"close of {self._path} failed: {exc}") from exc
+
+    def verify(self) -> dict[str, int]:
+        """Read every record of every column family with its checksum verified (a flipped byte in a table is
+        found only so); the number of records in each. ``StoreCorruptionError`` names the first damage."""
+        self._live()
+        opts = rocksdict.ReadOptions()
+        opts.set_verify_checksums(True)
+        opts.fill_cache(False)  # type: ignore[call-arg]  # the stub lacks the flag; one pass: keep the cache
+        counts: dict[str, int] = {}
+        for name, cf in self._cfs.items():
+            n = 0
+            try:
+                it = cf.iter(opts)
+                it.seek_to_first()
+                while it.valid():
+                    n += 1
+                    it.next()
+                it.status()
+            except Exception as exc:
+                raise _error(self._path, exc, "read of") from exc
+            counts[name] = n
+        return counts
+
+    def close_unflushed(self) -> None:
+        """Close without flushing its memtables (a store about to be thrown away: nothing more is written)."""
+        self._failed = True
+        self.close()
 
 
 def open_rocks_store(path: str | Path, **settings: Any) -> Store:
@@ -225,3 +421,14 @@ def open_rocks_store(path: str | Path, **settings: Any) -> Store:
 
     Kept here, not on ``Store``, so that importing ``edgehub.store`` never loads rocksdict (layer contract)."""
     return Store(RocksBackend(path), **settings)
+
+
+def repair_db(path: str | Path) -> None:
+    """RocksDB's repair (``RepairDB``) in place: a new MANIFEST from the table files it finds (WALs turned into
+    tables, files it cannot read moved to ``lost/``). For a store whose MANIFEST or CURRENT is gone; it drops a
+    whole table for one bad block, and WAL records of a column family no table names (``edgehub.store.salvage``
+    copies record by record instead where the store still opens)."""
+    try:
+        rocksdict.Rdict.repair(str(path), _options())
+    except Exception as exc:
+        raise _error(str(path), exc, "repair of") from exc

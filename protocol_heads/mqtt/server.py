@@ -66,6 +66,7 @@ from edgehub.core import (
     InvalidMessageError,
     LocalProtocolError,
     Message,
+    StorageIOError,
     StoreError,
     SystemClock,
     SystemProperty,
@@ -114,7 +115,10 @@ REJECT_REASONS: Mapping[str, int] = {
     # sessionId and partitionKey differ: the PUBLISH is well formed but the hub will not take it, which is 0x83's
     # meaning in MQTT 5 (0x99 "payload format invalid" is about the payload format indicator, not properties).
     "partition_key_mismatch": ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
+    # The disk refused the write (full, failing): 0x97 tells the device to hold on to it and retry later.
+    "store_unavailable": ReasonCode.QUOTA_EXCEEDED,
 }
+_STORE_UNAVAILABLE = Rejected("store_unavailable", "the hub cannot store messages now (disk full or failing)")
 
 _READ_SIZE = 256 * 1024
 _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only; see the module docstring
@@ -720,7 +724,12 @@ class _Client(asyncio.BufferedProtocol):
                 if len(known) >= _TELEMETRY_CACHE_SIZE:
                     known.clear()
                 known[p.topic] = (msg.system_properties, msg.properties)
-        outcomes = await self.hub.ingest(identity, to_store) if to_store else []
+        try:
+            outcomes = await self.hub.ingest(identity, to_store) if to_store else []
+        except StorageIOError:
+            # Nothing of the group was stored and the store stays usable (the store logged why): a refusal of
+            # these messages, as for any other, not of the connection.
+            outcomes = [_STORE_UNAVAILABLE] * len(to_store)
         answers: list[tuple[int, int, str | None]] = []
         for ticket, reason in settle:
             text = None

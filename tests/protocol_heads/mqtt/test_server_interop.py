@@ -451,16 +451,21 @@ async def test_will_is_published_only_when_the_client_vanishes(
     assert [(m.body, m.properties) for _, m in hub.stored] == ([(b"gone", {"kind": "will"})] if will_stored else [])
 
 
-async def test_store_failure_closes_a_v5_client_without_acking(head: MqttServer, hub: InMemoryHub) -> None:
+async def test_store_failure_refuses_the_message_of_a_v5_client_and_keeps_the_connection(
+    head: MqttServer, hub: InMemoryHub
+) -> None:
     dev = Paho.make("dev1", protocol=mqtt.MQTTv5)
     await dev.connect(head.ports["tcp"], user=username(DEV), password=sas_password(DEV, DEVICE_KEY))
-    hub.fail_next_ingest()
-    dev.publish("devices/dev1/messages/events/", b"lost?")
+    hub.fail_next_ingest()  # the disk said no (StorageIOError): a refusal with a reason, as a full queue's
+    mid = dev.publish("devices/dev1/messages/events/", b"lost?")
     async with asyncio.timeout(10):
-        rc = await dev.disconnects.get()
-    assert rc.value == ReasonCode.UNSPECIFIED_ERROR
-    assert dev.publishes.empty()
+        assert await dev.publishes.get() == (mid, ReasonCode.QUOTA_EXCEEDED)
     assert hub.stored == []
+    mid = dev.publish("devices/dev1/messages/events/", b"again")
+    async with asyncio.timeout(10):
+        assert await dev.publishes.get() == (mid, 0)
+    assert not dev.gone
+    assert [m.body for _, m in hub.stored] == [b"again"]
     await dev.close()
 
 
