@@ -16,7 +16,8 @@ from pyspark.sql import SparkSession
 
 from edgehub.testing.peers import MosquittoPeer
 from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstream, MqttUpstreamSettings
-from spark_upload.job import JobSettings, run
+from spark_upload.job import run
+from spark_upload.settings import JobSettings
 from spark_upload.receiver import Received, Receiver, ReceiverSettings
 from tests.spark_upload.messages import assert_bronze_row_carries, expected_edge_message_id, queued_messages
 

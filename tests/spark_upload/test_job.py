@@ -24,17 +24,12 @@ from edgehub.upstream.segment import (
     record_from_message,
 )
 from edgehub.upstream.upload_transport import UploadTransport
-from spark_upload.job import (
-    BRONZE_COLUMNS,
-    RECORD_SCHEMA,
-    CheckpointMismatchError,
-    JobSettings,
-    compact,
-    device_minute_stats,
-    finish,
-    run,
-    start,
-)
+from spark_upload.classification import BRONZE_COLUMNS, RECORD_SCHEMA
+from spark_upload.compaction import compact
+from spark_upload.job import finish, run, start
+from spark_upload.settings import JobSettings
+from spark_upload.sink import CheckpointMismatchError
+from spark_upload.tables import device_minute_stats
 from tests.spark_upload.messages import assert_bronze_row_carries, expected_edge_message_id, queued_messages
 
 BASE_S = 1_795_000_020.0  # 2026-11-18T11:07:00Z, a whole minute
