@@ -3,7 +3,7 @@
 Usage:
     python -m spark_upload.job --landing URL --lake DIR --checkpoint DIR \\
         [--trigger available-now|continuous] [--master local[2]]
-    spark-submit --master spark://HOST:7077 spark_upload/job.py \\
+    spark-submit --master spark://HOST:7077 --py-files edgehub-job.zip spark_upload/job.py \\
         --landing URL --lake DIR --checkpoint DIR --trigger available-now
     python -m spark_upload.job compact --lake DIR [--older-than-days 2] [--max-records-per-file N]
 

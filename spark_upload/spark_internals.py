@@ -90,7 +90,7 @@ def _gateway(spark: SparkSession) -> tuple[Any, Any]:
     """The driver JVM's py4j view and its JavaSparkContext: private attributes of ``SparkContext``."""
     try:
         sc = spark.sparkContext
-    except Exception as exc:  # Spark Connect sessions have no SparkContext; pyspark raises its own error type
+    except AttributeError as exc:  # a Spark Connect session: pyspark raises its JVM_ATTRIBUTE_NOT_SUPPORTED
         raise SparkInternalsError(f"this session has no SparkContext ({exc}): the job needs a classic session") from exc
     jvm, jsc = getattr(sc, "_jvm", None), getattr(sc, "_jsc", None)
     if jvm is None or jsc is None:

@@ -20,8 +20,8 @@ from pyspark.sql import SparkSession
 from edgehub.upstream.landing import LandingZone
 from edgehub.upstream.segment import SegmentName, SegmentRecord, encode_segment
 from spark_upload.job import run
-from spark_upload.settings import JobSettings
 from spark_upload.spark_internals import CheckpointLog, HadoopDir, SparkInternalsError, check_spark
+from tests.spark_upload.checkpoints import forget_batches, job_settings, newest, rewrite
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
 
@@ -44,27 +44,6 @@ def _land(zone: LandingZone, first: int, last: int) -> str:
     return name.path
 
 
-def _settings(tmp_path: Path, **kw: object) -> JobSettings:
-    return JobSettings(
-        landing=str(tmp_path / "landing"),
-        lake=str(tmp_path / "lake"),
-        checkpoint=str(tmp_path / "checkpoint"),
-        print_metrics=False,
-        **kw,  # type: ignore[arg-type]
-    )
-
-
-def _rewrite(path: Path, text: str) -> None:
-    """Replace a checkpoint file, and drop the checksum Hadoop's local file system keeps beside it."""
-    path.write_text(text)
-    path.with_name(f".{path.name}.crc").unlink(missing_ok=True)
-
-
-def _newest(log: Path) -> Path:
-    """The newest entry of a checkpoint log folder (offsets, commits)."""
-    return max((p for p in log.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-
-
 def _bronze_count(spark: SparkSession, tmp_path: Path) -> int:
     return spark.read.parquet(str(tmp_path / "lake" / "bronze")).count()
 
@@ -75,7 +54,7 @@ def test_the_installed_spark_and_the_checkpoint_it_writes_pass_every_check(spark
     key = "spark.sql.streaming.fileSource.log.compactInterval"
     spark.conf.set(key, "2")  # so that a batch's files are found in a .compact log file too
     try:
-        run(spark, _settings(tmp_path, max_files_per_trigger=1))
+        run(spark, job_settings(tmp_path, max_files_per_trigger=1))
     finally:
         spark.conf.unset(key)
 
@@ -97,18 +76,18 @@ def test_a_checkpoint_whose_offsets_log_has_another_version_is_refused_before_an
 ) -> None:
     zone = LandingZone(str(tmp_path / "landing"))
     _land(zone, 0, 9)
-    settings = _settings(tmp_path)
+    settings = job_settings(tmp_path)
     run(spark, settings)
     offsets = tmp_path / "checkpoint" / "offsets"
-    newest = _newest(offsets)
-    _rewrite(newest, newest.read_text().replace("v1", "v2", 1))
+    last = newest(offsets)
+    rewrite(last, last.read_text().replace("v1", "v2", 1))
     planned = sorted(offsets.iterdir())
     _land(zone, 10, 19)
 
     with pytest.raises(SparkInternalsError, match="expected log format v1, found 'v2'") as refused:
         run(spark, settings)
     assert refused.value.path is not None
-    assert refused.value.path.endswith(f"offsets/{newest.name}")
+    assert refused.value.path.endswith(f"offsets/{last.name}")
     assert sorted(offsets.iterdir()) == planned  # no batch was started
     assert _bronze_count(spark, tmp_path) == 10
 
@@ -116,9 +95,9 @@ def test_a_checkpoint_whose_offsets_log_has_another_version_is_refused_before_an
 def test_a_source_log_of_another_version_is_refused_where_it_is_read(spark: SparkSession, tmp_path: Path) -> None:
     zone = LandingZone(str(tmp_path / "landing"))
     _land(zone, 0, 9)
-    run(spark, _settings(tmp_path))
+    run(spark, job_settings(tmp_path))
     entry = tmp_path / "checkpoint" / "sources" / "0" / "0"
-    _rewrite(entry, entry.read_text().replace("v1", "v9", 1))
+    rewrite(entry, entry.read_text().replace("v1", "v9", 1))
 
     log = CheckpointLog(HadoopDir(spark, str(tmp_path / "checkpoint")))
     with pytest.raises(SparkInternalsError, match="expected log format v1, found 'v9'") as refused:
@@ -138,20 +117,17 @@ def test_a_batch_that_meets_another_layout_fails_the_run_with_our_error_and_writ
     zone = LandingZone(str(tmp_path / "landing"))
     _land(zone, 0, 9)
     _land(zone, 10, 19)
-    settings = _settings(tmp_path, max_files_per_trigger=1)
+    settings = job_settings(tmp_path, max_files_per_trigger=1)
     run(spark, settings)
     checkpoint = tmp_path / "checkpoint"
-    for log, first_dropped in (("commits", 1), ("offsets", 2)):
-        for entry in (checkpoint / log).iterdir():
-            if int(entry.name.strip(".").removesuffix(".crc")) >= first_dropped:
-                entry.unlink()
+    forget_batches(checkpoint, commits_from=1, offsets_from=2)
     (tmp_path / "lake" / "_committed" / "b0000000001").unlink()
     for part in (tmp_path / "lake" / "bronze").glob("*/part-b0000000001-*"):
         part.unlink()
     lines = (checkpoint / "offsets" / "0").read_text().splitlines()
     meta = json.loads(lines[1])
     meta["batchTimestampMillis"] = meta.pop("batchTimestampMs")
-    _rewrite(checkpoint / "offsets" / "0", "\n".join([lines[0], json.dumps(meta), *lines[2:]]))
+    rewrite(checkpoint / "offsets" / "0", "\n".join([lines[0], json.dumps(meta), *lines[2:]]))
 
     with pytest.raises(SparkInternalsError, match="'batchTimestampMs' of type int") as refused:
         run(spark, settings)
@@ -166,10 +142,10 @@ def test_the_command_refuses_a_checkpoint_of_another_layout_with_a_line_and_stat
 ) -> None:
     zone = LandingZone(str(tmp_path / "landing"))
     _land(zone, 0, 9)
-    run(spark, _settings(tmp_path))
+    run(spark, job_settings(tmp_path))
     offsets = tmp_path / "checkpoint" / "offsets"
-    newest = _newest(offsets)
-    _rewrite(newest, newest.read_text().replace("v1", "v2", 1))
+    last = newest(offsets)
+    rewrite(last, last.read_text().replace("v1", "v2", 1))
 
     # Its own process: main() stops the session it gets, which in this one is the tests' shared session.
     done = subprocess.run(
@@ -186,5 +162,5 @@ def test_the_command_refuses_a_checkpoint_of_another_layout_with_a_line_and_stat
     assert done.returncode == 2, done.stderr[-2000:]
     (refusal,) = [line for line in done.stderr.splitlines() if line.startswith("ingest.refused")]
     assert "error=SparkInternalsError" in refusal
-    assert f"offsets/{newest.name}: expected log format v1, found 'v2'" in refusal
+    assert f"offsets/{last.name}: expected log format v1, found 'v2'" in refusal
     assert "Traceback" not in done.stderr
