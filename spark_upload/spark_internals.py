@@ -50,7 +50,8 @@ __all__ = [
     "gzip_error",
 ]
 
-# The layout above is Spark 4's (checked on 4.0 to 4.3). Another major version is refused, not tried.
+# The layout above is Spark 4's (checked on the pyspark 4.3.0 installed here). Another major version is refused,
+# not tried.
 SUPPORTED_SPARK_MAJOR = 4
 LOG_VERSION = "v1"  # the first line of offsets/* and sources/0/*
 SOURCE = "0"  # the job's one source, the landing zone's text files
