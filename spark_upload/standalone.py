@@ -5,6 +5,10 @@ For the cluster test and the benchmark, and for users who want to try the job on
     with StandaloneCluster(workers=2, work_dir=Path("/tmp/spark-cluster")) as cluster:
         cluster.submit(["--landing", ..., "--lake", ..., "--checkpoint", ...])
 
+``submit`` ships the job as the README says: ``spark_upload/job.py`` with ``--py-files`` a zip of the
+``spark_upload`` and ``edgehub`` packages (``job_zip``), and without the caller's ``PYTHONPATH``, so the driver
+imports the job's modules from the zip as it would on a cluster's host.
+
 Invariants: every process listens on 127.0.0.1 only (ports picked free); ``__enter__`` returns once the master has
 elected itself leader and every worker has registered with it (read from their logs, never by sleeping);
 ``__exit__`` terminates exactly the processes it started.
@@ -12,11 +16,13 @@ elected itself leader and every worker has registered with it (read from their l
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
 import sys
 import threading
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -24,14 +30,30 @@ from typing import IO, Self
 
 import pyspark
 
-__all__ = ["StandaloneCluster", "spark_home"]
+__all__ = ["JOB_FILE", "StandaloneCluster", "job_zip", "spark_home"]
 
 JOB_FILE = Path(__file__).with_name("job.py")
+JOB_PACKAGES = ("spark_upload", "edgehub")  # what job.py imports: its siblings and the segment format
 
 
 def spark_home() -> Path:
     """The Spark installation inside the pyspark package."""
     return Path(pyspark.__file__).parent
+
+
+def job_zip(dest: Path) -> Path:
+    """Write ``dest``: the packages the job imports (``JOB_PACKAGES``, from where this Python finds them), for
+    ``spark-submit --py-files``. Same as ``python -m zipfile -c dest spark_upload edgehub`` in a checkout."""
+    with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as out:
+        for package in JOB_PACKAGES:
+            spec = importlib.util.find_spec(package)
+            if spec is None or not spec.submodule_search_locations:
+                raise RuntimeError(f"package {package} not found: the job cannot be shipped without it")
+            root = Path(next(iter(spec.submodule_search_locations)))
+            for path in sorted(root.rglob("*")):
+                if path.is_file() and "__pycache__" not in path.parts:
+                    out.write(path, Path(package) / path.relative_to(root))
+    return dest
 
 
 def _free_port() -> int:
@@ -148,7 +170,8 @@ class StandaloneCluster:
     def submit(
         self, job_args: Sequence[str], *, conf: dict[str, str] | None = None, timeout_s: float = 300.0
     ) -> subprocess.CompletedProcess[str]:
-        """``spark-submit --master spark://... spark_upload/job.py ARGS``; raises when the job fails."""
+        """``spark-submit --master spark://... --py-files JOB_ZIP spark_upload/job.py ARGS``; raises when the job
+        fails."""
         cmd = [str(spark_home() / "bin" / "spark-submit"), "--master", self.master_url]
         settings = {
             "spark.executor.memory": "512m",
@@ -160,8 +183,10 @@ class StandaloneCluster:
         }
         for key, value in settings.items():
             cmd += ["--conf", f"{key}={value}"]
-        cmd += [str(JOB_FILE), *job_args]
-        return subprocess.run(cmd, env=self.env(), capture_output=True, text=True, timeout=timeout_s, check=True)
+        cmd += ["--py-files", str(job_zip(self.work_dir / "edgehub-job.zip")), str(JOB_FILE), *job_args]
+        env = self.env()
+        env.pop("PYTHONPATH", None)
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=True)
 
     def _stop(self) -> None:
         for proc in reversed(self._procs):

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from spark_upload.job import build_session
+from spark_upload.settings import build_session
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from edgehub.upstream.landing import LandingZone
 from edgehub.upstream.segment import SegmentName, SegmentRecord, encode_segment
-from spark_upload.job import JobSettings, run
+from spark_upload.job import run
+from spark_upload.settings import JobSettings
 from spark_upload.standalone import StandaloneCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.timeout(420)]

@@ -16,8 +16,9 @@ from pyspark.sql import SparkSession
 
 from edgehub.testing.peers import MosquittoPeer
 from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstream, MqttUpstreamSettings
-from spark_upload.job import JobSettings, run
+from spark_upload.job import run
 from spark_upload.receiver import Received, Receiver, ReceiverSettings
+from spark_upload.settings import JobSettings
 from tests.spark_upload.messages import assert_bronze_row_carries, expected_edge_message_id, queued_messages
 
 pytestmark = [pytest.mark.spark, pytest.mark.interop, pytest.mark.timeout(180)]

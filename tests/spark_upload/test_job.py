@@ -24,17 +24,12 @@ from edgehub.upstream.segment import (
     record_from_message,
 )
 from edgehub.upstream.upload_transport import UploadTransport
-from spark_upload.job import (
-    BRONZE_COLUMNS,
-    RECORD_SCHEMA,
-    CheckpointMismatchError,
-    JobSettings,
-    compact,
-    device_minute_stats,
-    finish,
-    run,
-    start,
-)
+from spark_upload.classification import BRONZE_COLUMNS, RECORD_SCHEMA
+from spark_upload.compaction import compact
+from spark_upload.job import finish, run, start
+from spark_upload.sink import CheckpointMismatchError
+from spark_upload.tables import device_minute_stats
+from tests.spark_upload.checkpoints import forget_batches, job_settings
 from tests.spark_upload.messages import assert_bronze_row_carries, expected_edge_message_id, queued_messages
 
 BASE_S = 1_795_000_020.0  # 2026-11-18T11:07:00Z, a whole minute
@@ -55,16 +50,6 @@ def _land(zone: LandingZone, first: int, last: int, *, lane: str = "upstream") -
     records = [_record(i) for i in range(first, last + 1)]
     zone.write(SegmentName("hub1", lane, 3, first, last), encode_segment(records))
     return records
-
-
-def _settings(tmp_path: Path, **kw: object) -> JobSettings:
-    return JobSettings(
-        landing=str(tmp_path / "landing"),
-        lake=str(tmp_path / "lake"),
-        checkpoint=str(tmp_path / "checkpoint"),
-        print_metrics=False,
-        **kw,  # type: ignore[arg-type]
-    )
 
 
 def _metrics(tmp_path: Path) -> list[dict[str, object]]:
@@ -139,7 +124,7 @@ async def test_segments_uploaded_by_the_hubs_upload_transport_read_back_field_fo
             segments[expected_edge_message_id(qm, hub_id="hub1", lane="upstream")] = result.details["segment"]
     # What the receiver sets aside is not a segment and must not reach (or stop) the job.
     LandingZone(str(tmp_path / "landing")).write_path("rejected/0123.bin", b"not gzip at all")
-    run(spark, _settings(tmp_path))
+    run(spark, job_settings(tmp_path))
     assert not (tmp_path / "lake" / "quarantine").exists()
 
     bronze = spark.read.parquet(str(tmp_path / "lake" / "bronze"))
@@ -167,7 +152,7 @@ def test_duplicates_by_edge_message_id_are_removed_across_segments_and_batches(
     zone = LandingZone(str(tmp_path / "landing"))
     _land(zone, 0, 9)
     _land(zone, 5, 14)  # a batch cut differently after a restart overlaps the first
-    settings = _settings(tmp_path)
+    settings = job_settings(tmp_path)
     run(spark, settings)
     _land(zone, 0, 9, lane="upstream-p1")  # the same messages retried under another name, in a later batch
     _land(zone, 15, 19)
@@ -226,7 +211,7 @@ def test_each_kind_of_bad_record_is_quarantined_with_its_reason_and_the_job_keep
     folder = tmp_path / "landing" / "hub1" / "upstream" / "p03"
     folder.mkdir(parents=True)
     (folder / "bad.jsonl.gz").write_bytes(gzip.compress(text.encode()))
-    run(spark, _settings(tmp_path))
+    run(spark, job_settings(tmp_path))
 
     quarantine = spark.read.parquet(str(tmp_path / "lake" / "quarantine")).collect()
     got = sorted((r.reason, r.line) for r in quarantine)
@@ -257,7 +242,7 @@ def test_a_segment_that_is_not_a_whole_gzip_stream_is_quarantined_as_unreadable_
     truncated = SegmentName("hub1", "upstream", 3, 100, 399)
     zone.write(truncated, data[: len(data) // 2])  # an upload cut short: a gzip stream that stops half-way
     zone.write_path("hub1/upstream/p03/plain.jsonl.gz", b"not gzip at all\n")
-    settings = _settings(tmp_path)
+    settings = job_settings(tmp_path)
     run(spark, settings)
     run(spark, settings)  # and a restart finds nothing to replay: the broken files no longer block the job
 
@@ -287,7 +272,7 @@ def test_unreadable_files_are_found_in_compacted_source_logs_too(spark: SparkSes
     key = "spark.sql.streaming.fileSource.log.compactInterval"
     spark.conf.set(key, "2")
     try:
-        run(spark, _settings(tmp_path, max_files_per_trigger=1))
+        run(spark, job_settings(tmp_path, max_files_per_trigger=1))
     finally:
         spark.conf.unset(key)
     assert sorted((tmp_path / "checkpoint" / "sources" / "0").glob("*.compact"))
@@ -304,7 +289,7 @@ def test_a_job_stopped_mid_stream_resumes_from_its_checkpoint_with_nothing_twice
     zone = LandingZone(str(tmp_path / "landing"))
     for k in range(6):
         _land(zone, k * 10, k * 10 + 9)
-    settings = _settings(tmp_path, max_files_per_trigger=1)
+    settings = job_settings(tmp_path, max_files_per_trigger=1)
     # A continuous run whose second trigger is decades away: it takes one file, then waits with five left. Where
     # it stops does not depend on timing.
     query, state = start(spark, replace(settings, trigger="continuous", processing_interval="36500 days"))
@@ -330,16 +315,12 @@ def test_a_batch_in_the_lake_but_not_in_the_checkpoints_commit_log_is_skipped_on
 ) -> None:
     zone = LandingZone(str(tmp_path / "landing"))
     _land(zone, 0, 9)
-    settings = _settings(tmp_path)
+    settings = job_settings(tmp_path)
     run(spark, settings)
     # A crash after the sink wrote batch 0's marker but before Spark recorded the batch in its commit log (so
     # before it planned the next one): offsets/0 is there, commits/0 is not. Spark replays its last planned batch,
     # so the next run replays batch 0, finds the marker and must not write the rows again.
-    checkpoint = tmp_path / "checkpoint"
-    for log, first_dropped in (("commits", 0), ("offsets", 1)):
-        for entry in (checkpoint / log).iterdir():
-            if int(entry.name.strip(".").removesuffix(".crc")) >= first_dropped:
-                entry.unlink()
+    forget_batches(tmp_path / "checkpoint", commits_from=0, offsets_from=1)
     assert (tmp_path / "lake" / "_committed" / "b0000000000").exists()
     run(spark, settings)
     assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(10)]
@@ -359,9 +340,9 @@ def test_a_batch_in_the_lake_but_not_in_the_checkpoints_commit_log_is_skipped_on
 def test_a_new_checkpoint_on_a_lake_with_committed_batches_is_refused(spark: SparkSession, tmp_path: Path) -> None:
     zone = LandingZone(str(tmp_path / "landing"))
     _land(zone, 0, 9)
-    run(spark, _settings(tmp_path))
+    run(spark, job_settings(tmp_path))
     _land(zone, 10, 19)
-    fresh = replace(_settings(tmp_path), checkpoint=str(tmp_path / "another-checkpoint"))
+    fresh = replace(job_settings(tmp_path), checkpoint=str(tmp_path / "another-checkpoint"))
     with pytest.raises(CheckpointMismatchError, match="is new") as refused:
         run(spark, fresh)
     assert refused.value.checkpoint.endswith("/another-checkpoint")
@@ -373,7 +354,7 @@ def test_a_new_checkpoint_on_a_lake_with_committed_batches_is_refused(spark: Spa
 def test_a_checkpoint_that_wrote_another_lake_is_refused(spark: SparkSession, tmp_path: Path) -> None:
     zone = LandingZone(str(tmp_path / "landing"))
     _land(zone, 0, 9)
-    first = _settings(tmp_path)
+    first = job_settings(tmp_path)
     run(spark, first)
     other = replace(first, lake=str(tmp_path / "other-lake"), checkpoint=str(tmp_path / "other-checkpoint"))
     run(spark, other)
@@ -386,16 +367,12 @@ def test_a_checkpoint_that_wrote_another_lake_is_refused(spark: SparkSession, tm
 def test_a_batch_replayed_after_a_crash_before_its_commit_is_written_once(spark: SparkSession, tmp_path: Path) -> None:
     zone = LandingZone(str(tmp_path / "landing"))
     _land(zone, 0, 9)
-    settings = _settings(tmp_path)
+    settings = job_settings(tmp_path)
     run(spark, settings)
     # A crash after the sink moved its files in but before Spark and the sink recorded the batch: the next run
     # must replay batch 0 and replace, not add to, what it had moved in.
     (tmp_path / "lake" / "_committed" / "b0000000000").unlink()
-    checkpoint = tmp_path / "checkpoint"
-    for log, first_dropped in (("commits", 0), ("offsets", 1)):
-        for entry in (checkpoint / log).iterdir():
-            if int(entry.name.strip(".").removesuffix(".crc")) >= first_dropped:
-                entry.unlink()
+    forget_batches(tmp_path / "checkpoint", commits_from=0, offsets_from=1)
     run(spark, settings)
     assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(10)]
     silver = spark.read.parquet(str(tmp_path / "lake" / "silver"))
@@ -418,7 +395,7 @@ def test_silver_holds_json_bodies_as_variant_and_the_example_aggregate_sums_up(
         _record(6, second=123, body=b'"x"'),
     ]
     zone.write(SegmentName("hub1", "upstream", 3, 0, 6), encode_segment(records))
-    run(spark, _settings(tmp_path))
+    run(spark, job_settings(tmp_path))
 
     assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(7)]
     silver = spark.read.parquet(str(tmp_path / "lake" / "silver"))
@@ -458,7 +435,7 @@ def test_metrics_reach_a_lake_that_only_hadoop_can_open(spark: SparkSession, tmp
     try:
         zone = LandingZone(str(tmp_path / "landing"))
         _land(zone, 0, 9)
-        run(spark, replace(_settings(tmp_path), lake=f"viewfs://{mount}/lake"))
+        run(spark, replace(job_settings(tmp_path), lake=f"viewfs://{mount}/lake"))
     finally:
         hadoop_conf.unset(key)
     assert _bronze_ids(spark, tmp_path) == [f"e-{i:06d}" for i in range(10)]
@@ -471,7 +448,7 @@ def test_files_are_capped_and_compaction_merges_old_partitions_without_losing_ro
     spark: SparkSession, tmp_path: Path
 ) -> None:
     zone = LandingZone(str(tmp_path / "landing"))
-    settings = _settings(tmp_path, max_records_per_file=4)
+    settings = job_settings(tmp_path, max_records_per_file=4)
     for k in range(3):
         _land(zone, k * 10, k * 10 + 9)
         run(spark, settings)

@@ -1,0 +1,182 @@
+"""Classification: landing-zone lines to typed rows, each good (bronze) or bad with its reason (quarantine).
+
+The reasons, and what bronze holds, are listed in ``spark_upload.job``'s docstring. Everything here is a Spark
+column expression (no Python UDF), so executors need none of our code.
+
+Invariants:
+
+* Every line gets exactly one outcome: a null ``reason`` (bronze) or the first reason that applies, in the order
+  of ``classify``'s ``CASE WHEN``. Nothing is dropped here; a line that is not JSON is a row too.
+* ``RECORD_SCHEMA`` is the segment format's line, field for field (``edgehub.upstream.segment.LINE_FIELDS``: the
+  v1 fields, then the v2 body fields; a test keeps them in step), and ``BRONZE_COLUMNS`` starts with
+  ``RECORD_FIELDS``.
+* A row's ``ingest_at`` is the micro-batch's time, fixed in the checkpoint: a replayed batch classifies and
+  deduplicates to the same rows.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from edgehub.upstream.segment import (
+    BODY_FIELDS,
+    COLUMN_SYSTEM_PROPERTIES,
+    READ_VERSIONS,
+    RECORD_FIELDS,
+    SEGMENT_SUFFIX,
+)
+
+__all__ = ["BRONZE_COLUMNS", "RECORD_SCHEMA", "REQUIRED_FIELDS", "classify", "deduplicated", "read_landing"]
+
+# A segment line of any version we read, field for field. body_json may hold any JSON value: a string column gets
+# its text.
+RECORD_SCHEMA = T.StructType(
+    [
+        T.StructField("v", T.IntegerType()),
+        T.StructField("edge_message_id", T.StringType()),
+        T.StructField("message_id", T.StringType()),
+        T.StructField("device_id", T.StringType()),
+        T.StructField("module_id", T.StringType()),
+        T.StructField("hub_id", T.StringType()),
+        T.StructField("enqueued_at", T.StringType()),
+        T.StructField("priority", T.IntegerType()),
+        T.StructField("ttl_s", T.DoubleType()),
+        T.StructField("source", T.StringType()),
+        T.StructField("properties", T.MapType(T.StringType(), T.StringType(), valueContainsNull=True)),
+        T.StructField("system_properties", T.MapType(T.StringType(), T.StringType(), valueContainsNull=True)),
+        T.StructField("body", T.StringType()),
+        T.StructField("body_json", T.StringType()),
+        T.StructField("body_text", T.StringType()),
+        T.StructField("body_b64", T.StringType()),
+    ]
+)
+# Required in every version; v1 requires body too, v2 exactly one of BODY_FIELDS.
+REQUIRED_FIELDS: tuple[str, ...] = ("edge_message_id", "hub_id", "enqueued_at", "priority", "ttl_s", "source")
+_BODY_JSON_KEY = '"body_json":'
+_TOMBSTONE_KEYS = [key for key, _ in COLUMN_SYSTEM_PROPERTIES]
+_CORRUPT = "_corrupt_record"
+_PARSE_SCHEMA = T.StructType([*RECORD_SCHEMA.fields, T.StructField(_CORRUPT, T.StringType())])
+_ENQUEUED_AT_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSX"
+
+# Bronze keeps every segment field, then where and when it was ingested.
+BRONZE_COLUMNS: tuple[str, ...] = (*RECORD_FIELDS, "source_file", "ingest_at", "ingest_date")
+
+
+def _missing_fields(rec: Column) -> Column:
+    names = [F.when(rec[name].isNull(), F.lit(name)) for name in REQUIRED_FIELDS]
+    names.append(F.when((rec["v"] == 1) & rec["body"].isNull(), F.lit("body")))
+    return F.concat_ws(",", *names)
+
+
+def _v2_body(value: Column, r: Column) -> Column:
+    """A v2 record's body bytes, null when its one body field does not decode. body_json is the text after the line's
+    first ``"body_json":`` up to its closing brace (edgehub.upstream.segment's docstring); wrapped in brackets it
+    parses only when that cut is the value (the record's last field): parse_json ignores text after a value, but
+    not a stray brace or ``,"key":`` inside an array."""
+    line = F.rtrim(value)
+    start = F.locate(_BODY_JSON_KEY, line) + F.lit(len(_BODY_JSON_KEY))
+    raw = F.trim(line.substr(start, F.length(line) - start))
+    json_bytes = F.when(F.try_parse_json(F.concat(F.lit("["), raw, F.lit("]"))).isNotNull(), F.encode(raw, "UTF-8"))
+    return (
+        F.when(r["body_json"].isNotNull(), json_bytes)
+        .when(r["body_text"].isNotNull(), F.encode(r["body_text"], "UTF-8"))
+        .otherwise(F.try_to_binary(r["body_b64"], F.lit("base64")))
+    )
+
+
+def _system_properties(r: Column) -> Column:
+    """v1: as written. v2: the column system properties put back where the record left them out, and those it
+    wrote as null (a column the message had no such property for) removed."""
+    sysprops = r["system_properties"]
+    columns = [F.struct(F.lit(key).alias("k"), r[column].alias("v")) for key, column in COLUMN_SYSTEM_PROPERTIES]
+    restore = F.map_from_entries(
+        F.filter(
+            F.array(*columns),
+            lambda e: e["v"].isNotNull() & ~F.coalesce(F.map_contains_key(sysprops, e["k"]), F.lit(False)),
+        )
+    )
+    empty = F.create_map().cast(T.MapType(T.StringType(), T.StringType()))
+    v2 = F.map_filter(
+        F.map_concat(F.coalesce(sysprops, empty), restore), lambda k, v: v.isNotNull() | ~k.isin(_TOMBSTONE_KEYS)
+    )
+    return F.when(r["v"] == 1, sysprops).otherwise(v2)
+
+
+def classify(lines: DataFrame) -> DataFrame:
+    """Lines (``value``, ``source_file``, ``ingest_at``) to typed rows with a ``reason`` (null when good)."""
+    rec = F.from_json("value", _PARSE_SCHEMA, {"columnNameOfCorruptRecord": _CORRUPT, "mode": "PERMISSIVE"})
+    parsed = lines.select("value", "source_file", "ingest_at", rec.alias("r"))
+    r = F.col("r")
+    corrupt = r[_CORRUPT].isNotNull()
+    missing = _missing_fields(r)
+    enqueued_ts = F.try_to_timestamp(r["enqueued_at"], F.lit(_ENQUEUED_AT_FORMAT))
+    v1 = r["v"] == 1
+    body_count = sum((F.when(r[name].isNotNull(), 1).otherwise(0) for name in BODY_FIELDS), F.lit(0))
+    body = F.when(v1, F.try_to_binary(r["body"], F.lit("base64"))).otherwise(_v2_body(F.col("value"), r))
+    # The second JSON parse (is it JSON at all, and an object?) only runs for the rare corrupt lines: CASE WHEN
+    # and AND evaluate lazily, and the expression occurs once so it is not hoisted.
+    is_object = F.coalesce(F.schema_of_variant(F.try_parse_json("value")), F.lit("")).startswith("OBJECT")
+    reason = (
+        F.when(F.trim("value") == "", F.lit("empty_line"))
+        .when(corrupt & ~is_object, F.lit("unparseable_line"))
+        .when(~corrupt & (r["v"].isNull() | ~r["v"].isin(list(READ_VERSIONS))), F.lit("unsupported_version"))
+        .when(r[_CORRUPT].isNotNull(), F.lit("malformed_record"))
+        .when(missing != "", F.concat(F.lit("missing_fields:"), missing))
+        .when(enqueued_ts.isNull(), F.lit("bad_enqueued_at"))
+        .when(~v1 & (body_count == 0), F.lit("no_body_field"))
+        .when(~v1 & (body_count > 1), F.lit("several_body_fields"))
+        .when(~v1 & r["body_json"].isNotNull() & body.isNull(), F.lit("body_json_not_last"))
+        .when(body.isNull(), F.lit("body_not_base64"))
+    )
+    return parsed.select(
+        "value",
+        "source_file",
+        "ingest_at",
+        reason.alias("reason"),
+        r["v"].alias("v"),
+        r["edge_message_id"].alias("edge_message_id"),
+        r["message_id"].alias("message_id"),
+        r["device_id"].alias("device_id"),
+        r["module_id"].alias("module_id"),
+        r["hub_id"].alias("hub_id"),
+        enqueued_ts.alias("enqueued_at"),
+        r["priority"].alias("priority"),
+        r["ttl_s"].alias("ttl_s"),
+        r["source"].alias("source"),
+        r["properties"].alias("properties"),
+        _system_properties(r).alias("system_properties"),
+        body.alias("body"),
+    )
+
+
+def read_landing(spark: SparkSession, landing: str, *, max_files_per_trigger: int | None) -> DataFrame:
+    """The landing zone's segment lines as a stream of ``value``, ``source_file``, ``ingest_at``."""
+    reader = spark.readStream.format("text").option("pathGlobFilter", f"*{SEGMENT_SUFFIX}")
+    # A broken gzip file must not fail the batch (and every replay of it): the sink quarantines each such file as
+    # unreadable_file.
+    reader = reader.option("recursiveFileLookup", "true").option("ignoreCorruptFiles", "true")
+    if max_files_per_trigger is not None:
+        reader = reader.option("maxFilesPerTrigger", str(max_files_per_trigger))
+    raw = reader.load(landing)
+    # current_timestamp() is the micro-batch's time, fixed in the offset log: a replayed batch gets the same.
+    return raw.select(
+        "value", F.col("_metadata.file_path").alias("source_file"), F.current_timestamp().alias("ingest_at")
+    )
+
+
+def deduplicated(classified: DataFrame, dedup_window: str) -> DataFrame:
+    """Rows seen before within ``dedup_window`` (by ingest time) removed: good rows by ``(hub_id,
+    edge_message_id)``, bad rows by file and line."""
+    # Good rows are keyed by (hub_id, edge_message_id): the id is unique per hub only. Bad rows are keyed by where
+    # they came from, so they never merge with a good row (two byte-identical bad lines in one file are one row).
+    good_key = F.concat(F.lit("m:"), F.col("hub_id"), F.lit(":"), F.col("edge_message_id"))
+    key = F.when(F.col("reason").isNull(), good_key).otherwise(
+        F.concat(F.lit("q:"), F.col("source_file"), F.lit(":"), F.sha2(F.col("value"), 256))
+    )
+    return (
+        classified.withColumn("dedup_key", key)
+        .withWatermark("ingest_at", dedup_window)
+        .dropDuplicatesWithinWatermark(["dedup_key"])
+    )

@@ -1,0 +1,238 @@
+"""The idempotent sink: each micro-batch's rows into the lake's tables exactly once, however often it is replayed.
+
+A batch is written to ``_staging/{tag}`` (``tag`` is ``b{batch:010d}``), its files are moved into the tables under
+names carrying the tag (``spark_upload.tables.move_in``), and a marker ``_committed/{tag}`` holding the counts and
+the query id is written last.
+
+Invariants:
+
+* **Exactly once across restarts.** The checkpoint (offsets, dedup state) decides what each batch holds, and
+  replaying a batch gives the same rows. A batch with a marker is skipped (its plan still runs into the no-op sink,
+  so its dedup state is committed); one without first deletes any files a half-done attempt moved in, then writes
+  again.
+* **One checkpoint per lake.** Markers are keyed by batch id, and a new checkpoint starts again at batch 0, so
+  ``open_run`` refuses (``CheckpointMismatchError``) when the lake has markers and the checkpoint is new, or when
+  the newest marker names another query than the checkpoint's.
+* **Nothing is skipped silently.** The landing source reads with ``ignoreCorruptFiles`` (without it a segment whose
+  gzip stream is broken fails the batch, and every replay of it), so each batch checks the gzip stream of every
+  file it read (which ones: the checkpoint, ``CheckpointLog.batch_files``) and quarantines each broken one as
+  ``unreadable_file``. Both are a function of the batch, so a replay quarantines the same files.
+* A batch has one ingest time, so one ``ingest_date``: the tables are staged unpartitioned and moved into the day's
+  partition (``partitionBy`` would sort every row by a constant).
+* An error of ours raised inside a batch is kept in ``RunState.failure``, since Spark hands the caller only its own
+  wrapper of it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.listener import StreamingQueryListener
+
+from edgehub.core import ConfigurationError, EdgeHubError
+from spark_upload.classification import BRONZE_COLUMNS
+from spark_upload.settings import JobSettings
+from spark_upload.spark_internals import CheckpointLog, HadoopDir, gzip_error
+from spark_upload.tables import TABLES, device_minute_partials, move_in, silver, write_capped
+
+__all__ = ["BatchCounts", "CheckpointMismatchError", "RunState", "batch_tag", "open_run", "write_batch"]
+
+_log = logging.getLogger(__name__)
+
+# The quarantine table's columns, and so the schema of the rows for unreadable files.
+_QUARANTINE_COLUMNS = (
+    ("reason", "string"),
+    ("source_file", "string"),
+    ("line", "string"),
+    ("edge_message_id", "string"),
+    ("ingest_at", "timestamp"),
+)
+
+
+class CheckpointMismatchError(ConfigurationError):
+    """The lake holds batches committed by another query than the checkpoint's; the job refuses to start.
+
+    Batch ids restart at 0 with a new checkpoint, and the sink skips a batch whose marker is already in the lake,
+    so running on would silently drop new data whose batch ids collide with old markers (and read every landing
+    file again). ``lake`` and ``checkpoint`` say which pair was refused.
+    """
+
+    def __init__(self, message: str, *, lake: str, checkpoint: str) -> None:
+        super().__init__(message)
+        self.lake = lake
+        self.checkpoint = checkpoint
+
+
+def batch_tag(batch_id: int) -> str:
+    """The name of a batch in the lake's bookkeeping and file names; sorts by batch id."""
+    return f"b{batch_id:010d}"
+
+
+@dataclass(slots=True)
+class BatchCounts:
+    bronze: int = 0
+    quarantined: int = 0  # lines, and files that could not be read
+    unreadable_files: int = 0
+    skipped_replay: bool = False
+
+
+@dataclass(slots=True)
+class RunState:
+    """What one run of the query has done, shared by the batch thread, the metrics listener and the caller."""
+
+    settings: JobSettings
+    lake: HadoopDir
+    checkpoint: CheckpointLog
+    counts: dict[int, BatchCounts] = field(default_factory=dict)
+    emitted: set[int] = field(default_factory=set)
+    lock: threading.Condition = field(default_factory=threading.Condition)
+    metrics_file: str | None = None
+    listener: StreamingQueryListener | None = None
+    query_id: str | None = None  # from the checkpoint's metadata; goes into every commit marker
+    failure: EdgeHubError | None = None  # an error of ours that failed a batch
+
+    def wait_for_batches(self, n: int, *, timeout_s: float) -> bool:
+        """Block until ``n`` batches were handled by this run (committed or skipped); False on timeout."""
+        with self.lock:
+            return self.lock.wait_for(lambda: len(self.counts) >= n, timeout=timeout_s)
+
+    def wait_for_progress(self, n: int, *, timeout_s: float) -> bool:
+        """Block until ``n`` batches of this run reported progress, which Spark does once a batch is in the
+        checkpoint's commit log; False on timeout."""
+        with self.lock:
+            return self.lock.wait_for(lambda: len(self.emitted) >= n, timeout=timeout_s)
+
+
+def open_run(spark: SparkSession, settings: JobSettings) -> RunState:
+    """The state of a new run on ``settings``' lake and checkpoint, once both are found fit.
+
+    Raises ``SparkInternalsError`` when the checkpoint is laid out otherwise than this job reads it, and
+    ``CheckpointMismatchError`` when the lake holds batches committed by another checkpoint's query.
+    """
+    lake = HadoopDir(spark, settings.lake)
+    checkpoint = CheckpointLog(HadoopDir(spark, settings.checkpoint))
+    checkpoint.check()
+    _refuse_a_checkpoint_that_did_not_write_the_lake(lake, checkpoint)
+    return RunState(settings=settings, lake=lake, checkpoint=checkpoint)
+
+
+def _refuse_a_checkpoint_that_did_not_write_the_lake(lake: HadoopDir, checkpoint: CheckpointLog) -> None:
+    markers = lake.glob("_committed/b*")
+    if not markers:
+        return
+    if checkpoint.is_new():
+        raise CheckpointMismatchError(
+            f"lake {lake.root} holds {len(markers)} committed batches but checkpoint {checkpoint.root} is new: "
+            "its batch ids would collide with the lake's commit markers and new data would be skipped. Run with "
+            "the checkpoint that wrote this lake, or write to a new lake.",
+            lake=lake.root,
+            checkpoint=checkpoint.root,
+        )
+    text = lake.read_text(markers[-1])
+    lake_query = json.loads(text).get("query_id") if text else None
+    ours = checkpoint.query_id()
+    if lake_query is not None and lake_query != ours:
+        raise CheckpointMismatchError(
+            f"lake {lake.root} was written by query {lake_query}, but checkpoint {checkpoint.root} belongs to query "
+            f"{ours}: their batch ids do not match. Run with the checkpoint that wrote this lake, or write to a new "
+            "lake.",
+            lake=lake.root,
+            checkpoint=checkpoint.root,
+        )
+
+
+def _unreadable_files(spark: SparkSession, run: RunState, batch_id: int) -> tuple[DataFrame | None, int]:
+    """One quarantine row per file of the batch that is not a whole gzip stream (None when there is none), and
+    how many."""
+    broken = []
+    for path in run.checkpoint.batch_files(batch_id):
+        error = gzip_error(spark, path)
+        if error is not None:
+            _log.warning("ingest.unreadable_file batch=%d file=%s error=%s", batch_id, path, error)
+            broken.append(path)
+    if not broken:
+        return None, 0
+    ingest_at = run.checkpoint.batch_at(batch_id)
+    rows = [("unreadable_file", path, None, None, ingest_at) for path in broken]
+    schema = ", ".join(f"{name} {kind}" for name, kind in _QUARANTINE_COLUMNS)
+    return spark.createDataFrame(rows, schema), len(broken)
+
+
+def write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
+    """The ``foreachBatch`` function: write micro-batch ``batch_id`` into the lake once (see the invariants)."""
+    try:
+        _write_batch(run, batch, batch_id)
+    except EdgeHubError as exc:
+        run.failure = exc
+        raise
+
+
+def _write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
+    lake, settings = run.lake, run.settings
+    tag = batch_tag(batch_id)
+    if lake.exists("_committed", tag):
+        _log.info("ingest.batch_replay_skipped batch=%d", batch_id)
+        # The rows are already in the tables, but the dedup state of this batch must still be committed, and
+        # Spark checks that every state partition was: run the plan into the no-op sink.
+        batch.write.format("noop").mode("overwrite").save()
+        with run.lock:
+            run.counts[batch_id] = BatchCounts(skipped_replay=True)
+            run.lock.notify_all()
+        return
+    # A half-done earlier attempt may have moved some files in: take them out before writing again.
+    for table in TABLES:
+        for leftover in lake.glob(f"{table}/*/part-{tag}-*"):
+            lake.delete(leftover)
+    lake.delete("_staging", tag)
+
+    day = run.checkpoint.batch_at(batch_id).date().isoformat()
+    # The batch is computed once (classification, dedup state) and kept for the writes below; the raw line is
+    # kept for bad rows only, which is all the quarantine needs.
+    rows = batch.select(
+        *BRONZE_COLUMNS[:-1],  # ingest_date is the folder
+        "reason",
+        F.when(F.col("reason").isNotNull(), F.col("value")).alias("line"),
+    ).persist()
+    try:
+        tally = rows.agg(
+            F.count(F.when(F.col("reason").isNull(), 1)).alias("good"),
+            F.count(F.when(F.col("reason").isNotNull(), 1)).alias("bad"),
+        ).first()
+        assert tally is not None
+        good = rows.where(F.col("reason").isNull()).select(*BRONZE_COLUMNS[:-1])
+        bad = rows.where(F.col("reason").isNotNull()).select(*(name for name, _ in _QUARANTINE_COLUMNS))
+        unreadable, n_unreadable = _unreadable_files(batch.sparkSession, run, batch_id)
+        if unreadable is not None:
+            bad = bad.unionByName(unreadable)
+        counts = BatchCounts(
+            bronze=int(tally["good"]), quarantined=int(tally["bad"]) + n_unreadable, unreadable_files=n_unreadable
+        )
+
+        def stage(table: str, frame: DataFrame) -> None:
+            write_capped(frame, lake.uri("_staging", tag, table), max_records_per_file=settings.max_records_per_file)
+
+        if counts.quarantined:
+            stage("quarantine", bad)
+        if counts.bronze:
+            stage("bronze", good)
+            stage("silver", silver(good))
+            # From the staged silver: the bodies are parsed once, not again for the aggregate.
+            staged_silver = batch.sparkSession.read.parquet(lake.uri("_staging", tag, "silver"))
+            stage("device_minute", device_minute_partials(staged_silver, batch_id))
+        for table in TABLES:
+            move_in(lake, lake.glob(f"_staging/{tag}/{table}/part-*"), table, day, tag=tag)
+        if run.query_id is None:
+            run.query_id = run.checkpoint.query_id()
+        marker = {"bronze": counts.bronze, "quarantined": counts.quarantined, "query_id": run.query_id}
+        lake.touch("_committed", tag, text=json.dumps(marker))
+        lake.delete("_staging", tag)
+    finally:
+        rows.unpersist()
+    with run.lock:
+        run.counts[batch_id] = counts
+        run.lock.notify_all()

@@ -1,0 +1,125 @@
+"""The lake's tables: their names and folder layout, the tables derived from bronze (silver, device_minute), and
+the example aggregate over device_minute.
+
+Layout: ``{lake}/{table}/ingest_date={day}/part-{tag}-{i:05d}.{suffix}``, Parquet, at most ``max_records_per_file``
+rows a file. ``tag`` says who wrote the file: ``b{batch:010d}`` for the sink, ``c{time}`` for compaction. Names
+starting with ``_`` or ``.`` inside the lake are bookkeeping (staging, commit markers, metrics); Spark's readers
+skip them.
+
+Invariants: a file enters a table only by a rename (``move_in``) into its partition, under a name carrying its
+tag, so the sink can find and remove what a half-done attempt moved in; derived tables are computed from one
+batch's bronze alone, so a replayed batch derives the same rows.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark_upload.spark_internals import HadoopDir
+
+__all__ = [
+    "TABLES",
+    "device_minute_partials",
+    "device_minute_stats",
+    "move_in",
+    "partition",
+    "silver",
+    "write_capped",
+]
+
+TABLES = ("bronze", "quarantine", "silver", "device_minute")
+_NUMERIC_VARIANT = r"^(TINYINT|SMALLINT|INT|BIGINT|FLOAT|DOUBLE|DECIMAL)"
+
+
+def partition(day: str) -> str:
+    """The folder name of ``day``'s partition (ISO date, UTC)."""
+    return f"ingest_date={day}"
+
+
+def write_capped(frame: DataFrame, uri: str, *, max_records_per_file: int) -> None:
+    """Write ``frame`` as Parquet files at ``uri`` (replacing what is there), at most ``max_records_per_file``
+    rows a file."""
+    frame.write.mode("overwrite").option("maxRecordsPerFile", max_records_per_file).parquet(uri)
+
+
+def move_in(lake: HadoopDir, files: list[str], table: str, day: str, *, tag: str) -> int:
+    """Move ``files`` (relative to the lake) into ``table``'s partition of ``day`` as ``part-{tag}-{i:05d}.{suffix}``,
+    in name order; returns how many."""
+    if files:
+        lake.mkdirs(table, partition(day))
+    for i, src in enumerate(sorted(files)):
+        name = posixpath.basename(src)
+        suffix = name.split(".", 1)[1] if "." in name else "parquet"
+        lake.rename(src, f"{table}/{partition(day)}/part-{tag}-{i:05d}.{suffix}")
+    return len(files)
+
+
+def silver(bronze: DataFrame) -> DataFrame:
+    """Bronze rows with the body parsed to a VARIANT (null when it is not JSON, which is legal: bodies are bytes)."""
+    return bronze.select(
+        "edge_message_id",
+        "hub_id",
+        "device_id",
+        "module_id",
+        "priority",
+        "enqueued_at",
+        "ingest_at",
+        "properties",
+        F.try_parse_json(F.col("body").cast("string")).alias("body"),
+    )
+
+
+def device_minute_partials(silver: DataFrame, batch_id: int) -> DataFrame:
+    """One batch's partial aggregates: per device and minute, a row counting messages (``field`` null) and per
+    numeric top-level body field its count, sum, min and max."""
+    # Only a JSON object has top-level fields. A body that is JSON but not an object ([1,2], 42, "x") is legal;
+    # a plain cast would fail the whole batch on it (INVALID_VARIANT_CAST under ANSI mode), and the replay after
+    # a restart would fail the same way for ever. The filter says what is meant; try_cast keeps it safe however
+    # the optimizer orders the two.
+    minute = F.date_trunc("minute", "enqueued_at").alias("minute")
+    fields = silver.where(F.schema_of_variant("body").startswith("OBJECT")).select(
+        "device_id",
+        minute,
+        F.explode(F.expr("try_cast(body as map<string,variant>)")).alias("field", "value"),
+    )
+    numeric = fields.where(F.schema_of_variant("value").rlike(_NUMERIC_VARIANT)).select(
+        "device_id", "minute", "field", F.variant_get("value", "$", "double").alias("x")
+    )
+    per_field = numeric.groupBy("device_id", "minute", "field").agg(
+        F.count("x").alias("n"), F.sum("x").alias("sum"), F.min("x").alias("min"), F.max("x").alias("max")
+    )
+    messages = (
+        silver.select("device_id", minute)
+        .groupBy("device_id", "minute")
+        .agg(F.count(F.lit(1)).alias("n"))
+        .select(
+            "device_id",
+            "minute",
+            F.lit(None).cast("string").alias("field"),  # the row counting messages, fields or not
+            "n",
+            F.lit(None).cast("double").alias("sum"),
+            F.lit(None).cast("double").alias("min"),
+            F.lit(None).cast("double").alias("max"),
+        )
+    )
+    return per_field.unionByName(messages).withColumn("batch_id", F.lit(batch_id).cast("long"))
+
+
+def device_minute_stats(spark: SparkSession, lake: str) -> DataFrame:
+    """The example aggregate: per device and minute, the message count and min/max/avg of each numeric field."""
+    partials = spark.read.parquet(f"{lake}/device_minute")
+    msgs = partials.where(F.col("field").isNull()).groupBy("device_id", "minute").agg(F.sum("n").alias("count"))
+    stats = (
+        partials.where(F.col("field").isNotNull())
+        .groupBy("device_id", "minute", "field")
+        .agg(
+            F.min("min").alias("min"),
+            F.max("max").alias("max"),
+            (F.sum("sum") / F.sum("n")).alias("avg"),
+            F.sum("n").alias("n"),
+        )
+    )
+    return msgs.join(stats, ["device_id", "minute"], "left").orderBy("device_id", "minute", "field")
