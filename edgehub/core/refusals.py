@@ -49,6 +49,9 @@ class RefusalReason(StrEnum):
     TWIN_INVALID = "twin_invalid"
     KEEPALIVE_TIMEOUT = "keepalive_timeout"
     NO_PENDING_CALL = "no_pending_call"
+    TLS_HANDSHAKE_FAILED = "tls_handshake_failed"
+    NOT_READING = "not_reading"
+    TOPIC_TOO_LONG = "topic_too_long"
 
 
 class RefusalLog:

@@ -31,17 +31,23 @@ from typing import Any, Protocol
 import msgspec
 
 from edgehub.core import Identity, Message
+from edgehub.hub.admission import Cap, ConnectionLimiter, Ticket
+from edgehub.hub.throttle import LoginThrottle
 
 __all__ = [
     "AuthResult",
+    "Cap",
     "ClientLink",
+    "ConnectionLimiter",
     "Credentials",
     "Delivery",
     "Hub",
     "IngestOutcome",
+    "LoginThrottle",
     "Rejected",
     "SessionInfo",
     "Stored",
+    "Ticket",
 ]
 
 
