@@ -127,7 +127,7 @@ from protocol_heads.mqtt.iothub import (
     username_identity,
 )
 
-__all__ = ["REJECT_REASONS", "MqttServer", "MqttSettings"]
+__all__ = ["REJECT_REASONS", "MqttServer", "MqttSettings", "connection_cap"]
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +216,18 @@ def connection_cap(settings: MqttSettings) -> int:
         soft = 1 << 20
     cap = max(2, (soft - settings.descriptor_reserve) // 2)
     return cap if settings.max_connections is None else max(2, min(cap, settings.max_connections))
+
+
+def _feed(transport: asyncio.BaseTransport, data: bytes) -> None:
+    """Hand ``data`` to the (buffered) protocol now on ``transport``, as if the socket had just read it."""
+    protocol = cast(asyncio.BufferedProtocol, transport.get_protocol())
+    view = memoryview(data)
+    while view:
+        buf = memoryview(protocol.get_buffer(len(view)))
+        n = min(len(buf), len(view))
+        buf[:n] = view[:n]
+        protocol.buffer_updated(n)
+        view = view[n:]
 
 
 def _shown(text: str, limit: int = 128) -> str:
@@ -368,6 +380,9 @@ class _Client(asyncio.BufferedProtocol):
         self.settings = server.settings
         self.transport: asyncio.Transport | None = None
         self._tls = tls  # the handshake still to run in the connection's task, or None (plain TCP)
+        # What the socket said before start_tls took it over (uvloop starts reading after connection_made even
+        # when it paused reading): the ClientHello, handed to the TLS layer first. None: TLS is on or not used.
+        self._early: bytearray | None = bytearray() if tls is not None else None
         self.peer = "?"  # address:port, for task names
         self.address = "?"  # the source address: the key of the pre-login caps, the throttle and refusal lines
         self._port: object = "?"
@@ -447,6 +462,11 @@ class _Client(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         data = bytes(self.server._read_buffer[:nbytes])
+        if self._early is not None:  # TLS bytes before the handshake began: keep them for it (see __init__)
+            self._early += data
+            if self.transport is not None:
+                self.transport.pause_reading()
+            return
         if self._quickack is not None and self.link.pending:  # deliveries wait for acks (module docstring)
             try:
                 self._quickack()
@@ -682,6 +702,11 @@ class _Client(asyncio.BufferedProtocol):
         """The TLS handshake on the accepted socket; False (socket closed) when it fails."""
         raw = self.transport
         assert raw is not None
+        early, self._early = self._early, None
+        if early:
+            # Runs after start_tls has put its TLS protocol on the socket, before that protocol's connection_made
+            # (both scheduled by start_tls, after this): the bytes wait in its input buffer for the handshake.
+            self._loop.call_soon(_feed, raw, bytes(early))
         try:
             tls = await self._loop.start_tls(raw, self, context, server_side=True, ssl_handshake_timeout=timeout_s)
         except BaseException as exc:
