@@ -34,8 +34,8 @@ import logging
 import resource
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from edgehub.core import ConfigurationError, SystemClock, TransportError
 from edgehub.delivery import Endpoint, ExecutorSettings
