@@ -25,7 +25,7 @@ CONNECT_PART = CONNECT_HEAD + b"\x00\x04MQTT\x04\x02\x00\x3c" + b"\x00" * 250_00
 
 
 def rss_mb(pid: int) -> float:
-    return psutil.Process(pid).memory_info().rss / 2**20
+    return float(psutil.Process(pid).memory_info().rss) / 2**20
 
 
 def tls_context(data: Path) -> ssl.SSLContext:
