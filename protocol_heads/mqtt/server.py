@@ -702,6 +702,8 @@ class _Client(asyncio.BufferedProtocol):
         """The TLS handshake on the accepted socket; False (socket closed) when it fails."""
         raw = self.transport
         assert raw is not None
+        if self._ended or raw.is_closing():  # gone before its handshake began
+            return False
         early, self._early = self._early, None
         if early:
             # Runs after start_tls has put its TLS protocol on the socket, before that protocol's connection_made
@@ -916,7 +918,7 @@ class _Client(asyncio.BufferedProtocol):
         assert identity is not None
         now = self.settings.clock.time()
         settle: list[tuple[int | None, int]] = []  # (ticket, reason code), in arrival order
-        texts: dict[int, str] = {}  # index into settle -> Reason String of a refusal made here
+        texts: dict[int, str] | None = None  # ticket -> Reason String of a refusal made here (QoS 1 and 2)
         to_store: list[Message] = []
         known = self._telemetry
         for event in group:
@@ -935,7 +937,9 @@ class _Client(asyncio.BufferedProtocol):
                     continue
                 refusal = self._publish_refusal(identity, p.topic)
                 if refusal is not None:
-                    texts[len(settle)] = refusal[1]
+                    if event.ticket is not None:
+                        texts = texts or {}
+                        texts[event.ticket] = refusal[1]
                     settle.append((event.ticket, refusal[0]))
                     continue
             try:
@@ -955,8 +959,8 @@ class _Client(asyncio.BufferedProtocol):
                 known.remember(p.topic, (msg.system_properties, msg.properties), _ENTRY_OVERHEAD + 3 * len(p.topic))
         outcomes = await self.hub.ingest(identity, to_store) if to_store else []
         answers: list[tuple[int, int, str | None]] = []
-        for i, (ticket, reason) in enumerate(settle):
-            text = texts.get(i)
+        for ticket, reason in settle:
+            text = None
             if reason < 0:
                 outcome = outcomes[-1 - reason]
                 if isinstance(outcome, Rejected):
@@ -965,6 +969,8 @@ class _Client(asyncio.BufferedProtocol):
                     self._refused(outcome.reason, qos=0 if ticket is None else 1, code=f"0x{reason:02x}")
                 else:
                     reason = 0
+            elif reason and texts is not None and ticket is not None:
+                text = texts.get(ticket)
             if ticket is None:
                 continue  # QoS 0: nothing to answer (a refusal was logged where it was made)
             answers.append((ticket, reason, text))
