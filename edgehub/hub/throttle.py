@@ -1,8 +1,9 @@
 """Throttling of failed logins, per source address and per claimed identity. Protocol-neutral (the MQTT and
 AMQP heads share it).
 
-Without it a peer could try 436 passwords a second. Each key (``address:ADDR``, ``identity:ID``; the head
-chooses them) may fail ``max_failures`` times per ``window_s``; after that every attempt naming that key is
+Without it a peer could try 436 passwords a second. Each key (a source address, a claimed identity: the head
+chooses them, and keeps one throttle per kind when their limits differ) may fail ``max_failures`` times per
+``window_s``; after that every attempt naming that key is
 refused at once, without asking the authenticator, until the window has passed. A fixed window per key keeps
 the cost at one dict look-up per key and attempt.
 

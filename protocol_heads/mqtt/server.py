@@ -186,8 +186,14 @@ class MqttServer:
             max_pending=settings.max_pending_connections,
             max_pending_per_address=settings.max_pending_per_address,
         )
+        # Failed logins, per claimed client id and per source address (MqttSettings says why two).
         self.throttle = LoginThrottle(
             max_failures=settings.max_login_failures, window_s=settings.login_failure_window_s, clock=settings.clock
+        )
+        self.address_throttle = LoginThrottle(
+            max_failures=settings.max_login_failures_per_address,
+            window_s=settings.login_failure_window_s,
+            clock=settings.clock,
         )
 
     async def __aenter__(self) -> Self:
@@ -671,10 +677,10 @@ class _Client(asyncio.BufferedProtocol):
                     return await self._authenticate(event.connect)
 
     async def _authenticate(self, c: Connect) -> tuple[Connect | None, list[Event]]:
-        # Throttled per source address and per claimed client id (bounded: a key is at most ~140 characters).
-        keys = (f"address:{self.address}", f"client:{c.client_id[:128]}")
-        throttle = self.server.throttle
-        if throttle.blocked(*keys):
+        # Throttled per source address and per claimed client id (a key of 128 characters at most).
+        keys = (self.address, c.client_id[:128])
+        server = self.server
+        if server.address_throttle.blocked(keys[0]) or server.throttle.blocked(keys[1]):
             self._refused(RefusalReason.LOGIN_THROTTLED, client=_shown(c.client_id))
             self.conn.refuse(ReasonCode.CONNECTION_RATE_EXCEEDED, reason="too many failed logins; try again later")
             self.flush()
@@ -704,7 +710,7 @@ class _Client(asyncio.BufferedProtocol):
             return self._refuse(
                 keys, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "client id is not the authenticated identity", c
             )
-        throttle.succeeded(keys[1])
+        server.throttle.succeeded(keys[1])
         if self.ticket is not None:
             self.ticket.authenticated()  # no longer counted against the pre-login caps
         self.identity = result.identity
@@ -723,10 +729,11 @@ class _Client(asyncio.BufferedProtocol):
         return c, pipelined
 
     def _refuse(
-        self, keys: tuple[str, ...], reason: int, text: str, c: Connect, *, detail: object = None
+        self, keys: tuple[str, str], reason: int, text: str, c: Connect, *, detail: object = None
     ) -> tuple[None, list[Event]]:
         """Refuse the login: a failing CONNACK with ``reason`` and ``text``, counted by the login throttle."""
-        self.server.throttle.failed(*keys)
+        self.server.address_throttle.failed(keys[0])
+        self.server.throttle.failed(keys[1])
         why = _LOGIN_REFUSALS.get(reason, RefusalReason.BAD_CREDENTIALS)
         extra = {"detail": _shown(str(detail), 200)} if detail is not None else {}
         self._refused(why, client=_shown(c.client_id), why=repr(text), **extra)

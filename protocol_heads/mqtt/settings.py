@@ -34,8 +34,10 @@ class MqttSettings:
     * ``max_pending_connections``: connections accepted but not yet authenticated (at most half of
       ``max_connections``: the rest is for authenticated work). Over it: closed at accept.
     * ``max_pending_per_address``: of those, from one source address.
-    * ``max_login_failures`` per ``login_failure_window_s``, per source address and per claimed identity; then
-      logins naming either are refused at once (MQTT 5: 0x9F connection rate exceeded; 3.1.1: 0x05).
+    * ``max_login_failures`` per ``login_failure_window_s`` per claimed client id, and
+      ``max_login_failures_per_address`` per source address (higher: devices behind one NAT share it, and one
+      with a stale key must not lock out the rest); then logins naming either are refused at once (MQTT 5: 0x9F
+      connection rate exceeded; 3.1.1: 0x05), without asking the authenticator.
     * ``max_subscriptions``: topic filters per connection; more are refused in SUBACK (0x97 quota exceeded).
     * ``max_filter_length``: the longest topic filter, in UTF-8 bytes; longer is refused (0x8F).
     * ``max_topic_length``: the longest PUBLISH topic name, in characters; longer is refused (0x90).
@@ -61,6 +63,7 @@ class MqttSettings:
     max_pending_connections: int = 256
     max_pending_per_address: int = 32
     max_login_failures: int = 5
+    max_login_failures_per_address: int = 30
     login_failure_window_s: float = 60.0
     max_subscriptions: int = 64
     max_filter_length: int = 1024
@@ -81,6 +84,7 @@ class MqttSettings:
             "max_pending_connections": self.max_pending_connections,
             "max_pending_per_address": self.max_pending_per_address,
             "max_login_failures": self.max_login_failures,
+            "max_login_failures_per_address": self.max_login_failures_per_address,
             "login_failure_window_s": self.login_failure_window_s,
             "max_subscriptions": self.max_subscriptions,
             "max_filter_length": self.max_filter_length,

@@ -343,7 +343,7 @@ async def test_a_username_without_api_version_is_checked_against_the_client_id(
 async def test_failed_logins_are_throttled_per_identity_and_per_address(
     hub: InMemoryHub, caplog: pytest.LogCaptureFixture
 ) -> None:
-    settings = MqttSettings(tcp_port=0, tls_port=None, max_login_failures=3)
+    settings = MqttSettings(tcp_port=0, tls_port=None, max_login_failures=3, max_login_failures_per_address=3)
     caplog.set_level(logging.INFO, LOG)
     bad = "SharedAccessSignature sr=x&sig=bad&se=4000000000"
     async with MqttServer(hub, settings=settings) as server:
@@ -377,6 +377,20 @@ async def test_failed_logins_are_throttled_per_identity_and_per_address(
         assert ack.reason_code == ReasonCode.CONNECTION_RATE_EXCEEDED
         await c.close()
     assert "reason=login_throttled peer=127.0.0.5 client=dev1" in caplog.text
+
+
+async def test_one_device_with_a_stale_key_does_not_lock_its_neighbours_out(hub: InMemoryHub) -> None:
+    """Behind one NAT: a source address may fail more often than one client id before it is throttled."""
+    settings = MqttSettings(tcp_port=0, tls_port=None, max_login_failures=3, max_login_failures_per_address=10)
+    bad = "SharedAccessSignature sr=x&sig=bad&se=4000000000"
+    async with MqttServer(hub, settings=settings) as server:
+        for _ in range(5):
+            c = await RawClient.open(server.ports["tcp"], level=MQTT_50, source="127.0.0.11")
+            await c.login(Connect("dev1/filter", protocol_level=MQTT_50, password=bad.encode()))
+            await c.close()
+        c = await RawClient.open(server.ports["tcp"], level=MQTT_50, source="127.0.0.11")
+        assert await c.login(dev_connect()) == ConnAck(0, False, CONNACK_PROPERTIES)
+        await c.close()
 
 
 # --- 6. refusals are visible, and rate-limited --------------------------------------------------------------
