@@ -7,7 +7,7 @@ process-wide one let one client fill it for all. A ``BudgetDict`` belongs to one
 bytes of what it holds.
 
 Invariants:
-* ``used`` never exceeds ``budget`` (bytes as the caller prices an entry); an entry priced over an eighth of
+* ``used`` never exceeds ``budget`` (bytes as the caller prices an entry); an entry priced over a quarter of
   the budget is not kept at all, so a few huge topics cannot evict every useful one.
 * Reads are plain ``dict.get`` (the hot path pays nothing for the bound); only ``remember`` (a miss) counts.
 * When an entry would pass the budget, everything is forgotten at once: cheaper than tracking recency, and a
@@ -38,7 +38,7 @@ class BudgetDict(dict[K, V]):
 
     def remember(self, key: K, value: V, cost: int) -> None:
         """Keep ``key`` -> ``value``, priced ``cost`` bytes, unless it is too large to be worth it."""
-        if cost * 8 > self.budget:
+        if cost * 4 > self.budget:
             return
         if self.used + cost > self.budget:
             self.clear()

@@ -561,10 +561,10 @@ _EXPECTED_FLAGS: Final[Mapping[int, int]] = {
 }
 
 
-# Per connection and per topic cache (decoder: topic bytes → str; encoder: topic → wire bytes): 16 KiB holds
-# some 60 topics of a device's usual length. An entry is priced at its text twice plus a dict slot's and two
-# objects' overhead.
-TOPIC_CACHE_BYTES: Final = 16 * 1024
+# Per connection and per topic cache (decoder: topic bytes → str; encoder: topic → wire bytes): 32 KiB holds
+# some 100 topics of a device's usual length, and topics of up to ~4 KB. An entry is priced at its text twice plus
+# a dict slot's and two objects' overhead.
+TOPIC_CACHE_BYTES: Final = 32 * 1024
 _ENTRY_OVERHEAD: Final = 128
 
 
