@@ -608,6 +608,11 @@ class Decoder:
             return None
         return [(data[i] << 8) | data[i + 1] for i in range(2, n, 4)]
 
+    def discard_partial(self) -> None:
+        """Forget the bytes of a packet not yet complete: the connection takes no more reads (they may be most of
+        a 256 KB CONNECT, held otherwise until the decoder is freed)."""
+        self._buf = bytearray()
+
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         """Every complete packet so far, in order. Partial bytes stay buffered for the next call."""
         if self._error is not None:

@@ -404,6 +404,10 @@ class ServerConnection:
                 events.append(self._fail(exc))
         return events
 
+    def discard_input(self) -> None:
+        """No more bytes will be fed: free what is buffered of an incomplete packet."""
+        self._decoder.discard_partial()
+
     def receive_acks(self, data: bytes) -> list[int] | None:
         """``receive_data`` for a read of nothing but plain PUBACKs while connected (``Decoder.puback_ids``):
         the packet ids of the deliveries they acknowledge, as its ``DeliveryAcked`` events would have given

@@ -144,6 +144,9 @@ _LOGIN_REFUSALS: Mapping[int, RefusalReason] = {
     ReasonCode.CLIENT_IDENTIFIER_NOT_VALID: RefusalReason.BAD_CLIENT_ID,
     ReasonCode.BAD_USERNAME_OR_PASSWORD: RefusalReason.BAD_USERNAME,
 }
+# How long a closing TLS connection waits for the peer's close_notify (asyncio's default: 30 s, the connection's
+# buffers held all along).
+_TLS_SHUTDOWN_S = 5.0
 _ENTRY_OVERHEAD = 512  # a telemetry cache entry's two property maps and tuple, beside its topic's text
 
 
@@ -611,6 +614,8 @@ class _Client(asyncio.BufferedProtocol):
                 connect, pipelined = await self._handshake()
         except TimeoutError:
             self._refused(RefusalReason.CONNECT_TIMEOUT, client=self._claimed(), timeout_s=timeout_s)
+            if self.transport is not None:
+                self.transport.abort()  # nothing to say to it: no goodbye to wait for
             return
         if connect is None:
             return
@@ -645,7 +650,14 @@ class _Client(asyncio.BufferedProtocol):
             # (both scheduled by start_tls, after this): the bytes wait in its input buffer for the handshake.
             self._loop.call_soon(_feed, raw, bytes(early))
         try:
-            tls = await self._loop.start_tls(raw, self, context, server_side=True, ssl_handshake_timeout=timeout_s)
+            tls = await self._loop.start_tls(
+                raw,
+                self,
+                context,
+                server_side=True,
+                ssl_handshake_timeout=timeout_s,
+                ssl_shutdown_timeout=_TLS_SHUTDOWN_S,
+            )
         except BaseException as exc:
             # The protocol hears nothing of a handshake that failed (no connection_lost): end here.
             raw.abort()
@@ -992,6 +1004,10 @@ class _Client(asyncio.BufferedProtocol):
                 task.cancel()
             self._finish()
             self.close()
+            # The buffers go now, not when the socket is gone (a TLS goodbye may take _TLS_SHUTDOWN_S).
+            self._inbox.clear()
+            self._inbox_bytes = 0
+            self.conn.discard_input()
             try:
                 with contextlib.suppress(Exception):
                     await self._lost
