@@ -20,7 +20,7 @@ from edgehub.testing.linksim import LinkSim
 from edgehub.testing.peers import MosquittoPeer
 
 # Test modules whose async tests run once on each event loop edgehub can serve on.
-ON_BOTH_LOOPS = {"test_server_interop.py", "test_hub_e2e.py"}
+ON_BOTH_LOOPS = {"test_server_interop.py", "test_hub_e2e.py", "test_hostile.py"}
 
 
 def pytest_asyncio_loop_factories(

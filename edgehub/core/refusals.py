@@ -50,6 +50,9 @@ class RefusalReason(StrEnum):
     KEEPALIVE_TIMEOUT = "keepalive_timeout"
     NO_PENDING_CALL = "no_pending_call"
     STORE_UNAVAILABLE = "store_unavailable"  # the disk refused the write (full, failing)
+    TLS_HANDSHAKE_FAILED = "tls_handshake_failed"
+    NOT_READING = "not_reading"
+    TOPIC_TOO_LONG = "topic_too_long"
 
 
 class RefusalLog:

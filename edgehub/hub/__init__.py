@@ -20,6 +20,10 @@ Guarantees the implementations give:
   ``StoreError`` (nothing was stored; the head should close the connection without acking).
 * Deliveries to one link go out in queue order; an unacknowledged delivery is sent again with
   ``redelivery=True`` after the client reconnects. ``link.send`` never blocks.
+
+Two protocol-neutral guards every head uses before login: ``ConnectionLimiter`` (``admission.py``: pre-login
+connections capped in total and per source address, all connections under the descriptor limit) and
+``LoginThrottle`` (``throttle.py``: failed logins per key in a window).
 """
 
 from __future__ import annotations
@@ -31,17 +35,23 @@ from typing import Any, Protocol
 import msgspec
 
 from edgehub.core import Identity, Message
+from edgehub.hub.admission import Cap, ConnectionLimiter, Ticket
+from edgehub.hub.throttle import LoginThrottle
 
 __all__ = [
     "AuthResult",
+    "Cap",
     "ClientLink",
+    "ConnectionLimiter",
     "Credentials",
     "Delivery",
     "Hub",
     "IngestOutcome",
+    "LoginThrottle",
     "Rejected",
     "SessionInfo",
     "Stored",
+    "Ticket",
 ]
 
 

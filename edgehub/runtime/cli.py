@@ -296,6 +296,31 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
     help="The duplicate-detection window (overrides upstream.duplicateDetectionWindowSecs; default 600).",
 )
 @click.option(
+    "--connect-timeout",
+    type=click.FloatRange(0.1, 300),
+    default=None,
+    metavar="SECS",
+    help="Time a new connection has for TLS, CONNECT and login (default 10; 2 while over half the pre-login cap).",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(2),
+    default=None,
+    help="Connections at all (default: what the descriptor limit allows, two each, less a reserve of 256).",
+)
+@click.option(
+    "--max-pending-connections",
+    type=click.IntRange(1),
+    default=None,
+    help="Connections not yet logged in (default 256; at most half of --max-connections).",
+)
+@click.option(
+    "--max-pending-per-address",
+    type=click.IntRange(1),
+    default=None,
+    help="Connections not yet logged in from one source address (default 32; raise it for devices behind one NAT).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
     default="info",
@@ -334,6 +359,10 @@ def run(
     upstream_partitions: int | None,
     duplicate_detection: bool | None,
     duplicate_window_secs: int | None,
+    connect_timeout: float | None,
+    max_connections: int | None,
+    max_pending_connections: int | None,
+    max_pending_per_address: int | None,
     log_level: str,
 ) -> None:
     """Start the hub: print the compiled routes, then serve MQTT until SIGTERM or SIGINT."""
@@ -388,6 +417,10 @@ def run(
         duplicate_detection=duplicate_detection,
         duplicate_window_s=float(duplicate_window_secs) if duplicate_window_secs is not None else None,
         upstream_overrides=overrides,
+        connect_timeout_s=connect_timeout,
+        max_connections=max_connections,
+        max_pending_connections=max_pending_connections,
+        max_pending_per_address=max_pending_per_address,
     )
     try:
         show_routes(manifest)

@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from edgehub.core import ConfigurationError, StoreCorruptionError, SystemClock, TransportError
 from edgehub.delivery import Endpoint, ExecutorSettings
@@ -69,6 +71,7 @@ __all__ = [
     "landing_zone",
     "lane_settings",
     "open_identities",
+    "raise_descriptor_limit",
     "serve",
     "transport_settings",
     "upload_lane",
@@ -128,6 +131,24 @@ class HubConfig:
     duplicate_detection: bool | None = None
     duplicate_window_s: float | None = None
     upstream_overrides: UpstreamOverrides = field(default_factory=UpstreamOverrides)
+    # The MQTT head's limits against a hostile outside (MqttSettings documents each; None: its default).
+    connect_timeout_s: float | None = None
+    max_connections: int | None = None
+    max_pending_connections: int | None = None
+    max_pending_per_address: int | None = None
+
+
+def raise_descriptor_limit() -> int:
+    """Raise RLIMIT_NOFILE's soft limit to the hard one (often 1,024 against 524,288): the MQTT head sizes its
+    connection cap from it. Returns the soft limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:
+            log.warning("runtime.nofile_not_raised soft=%d hard=%d detail=%s", soft, hard, exc)
+    return soft
 
 
 def store_path(data_dir: Path) -> Path:
@@ -264,6 +285,7 @@ async def serve(
     on_ready: Callable[[dict[str, int]], None] | None = None,
 ) -> None:
     desired = load_desired_file(config.manifest)
+    raise_descriptor_limit()
     router = Router(desired.route_specs())
     certs = ensure_certs(config.data_dir / "certs", extra_names=(config.host_name,))
     if on_certs is not None:
@@ -289,12 +311,23 @@ async def serve(
             upstream=options,
             executor_settings=ExecutorSettings(cleanup_interval_s=config.cleanup_interval_s),
         ) as hub:
+            limits: dict[str, Any] = {
+                name: value
+                for name in (
+                    "connect_timeout_s",
+                    "max_connections",
+                    "max_pending_connections",
+                    "max_pending_per_address",
+                )
+                if (value := getattr(config, name)) is not None
+            }
             settings = MqttSettings(
                 host=config.host,
                 tcp_port=config.mqtt_port,
                 tls_port=config.mqtts_port,
                 ssl_context=ssl_context,
                 outbound_window=config.module_window,
+                **limits,
             )
             async with MqttServer(hub, settings=settings) as server:
                 log.info("runtime.ready ports=%s", server.ports)

@@ -30,12 +30,14 @@ from typing import Final
 import msgspec
 
 from edgehub.core import LocalProtocolError, RemoteProtocolError
+from protocol_heads.mqtt.caches import BudgetDict
 
 __all__ = [
     "MAX_VARINT",
     "MQTT_50",
     "MQTT_311",
     "NO_PROPERTIES",
+    "TOPIC_CACHE_BYTES",
     "Auth",
     "ConnAck",
     "Connect",
@@ -559,7 +561,11 @@ _EXPECTED_FLAGS: Final[Mapping[int, int]] = {
 }
 
 
-_TOPIC_CACHE_SIZE: Final = 1024
+# Per connection and per topic cache (decoder: topic bytes → str; encoder: topic → wire bytes): 32 KiB holds
+# some 100 topics of a device's usual length, and topics of up to ~4 KB. An entry is priced at its text twice plus
+# a dict slot's and two objects' overhead.
+TOPIC_CACHE_BYTES: Final = 32 * 1024
+_ENTRY_OVERHEAD: Final = 128
 
 
 class Decoder:
@@ -569,7 +575,13 @@ class Decoder:
     a larger announced length raises ``PacketTooLarge`` before the body is buffered.
     """
 
-    def __init__(self, *, protocol_level: int | None = None, max_packet_size: int = MAX_VARINT + 5) -> None:
+    def __init__(
+        self,
+        *,
+        protocol_level: int | None = None,
+        max_packet_size: int = MAX_VARINT + 5,
+        topic_cache_bytes: int = TOPIC_CACHE_BYTES,
+    ) -> None:
         if protocol_level not in (None, MQTT_311, MQTT_50):
             raise ValueError(f"unsupported protocol level {protocol_level}")
         if max_packet_size < 2:
@@ -578,7 +590,8 @@ class Decoder:
         self.max_packet_size = max_packet_size
         self._buf = bytearray()
         self._error: RemoteProtocolError | None = None
-        self._topics: dict[bytes, str] = {}  # topic bytes → topic, for topics that decoded without error
+        # Topic bytes → topic, for topics that decoded without error; this connection's, bounded in bytes.
+        self._topics: BudgetDict[bytes, str] = BudgetDict(topic_cache_bytes)
 
     def puback_ids(self, data: bytes) -> list[int] | None:
         """The packet ids of ``data`` if it is nothing but whole PUBACKs that carry only a packet id (``40 02``
@@ -594,6 +607,11 @@ class Decoder:
         if data[0::4] != b"\x40" * k or data[1::4] != b"\x02" * k:
             return None
         return [(data[i] << 8) | data[i + 1] for i in range(2, n, 4)]
+
+    def discard_partial(self) -> None:
+        """Forget the bytes of a packet not yet complete: the connection takes no more reads (they may be most of
+        a 256 KB CONNECT, held otherwise until the decoder is freed)."""
+        self._buf = bytearray()
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         """Every complete packet so far, in order. Partial bytes stay buffered for the next call."""
@@ -695,9 +713,8 @@ class Decoder:
         packet = self._decode(first, bytes(buf[body:end]))
         assert isinstance(packet, Publish)
         # The topic is valid (it decoded): remember it, so that the next PUBLISH on it takes the fast path.
-        if len(self._topics) >= _TOPIC_CACHE_SIZE:
-            self._topics.clear()
-        self._topics[packet.topic.encode()] = packet.topic
+        raw = packet.topic.encode()
+        self._topics.remember(raw, packet.topic, _ENTRY_OVERHEAD + 2 * len(raw))
         return packet
 
     def _decode(self, first: int, body: bytes) -> Packet:
@@ -1005,24 +1022,28 @@ def _encode_publish(packet: Publish, v5: bool) -> bytes:
     return _fixed_header(0x30 | (packet.dup << 3) | (qos << 1) | int(packet.retain), len(body)) + body
 
 
-# Topic -> its encoded length and bytes, for encode_qos1_publish (bounded; cleared when full).
-_TOPIC_NAMES: dict[str, bytes] = {}
-
-
-def encode_qos1_publish(topic: str, payload: bytes, packet_id: int, *, dup: bool = False, v5: bool = False) -> bytes:
+def encode_qos1_publish(
+    topic: str,
+    payload: bytes,
+    packet_id: int,
+    *,
+    dup: bool = False,
+    v5: bool = False,
+    names: BudgetDict[str, bytes] | None = None,
+) -> bytes:
     """The bytes ``encode(Publish(topic, payload, 1, False, dup, packet_id), level)`` gives, without building the
-    packet: a QoS 1 PUBLISH with no properties, how the hub delivers to modules (one per message)."""
+    packet: a QoS 1 PUBLISH with no properties, how the hub delivers to modules (one per message). ``names``:
+    the connection's cache of topics' wire bytes (topics recur: one per module input and bag)."""
     if not 0 < packet_id <= _MAX_U16:
         raise LocalProtocolError(f"packet identifier {packet_id} out of range")
-    name = _TOPIC_NAMES.get(topic)  # the topic's length and bytes: topics recur (one per module input and bag)
+    name = names.get(topic) if names is not None else None
     if name is None:
         raw = topic.encode("utf-8")
         if len(raw) > _MAX_U16:
             raise LocalProtocolError(f"string of {len(raw)} bytes is too long for MQTT")
         name = _U16.pack(len(raw)) + raw
-        if len(_TOPIC_NAMES) >= _TOPIC_CACHE_SIZE:
-            _TOPIC_NAMES.clear()
-        _TOPIC_NAMES[topic] = name
+        if names is not None:
+            names.remember(topic, name, _ENTRY_OVERHEAD + 2 * len(raw))
     length = len(name) + (3 if v5 else 2) + len(payload)
     first = 0x3A if dup else 0x32
     if length < 0x80:  # _fixed_header in line for the lengths a delivery has

@@ -33,10 +33,12 @@ from typing import Final
 import msgspec
 
 from edgehub.core import LocalProtocolError, RemoteProtocolError
+from protocol_heads.mqtt.caches import BudgetDict
 from protocol_heads.mqtt.codec import (
     MAX_VARINT,
     MQTT_50,
     NO_PROPERTIES,
+    TOPIC_CACHE_BYTES,
     Auth,
     ConnAck,
     Connect,
@@ -291,6 +293,7 @@ class ServerConnection:
     * ``receive_maximum``: how many unsettled QoS 1/2 messages the client may have; more is 0x93.
     * ``outbound_window``: how many outbound QoS 1 messages may be in flight at once.
     * ``topic_alias_maximum``: how many inbound topic aliases an MQTT 5 client may use.
+    * ``topic_cache_bytes``: what the decoder and the encoder may each keep of the connection's topics.
     """
 
     def __init__(
@@ -300,6 +303,7 @@ class ServerConnection:
         receive_maximum: int = 1024,
         outbound_window: int = 16,
         topic_alias_maximum: int = 16,
+        topic_cache_bytes: int = TOPIC_CACHE_BYTES,
     ) -> None:
         if not 1 <= receive_maximum <= 0xFFFF or outbound_window < 1 or not 0 <= topic_alias_maximum <= 0xFFFF:
             raise ValueError("receive_maximum, outbound_window or topic_alias_maximum out of range")
@@ -310,7 +314,8 @@ class ServerConnection:
         self.topic_alias_maximum = topic_alias_maximum
         self.connect: Connect | None = None
         self.protocol_level = 4
-        self._decoder = Decoder(max_packet_size=max_packet_size)
+        self._decoder = Decoder(max_packet_size=max_packet_size, topic_cache_bytes=topic_cache_bytes)
+        self._names: BudgetDict[str, bytes] = BudgetDict(topic_cache_bytes)  # outbound topics' wire bytes
         self._out = bytearray()
         self._held: list[Packet] = []
         self._acks: deque[_AckSlot] = deque()
@@ -398,6 +403,10 @@ class ServerConnection:
             except RemoteProtocolError as exc:
                 events.append(self._fail(exc))
         return events
+
+    def discard_input(self) -> None:
+        """No more bytes will be fed: free what is buffered of an incomplete packet."""
+        self._decoder.discard_partial()
 
     def receive_acks(self, data: bytes) -> list[int] | None:
         """``receive_data`` for a read of nothing but plain PUBACKs while connected (``Decoder.puback_ids``):
@@ -599,7 +608,8 @@ class ServerConnection:
                 continue
             if rc >= 0x80 and not self.v5:
                 # 3.1.1 has no negative ack: the client learns by losing the connection [issue 4].
-                log.info("mqtt.nack_disconnect client=%s reason=0x%02x", self._client_id(), rc)
+                # DEBUG: the server logs the refusal itself, rate-limited (RefusalLog).
+                log.debug("mqtt.nack_disconnect client=%s reason=0x%02x", self._client_id(), rc)
                 self._close_quietly()
                 return
             props = self._problem_properties(head.text)
@@ -650,7 +660,7 @@ class ServerConnection:
             if properties is NO_PROPERTIES or not v5:
                 # The module deliveries' path (one call per message delivered): the bytes without building them
                 # through encode()'s dispatch, and _send_publish's bookkeeping in line.
-                wire = encode_qos1_publish(topic, payload, packet_id, dup=dup, v5=v5)
+                wire = encode_qos1_publish(topic, payload, packet_id, dup=dup, v5=v5, names=self._names)
                 if len(wire) > self._peer_max_packet_size:
                     raise PeerPacketTooLarge(
                         f"PUBLISH of {len(wire)} bytes over the client's {self._peer_max_packet_size}"
@@ -730,7 +740,8 @@ class ServerConnection:
 
     def _fail(self, exc: RemoteProtocolError) -> ProtocolFailed:
         rc = exc.reason_code if exc.reason_code is not None else ReasonCode.PROTOCOL_ERROR
-        log.info("mqtt.protocol_error client=%s reason=0x%02x detail=%s", self._client_id(), rc, exc)
+        # DEBUG: the server logs the refusal from the ProtocolFailed event, rate-limited (RefusalLog).
+        log.debug("mqtt.protocol_error client=%s reason=0x%02x detail=%s", self._client_id(), rc, exc)
         if self.state is ConnectionState.AWAIT_CONNECT:
             if rc == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
                 # The level is unknown or unsupported: answer in 3.1.1's words [MQTT-3.1.2-2].

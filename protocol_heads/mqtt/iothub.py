@@ -19,12 +19,14 @@
 * The connection system properties (``connectionDeviceId``, ``connectionModuleId``,
   ``connectionAuthMethod``) always come from the authenticated identity, never from what the client sent.
 
-Every function here is pure: no I/O, no clock (times are passed in).
+Every function here is pure: no I/O, no clock (times are passed in). Nothing here caches what a client sent
+(a process-wide cache of topics let one client hold 268 MB in it); the server keeps a per-connection cache of
+accepted topics, bounded in bytes. The one process-wide memo, of quoted names and values on delivery, keeps
+short strings only (``_QUOTED_MAX_LEN``), so its bytes are bounded too.
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +50,7 @@ __all__ = [
     "delivery_user_properties",
     "device_bound_topic",
     "encode_property_bag",
+    "is_method_response",
     "message_from_publish",
     "module_input_topic",
     "parse_client_id",
@@ -57,6 +60,7 @@ __all__ = [
     "telemetry_topic",
     "topic_matches",
     "twin_response_topic",
+    "username_identity",
 ]
 
 PLAIN_TOPIC_PROPERTY = "mqtt-topic"
@@ -115,6 +119,20 @@ def parse_username(username: str) -> UsernameInfo:
     return UsernameInfo(parts[0], identity, dict(parse_qsl(query, keep_blank_values=True)))
 
 
+def username_identity(username: str, client_id: str) -> Identity:
+    """The identity a CONNECT's username names: ``{host}/{deviceId}[/{moduleId}]`` with or without the
+    ``/?api-version=...`` part, or the client id itself (plain password logins). Raises ValueError for anything
+    else; the caller checks that it is the identity the client id claims."""
+    if username == client_id:
+        return parse_client_id(client_id)
+    if "/?" in username:
+        return parse_username(username).identity
+    parts = username.split("/")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise ValueError(f"username {username!r} is not host/device[/module]")
+    return Identity.parse("/".join(parts[1:]))
+
+
 # --- property bag ------------------------------------------------------------------------------------------------
 
 
@@ -125,9 +143,11 @@ _UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]*")
 
 # quote() costs ~4 µs for "application/json", the match ~0.2 µs for a plain word: names and values are
 # remembered quoted (device ids, content types, property names and values recur on every message of a device),
-# a look-up being cheaper than either. Bounded: cleared when full (unique values, such as message ids, pass).
+# a look-up being cheaper than either. Bounded: cleared when full (unique values, such as message ids, pass), and
+# only strings of up to _QUOTED_MAX_LEN characters are kept: 4,096 entries of 64 KB values were 268 MB.
 _QUOTED: dict[str, str] = {}
 _QUOTED_MAX = 4096
+_QUOTED_MAX_LEN = 128
 _SYSTEM_PARTS: dict[tuple[str, str], str] = {}
 
 
@@ -135,9 +155,10 @@ def _quote_value(text: str) -> str:
     quoted = _QUOTED.get(text)
     if quoted is None:
         quoted = text if _UNRESERVED.fullmatch(text) else quote(text, safe="")
-        if len(_QUOTED) >= _QUOTED_MAX:
-            _QUOTED.clear()
-        _QUOTED[text] = quoted
+        if len(text) <= _QUOTED_MAX_LEN:
+            if len(_QUOTED) >= _QUOTED_MAX:
+                _QUOTED.clear()
+            _QUOTED[text] = quoted
     return quoted
 
 
@@ -156,9 +177,10 @@ def encode_property_bag(
             part = known.get(item)
             if part is None:
                 part = f"{key_of[name]}={_quote_value(item[1])}"
-                if len(known) >= _QUOTED_MAX:
-                    known.clear()
-                known[item] = part
+                if len(item[1]) <= _QUOTED_MAX_LEN:
+                    if len(known) >= _QUOTED_MAX:
+                        known.clear()
+                    known[item] = part
             parts.append(part)
     for name, app_value in properties.items():
         if app_value is None:
@@ -175,8 +197,6 @@ def decode_property_bag(bag: str) -> tuple[dict[str, str], dict[str, str | None]
     return dict(system_items), dict(app_items)
 
 
-# Telemetry topics repeat (same device, same properties): parsing each distinct one once is the cheapest path.
-@functools.lru_cache(maxsize=4096)
 def _decode_bag(bag: str) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str | None], ...]]:
     system: dict[str, str] = {}
     app: dict[str, str | None] = {}
@@ -248,7 +268,6 @@ def twin_response_topic(status: int, rid: str, *, version: int | None = None) ->
     return topic
 
 
-@functools.lru_cache(maxsize=4096)
 def parse_publish_topic(topic: str) -> TelemetryTopic | TwinRequest | PlainTopic:
     """What a PUBLISH topic is. Telemetry topics carry the identity they name (the ACL checks it)."""
     m = _MODULE_EVENTS.match(topic)
@@ -261,6 +280,11 @@ def parse_publish_topic(topic: str) -> TelemetryTopic | TwinRequest | PlainTopic
     if twin is not None:
         return twin
     return PlainTopic(topic)
+
+
+def is_method_response(topic: str) -> bool:
+    """``$iothub/methods/res/{status}/?$rid=...``: a device's answer to a direct method call."""
+    return topic.startswith("$iothub/methods/res/")
 
 
 def telemetry_topic(identity: Identity, message: Message | None = None) -> str:
@@ -345,7 +369,7 @@ class Acl:
         parsed = parse_publish_topic(topic)
         if isinstance(parsed, TelemetryTopic):
             return parsed.identity == identity
-        if isinstance(parsed, TwinRequest) or topic.startswith("$iothub/methods/res/"):
+        if isinstance(parsed, TwinRequest) or is_method_response(topic):
             return True
         return any(topic_matches(f, topic) for f in self.publish_grants.get(identity.id, ()))
 
@@ -383,15 +407,21 @@ def message_from_publish(
     correlation_data: bytes | None = None,
     message_expiry_s: int | None = None,
     user_properties: Sequence[tuple[str, str]] = (),
+    base: tuple[Mapping[str, str], Mapping[str, str | None]] | None = None,
 ) -> Message:
     """The hub message for a telemetry or plain PUBLISH from ``identity`` (ACL already checked).
 
+    ``base``: the (system, application) properties of a message on this topic without MQTT 5 properties, as
+    an earlier call gave them for the same identity and auth method; the topic is then not parsed again.
+
     Raises ``TopicError`` for a twin topic (not a message) or a telemetry topic of another identity, and
     ``InvalidMessageError`` for correlation data that is not UTF-8."""
-    parsed = parse_publish_topic(topic)
     system: dict[str, str] = {}
     app: dict[str, str | None] = {}
-    if isinstance(parsed, TelemetryTopic):
+    parsed = parse_publish_topic(topic) if base is None else None
+    if base is not None:
+        system, app = dict(base[0]), dict(base[1])
+    elif isinstance(parsed, TelemetryTopic):
         if parsed.identity != identity:
             raise TopicError(f"{identity} may not publish as {parsed.identity}", reason="topic_invalid")
         system, app = decode_property_bag(parsed.bag)

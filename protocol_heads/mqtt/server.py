@@ -30,9 +30,21 @@ Invariants:
   earlier groups are being stored, and pauses while ``max_groups_in_flight`` of them wait on the hub or while
   the socket's write buffer is over its high-water mark (a client that does not read its acks is not read
   either); acks still leave in arrival order because ``ServerConnection.settle`` orders them.
-* A CONNECT that does not arrive (and authenticate) within ``connect_timeout_s`` closes the socket; a client
-  silent for 1.5x its keepalive is closed (MQTT 5: 0x8D). Silence is kept by one timer per connection, moved
-  on only when it fires, and not counted while reading is paused by the hub or by back-pressure.
+* A hostile outside costs bounded memory and descriptors (each bound is an ``MqttSettings`` field):
+  connections are counted from accept (``ConnectionLimiter``: pre-login caps in total and per address, a total
+  cap under the descriptor limit, see ``connection_cap``); the TLS handshake runs in the connection's task
+  (``loop.start_tls``: with ``create_server(ssl=...)`` the protocol hears of a connection only after its
+  handshake, so handshakes piled up uncounted), and the handshake, CONNECT and authentication share one timeout
+  (``connect_timeout_s``; ``busy_connect_timeout_s`` while over half the pre-login cap is in use); failed
+  logins are throttled per address and claimed client id (``LoginThrottle``).
+* A client silent for 1.5x its keepalive is closed (MQTT 5: 0x8D). Silence is kept by one timer per
+  connection, moved on only when it fires, and not counted while reading is paused by the hub or by
+  back-pressure; but a client that does not read (its write buffer stays over the high-water mark) for its
+  keepalive timeout, or ``not_reading_timeout_s`` without one, is aborted, its unread bytes dropped.
+* Every refusal (login, ACL, limits, protocol errors, timeouts, dropped messages) is logged through the
+  server's one ``RefusalLog`` (``MqttServer.refusals``), per source address, with the client id once known.
+* A closed connection is freed by reference counting alone (``_Client._dispose`` breaks every cycle through
+  it): ``edgehub run`` runs the cycle collector rarely, and cycles of closed connections held their buffers.
 * One live connection per identity: a new one takes the session over and the old one is closed (MQTT 5:
   0x8E); the hub is told with ``Hub.connect`` and the old link's deliveries come again on the new link.
 * A refused message gets MQTT 5's reason (``REJECT_REASONS``) and the hub's detail as Reason String; a 3.1.1
@@ -52,13 +64,13 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self, cast
 
+import msgspec
+
 from edgehub.core import (
     AuthenticationError,
-    Clock,
     DeliveryError,
     EdgeHubError,
     FailureKind,
@@ -68,11 +80,20 @@ from edgehub.core import (
     Message,
     StorageIOError,
     StoreError,
-    SystemClock,
     SystemProperty,
 )
-from edgehub.hub import Credentials, Delivery, Hub, Rejected
-from protocol_heads.mqtt.codec import MQTT_50, NO_PROPERTIES, Connect, Properties, PropertyId, Publish, ReasonCode
+from edgehub.core.refusals import RefusalLog, RefusalReason
+from edgehub.hub import Cap, ConnectionLimiter, Credentials, Delivery, Hub, LoginThrottle, Rejected, Ticket
+from protocol_heads.mqtt.caches import BudgetDict
+from protocol_heads.mqtt.codec import (
+    MQTT_50,
+    NO_PROPERTIES,
+    Connect,
+    Properties,
+    PropertyId,
+    Publish,
+    ReasonCode,
+)
 from protocol_heads.mqtt.connection import (
     ConnectionState,
     ConnectRequested,
@@ -87,21 +108,22 @@ from protocol_heads.mqtt.connection import (
     UnsubscribeRequested,
 )
 from protocol_heads.mqtt.iothub import (
-    Acl,
     TopicError,
     TwinRequest,
     delivery_user_properties,
     device_bound_topic,
+    is_method_response,
     message_from_publish,
     module_input_topic,
     parse_client_id,
     parse_twin_request,
-    parse_username,
     topic_matches,
     twin_response_topic,
+    username_identity,
 )
+from protocol_heads.mqtt.settings import MqttSettings, connection_cap
 
-__all__ = ["REJECT_REASONS", "MqttServer", "MqttSettings"]
+__all__ = ["REJECT_REASONS", "MqttServer", "MqttSettings", "connection_cap"]
 
 log = logging.getLogger(__name__)
 
@@ -122,35 +144,32 @@ _STORE_UNAVAILABLE = Rejected("store_unavailable", "the hub cannot store message
 
 _READ_SIZE = 256 * 1024
 _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only; see the module docstring
-_TELEMETRY_CACHE_SIZE = 1024
+_LOGIN_REFUSALS: Mapping[int, RefusalReason] = {
+    ReasonCode.CLIENT_IDENTIFIER_NOT_VALID: RefusalReason.BAD_CLIENT_ID,
+    ReasonCode.BAD_USERNAME_OR_PASSWORD: RefusalReason.BAD_USERNAME,
+}
+# How long a closing TLS connection waits for the peer's close_notify (asyncio's default: 30 s, the connection's
+# buffers held all along).
+_TLS_SHUTDOWN_S = 5.0
+_ENTRY_OVERHEAD = 512  # a telemetry cache entry's two property maps and tuple, beside its topic's text
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MqttSettings:
-    """Listener and connection settings.
+def _feed(transport: asyncio.BaseTransport, data: bytes) -> None:
+    """Hand ``data`` to the (buffered) protocol now on ``transport``, as if the socket had just read it."""
+    protocol = cast(asyncio.BufferedProtocol, transport.get_protocol())
+    view = memoryview(data)
+    while view:
+        buf = memoryview(protocol.get_buffer(len(view)))
+        n = min(len(buf), len(view))
+        buf[:n] = view[:n]
+        protocol.buffer_updated(n)
+        view = view[n:]
 
-    * ``host``: the address to listen on (127.0.0.1 in tests).
-    * ``tcp_port``: plain MQTT port; None (the default) keeps it off. 0 picks a free port.
-    * ``tls_port``: MQTT over TLS (8883 by default); needs ``ssl_context``. None turns it off.
-    * ``connect_timeout_s``: how long a new socket may take to send CONNECT and be authenticated.
-    * ``max_packet_size``: the largest packet accepted (announced to MQTT 5 clients); over it closes with 0x95.
-    * ``receive_maximum``: unacknowledged inbound QoS 1/2 messages allowed per client.
-    * ``outbound_window``: deliveries in flight per client (the module endpoint's window).
-    * ``max_groups_in_flight``: ingest groups a connection may have waiting on the hub before reading pauses.
-    * ``acl``: who may publish and subscribe where, beyond the IoT Hub defaults.
-    """
 
-    host: str = "127.0.0.1"
-    tcp_port: int | None = None
-    tls_port: int | None = 8883
-    ssl_context: ssl.SSLContext | None = None
-    connect_timeout_s: float = 10.0
-    max_packet_size: int = 256 * 1024 + 1024
-    receive_maximum: int = 1024
-    outbound_window: int = 16
-    max_groups_in_flight: int = 32
-    acl: Acl = field(default_factory=Acl)
-    clock: Clock = field(default_factory=SystemClock)
+def _shown(text: str, limit: int = 128) -> str:
+    """A client's words (client id, topic) fit for a log line: bounded, and quoted unless plain."""
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return text if text.isprintable() and " " not in text else repr(text)
 
 
 class MqttServer:
@@ -168,6 +187,21 @@ class MqttServer:
         self._read_buffer = memoryview(bytearray(_READ_SIZE))  # every connection reads into it (see above)
         self._clients: dict[str, _Client] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.refusals = RefusalLog(log, clock=settings.clock)
+        self.limiter = ConnectionLimiter(
+            max_connections=connection_cap(settings),
+            max_pending=settings.max_pending_connections,
+            max_pending_per_address=settings.max_pending_per_address,
+        )
+        # Failed logins, per claimed client id and per source address (MqttSettings says why two).
+        self.throttle = LoginThrottle(
+            max_failures=settings.max_login_failures, window_s=settings.login_failure_window_s, clock=settings.clock
+        )
+        self.address_throttle = LoginThrottle(
+            max_failures=settings.max_login_failures_per_address,
+            window_s=settings.login_failure_window_s,
+            clock=settings.clock,
+        )
 
     async def __aenter__(self) -> Self:
         await self._tg.__aenter__()
@@ -175,23 +209,24 @@ class MqttServer:
         try:
             loop = asyncio.get_running_loop()
             if s.tcp_port is not None:
-                srv = await loop.create_server(self._protocol, s.host, s.tcp_port)
+                srv = await loop.create_server(functools.partial(_Client, self, None), s.host, s.tcp_port)
                 self._servers.append(srv)
                 self.ports["tcp"] = srv.sockets[0].getsockname()[1]
             if s.tls_port is not None:
-                srv = await loop.create_server(
-                    self._protocol,
-                    s.host,
-                    s.tls_port,
-                    ssl=s.ssl_context,
-                    ssl_handshake_timeout=s.connect_timeout_s,
-                )
+                # Plain TCP: the handshake runs in the client's task (start_tls), counted and timed from accept.
+                srv = await loop.create_server(functools.partial(_Client, self, s.ssl_context), s.host, s.tls_port)
                 self._servers.append(srv)
                 self.ports["tls"] = srv.sockets[0].getsockname()[1]
         except BaseException as exc:
             await self.__aexit__(type(exc), exc, exc.__traceback__)
             raise
-        log.info("mqtt.listening host=%s ports=%s", s.host, self.ports)
+        log.info(
+            "mqtt.listening host=%s ports=%s max_connections=%d max_pending=%d",
+            s.host,
+            self.ports,
+            self.limiter.max_connections,
+            self.limiter.max_pending,
+        )
         return self
 
     async def __aexit__(
@@ -209,9 +244,6 @@ class MqttServer:
     def connected(self) -> list[str]:
         """Identity ids with a live, authenticated connection."""
         return sorted(self._clients)
-
-    def _protocol(self) -> _Client:
-        return _Client(self)
 
     def _start(self, client: _Client) -> None:
         task = self._tg.create_task(self._run_client(client), name=f"mqtt.client {client.peer}")
@@ -234,16 +266,21 @@ class _Link:
     """The ``ClientLink`` the hub sends deliveries through."""
 
     def __init__(self, client: _Client) -> None:
-        self._client = client
+        self._client: _Client | None = client  # None once the connection is disposed of (no cycle left)
         self.pending: dict[int, int] = {}  # packet id → delivery id
 
     @property
     def window_free(self) -> int:
-        conn = self._client.conn
+        client = self._client
+        if client is None:
+            return 0
+        conn = client.conn
         return 0 if conn.closed else conn.window_free
 
     def send(self, delivery: Delivery) -> None:
         client = self._client
+        if client is None:
+            raise DeliveryError("client is gone", endpoint="mqtt", kind=FailureKind.TRANSIENT)
         conn = client.conn
         if conn.state is ConnectionState.CLOSED or client.identity is None:
             raise DeliveryError("client is not connected", endpoint=client.peer, kind=FailureKind.TRANSIENT)
@@ -279,15 +316,25 @@ class _Client(asyncio.BufferedProtocol):
     """One connection: the protocol callbacks (reads, back-pressure), ingest groups, deliveries; ``run`` is the
     connection's task (handshake, then waiting for the end)."""
 
-    def __init__(self, server: MqttServer) -> None:
+    def __init__(self, server: MqttServer, tls: ssl.SSLContext | None) -> None:
         self.server = server
         self.hub = server.hub
         self.settings = server.settings
         self.transport: asyncio.Transport | None = None
-        self.peer = "?"
+        self._tls = tls  # the handshake still to run in the connection's task, or None (plain TCP)
+        # What the socket said before start_tls took it over (uvloop starts reading after connection_made even
+        # when it paused reading): the ClientHello, handed to the TLS layer first. None: TLS is on or not used.
+        self._early: bytearray | None = bytearray() if tls is not None else None
+        self.peer = "?"  # address:port, for task names
+        self.address = "?"  # the source address: the key of the pre-login caps, the throttle and refusal lines
+        self._port: object = "?"
+        self.ticket: Ticket | None = None  # this connection's place under the ConnectionLimiter's caps
         s = self.settings
         self.conn = ServerConnection(
-            max_packet_size=s.max_packet_size, receive_maximum=s.receive_maximum, outbound_window=s.outbound_window
+            max_packet_size=s.max_packet_size,
+            receive_maximum=s.receive_maximum,
+            outbound_window=s.outbound_window,
+            topic_cache_bytes=s.topic_cache_bytes,
         )
         self.identity: Identity | None = None
         self.auth_method = ""
@@ -297,7 +344,10 @@ class _Client(asyncio.BufferedProtocol):
         self.clean_exit = False
         # topic -> (system, application properties) of a telemetry PUBLISH without MQTT 5 properties that the
         # ACL allowed: the same topic gives the same properties, so later ones skip parsing and checking it.
-        self._telemetry: dict[str, tuple[Mapping[str, str], Mapping[str, str | None]]] = {}
+        # Bounded in bytes; only topics the ACL allowed and that made a message are kept.
+        self._telemetry: BudgetDict[str, tuple[Mapping[str, str], Mapping[str, str | None]]] = BudgetDict(
+            s.topic_cache_bytes
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._flush_scheduled = False
         self._loop = asyncio.get_running_loop()
@@ -313,6 +363,7 @@ class _Client(asyncio.BufferedProtocol):
         self._writing_paused = False
         self._reading_paused = False
         self._keepalive: asyncio.TimerHandle | None = None
+        self._not_reading: asyncio.TimerHandle | None = None  # armed while writing is paused (module docstring)
         self._last_read = 0.0
         self._quickack: Callable[[], None] | None = None  # re-arms TCP_QUICKACK (see the module docstring)
         self._quickack_sock: socket.socket | None = None
@@ -322,7 +373,22 @@ class _Client(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
-        self.peer = str(transport.get_extra_info("peername"))
+        peername = transport.get_extra_info("peername")
+        if isinstance(peername, tuple) and len(peername) >= 2:
+            self.address = str(peername[0])
+            self._port = peername[1]
+            self.peer = f"{peername[0]}:{peername[1]}"
+        admitted = self.server.limiter.admit(self.address)
+        if isinstance(admitted, Cap):
+            # Closed at once, before any handshake or buffer: a flood costs a descriptor for an instant.
+            self._refused(RefusalReason.TOO_MANY_CONNECTIONS, cap=admitted.value)
+            self._ended = True
+            self.transport.abort()
+            self._dispose()
+            return
+        self.ticket = admitted
+        if self._tls is not None:
+            self.transport.pause_reading()  # the ClientHello waits for start_tls (run)
         sock = transport.get_extra_info("socket")
         if _QUICKACK is not None and sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # A socket object of our own, on a duplicate of the descriptor (closed in connection_lost): uvloop's
@@ -338,6 +404,11 @@ class _Client(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         data = bytes(self.server._read_buffer[:nbytes])
+        if self._early is not None:  # TLS bytes before the handshake began: keep them for it (see __init__)
+            self._early += data
+            if self.transport is not None:
+                self.transport.pause_reading()
+            return
         if self._quickack is not None and self.link.pending:  # deliveries wait for acks (module docstring)
             try:
                 self._quickack()
@@ -392,6 +463,9 @@ class _Client(asyncio.BufferedProtocol):
         return self.transport is not None and self.transport.get_extra_info("sslcontext") is None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._not_reading is not None:
+            self._not_reading.cancel()
+            self._not_reading = None
         self._quickack = None
         if self._quickack_sock is not None:
             self._quickack_sock.close()  # the last descriptor of the socket: the kernel closes the connection now
@@ -402,11 +476,28 @@ class _Client(asyncio.BufferedProtocol):
 
     def pause_writing(self) -> None:
         self._writing_paused = True
+        if self._not_reading is None and not self._ended:
+            limit = self.conn.keepalive_timeout_s or self.settings.not_reading_timeout_s
+            self._not_reading = self._loop.call_later(limit, self._stopped_reading, limit)
         self._update_reading()
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        if self._not_reading is not None:
+            self._not_reading.cancel()
+            self._not_reading = None
         self._update_reading()
+
+    def _stopped_reading(self, limit: float) -> None:
+        """The client has left our writes unread for ``limit`` seconds: abort, dropping what it did not read."""
+        self._not_reading = None
+        if self._ended or not self._writing_paused:
+            return
+        self._refused(RefusalReason.NOT_READING, waited_s=limit)
+        self.conn.close(ReasonCode.KEEP_ALIVE_TIMEOUT)
+        if self.transport is not None:
+            self.transport.abort()
+        self._finish()
 
     # --- reading -------------------------------------------------------------------------------------------
 
@@ -487,7 +578,7 @@ class _Client(asyncio.BufferedProtocol):
             self._last_read = now
         due = self._last_read + timeout
         if now >= due:
-            log.info("mqtt.keepalive_timeout client=%s", self.identity)
+            self._refused(RefusalReason.KEEPALIVE_TIMEOUT, timeout_s=timeout)
             self.conn.close(ReasonCode.KEEP_ALIVE_TIMEOUT)
             self._finish()
             return
@@ -518,11 +609,17 @@ class _Client(asyncio.BufferedProtocol):
     # --- the connection's task -----------------------------------------------------------------------------
 
     async def run(self) -> None:
+        s = self.settings
+        timeout_s = s.busy_connect_timeout_s if self.server.limiter.busy else s.connect_timeout_s
         try:
-            async with asyncio.timeout(self.settings.connect_timeout_s):
+            async with asyncio.timeout(timeout_s):
+                if self._tls is not None and not await self._start_tls(self._tls, timeout_s):
+                    return
                 connect, pipelined = await self._handshake()
         except TimeoutError:
-            log.info("mqtt.connect_timeout peer=%s", self.peer)
+            self._refused(RefusalReason.CONNECT_TIMEOUT, client=self._claimed(), timeout_s=timeout_s)
+            if self.transport is not None:
+                self.transport.abort()  # nothing to say to it: no goodbye to wait for
             return
         if connect is None:
             return
@@ -545,6 +642,42 @@ class _Client(asyncio.BufferedProtocol):
         await self._end
         self.flush()
 
+    async def _start_tls(self, context: ssl.SSLContext, timeout_s: float) -> bool:
+        """The TLS handshake on the accepted socket; False (socket closed) when it fails."""
+        raw = self.transport
+        assert raw is not None
+        if self._ended or raw.is_closing():  # gone before its handshake began
+            return False
+        early, self._early = self._early, None
+        if early:
+            # Runs after start_tls has put its TLS protocol on the socket, before that protocol's connection_made
+            # (both scheduled by start_tls, after this): the bytes wait in its input buffer for the handshake.
+            self._loop.call_soon(_feed, raw, bytes(early))
+        try:
+            tls = await self._loop.start_tls(
+                raw,
+                self,
+                context,
+                server_side=True,
+                ssl_handshake_timeout=timeout_s,
+                ssl_shutdown_timeout=_TLS_SHUTDOWN_S,
+            )
+        except BaseException as exc:
+            # The protocol hears nothing of a handshake that failed (no connection_lost): end here.
+            raw.abort()
+            self._finish()
+            if not self._lost.done():
+                self._lost.set_result(None)
+            if isinstance(exc, OSError):  # ssl.SSLError, a reset, the handshake timeout (ConnectionAbortedError)
+                self._refused(RefusalReason.TLS_HANDSHAKE_FAILED, error=type(exc).__name__)
+                return False
+            raise
+        if tls is None:  # closed meanwhile
+            raw.abort()
+            return False
+        self.transport = tls
+        return True
+
     async def _handshake(self) -> tuple[Connect | None, list[Event]]:
         while True:
             data = await self._read()
@@ -553,34 +686,49 @@ class _Client(asyncio.BufferedProtocol):
             events = self.conn.receive_data(data)
             for event in events:
                 if isinstance(event, ProtocolFailed):
+                    self._protocol_failed(event)
                     self.flush()
                     return None, []
                 if isinstance(event, ConnectRequested):
                     return await self._authenticate(event.connect)
 
     async def _authenticate(self, c: Connect) -> tuple[Connect | None, list[Event]]:
+        # Throttled per source address and per claimed client id (a key of 128 characters at most).
+        keys = (self.address, c.client_id[:128])
+        server = self.server
+        if server.address_throttle.blocked(keys[0]) or server.throttle.blocked(keys[1]):
+            self._refused(RefusalReason.LOGIN_THROTTLED, client=_shown(c.client_id))
+            self.conn.refuse(ReasonCode.CONNECTION_RATE_EXCEEDED, reason="too many failed logins; try again later")
+            self.flush()
+            return None, []
         if c.properties.get_str(PropertyId.AUTHENTICATION_METHOD) is not None:
-            return self._refuse(ReasonCode.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not offered")
+            return self._refuse(keys, ReasonCode.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not offered", c)
         try:
             claimed = parse_client_id(c.client_id)
         except ValueError:
-            return self._refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "client id is not deviceId[/moduleId]")
-        if c.username is not None and "/?" in c.username:
+            return self._refuse(keys, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "client id is not deviceId[/moduleId]", c)
+        if c.username is not None:
+            # IoT Hub's form, {host}/{device}[/{module}][/?api-version=...], or the client id itself; it must name
+            # the identity the client id claims (a username was ignored unless it had "/?" in it).
             try:
-                named = parse_username(c.username).identity
+                named = username_identity(c.username, c.client_id)
             except ValueError:
-                return self._refuse(ReasonCode.BAD_USERNAME_OR_PASSWORD, "malformed username")
+                return self._refuse(keys, ReasonCode.BAD_USERNAME_OR_PASSWORD, "malformed username", c)
             if named != claimed:
-                return self._refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "username and client id disagree")
+                return self._refuse(keys, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "username and client id disagree", c)
         thumbprint, cn, verified = self._peer_certificate()
         creds = Credentials(claimed, c.username, c.password, thumbprint, cn, verified)
         try:
             result = await self.hub.authenticate(creds)
         except AuthenticationError as exc:
-            log.info("mqtt.auth_refused client=%s detail=%s", c.client_id, exc)
-            return self._refuse(ReasonCode.NOT_AUTHORIZED, "authentication failed")
+            return self._refuse(keys, ReasonCode.NOT_AUTHORIZED, "authentication failed", c, detail=exc)
         if result.identity != claimed:
-            return self._refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "client id is not the authenticated identity")
+            return self._refuse(
+                keys, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "client id is not the authenticated identity", c
+            )
+        server.throttle.succeeded(keys[1])
+        if self.ticket is not None:
+            self.ticket.authenticated()  # no longer counted against the pre-login caps
         self.identity = result.identity
         self.auth_method = result.auth_method
         old = self.server._clients.get(self.identity.id)
@@ -596,10 +744,35 @@ class _Client(asyncio.BufferedProtocol):
         self.hub.link_ready(self.identity, self.link)
         return c, pipelined
 
-    def _refuse(self, reason: int, text: str) -> tuple[None, list[Event]]:
+    def _refuse(
+        self, keys: tuple[str, str], reason: int, text: str, c: Connect, *, detail: object = None
+    ) -> tuple[None, list[Event]]:
+        """Refuse the login: a failing CONNACK with ``reason`` and ``text``, counted by the login throttle."""
+        self.server.address_throttle.failed(keys[0])
+        self.server.throttle.failed(keys[1])
+        why = _LOGIN_REFUSALS.get(reason, RefusalReason.BAD_CREDENTIALS)
+        extra = {"detail": _shown(str(detail), 200)} if detail is not None else {}
+        self._refused(why, client=_shown(c.client_id), why=repr(text), **extra)
         self.conn.refuse(reason, reason=text)
         self.flush()
         return None, []
+
+    def _refused(self, reason: RefusalReason | str, *, client: str | None = None, **detail: object) -> None:
+        """One refusal line through the server's RefusalLog: keyed by source address, naming the client."""
+        if client is None and self.identity is not None:
+            client = self.identity.id
+        self.server.refusals.refused(reason, peer=self.address, client=client, port=self._port, **detail)
+
+    def _claimed(self) -> str | None:
+        c = self.conn.connect
+        return _shown(c.client_id) if c is not None else None
+
+    def _protocol_failed(self, event: ProtocolFailed) -> None:
+        error = event.error
+        too_large = error.reason_code == ReasonCode.PACKET_TOO_LARGE
+        why = RefusalReason.PACKET_TOO_LARGE if too_large else RefusalReason.MALFORMED_PACKET
+        code = error.reason_code if error.reason_code is not None else ReasonCode.PROTOCOL_ERROR
+        self._refused(why, client=self._claimed(), code=f"0x{code:02x}", detail=_shown(str(error), 200))
 
     def _peer_certificate(self) -> tuple[str | None, str | None, bool]:
         assert self.transport is not None
@@ -647,7 +820,7 @@ class _Client(asyncio.BufferedProtocol):
             elif isinstance(event, Disconnected):
                 self.clean_exit = not event.publish_will
             elif isinstance(event, ProtocolFailed):
-                pass  # the connection is closed; run() ends after flushing the goodbye
+                self._protocol_failed(event)  # the connection is closed; run() ends after flushing the goodbye
         if acked and self.identity is not None:
             self._refill(self.identity)  # once for all the acks of this read
         if group:
@@ -661,13 +834,21 @@ class _Client(asyncio.BufferedProtocol):
 
     def _on_subscribe(self, event: SubscribeRequested) -> None:
         assert self.identity is not None
+        s = self.settings
         codes: list[int] = []
         for sub in event.subscribe.subscriptions:
-            if self.settings.acl.may_subscribe(self.identity, sub.topic_filter):
-                self.subscriptions.add(sub.topic_filter)
+            f = sub.topic_filter
+            if len(f) > s.max_filter_length or len(f.encode()) > s.max_filter_length:
+                self._refused(RefusalReason.FILTER_TOO_LONG, length=len(f.encode()), limit=s.max_filter_length)
+                codes.append(ReasonCode.TOPIC_FILTER_INVALID)
+            elif f not in self.subscriptions and len(self.subscriptions) >= s.max_subscriptions:
+                self._refused(RefusalReason.TOO_MANY_SUBSCRIPTIONS, filter=_shown(f), limit=s.max_subscriptions)
+                codes.append(ReasonCode.QUOTA_EXCEEDED)
+            elif s.acl.may_subscribe(self.identity, f):
+                self.subscriptions.add(f)
                 codes.append(min(sub.qos, 1))
             else:
-                log.info("mqtt.subscribe_refused client=%s filter=%s", self.identity, sub.topic_filter)
+                self._refused(RefusalReason.NOT_AUTHORIZED, subscribe=_shown(f))
                 codes.append(ReasonCode.NOT_AUTHORIZED)
         self.conn.answer_subscribe(event.subscribe.packet_id, codes)
 
@@ -689,41 +870,45 @@ class _Client(asyncio.BufferedProtocol):
         assert identity is not None
         now = self.settings.clock.time()
         settle: list[tuple[int | None, int]] = []  # (ticket, reason code), in arrival order
+        texts: dict[int, str] | None = None  # ticket -> Reason String of a refusal made here (QoS 1 and 2)
         to_store: list[Message] = []
         known = self._telemetry
         for event in group:
             p = event.publish
-            if p.properties is NO_PROPERTIES:
-                props = known.get(p.topic)
-                if props is not None:  # a telemetry topic this client used before: its properties are known
-                    settle.append((event.ticket, -1 - len(to_store)))
-                    to_store.append(Message(p.payload, props[1], props[0]))
+            props = known.get(p.topic)
+            if props is not None and p.properties is NO_PROPERTIES:
+                # A telemetry topic this client used before: its properties are known.
+                settle.append((event.ticket, -1 - len(to_store)))
+                to_store.append(Message(p.payload, props[1], props[0]))
+                continue
+            if props is None:
+                twin = parse_twin_request(p.topic)
+                if twin is not None:
+                    await self._on_twin(identity, twin, p)
+                    settle.append((event.ticket, 0))
                     continue
-            twin = parse_twin_request(p.topic)
-            if twin is not None:
-                await self._on_twin(identity, twin, p)
-                settle.append((event.ticket, 0))
-                continue
-            if not self.settings.acl.may_publish(identity, p.topic):
-                log.info("mqtt.publish_refused client=%s topic=%s", identity, p.topic)
-                settle.append((event.ticket, ReasonCode.NOT_AUTHORIZED))
-                continue
+                refusal = self._publish_refusal(identity, p.topic)
+                if refusal is not None:
+                    if event.ticket is not None:
+                        texts = texts or {}
+                        texts[event.ticket] = refusal[1]
+                    settle.append((event.ticket, refusal[0]))
+                    continue
             try:
-                msg = self._message(identity, p, now)
-            except TopicError:
-                settle.append((event.ticket, ReasonCode.TOPIC_NAME_INVALID))
-                continue
-            except InvalidMessageError:
-                settle.append((event.ticket, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR))
+                msg = self._message(identity, p, now, props)
+            except InvalidMessageError as exc:
+                code = ReasonCode.TOPIC_NAME_INVALID if isinstance(exc, TopicError) else 0x83
+                self._refused(exc.reason, topic=_shown(p.topic), detail=_shown(str(exc), 200))
+                settle.append((event.ticket, code))
                 continue
             settle.append((event.ticket, -1 - len(to_store)))  # placeholder: index into the hub's outcomes
             to_store.append(msg)
-            if p.properties is NO_PROPERTIES:
+            if props is None:
                 # Without MQTT 5 properties a message's properties follow from the topic alone (the identity
                 # and auth method are the connection's): later messages on it share these (immutable) maps.
-                if len(known) >= _TELEMETRY_CACHE_SIZE:
-                    known.clear()
-                known[p.topic] = (msg.system_properties, msg.properties)
+                if p.properties is not NO_PROPERTIES:
+                    msg = self._message(identity, msgspec.structs.replace(p, properties=NO_PROPERTIES), now, None)
+                known.remember(p.topic, (msg.system_properties, msg.properties), _ENTRY_OVERHEAD + 3 * len(p.topic))
         try:
             outcomes = await self.hub.ingest(identity, to_store) if to_store else []
         except StorageIOError:
@@ -738,12 +923,13 @@ class _Client(asyncio.BufferedProtocol):
                 if isinstance(outcome, Rejected):
                     reason = REJECT_REASONS.get(outcome.reason, 0x80)
                     text = outcome.detail or None
+                    self._refused(outcome.reason, qos=0 if ticket is None else 1, code=f"0x{reason:02x}")
                 else:
                     reason = 0
+            elif reason and texts is not None and ticket is not None:
+                text = texts.get(ticket)
             if ticket is None:
-                if reason:
-                    log.info("mqtt.qos0_dropped client=%s reason=0x%02x", identity, reason)
-                continue
+                continue  # QoS 0: nothing to answer (a refusal was logged where it was made)
             answers.append((ticket, reason, text))
         if answers:
             self.conn.settle_many(answers)
@@ -752,7 +938,28 @@ class _Client(asyncio.BufferedProtocol):
             self._finish()
             self.close()
 
-    def _message(self, identity: Identity, p: Publish, now: float) -> Message:
+    def _publish_refusal(self, identity: Identity, topic: str) -> tuple[int, str] | None:
+        """Why a PUBLISH on ``topic`` (not a twin request, not known) is refused, logged; None if it is not."""
+        limit = self.settings.max_topic_length
+        if len(topic) > limit:
+            self._refused(RefusalReason.TOPIC_TOO_LONG, length=len(topic), limit=limit)
+            return ReasonCode.TOPIC_NAME_INVALID, f"topic name over {limit} characters"
+        if is_method_response(topic):
+            # Direct methods are not offered yet, so no call is ever pending: never route an answer as telemetry.
+            self._refused(RefusalReason.NO_PENDING_CALL, topic=_shown(topic))
+            return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "no direct method call is pending"
+        if not self.settings.acl.may_publish(identity, topic):
+            self._refused(RefusalReason.NOT_AUTHORIZED, topic=_shown(topic))
+            return ReasonCode.NOT_AUTHORIZED, "not authorized to publish on this topic"
+        return None
+
+    def _message(
+        self,
+        identity: Identity,
+        p: Publish,
+        now: float,
+        base: tuple[Mapping[str, str], Mapping[str, str | None]] | None,
+    ) -> Message:
         props = p.properties
         return message_from_publish(
             identity,
@@ -764,6 +971,7 @@ class _Client(asyncio.BufferedProtocol):
             correlation_data=props.get_bytes(PropertyId.CORRELATION_DATA),
             message_expiry_s=props.get_int(PropertyId.MESSAGE_EXPIRY_INTERVAL),
             user_properties=props.user,
+            base=base,
         )
 
     async def _on_twin(self, identity: Identity, twin: TwinRequest, p: Publish) -> None:
@@ -805,8 +1013,38 @@ class _Client(asyncio.BufferedProtocol):
                 task.cancel()
             self._finish()
             self.close()
-            with contextlib.suppress(Exception):
-                await self._lost
+            # The buffers go now, not when the socket is gone (a TLS goodbye may take _TLS_SHUTDOWN_S).
+            self._inbox.clear()
+            self._inbox_bytes = 0
+            self.conn.discard_input()
+            try:
+                with contextlib.suppress(Exception):
+                    await self._lost
+            finally:
+                self._dispose()
+
+    def _dispose(self) -> None:
+        """Let go of everything that could lead back here, so that reference counting alone frees this client
+        and its buffers once the loop lets go of it: ``edgehub run`` runs the cycle collector rarely (tune_gc),
+        and 500 timed-out connections' cycles held ~250 MB. Last thing a connection does."""
+        if self.ticket is not None:
+            self.ticket.release()
+            self.ticket = None
+        self.link._client = None  # the hub may hold the link a while longer; it no longer holds this client
+        for handle in (self._keepalive, self._not_reading):
+            if handle is not None:
+                handle.cancel()
+        self._keepalive = self._not_reading = None
+        self._quickack = None
+        if self._quickack_sock is not None:
+            self._quickack_sock.close()
+            self._quickack_sock = None
+        self._tasks.clear()
+        self._inbox.clear()
+        self._inbox_bytes = 0
+        self._data_waiter = None
+        self._telemetry.clear()
+        self.transport = None
 
     async def _publish_will(self, identity: Identity) -> None:
         c = self.conn.connect

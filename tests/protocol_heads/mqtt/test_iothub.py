@@ -18,6 +18,7 @@ from protocol_heads.mqtt.iothub import (
     delivery_user_properties,
     device_bound_topic,
     encode_property_bag,
+    is_method_response,
     message_from_publish,
     module_input_topic,
     parse_client_id,
@@ -26,6 +27,7 @@ from protocol_heads.mqtt.iothub import (
     telemetry_topic,
     topic_matches,
     twin_response_topic,
+    username_identity,
 )
 
 DEV = Identity.parse("dev1")
@@ -253,3 +255,18 @@ def test_session_id_and_partition_key_go_out_to_modules_under_the_same_names() -
     assert dict(decode_property_bag(encode_property_bag(msg.system_properties, {}))[0]) == msg.system_properties
     assert ("$.sid", "s1") in delivery_user_properties(msg)
     assert ("$.pk", "s1") in delivery_user_properties(msg)
+
+
+def test_a_username_names_an_identity_with_or_without_its_query_part() -> None:
+    assert username_identity("gw/dev1/filter/?api-version=2021-04-12", "dev1/filter") == MOD
+    assert username_identity("gw/dev1", "dev1") == DEV
+    assert username_identity("dev1", "dev1") == DEV  # the client id itself
+    assert username_identity("gw/dev2", "dev1") != DEV  # the caller compares it with the client id
+    for bad in ("just-a-name", "gw/", "a/b/c/d", "gw//dev1"):
+        with pytest.raises(ValueError, match="username"):
+            username_identity(bad, "dev1")
+
+
+def test_method_responses_are_recognised() -> None:
+    assert is_method_response("$iothub/methods/res/200/?$rid=1")
+    assert not is_method_response("$iothub/twin/GET/?$rid=1")

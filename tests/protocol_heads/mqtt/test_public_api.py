@@ -7,12 +7,29 @@ import types
 import pytest
 
 import edgehub.hub
+import edgehub.hub.admission
+import edgehub.hub.throttle
 import edgehub.testing.hub
 from edgehub.core import sas
-from protocol_heads.mqtt import codec, connection, iothub, server
+from protocol_heads.mqtt import caches, codec, connection, iothub, server, settings
 
 
-@pytest.mark.parametrize("module", [codec, connection, iothub, server, sas, edgehub.hub, edgehub.testing.hub])
+@pytest.mark.parametrize(
+    "module",
+    [
+        caches,
+        codec,
+        connection,
+        iothub,
+        server,
+        settings,
+        sas,
+        edgehub.hub,
+        edgehub.hub.admission,
+        edgehub.hub.throttle,
+        edgehub.testing.hub,
+    ],
+)
 def test_all_lists_exactly_the_public_names_defined_here(module: types.ModuleType) -> None:
     public = {
         name
