@@ -36,6 +36,7 @@ from protocol_heads.mqtt.codec import (
     UnsubAck,
     Unsubscribe,
     Will,
+    encode,
 )
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "levels",
     "mutated",
     "packets",
+    "session_bytes",
     "split",
 ]
 
@@ -214,6 +216,27 @@ def client_session(draw: st.DrawFn) -> tuple[int, list[Packet]]:
     """A CONNECT and what the client sends after it, at one level."""
     level = draw(levels)
     return level, [draw(_connect(level)), *draw(st.lists(client_packets(level), max_size=8))]
+
+
+# Packets a client must not send and ``encode`` cannot make: packet identifier 0 where one is required.
+_ZERO_ID = [
+    b"\x82\x08\x00\x00\x00\x03a/b\x01",  # SUBSCRIBE (3.1.1)
+    b"\x82\x09\x00\x00\x00\x00\x03a/b\x01",  # SUBSCRIBE (5.0)
+    b"\xa2\x07\x00\x00\x00\x03a/b",  # UNSUBSCRIBE (3.1.1)
+    b"\x62\x02\x00\x00",  # PUBREL
+    b"\x40\x02\x00\x00",  # PUBACK
+    b"\x32\x05\x00\x01t\x00\x00",  # PUBLISH QoS 1
+]
+
+
+@st.composite
+def session_bytes(draw: st.DrawFn) -> bytes:
+    """A client session's bytes: its packets encoded, now and then one it must not send between them."""
+    level, packets = draw(client_session())
+    wires = [encode(p, level) for p in packets]
+    for _ in range(draw(st.integers(0, 2))):
+        wires.insert(draw(st.integers(1, len(wires))), draw(st.sampled_from(_ZERO_ID)))
+    return b"".join(wires)
 
 
 @st.composite

@@ -10,7 +10,7 @@ from protocol_heads.mqtt.codec import MQTT_50, MQTT_311, Connect, Packet, Reason
 from protocol_heads.mqtt.connection import MessageReceived, ProtocolFailed
 from tests.fuzz.budget import fuzz_settings
 from tests.fuzz.mqtt_checks import check_connection, check_decoder, check_round_trip
-from tests.fuzz.mqtt_inputs import client_session, levels, mutated, packets, split
+from tests.fuzz.mqtt_inputs import levels, mutated, packets, session_bytes, split
 
 
 @fuzz_settings(300)
@@ -47,8 +47,7 @@ def test_mutated_packets_of_every_type_give_only_declared_errors(data: st.DataOb
 @fuzz_settings(300)
 @given(st.data(), st.booleans())
 def test_server_connection_never_raises_on_sessions_mutated_and_split(data: st.DataObject, mutate: bool) -> None:
-    level, session = data.draw(client_session())
-    wire = b"".join(encode(p, level) for p in session)
+    wire = data.draw(session_bytes())
     if mutate:
         wire = data.draw(mutated(wire))
     settle = data.draw(st.sampled_from([ReasonCode.SUCCESS, ReasonCode.QUOTA_EXCEEDED]))
