@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from edgehub import Message
 
-__all__ = ["conditions", "deep_conditions", "messages", "route_texts", "routes"]
+__all__ = ["SEED_ROUTES", "conditions", "deep_conditions", "messages", "route_texts", "routes"]
 
 _NAMES = ["a", "temp", "Level", "n", "nothing", "temp-1", "x.y", "TRUE", "missing", "é"]
 _SYS = ["$connectionDeviceId", "$contentType", "$messageId", "$CORRELATIONID", "$userId", "$nope", "$cid"]
@@ -104,6 +104,16 @@ def routes(draw: st.DrawFn) -> str:
     clause = f" WHERE {where}" if where is not None else ""
     return f"{select}FROM {draw(st.sampled_from(_SOURCES))}{clause} INTO {draw(st.sampled_from(_SINKS))}"
 
+
+# Valid routes of every feature, for fuzzers that mutate examples (bench.fuzz under atheris).
+SEED_ROUTES = [
+    "FROM /messages/* WHERE $body.t > 30 AND starts_with($connectionDeviceId, 'gw') INTO $upstream",
+    "SELECT * FROM /messages/modules/m1/outputs/o1 WHERE as_number(level) >= 3 "
+    'INTO BrokeredEndpoint("/modules/m2/inputs/in1")',
+    "FROM /messages WHERE (a = 'x' OR NOT is_defined(b)) AND length(concat(a, 'y')) <> 2 INTO $upstream",
+    "FROM /twinChangeNotifications WHERE twin_change_includes('properties.reported.fw') INTO $upstream",
+    "FROM /* WHERE {$body.arr[0]} ?? 1 = -2.5e3 / 0x1F % 2 INTO $upstream",
+]
 
 _TOKENS = ["FROM", "WHERE", "INTO", "SELECT", "*", "/", "(", ")", "'", '"', ",", "{", "}", "$body.", "/*", "*/", "\n"]
 
