@@ -4,18 +4,21 @@ deep nesting (tests/fuzz/manifest_checks.py)."""
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given
 
 from tests.fuzz.budget import fuzz_settings
 from tests.fuzz.manifest_checks import check_manifest_bytes, check_manifest_document
 from tests.fuzz.manifest_inputs import EXAMPLES, documents, mutated_documents, mutated_texts, nested_texts
 
-# One file for all examples of a test (Hypothesis runs a test's examples in one process, one after another).
-_SCRATCH = Path(tempfile.mkdtemp(prefix="edgehub-fuzz-")) / "manifest.json"
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One file for every example (a test's examples run one after another, and each writes it anew)."""
+    return tmp_path_factory.mktemp("manifest") / "manifest.json"
 
 
 @fuzz_settings(300)
@@ -26,21 +29,21 @@ def test_random_documents_load_or_give_a_manifest_error(document: Any) -> None:
 
 @fuzz_settings(300)
 @given(mutated_documents())
-def test_mutated_example_manifests_load_or_give_a_manifest_error(document: Any) -> None:
+def test_mutated_example_manifests_load_or_give_a_manifest_error(scratch: Path, document: Any) -> None:
     check_manifest_document(document)
-    check_manifest_bytes(json.dumps(document).encode(), _SCRATCH)
+    check_manifest_bytes(json.dumps(document).encode(), scratch)
 
 
 @fuzz_settings(300)
 @given(mutated_texts())
-def test_example_manifest_bytes_changed_anywhere_load_or_give_a_manifest_error(raw: bytes) -> None:
-    check_manifest_bytes(raw, _SCRATCH)
+def test_example_manifest_bytes_changed_anywhere_load_or_give_a_manifest_error(scratch: Path, raw: bytes) -> None:
+    check_manifest_bytes(raw, scratch)
 
 
 @fuzz_settings(100)
 @given(nested_texts())
-def test_nesting_of_any_depth_loads_or_gives_a_manifest_error(raw: bytes) -> None:
-    check_manifest_bytes(raw, _SCRATCH)
+def test_nesting_of_any_depth_loads_or_gives_a_manifest_error(scratch: Path, raw: bytes) -> None:
+    check_manifest_bytes(raw, scratch)
 
 
 def test_the_example_manifests_load_and_build_their_routers(tmp_path: Path) -> None:
