@@ -14,6 +14,7 @@ deep as it is long (``a OR b OR c`` nests to the left).
 from __future__ import annotations
 
 import functools
+import math
 import re
 from importlib import resources
 
@@ -69,7 +70,10 @@ def _unescape(body: str) -> str:
 
 def _number(text: str) -> float:
     if text[:2] in ("0x", "0X"):
-        return float(int(text[2:], 16))
+        try:
+            return float(int(text[2:], 16))
+        except OverflowError:  # beyond the double range (found by fuzzing): infinite, as a decimal literal is
+            return math.inf
     return float(text)  # float() gives inf on overflow, as .NET's double.Parse does
 
 

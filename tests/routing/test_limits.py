@@ -1,5 +1,6 @@
 """The route language's bounds: deep nesting and huge texts are refused with a position, never a RecursionError
-(found by fuzzing: 10,000 parentheses, or a chain of 5,000 ANDs, blew Python's recursion limit)."""
+(found by fuzzing: 10,000 parentheses, or a chain of 5,000 ANDs, blew Python's recursion limit), and numbers
+beyond the double range are infinite, never an OverflowError."""
 
 from __future__ import annotations
 
@@ -64,3 +65,9 @@ def test_a_module_input_that_is_not_valid_unicode_is_not_an_endpoint() -> None:
     assert parse_route(r'FROM /messages INTO BrokeredEndpoint("/modules/m\u00e9/inputs/in")').endpoint == (
         "/modules/mé/inputs/in"
     )
+
+
+@pytest.mark.parametrize("literal", ["0x" + "F" * 300, "1" + "0" * 400, "1e999"])
+def test_number_literals_beyond_the_double_range_are_infinite(literal: str) -> None:
+    # A hex literal over the double range raised OverflowError (found by fuzzing); decimal ones were infinite.
+    assert compile_condition(f"{literal} > 1e308")(Message()) is Tri.TRUE
