@@ -21,20 +21,20 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("manifest") / "manifest.json"
 
 
-@fuzz_settings(300)
+@fuzz_settings(200)
 @given(documents())
 def test_random_documents_load_or_give_a_manifest_error(document: Any) -> None:
     check_manifest_document(document)
 
 
-@fuzz_settings(300)
+@fuzz_settings(200)
 @given(mutated_documents())
 def test_mutated_example_manifests_load_or_give_a_manifest_error(scratch: Path, document: Any) -> None:
     check_manifest_document(document)
     check_manifest_bytes(json.dumps(document).encode(), scratch)
 
 
-@fuzz_settings(300)
+@fuzz_settings(200)
 @given(mutated_texts())
 def test_example_manifest_bytes_changed_anywhere_load_or_give_a_manifest_error(scratch: Path, raw: bytes) -> None:
     check_manifest_bytes(raw, scratch)

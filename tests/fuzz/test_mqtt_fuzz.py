@@ -13,7 +13,7 @@ from tests.fuzz.mqtt_checks import check_connection, check_decoder, check_round_
 from tests.fuzz.mqtt_inputs import levels, mutated, packets, session_bytes, split
 
 
-@fuzz_settings(300)
+@fuzz_settings(200)
 @given(st.lists(st.binary(max_size=64), max_size=5), st.sampled_from([None, MQTT_311, MQTT_50]), st.integers(2, 300))
 def test_random_bytes_give_only_declared_errors_however_they_are_read(
     chunks: list[bytes], level: int | None, max_packet_size: int
@@ -21,13 +21,13 @@ def test_random_bytes_give_only_declared_errors_however_they_are_read(
     check_decoder(chunks, level, max_packet_size)
 
 
-@fuzz_settings(300)
+@fuzz_settings(200)
 @given(st.data(), levels)
 def test_valid_packets_of_every_type_round_trip(data: st.DataObject, level: int) -> None:
     check_round_trip(data.draw(packets(level)), level)
 
 
-@fuzz_settings(300)
+@fuzz_settings(200)
 @given(st.data(), levels)
 def test_valid_streams_split_anywhere_decode_as_in_one_read(data: st.DataObject, level: int) -> None:
     stream = data.draw(st.lists(packets(level), min_size=1, max_size=5))
@@ -35,7 +35,7 @@ def test_valid_streams_split_anywhere_decode_as_in_one_read(data: st.DataObject,
     check_decoder(data.draw(split(b"".join(wires))), level)
 
 
-@fuzz_settings(400)
+@fuzz_settings(250)
 @given(st.data(), levels)
 def test_mutated_packets_of_every_type_give_only_declared_errors(data: st.DataObject, level: int) -> None:
     packet: Packet = data.draw(packets(level))
@@ -44,7 +44,7 @@ def test_mutated_packets_of_every_type_give_only_declared_errors(data: st.DataOb
     check_decoder(data.draw(split(wire)), decoder_level, data.draw(st.sampled_from([64, 1 << 20])))
 
 
-@fuzz_settings(300)
+@fuzz_settings(200)
 @given(st.data(), st.booleans())
 def test_server_connection_never_raises_on_sessions_mutated_and_split(data: st.DataObject, mutate: bool) -> None:
     wire = data.draw(session_bytes())

@@ -13,13 +13,13 @@ from tests.fuzz.route_checks import check_condition, check_route, check_route_te
 from tests.fuzz.route_inputs import conditions, messages, route_texts, routes
 
 
-@fuzz_settings(200)
+@fuzz_settings(150)
 @given(route_texts())
 def test_any_text_is_a_route_error_with_a_position_or_compiles(text: str) -> None:
     check_route_text(text)
 
 
-@fuzz_settings(250)
+@fuzz_settings(200)
 @given(conditions(), st.lists(messages(), min_size=1, max_size=4))
 def test_grammar_shaped_conditions_compile_or_fail_cleanly_and_never_raise_on_a_message(
     text: str, batch: list[Message]
