@@ -218,7 +218,7 @@ def _too_deep_at(text: str) -> int:
 def load_desired(document: Any) -> EdgeHubDesired:
     """The ``$edgeHub`` desired properties of a deployment manifest or of the properties alone."""
     if not isinstance(document, dict):
-        raise ManifestError("a manifest is a JSON object")
+        raise ManifestError(f"(top): a manifest is a JSON object, not {type(document).__name__}")
     _check_document(document)
     desired = document
     if "modulesContent" in document:

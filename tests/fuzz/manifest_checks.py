@@ -2,7 +2,8 @@
 run them.
 
 * ``load_desired_file`` and ``load_desired`` give desired properties or raise ``ManifestError`` (a
-  ConfigurationError) whose message renders as UTF-8, nothing else.
+  ConfigurationError) whose message says where (the file, the line and column, or the field) and renders as
+  UTF-8; nothing else.
 * What loads can be used: its routes build a ``Router`` or raise a ``RouteError``, and it serialises to JSON.
 """
 
@@ -20,7 +21,9 @@ __all__ = ["check_manifest_bytes", "check_manifest_document"]
 
 def _check_refusal(err: ManifestError) -> None:
     text = str(err)
-    assert text, "a refusal says why"
+    # Where, then what: a file's path or a field's path (``(top)`` for the whole document), or the one section
+    # a deployment manifest lacks.
+    assert ": " in text or "no modulesContent" in text, text
     text.encode("utf-8")  # printable and loggable
 
 
