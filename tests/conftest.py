@@ -5,22 +5,32 @@ tests and the end-to-end upstream tests use both. A test module may define its o
 (``tests/spark_upload/test_receiver.py`` does); pytest takes the module's.
 
 ``edgehub run`` serves on uvloop (``--event-loop``), the tests in process on asyncio's loop; the MQTT head's
-interop tests and the in-process hub end-to-end tests run on both (``pytest_asyncio_loop_factories``)."""
+interop tests and the in-process hub end-to-end tests run on both (``pytest_asyncio_loop_factories``).
+
+Hypothesis profiles: ``edgehub`` (the default: no deadline, since a loaded 2-core box makes any example slow
+now and then) and ``fuzz`` (100 times the examples, for a long run: ``HYPOTHESIS_PROFILE=fuzz pytest
+tests/fuzz``); tests/fuzz/budget.py scales each fuzz target's examples by the profile's."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 
 import pytest
 import uvloop
+from hypothesis import settings
 
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.peers import MosquittoPeer
 
+settings.register_profile("edgehub", deadline=None)
+settings.register_profile("fuzz", deadline=None, max_examples=10_000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "edgehub"))
+
 # Test modules whose async tests run once on each event loop edgehub can serve on.
-ON_BOTH_LOOPS = {"test_server_interop.py", "test_hub_e2e.py", "test_hostile.py"}
+ON_BOTH_LOOPS = {"test_server_interop.py", "test_hub_e2e.py", "test_hostile.py", "test_garbage_clients.py"}
 
 
 def pytest_asyncio_loop_factories(

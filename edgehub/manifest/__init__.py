@@ -3,6 +3,8 @@
 from edgehub.manifest.models import (
     DEFAULT_DUPLICATE_WINDOW_SECS,
     DEFAULT_TTL_SECS,
+    MAX_DEPTH,
+    MAX_MANIFEST_BYTES,
     MAX_PARTITIONS,
     EdgeHubDesired,
     ManifestError,
@@ -16,6 +18,8 @@ from edgehub.manifest.models import (
 __all__ = [
     "DEFAULT_DUPLICATE_WINDOW_SECS",
     "DEFAULT_TTL_SECS",
+    "MAX_DEPTH",
+    "MAX_MANIFEST_BYTES",
     "MAX_PARTITIONS",
     "EdgeHubDesired",
     "ManifestError",

@@ -21,6 +21,13 @@ properties alone. Rules (ROUTE_LANGUAGE.md, "Routes in the manifest"):
   count).
 
 Errors are ``ManifestError`` (a ConfigurationError) naming the field; route text errors stay RouteErrors.
+
+Bounds, checked before pydantic sees the document (a refusal with a location, never a RecursionError, a
+ValueError or a UnicodeError): a manifest file is at most ``MAX_MANIFEST_BYTES`` of UTF-8; a document nests
+at most ``MAX_DEPTH`` levels (Azure IoT Hub allows twins 10 levels deep, and deeper JSON sends Python's parser
+and pydantic's serializer into their recursion limits); every string in it is valid Unicode (a lone
+surrogate escape such as ``"\\ud800"`` is JSON but cannot be written out as UTF-8: a queue named by it would
+fail in the store).
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ from edgehub.routing import RouteSpec
 __all__ = [
     "DEFAULT_DUPLICATE_WINDOW_SECS",
     "DEFAULT_TTL_SECS",
+    "MAX_DEPTH",
+    "MAX_MANIFEST_BYTES",
     "MAX_PARTITIONS",
     "EdgeHubDesired",
     "ManifestError",
@@ -60,6 +69,9 @@ __all__ = [
 DEFAULT_TTL_SECS = 7200
 DEFAULT_DUPLICATE_WINDOW_SECS = 600
 MAX_PARTITIONS = 64
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+MAX_DEPTH = 64
+_LONG_INTEGER = re.compile(r"[0-9]{4000,}")  # int() refuses more than 4,300 digits (sys.get_int_max_str_digits)
 _SCHEMA = re.compile(r"^1\.([0-3])(?:\.0)?$")
 _ROUTE_NAME = re.compile(r"^[^\.\$# ]+$")
 
@@ -150,10 +162,64 @@ class EdgeHubDesired(BaseModel):
         return out
 
 
+def _where(path: tuple[str | int, ...]) -> str:
+    # Escaped: a name that is not valid Unicode must not make the error itself unprintable.
+    shown = ".".join(str(p).encode("utf-8", "backslashreplace").decode("utf-8") for p in path[:8])
+    return (shown + ".…" if len(path) > 8 else shown) or "(top)"
+
+
+def _check_document(document: Any) -> None:
+    """ManifestError naming the first value nested deeper than MAX_DEPTH or the first string that is not valid
+    Unicode. Iterative: a document of any depth is walked without recursion."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(document, ())]
+    while stack:
+        value, path = stack.pop()
+        if len(path) > MAX_DEPTH:
+            raise ManifestError(f"{_where(path)}: nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if isinstance(k, str) and not _is_unicode(k):
+                    raise ManifestError(f"{_where((*path, k))}: the name is not valid Unicode (a lone surrogate)")
+                stack.append((v, (*path, k)))
+        elif isinstance(value, list):
+            stack.extend((v, (*path, i)) for i, v in enumerate(value))
+        elif isinstance(value, str) and not _is_unicode(value):
+            raise ManifestError(f"{_where(path)}: the string is not valid Unicode (a lone surrogate)")
+
+
+def _is_unicode(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _line_column(text: str, pos: int) -> tuple[int, int]:
+    return text.count("\n", 0, pos) + 1, pos - (text.rfind("\n", 0, pos) + 1) + 1
+
+
+def _too_deep_at(text: str) -> int:
+    """Where ``text`` first opens more than MAX_DEPTH brackets (strings skipped), or 0."""
+    depth = 0
+    for m in re.finditer(r'"(?:\\.|[^"\\])*"|[\[\]{}]', text):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return m.start()
+        elif c in "]}":
+            depth -= 1
+    return 0
+
+
 def load_desired(document: Any) -> EdgeHubDesired:
     """The ``$edgeHub`` desired properties of a deployment manifest or of the properties alone."""
     if not isinstance(document, dict):
-        raise ManifestError("a manifest is a JSON object")
+        raise ManifestError(f"(top): a manifest is a JSON object, not {type(document).__name__}")
+    _check_document(document)
     desired = document
     if "modulesContent" in document:
         try:
@@ -172,11 +238,28 @@ def load_desired(document: Any) -> EdgeHubDesired:
 def load_desired_file(path: str | Path) -> EdgeHubDesired:
     """Read and validate a manifest file."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with Path(path).open("rb") as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
     except OSError as exc:
         raise ManifestError(f"cannot read manifest {path}: {exc.strerror}") from exc
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{path}: over the limit of {MAX_MANIFEST_BYTES} bytes for a manifest")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ManifestError(f"{path}: not UTF-8 at line {line}, column {column} (byte {exc.start})") from exc
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ManifestError(f"{path}: not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from exc
+    except RecursionError:
+        # Deeper than Python's parser goes (about 1,000 levels); _check_document refuses what is less deep.
+        line, column = _line_column(text, _too_deep_at(text))
+        raise ManifestError(f"{path}: nested deeper than {MAX_DEPTH} levels at line {line}, column {column}") from None
+    except ValueError as exc:  # an integer of more digits than int() converts
+        m = _LONG_INTEGER.search(text)
+        where = " at line {}, column {}".format(*_line_column(text, m.start())) if m else ""
+        raise ManifestError(f"{path}: not JSON this hub reads{where}: {exc}") from exc
     return load_desired(document)

@@ -2,11 +2,19 @@
 
 Syntax errors become ``RouteSyntaxError`` with the position of the offending token; text after a complete
 route is an error (Azure IoT Edge silently drops it; here it is reported).
+
+Bounds (a refusal with a position, never a RecursionError or minutes of work): a route or condition has at most
+``MAX_TEXT_CHARS`` characters (the tokenizer's positions cost grows with the square of the length), and its
+syntax tree at most ``MAX_NESTING`` levels. lark's LALR parser builds the tree without recursion, but the
+converter, the compiler and the compiled closures recurse once (the compiler up to three times) per level, so
+the tree's depth is checked, without recursion, before any of them sees it. A chain of one operator counts as
+deep as it is long (``a OR b OR c`` nests to the left).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import re
 from importlib import resources
 
@@ -17,7 +25,13 @@ from edgehub.routing import ast
 from edgehub.routing.errors import Problem, RouteSyntaxError
 from edgehub.routing.lexer import RouteLexer, tokenize
 
-__all__ = ["parse_condition_ast", "parse_route_ast"]
+__all__ = ["MAX_NESTING", "MAX_TEXT_CHARS", "parse_condition_ast", "parse_route_ast"]
+
+# Twin desired properties are at most 32 KiB in Azure IoT Hub, so no real route is longer.
+MAX_TEXT_CHARS = 32_768
+# Deep enough for a 100-term OR chain inside a few function calls; shallow enough that three frames per level
+# stay far below Python's recursion limit of 1,000 wherever a route is compiled or evaluated.
+MAX_NESTING = 200
 
 _READABLE = {
     "SELECT": "SELECT",
@@ -56,7 +70,10 @@ def _unescape(body: str) -> str:
 
 def _number(text: str) -> float:
     if text[:2] in ("0x", "0X"):
-        return float(int(text[2:], 16))
+        try:
+            return float(int(text[2:], 16))
+        except OverflowError:  # beyond the double range (found by fuzzing): infinite, as a decimal literal is
+            return math.inf
     return float(text)  # float() gives inf on overflow, as .NET's double.Parse does
 
 
@@ -141,25 +158,55 @@ def _syntax_error(text: str, exc: UnexpectedInput, *, route: bool) -> RouteSynta
     return RouteSyntaxError(text, [Problem(1, 1, str(exc))])
 
 
+def _check_length(text: str) -> None:
+    if len(text) > MAX_TEXT_CHARS:
+        line = text.count("\n", 0, MAX_TEXT_CHARS) + 1
+        column = MAX_TEXT_CHARS - (text.rfind("\n", 0, MAX_TEXT_CHARS) + 1) + 1
+        message = f"text of {len(text)} characters is over the limit of {MAX_TEXT_CHARS}"
+        raise RouteSyntaxError(text, [Problem(line, column, message)])
+
+
+def _check_nesting(text: str, tree: Tree[Token]) -> None:
+    """RouteSyntaxError at the first token nested deeper than MAX_NESTING; iterative, so any depth is safe."""
+    stack: list[tuple[Tree[Token] | Token, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, Token):
+            continue
+        if depth > MAX_NESTING:
+            first: Tree[Token] | Token | None = node
+            while isinstance(first, Tree):  # the first token under the node that went too deep
+                first = next((c for c in first.children if c is not None), None)
+            line = (first.line or 1) if first is not None else 1
+            column = (first.column or 1) if first is not None else 1
+            message = f"nested deeper than {MAX_NESTING} levels (parentheses, operators and function calls)"
+            raise RouteSyntaxError(text, [Problem(line, column, message)])
+        stack.extend((child, depth + 1) for child in node.children if child is not None)
+
+
 def parse_condition_ast(text: str) -> ast.Expr:
     """The tree of a condition, or RouteSyntaxError."""
+    _check_length(text)
     if not tokenize(text):  # every lexical problem at once, before the parser stops at the first
         raise RouteSyntaxError(text, [Problem(1, 1, "empty condition")])
     try:
         tree = _parser().parse(text, start="condition")
     except UnexpectedInput as exc:
         raise _syntax_error(text, exc, route=False) from None
+    _check_nesting(text, tree)
     return _expr(tree)
 
 
 def parse_route_ast(text: str) -> ast.RouteAst:
     """The tree of a route, or RouteSyntaxError."""
+    _check_length(text)
     if not tokenize(text):
         raise RouteSyntaxError(text, [Problem(1, 1, "empty route")])
     try:
         tree = _parser().parse(text, start="route")
     except UnexpectedInput as exc:
         raise _syntax_error(text, exc, route=True) from None
+    _check_nesting(text, tree)
     kids = tree.children
     # route: [SELECT STAR] FROM path [WHERE expr] INTO sink  (placeholders keep positions fixed)
     _select, _star, from_tok, path, where_tok, cond, _into, sink = kids

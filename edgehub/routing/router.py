@@ -103,6 +103,14 @@ def normalise_source(source: str) -> str:
     return s.lower() + "/"
 
 
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _endpoint(text: str, sink: ast.SystemSink | ast.FunctionSink, problems: list[Problem]) -> str:
     span = sink.span
     if isinstance(sink, ast.SystemSink):
@@ -119,7 +127,8 @@ def _endpoint(text: str, sink: ast.SystemSink | ast.FunctionSink, problems: list
                 span.length,
             )
         )
-    elif not _MODULE_INPUT.match(sink.argument):
+    elif not _MODULE_INPUT.match(sink.argument) or not _is_unicode(sink.argument):
+        # A \uD800 escape gives a lone surrogate: a module and input that no UTF-8 store or topic can name.
         problems.append(
             Problem(
                 span.line,

@@ -481,6 +481,14 @@ class _Reader:
         value: int = struct.unpack_from("!I", self.take(4))[0]
         return value
 
+    def packet_id(self) -> int:
+        # Non-zero in every packet that has one [MQTT-2.2.1-3]: the server answers SUBSCRIBE, UNSUBSCRIBE and
+        # PUBREL with the same id, and 0 cannot be encoded (found by fuzzing: the answer raised).
+        pid = self.u16()
+        if pid == 0:
+            raise ProtocolViolation("packet identifier 0")
+        return pid
+
     def varint(self) -> int:
         got = decode_varint(self.buf[: self.end], self.pos)
         if got is None:
@@ -733,7 +741,7 @@ class Decoder:
         if ptype == PacketType.PUBLISH:
             packet = self._publish(flags, r, v5)
         elif ptype in (PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP):
-            pid = r.u16()
+            pid = r.packet_id()
             rc = 0
             props = NO_PROPERTIES
             if v5 and r.remaining():
@@ -749,7 +757,7 @@ class Decoder:
             else:
                 packet = PubComp(pid, rc, props)
         elif ptype == PacketType.SUBSCRIBE:
-            pid = r.u16()
+            pid = r.packet_id()
             props = r.properties() if v5 else NO_PROPERTIES
             subs: list[Subscription] = []
             while r.remaining():
@@ -770,11 +778,11 @@ class Decoder:
                 raise ProtocolViolation("SUBSCRIBE without a topic filter")
             packet = Subscribe(pid, tuple(subs), props)
         elif ptype == PacketType.SUBACK:
-            pid = r.u16()
+            pid = r.packet_id()
             props = r.properties() if v5 else NO_PROPERTIES
             packet = SubAck(pid, tuple(r.take(r.remaining())), props)
         elif ptype == PacketType.UNSUBSCRIBE:
-            pid = r.u16()
+            pid = r.packet_id()
             props = r.properties() if v5 else NO_PROPERTIES
             filters: list[str] = []
             while r.remaining():
@@ -783,7 +791,7 @@ class Decoder:
                 raise ProtocolViolation("UNSUBSCRIBE without a topic filter")
             packet = Unsubscribe(pid, tuple(filters), props)
         elif ptype == PacketType.UNSUBACK:
-            pid = r.u16()
+            pid = r.packet_id()
             props = r.properties() if v5 else NO_PROPERTIES
             packet = UnsubAck(pid, tuple(r.take(r.remaining())) if v5 else (), props)
         elif ptype == PacketType.CONNACK:
