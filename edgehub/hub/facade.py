@@ -51,6 +51,7 @@ from edgehub.core import (
     SystemClock,
     SystemProperty,
 )
+from edgehub.core.sas import DEFAULT_MAX_TOKEN_LIFETIME_S
 from edgehub.delivery import Endpoint, EndpointExecutor, ExecutorSettings
 from edgehub.hub import AuthResult, ClientLink, Credentials, IngestOutcome, Rejected, SessionInfo, Stored
 from edgehub.hub.dedup import Claim, DuplicateWindow
@@ -85,11 +86,14 @@ class EdgeHub:
         executor_settings: ExecutorSettings | None = None,
         endpoints: Iterable[Endpoint] = (),
         upstream: UpstreamOptions | None = None,
+        max_token_lifetime_s: float | None = DEFAULT_MAX_TOKEN_LIFETIME_S,
     ) -> None:
         self.store = store
         self.router = router
         self.clock: Clock = clock or SystemClock()
-        self.identities = IdentityRegistry(store, host_name=host_name, clock=self.clock)
+        self.identities = IdentityRegistry(
+            store, host_name=host_name, clock=self.clock, max_token_lifetime_s=max_token_lifetime_s
+        )
         self.modules = ModuleMailboxes()
         self._batch = module_batch
         self._settings = executor_settings or ExecutorSettings()
