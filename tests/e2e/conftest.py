@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import ssl
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ LONG_WAIT = ExecutorSettings(retry_policy=RetryPolicy(minimum_delay_s=600.0, max
 
 
 def sas(identity: Identity, key: str | None = None) -> str:
-    return generate_sas_token(resource_uri(HOST, identity), key or KEYS[identity.id], 4_000_000_000)
+    return generate_sas_token(resource_uri(HOST, identity), key or KEYS[identity.id], int(time.time()) + 86_400)
 
 
 def username(identity: Identity) -> str:
