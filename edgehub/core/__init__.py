@@ -20,6 +20,7 @@ from edgehub.core.errors import (
     StoreClosedError,
     StoreError,
     TransportError,
+    TwinError,
 )
 from edgehub.core.identity import DeviceId, Identity, ModuleId
 from edgehub.core.message import Message, SystemProperty, message_source
@@ -53,6 +54,7 @@ __all__ = [
     "SystemClock",
     "SystemProperty",
     "TransportError",
+    "TwinError",
     "message_source",
     "utc_from_epoch",
 ]

@@ -16,6 +16,7 @@ Third-party errors are translated once, in the library's home module, with ``rai
     │   ├── QuotaExceededError       a queue or the store is full and the overflow policy rejects
     │   ├── MessageTooLargeError     over maxMessageSizeBytes
     │   └── InvalidMessageError      e.g. session id and partition key disagree
+    │       └── TwinError            a twin patch refused: .status (IoT Hub's, 400/413), .refusal (RefusalReason)
     ├── StoreError                   the store could not do what was asked
     │   ├── StorageIOError           the disk said no (ENOSPC, EIO); the store stays usable
     │   └── StoreClosedError
@@ -32,6 +33,8 @@ Third-party errors are translated once, in the library's home module, with ``rai
 from __future__ import annotations
 
 from enum import StrEnum
+
+from edgehub.core.refusals import RefusalReason
 
 __all__ = [
     "AuthError",
@@ -52,6 +55,7 @@ __all__ = [
     "StoreClosedError",
     "StoreError",
     "TransportError",
+    "TwinError",
 ]
 
 
@@ -94,6 +98,16 @@ class MessageTooLargeError(IngestRejected):
 
 class InvalidMessageError(IngestRejected):
     reason = "invalid"
+
+
+class TwinError(InvalidMessageError):
+    """A twin request (a reported-properties patch) was refused; nothing was changed. ``status`` is the status
+    IoT Hub answers it with (400 malformed or too deep, 413 too large); ``refusal`` says why, as logged."""
+
+    def __init__(self, message: str, *, status: int, refusal: RefusalReason) -> None:
+        super().__init__(message, reason=refusal.value)
+        self.status = status
+        self.refusal = refusal
 
 
 class StoreError(EdgeHubError):
