@@ -23,6 +23,7 @@ from edgehub.runtime.certs import HubCerts
 from edgehub.runtime.hub_runtime import (
     DEFAULT_HOST_NAME,
     HubConfig,
+    HubLimits,
     UploadUpstreamSettings,
     UpstreamOverrides,
     landing_zone,
@@ -31,6 +32,7 @@ from edgehub.runtime.hub_runtime import (
     upstream_options,
 )
 from edgehub.runtime.identity_cli import identity
+from edgehub.runtime.limits_cli import limit_options
 from edgehub.runtime.linksim_cli import link_sim
 from edgehub.runtime.routes_cli import describe_routes, routes
 from edgehub.testing.linksim import parse_duration_s, parse_rate_bps
@@ -169,6 +171,7 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
 
 
 @main.command()
+@limit_options  # --max-token-lifetime, --store-quota, --identity-share (edgehub.runtime.limits_cli) as ``limits``
 @click.option("--manifest", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_MANIFEST)
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data"), show_default=True)
 @click.option("--mqtt-port", type=int, default=None, help="Plain MQTT over TCP (off unless given).")
@@ -301,6 +304,7 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
     help="Least level logged. INFO shows every refusal (rate-limited per peer) and each connection.",
 )
 def run(
+    limits: HubLimits,
     manifest: Path,
     data_dir: Path,
     mqtt_port: int | None,
@@ -386,6 +390,7 @@ def run(
         duplicate_detection=duplicate_detection,
         duplicate_window_s=float(duplicate_window_secs) if duplicate_window_secs is not None else None,
         upstream_overrides=overrides,
+        limits=limits,
     )
     try:
         show_routes(manifest)

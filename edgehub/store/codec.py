@@ -21,6 +21,7 @@ __all__ = [
     "decode_checkpoint",
     "decode_dead_letter",
     "decode_message",
+    "decode_message_owner_refs",
     "decode_message_refs",
     "decode_ref",
     "encode_checkpoint",
@@ -68,6 +69,17 @@ class _MessageRefs(msgspec.Struct, array_like=True, frozen=True):
     refs: list[tuple[str, int]]
 
 
+class _MessageOwnerRefs(msgspec.Struct, array_like=True, frozen=True):
+    """A ``MessageRecord`` read for its system properties (who sent it) and ``refs``: body and application
+    properties skipped, as removal needs no more to count what goes."""
+
+    v: int
+    body: msgspec.Raw
+    properties: msgspec.Raw
+    system_properties: dict[str, str]
+    refs: list[tuple[str, int]]
+
+
 class RefRecord(msgspec.Struct, array_like=True, frozen=True):
     """One queue's reference to a message: TTL and enqueue time fixed at enqueue."""
 
@@ -105,6 +117,7 @@ class DeadLetterRecord(msgspec.Struct, array_like=True, frozen=True):
 _enc = msgspec.msgpack.Encoder()
 _dec_msg = msgspec.msgpack.Decoder(MessageRecord)
 _dec_msg_refs = msgspec.msgpack.Decoder(_MessageRefs)
+_dec_msg_owner_refs = msgspec.msgpack.Decoder(_MessageOwnerRefs)
 _dec_ref = msgspec.msgpack.Decoder(RefRecord)
 _dec_cp = msgspec.msgpack.Decoder(CheckpointRecord)
 _dec_dl = msgspec.msgpack.Decoder(DeadLetterRecord)
@@ -147,6 +160,16 @@ def decode_message_refs(data: bytes) -> list[tuple[str, int]]:
         raise StoreError(f"corrupt message record: {exc}") from exc
     _check(rec.v, "message")
     return rec.refs
+
+
+def decode_message_owner_refs(data: bytes) -> tuple[dict[str, str], list[tuple[str, int]]]:
+    """The system properties and ``refs`` of a ``MessageRecord``, without decoding its body and properties."""
+    try:
+        rec = _dec_msg_owner_refs.decode(data)
+    except msgspec.DecodeError as exc:
+        raise StoreError(f"corrupt message record: {exc}") from exc
+    _check(rec.v, "message")
+    return rec.system_properties, rec.refs
 
 
 def encode_ref(ref: RefRecord) -> bytes:

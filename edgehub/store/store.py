@@ -16,7 +16,10 @@ API the hub facade and the executors call (all on one event loop)::
 
 The hub calls ``executor.notify()`` for each routed endpoint after ``enqueue`` returns. Policies:
 ``Store(..., default_policy=QueuePolicy(...), endpoint_policies={endpoint: QueuePolicy(...)},
-store_quota=StoreQuota(...))``; ``usage(endpoint)`` / ``usage(None)`` give (messages, bytes) held; every removal
+store_quota=StoreQuota(...))``; ``usage(endpoint)`` / ``usage(None)`` give (messages, bytes) held, and
+``identity_usage(identity_id)`` what one device or module's messages hold (counted once per message, by its
+``connectionDeviceId``/``connectionModuleId``, beside the endpoints' counts and persisted with them, so a
+restart, delivery, TTL cleanup, eviction and purge all keep it right); every removal
 is counted in ``removed`` by ``RemovalReason``, durably (each count is written in the batch of the removal it
 counts, so the counts survive a restart). Metadata: ``get_metadata`` / ``put_metadata`` /
 ``metadata_items(prefix)`` (keys under ``stats/`` are the store's own).
@@ -36,6 +39,13 @@ one ``q:p<n>:<endpoint>`` per queue (u64 offset -> reference with enqueue time a
 rest for later issues: identities and the like). Each counter key has one writer, so that no two
 read-modify-writes of one key interleave: ``stats/i/`` and ``stats/r/i`` the group-commit writer,
 ``stats/m/`` and ``stats/r/m`` the maintenance writes (under the maintenance lock).
+
+Quotas on the ingest path: with only the store-wide byte quota and the per-identity share set (``edgehub run``'s
+defaults), a group is checked as a whole against both (a sum and a dict update per message) and, if it fits,
+written as one pending write as without quotas; a group that does not fit is admitted message by message,
+which waits for room and applies the overflow policy as any other quota does, except that a message over its
+identity's share is refused at once (``QuotaExceededError``): waiting for the same device's backlog to drain
+over a thin uplink would only hold its connection.
 
 Ingest is one durable write per group (``GroupCommitter``) on a dedicated ``WriterThread``; maintenance writes
 (commit, removal, dead letters) go through ``asyncio.to_thread``, so RocksDB may group them with ingest.
@@ -86,7 +96,7 @@ from edgehub.store.codec import (
     decode_checkpoint,
     decode_dead_letter,
     decode_message,
-    decode_message_refs,
+    decode_message_owner_refs,
     decode_ref,
     encode_checkpoint,
     encode_dead_letter,
@@ -202,9 +212,23 @@ class DeadLetter:
     ttl_s: float
 
 
-# Usage counters: (count, bytes) per endpoint id, and under STORE_WIDE for the whole store (bodies, once each).
+# Usage counters: (count, bytes) per endpoint id, under STORE_WIDE for the whole store (bodies, once each), and
+# under _OWNER + identity id for each device's or module's messages (bodies, once each). An endpoint id never
+# starts with NUL, so the three never meet, and the identities' counters go wherever the endpoints' go.
 STORE_WIDE = ""
+_OWNER = "\x00"
 Usage = dict[str, tuple[int, int]]
+_CONNECTION_DEVICE_ID: str = SystemProperty.CONNECTION_DEVICE_ID.value
+_CONNECTION_MODULE_ID: str = SystemProperty.CONNECTION_MODULE_ID.value
+
+
+def _owner_of(system_properties: Mapping[str, str]) -> str | None:
+    """The usage key of the identity that sent a message (None: not sent by one, e.g. a test's message)."""
+    device = system_properties.get(_CONNECTION_DEVICE_ID)
+    if device is None:
+        return None
+    module = system_properties.get(_CONNECTION_MODULE_ID)
+    return _OWNER + device if module is None else f"{_OWNER}{device}/{module}"
 
 
 @dataclass(slots=True)
@@ -428,7 +452,14 @@ class Store:
 
     def usage(self, endpoint: str | None = None) -> tuple[int, int]:
         """(messages, bytes) held for ``endpoint`` (None: the whole store), writes in flight included."""
-        key = STORE_WIDE if endpoint is None else endpoint
+        return self._usage(STORE_WIDE if endpoint is None else endpoint)
+
+    def identity_usage(self, identity_id: str) -> tuple[int, int]:
+        """(messages, bytes) that ``identity_id``'s (``device`` or ``device/module``) messages hold in the store,
+        writes in flight included; each message once, however many queues it is in."""
+        return self._usage(_OWNER + identity_id)
+
+    def _usage(self, key: str) -> tuple[int, int]:
         total = (0, 0)
         for d in (self._ingest, self._maint, self._inflight):
             c, b = d.get(key, (0, 0))
@@ -579,6 +610,7 @@ class Store:
             raise StoreClosedError("the store is closed")
         meta_ops = self._metadata_ops(metadata)
         size = _charged_size(message)
+        owner = _owner_of(message.system_properties)
         now = self._clock.time()
         queues = self._queues_for(route_results)
         if not queues:
@@ -590,7 +622,7 @@ class Store:
             limit = min(self.policy(e).max_message_size_bytes for e in endpoints)
             if size > limit:
                 raise MessageTooLargeError(f"message of {size} bytes is over maxMessageSizeBytes={limit}")
-            dropped = await self._make_room(endpoints, queues, size, arrived_mono_s)
+            dropped = await self._make_room(endpoints, queues, size, arrived_mono_s, owner)
             now = self._clock.time()  # enqueued once there was room (the enqueue timeout may have passed)
             if dropped:
                 overflow = sum(1 for q in queues if q.endpoint in dropped)
@@ -605,7 +637,7 @@ class Store:
             return EnqueueReceipt(message, ()), self._committer.enqueue(_Pending(meta_ops, {}, [], overflow))
         pending = _Pending(meta_ops, {}, [], overflow)
         deltas: Usage = {}
-        refs = self._add_message(pending, message, queues, size, now, deltas)
+        refs = self._add_message(pending, message, queues, size, now, deltas, owner)
         self._reserve(pending, deltas)
         return EnqueueReceipt(message, refs), self._committer.enqueue(pending)
 
@@ -636,6 +668,42 @@ class Store:
                 queues[q] = (name, self.default_ttl_s if rr.ttl_s is None else float(rr.ttl_s))
         return queues
 
+    def _needs_turns(self) -> bool:
+        """Whether a group must be admitted message by message: some quota other than the store-wide byte quota
+        and the identity share (which ``_group_fits`` checks for a group at once), or an endpoint policy."""
+        dp = self.default_policy
+        return bool(
+            self.endpoint_policies
+            or dp.max_bytes is not None
+            or dp.max_messages is not None
+            or self.store_quota.max_messages is not None
+        )
+
+    def _group_fits(self, sizes: Sequence[int], owners: Sequence[str | None]) -> bool:
+        """Whether a whole group fits the store-wide byte quota and each sender's share (every message counted,
+        routed or not: erring on the side of the careful path)."""
+        sq = self.store_quota
+        if sq.max_bytes is not None and self._usage(STORE_WIDE)[1] + sum(sizes) > sq.max_bytes:
+            return False
+        share = sq.identity_max_bytes
+        if share is None:
+            return True
+        per_owner: dict[str | None, int] = {}
+        for owner, size in zip(owners, sizes, strict=True):
+            per_owner[owner] = per_owner.get(owner, 0) + size
+        return all(o is None or self._usage(o)[1] + b <= share for o, b in per_owner.items())
+
+    def _check_share(self, owner: str | None, size: int) -> None:
+        """Refuse at once a message that would take its identity over its share of the store."""
+        share = self.store_quota.identity_max_bytes
+        if owner is None or share is None:
+            return
+        held = self._usage(owner)[1]
+        if held + size > share:
+            who = owner[len(_OWNER) :]
+            log.debug("store.identity_quota_exceeded identity=%s held_bytes=%d share_bytes=%d", who, held, share)
+            raise QuotaExceededError(f"identity {who} holds {held} bytes in the store; its share is {share} bytes")
+
     def _policies_may_apply(self) -> bool:
         """Whether any quota or endpoint policy is set (spelled out: this runs for every message)."""
         dp, sq = self.default_policy, self.store_quota
@@ -655,6 +723,7 @@ class Store:
         size: int,
         now: float,
         deltas: Usage,
+        owner: str | None = None,
     ) -> tuple[tuple[QueueId, int], ...]:
         """Add the (stamped) message's body and references to ``pending``, and the usage they add to ``deltas``
         (``_reserve`` then reserves it); its refs.
@@ -666,6 +735,9 @@ class Store:
         ops = pending.ops
         c, b = deltas.get(STORE_WIDE, (0, 0))
         deltas[STORE_WIDE] = (c + 1, b + size)
+        if owner is not None:
+            c, b = deltas.get(owner, (0, 0))
+            deltas[owner] = (c + 1, b + size)
         if len(queues) == 1:  # one route, the usual case: the loop below without its lists
             for q, (name, ttl) in queues.items():
                 off = self._hand_out(q)
@@ -714,15 +786,18 @@ class Store:
         raises, as ``enqueue`` does, for the whole group."""
         if self._closed:
             raise StoreClosedError("the store is closed")
-        if self._policies_may_apply():
+        if self._needs_turns():
+            return await self._enqueue_in_turn(items)
+        sizes = [_charged_size(m) for m, _ in items]
+        owners = [_owner_of(m.system_properties) for m, _ in items]
+        if self.store_quota.max_bytes is not None and not self._group_fits(sizes, owners):
             return await self._enqueue_in_turn(items)
         now = self._clock.time()
         limit = self.default_policy.max_message_size_bytes
         pending = _Pending([], {}, [])
         deltas: Usage = {}
         out: list[EnqueueReceipt | IngestRejected] = []
-        for message, route_results in items:
-            size = _charged_size(message)
+        for (message, route_results), size, owner in zip(items, sizes, owners, strict=True):
             queues = self._queues_for(route_results)
             if queues and size > limit:
                 out.append(MessageTooLargeError(f"message of {size} bytes is over maxMessageSizeBytes={limit}"))
@@ -730,7 +805,7 @@ class Store:
             message = self.stamp(message, now)
             out.append(
                 EnqueueReceipt(
-                    message, self._add_message(pending, message, queues, size, now, deltas) if queues else ()
+                    message, self._add_message(pending, message, queues, size, now, deltas, owner) if queues else ()
                 )
             )
         self._reserve(pending, deltas)
@@ -786,13 +861,19 @@ class Store:
         return full
 
     async def _make_room(
-        self, endpoints: set[str], queues: Iterable[QueueId], size: int, arrived_mono_s: float | None = None
+        self,
+        endpoints: set[str],
+        queues: Iterable[QueueId],
+        size: int,
+        arrived_mono_s: float | None = None,
+        owner: str | None = None,
     ) -> set[str]:
-        """Wait for space (until ``enqueue_timeout_s`` after ``arrived_mono_s``, default now), then apply the
-        overflow policy. Returns the endpoints to drop (discardIncoming); the caller counts them when its write
-        is durable."""
+        """Refuse a message over its sender's share (``owner``); wait for space (until ``enqueue_timeout_s``
+        after ``arrived_mono_s``, default now), then apply the overflow policy. Returns the endpoints to drop
+        (discardIncoming); the caller counts them when its write is durable."""
         if not self._quotas_set:  # the common case: nothing to check
             return set()
+        self._check_share(owner, size)
         per_endpoint = {e: sum(1 for q in queues if q.endpoint == e) for e in endpoints}
         full = self._full(endpoints, per_endpoint, size)
         if not full:
@@ -814,7 +895,7 @@ class Store:
             overflow = self.policy(e).overflow if e is not None else self.default_policy.overflow
             where = f"endpoint {e}" if e is not None else "the store"
             if overflow is Overflow.REJECT_INCOMING:
-                log.info("store.quota_exceeded where=%s", where)
+                log.debug("store.quota_exceeded where=%s", where)  # the hub logs the refusal (rate-limited)
                 raise QuotaExceededError(f"quota of {where} exceeded")
             if overflow is Overflow.DISCARD_INCOMING:
                 if e is None:
@@ -857,10 +938,13 @@ class Store:
             for k, (c, b) in p.deltas.items():
                 dc, db = deltas.get(k, (0, 0))
                 deltas[k] = (dc + c, db + b)
-        totals = dict(self._ingest)
+        # The changed counters only (one per endpoint, identity and the store): there are as many as identities.
+        ingest = self._ingest
+        totals: Usage = {}
         for k, (c, b) in deltas.items():
-            _add(totals, k, c, b)
-        ops += self._stats_ops(_STATS_INGEST, totals, deltas)
+            tc, tb = ingest.get(k, (0, 0))
+            totals[k] = (tc + c, tb + b)
+        ops += self._stats_ops(_STATS_INGEST, totals, totals)
         removed = self._removed_ingest
         if overflow:
             removed = self._plus(removed, RemovalReason.OVERFLOW, overflow)
@@ -868,7 +952,7 @@ class Store:
         try:
             await self._write_ops(ops)
             self._remember(group)
-            self._ingest = totals
+            ingest.update(totals)
             if overflow:
                 self._removed_ingest = removed
                 self.removed[RemovalReason.OVERFLOW] += overflow
@@ -1064,6 +1148,10 @@ class Store:
                 size = sum(it.size_bytes for it in sole)
                 n = len(sole)
                 deltas: Usage = {queue.endpoint: (-n, -size), STORE_WIDE: (-n, -size)}
+                for it in sole:
+                    owner = _owner_of(it.message.system_properties)
+                    if owner is not None:
+                        _add(deltas, owner, -1, -it.size_bytes)
                 await self._maint_write(ops, deltas, (RemovalReason.DELIVERED, n))
                 # Removed from the head on: cleanup's scan need not start below them.
                 hint = self._head_hint.get(queue, 0)
@@ -1101,12 +1189,15 @@ class Store:
         keys = list(sizes)
         raws = self._b.multi_get(MESSAGES, [pack_u64(k) for k in keys])
         doomed: dict[int, bool] = {}  # key -> the body goes (no other reference left)
+        owners: dict[int, str | None] = {}  # key -> the identity its message came from
         others: dict[str, list[tuple[int, int]]] = {}  # family -> (offset, key) of the other references
         for key, raw in zip(keys, raws, strict=True):
             if raw is None:
                 continue
             doomed[key] = True
-            for f, o in decode_message_refs(raw):
+            sp, refs_of = decode_message_owner_refs(raw)
+            owners[key] = _owner_of(sp)
+            for f, o in refs_of:
                 if (f, o) not in gone:
                     others.setdefault(f, []).append((o, key))
         for f, pairs in others.items():
@@ -1119,6 +1210,9 @@ class Store:
                 ops.append((MESSAGES, pack_u64(key), None))
                 n += 1
                 b += sizes[key]
+                owner = owners[key]
+                if owner is not None:
+                    _add(deltas, owner, -1, -sizes[key])
         if n:
             _add(deltas, STORE_WIDE, -n, -b)
         return ops
@@ -1128,16 +1222,18 @@ class Store:
     ) -> None:
         """Write maintenance ops with the usage counters they change and the removals they count, in one batch.
         Call under ``_remove_lock``."""
-        totals = dict(self._maint)
+        maint = self._maint
+        totals: Usage = {}
         for k, (c, b) in deltas.items():
-            _add(totals, k, c, b)
-        ops = ops + self._stats_ops(_STATS_MAINT, totals, deltas)
+            tc, tb = maint.get(k, (0, 0))
+            totals[k] = (tc + c, tb + b)
+        ops = ops + self._stats_ops(_STATS_MAINT, totals, totals)
         counts = self._removed_maint
         if removed is not None:
             counts = self._plus(counts, *removed)
             ops.append(self._removed_op(_REMOVED_MAINT, counts))
         await self._write(ops)
-        self._maint = totals
+        maint.update(totals)
         if removed is not None:
             self._removed_maint = counts
             self.removed[removed[0]] += removed[1]
