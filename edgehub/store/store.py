@@ -252,6 +252,9 @@ _STATS_MAINT = b"stats/m/"  # written only under the maintenance lock (removal, 
 _REMOVED_INGEST = b"stats/r/i"  # removal counts by reason ({reason: n}), group-commit writer (discardIncoming)
 _REMOVED_MAINT = b"stats/r/m"  # removal counts by reason ({reason: n}), maintenance writes
 _RemovedCounts = dict[str, int]
+# Set once the identities' counters cover every message (see ``_count_identities``).
+_IDENTITIES_COUNTED = b"stats/identities-counted"
+_SCAN_CHUNK = 4096
 
 # The stamps' keys as plain strings: an enum member lookup per message showed in the ingest profile.
 _EDGE_MESSAGE_ID: str = SystemProperty.EDGE_MESSAGE_ID.value
@@ -414,6 +417,12 @@ class Store:
         self.store_quota = store_quota or StoreQuota()
         self._ingest: Usage = self._load_stats(_STATS_INGEST)
         self._maint: Usage = self._load_stats(_STATS_MAINT)
+        # Without the marker, the identities' counters may not cover what is stored: a store an older build wrote
+        # is counted now; an empty one gets the marker with its first group write (no write at open).
+        self._mark_identities = self._b.get(META, _IDENTITIES_COUNTED) is None
+        if self._mark_identities and self._b.last_key(MESSAGES) is not None:
+            self._count_identities()
+            self._mark_identities = False
         self._inflight: Usage = {}
         self._space_freed = asyncio.Event()
         self.discarded_incoming = 0
@@ -430,6 +439,30 @@ class Store:
     @staticmethod
     def _stats_ops(prefix: bytes, totals: Usage, keys: Iterable[str]) -> list[Op]:
         return [(META, prefix + k.encode(), msgspec.msgpack.encode(totals[k])) for k in keys]
+
+    def _count_identities(self) -> None:
+        """Once, at the first open by a build that counts each identity's messages: count what a store written
+        before holds per identity (read and decoded message by message, in chunks), into the maintenance
+        counters with the marker, in one write. Later opens load the counters as the endpoints' are loaded."""
+        counts: Usage = {}
+        start = b""
+        while True:
+            chunk = self._b.scan(MESSAGES, start, _SCAN_CHUNK)
+            for _, raw in chunk:
+                message = decode_message(raw).to_message()
+                owner = _owner_of(message.system_properties)
+                if owner is not None:
+                    _add(counts, owner, 1, _charged_size(message))
+            if len(chunk) < _SCAN_CHUNK:
+                break
+            start = pack_u64(unpack_u64(chunk[-1][0]) + 1)
+        for k, (c, b) in counts.items():
+            _add(self._maint, k, c, b)
+        self._b.write(
+            [*self._stats_ops(_STATS_MAINT, self._maint, counts), (META, _IDENTITIES_COUNTED, b"1")], sync=True
+        )
+        if counts:
+            log.info("store.identities_counted identities=%d", len(counts))
 
     def _load_removed(self, key: bytes) -> _RemovedCounts:
         raw = self._b.get(META, key)
@@ -945,6 +978,9 @@ class Store:
             tc, tb = ingest.get(k, (0, 0))
             totals[k] = (tc + c, tb + b)
         ops += self._stats_ops(_STATS_INGEST, totals, totals)
+        marked = self._mark_identities
+        if marked:
+            ops.append((META, _IDENTITIES_COUNTED, b"1"))
         removed = self._removed_ingest
         if overflow:
             removed = self._plus(removed, RemovalReason.OVERFLOW, overflow)
@@ -953,6 +989,8 @@ class Store:
             await self._write_ops(ops)
             self._remember(group)
             ingest.update(totals)
+            if marked:
+                self._mark_identities = False
             if overflow:
                 self._removed_ingest = removed
                 self.removed[RemovalReason.OVERFLOW] += overflow

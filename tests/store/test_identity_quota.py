@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edgehub.core import Message, QuotaExceededError, RouteResult
-from edgehub.store import Overflow, QueueId, QueuePolicy, RemovalReason, Store, StoreQuota
+from edgehub.store import MemoryBackend, Overflow, QueueId, QueuePolicy, RemovalReason, Store, StoreQuota
 from edgehub.store.policy import disk_store_quota
 from tests.store.conftest import StoreFactory
 
@@ -96,6 +96,33 @@ async def test_a_share_still_holds_after_a_reopen(store_factory: StoreFactory) -
         [refused, taken] = await s.enqueue_many([(msg("devA"), UP_ROUTE), (msg("devB"), UP_ROUTE)])
         assert isinstance(refused, QuotaExceededError)
         assert not isinstance(taken, QuotaExceededError)
+    finally:
+        await s.close()
+
+
+async def test_a_store_written_before_identities_were_counted_is_counted_when_opened() -> None:
+    memory = MemoryBackend()
+    s = Store(memory)
+    await s.enqueue_many([(msg("devA"), UP_ROUTE) for _ in range(3)] + [(msg("devB"), BOTH_ROUTES)])
+    await s.close()
+    # What an older build left: no identity counters, no marker.
+    memory = memory.reopened()
+    old = [k for k, _ in memory.scan("meta", b"stats/", 1000) if b"\x00" in k or k == b"stats/identities-counted"]
+    assert old
+    memory.write([("meta", k, None) for k in old], sync=True)
+    s = Store(memory)
+    try:
+        assert s.identity_usage("devA") == (3, 1500)
+        assert s.identity_usage("devB") == (1, 500)
+        await s.remove(QueueId("side", 0), [0], RemovalReason.TTL)
+        await s.remove(UP, [3], RemovalReason.TTL)
+        assert s.identity_usage("devB") == (0, 0)
+    finally:
+        await s.close()
+    s = Store(memory.reopened())  # counted once: a later open loads the counters, it does not count again
+    try:
+        assert s.identity_usage("devA") == (3, 1500)
+        assert s.identity_usage("devB") == (0, 0)
     finally:
         await s.close()
 
