@@ -224,7 +224,11 @@ class EdgeHub:
         try:
             results = self.lanes.assign(message, self.router.route(message))
             receipt, durable = await self.store.admit(
-                message, results, metadata=claim.metadata if claim else None, arrived_mono_s=arrived_mono_s
+                message,
+                results,
+                metadata=claim.metadata if claim else None,
+                arrived_mono_s=arrived_mono_s,
+                sender=identity.id,
             )
         except IngestRejected as exc:
             if claim is not None:
@@ -288,7 +292,9 @@ class EdgeHub:
             items.append((message, assign(message, route(message))))
             at.append(i)
         endpoints: set[str] = set()
-        for i, result in zip(at, await self.store.enqueue_many(items) if items else [], strict=True):
+        for i, result in zip(
+            at, await self.store.enqueue_many(items, sender=identity.id) if items else [], strict=True
+        ):
             if isinstance(result, IngestRejected):
                 outcomes[i] = self._rejected(identity, result)
                 continue

@@ -96,7 +96,7 @@ from edgehub.store.codec import (
     decode_checkpoint,
     decode_dead_letter,
     decode_message,
-    decode_message_owner_refs,
+    decode_message_sender_refs,
     decode_ref,
     encode_checkpoint,
     encode_dead_letter,
@@ -161,6 +161,7 @@ class StoredItem(msgspec.Struct, frozen=True, gc=False):
     ttl_s: float
     size_bytes: int
     sole_reference: bool = False
+    owner: str | None = None  # the sender's usage key, known while held (commit uncounts it without a decode)
 
     @property
     def expires_at_s(self) -> float:
@@ -224,10 +225,12 @@ _CONNECTION_MODULE_ID: str = SystemProperty.CONNECTION_MODULE_ID.value
 
 def _owner_of(system_properties: Mapping[str, str]) -> str | None:
     """The usage key of the identity that sent a message (None: not sent by one, e.g. a test's message)."""
-    device = system_properties.get(_CONNECTION_DEVICE_ID)
+    return _owner_key(system_properties.get(_CONNECTION_DEVICE_ID), system_properties.get(_CONNECTION_MODULE_ID))
+
+
+def _owner_key(device: str | None, module: str | None) -> str | None:
     if device is None:
         return None
-    module = system_properties.get(_CONNECTION_MODULE_ID)
     return _OWNER + device if module is None else f"{_OWNER}{device}/{module}"
 
 
@@ -630,6 +633,7 @@ class Store:
         *,
         metadata: Mapping[str, bytes | None] | None = None,
         arrived_mono_s: float | None = None,
+        sender: str | None = None,
     ) -> tuple[EnqueueReceipt, asyncio.Future[None] | None]:
         """``enqueue`` in two steps: return once the message has its offsets (after any wait for room) and is
         queued for the next group write, with the future that is done when it is durable (None: nothing to
@@ -638,12 +642,14 @@ class Store:
         one at a time and then awaiting the futures.
 
         ``arrived_mono_s`` (the store clock's monotonic time): when the message arrived, if it waited for its
-        turn behind others; a wait for room ends ``enqueue_timeout_s`` after it (default: now)."""
+        turn behind others; a wait for room ends ``enqueue_timeout_s`` after it (default: now). ``sender``: the
+        identity id (``device`` or ``device/module``) that sent it, whose share it counts against (default: the
+        message's ``connectionDeviceId``/``connectionModuleId``, as the hub stamps them)."""
         if self._closed:
             raise StoreClosedError("the store is closed")
         meta_ops = self._metadata_ops(metadata)
         size = _charged_size(message)
-        owner = _owner_of(message.system_properties)
+        owner = _OWNER + sender if sender is not None else _owner_of(message.system_properties)
         now = self._clock.time()
         queues = self._queues_for(route_results)
         if not queues:
@@ -671,6 +677,8 @@ class Store:
         pending = _Pending(meta_ops, {}, [], overflow)
         deltas: Usage = {}
         refs = self._add_message(pending, message, queues, size, now, deltas, owner)
+        if owner is not None:
+            deltas[owner] = (1, size)
         self._reserve(pending, deltas)
         return EnqueueReceipt(message, refs), self._committer.enqueue(pending)
 
@@ -712,15 +720,19 @@ class Store:
             or self.store_quota.max_messages is not None
         )
 
-    def _group_fits(self, sizes: Sequence[int], owners: Sequence[str | None]) -> bool:
+    def _group_fits(self, sizes: Sequence[int], owners: Sequence[str | None] | None, sender_key: str | None) -> bool:
         """Whether a whole group fits the store-wide byte quota and each sender's share (every message counted,
-        routed or not: erring on the side of the careful path)."""
+        routed or not: erring on the side of the careful path). One sender (``sender_key``), or each message's
+        (``owners``)."""
         sq = self.store_quota
-        if sq.max_bytes is not None and self._usage(STORE_WIDE)[1] + sum(sizes) > sq.max_bytes:
+        total = sum(sizes)
+        if sq.max_bytes is not None and self._usage(STORE_WIDE)[1] + total > sq.max_bytes:
             return False
         share = sq.identity_max_bytes
         if share is None:
             return True
+        if owners is None:  # the hub's groups: one sender
+            return sender_key is None or self._usage(sender_key)[1] + total <= share
         per_owner: dict[str | None, int] = {}
         for owner, size in zip(owners, sizes, strict=True):
             per_owner[owner] = per_owner.get(owner, 0) + size
@@ -759,7 +771,8 @@ class Store:
         owner: str | None = None,
     ) -> tuple[tuple[QueueId, int], ...]:
         """Add the (stamped) message's body and references to ``pending``, and the usage they add to ``deltas``
-        (``_reserve`` then reserves it); its refs.
+        (``_reserve`` then reserves it); its refs. ``owner`` (the sender's usage key) goes on the held items; the
+        caller adds the sender's usage (for a group from one sender, once: it is the group's STORE_WIDE delta).
 
         Synchronous from offset hand-out to reservation, so a group of messages gets consecutive offsets."""
         key = self._next_message_key
@@ -768,9 +781,6 @@ class Store:
         ops = pending.ops
         c, b = deltas.get(STORE_WIDE, (0, 0))
         deltas[STORE_WIDE] = (c + 1, b + size)
-        if owner is not None:
-            c, b = deltas.get(owner, (0, 0))
-            deltas[owner] = (c + 1, b + size)
         if len(queues) == 1:  # one route, the usual case: the loop below without its lists
             for q, (name, ttl) in queues.items():
                 off = self._hand_out(q)
@@ -778,7 +788,7 @@ class Store:
                 deltas[q.endpoint] = (c + 1, b + size)
                 ops.append((MESSAGES, pkey, encode_message(message, [(name, off)])))
                 ops.append((name, pack_u64(off), encode_ref_fields(key, now, ttl, size)))
-                pending.items.append(StoredItem(q, off, message, key, now, ttl, size, True))
+                pending.items.append(StoredItem(q, off, message, key, now, ttl, size, True, owner))
                 ref = (q, off)
                 pending.refs.append(ref)
                 return (ref,)
@@ -793,7 +803,7 @@ class Store:
             c, b = deltas.get(q.endpoint, (0, 0))
             deltas[q.endpoint] = (c + 1, b + size)
             ops.append((name, pack_u64(off), encode_ref_fields(key, now, ttl, size)))
-            pending.items.append(StoredItem(q, off, message, key, now, ttl, size, False))
+            pending.items.append(StoredItem(q, off, message, key, now, ttl, size, False, owner))
         ops[body_at] = (MESSAGES, pkey, encode_message(message, named))
         pending.refs.extend(refs)
         return tuple(refs)
@@ -808,7 +818,7 @@ class Store:
             group_deltas[k] = (gc + c, gb + b)
 
     async def enqueue_many(
-        self, items: Sequence[tuple[Message, Sequence[RouteResult]]]
+        self, items: Sequence[tuple[Message, Sequence[RouteResult]]], *, sender: str | None = None
     ) -> list[EnqueueReceipt | IngestRejected]:
         """Store a producer's group of messages (one read of a connection); return when all are durable.
 
@@ -816,38 +826,44 @@ class Store:
         quota or endpoint policy is set (the default), the whole group is one pending write with one future,
         not one per message: the protocol heads hand over everything one socket read brought. With policies,
         each message goes through ``enqueue`` (quota waits and overflow are per message). A failed write
-        raises, as ``enqueue`` does, for the whole group."""
+        raises, as ``enqueue`` does, for the whole group. ``sender``: the identity that sent the whole group (the
+        hub passes it: one look-up per group, not two per message), as ``admit`` takes it."""
         if self._closed:
             raise StoreClosedError("the store is closed")
         if self._needs_turns():
-            return await self._enqueue_in_turn(items)
+            return await self._enqueue_in_turn(items, sender)
         sizes = [_charged_size(m) for m, _ in items]
-        owners = [_owner_of(m.system_properties) for m, _ in items]
-        if self.store_quota.max_bytes is not None and not self._group_fits(sizes, owners):
-            return await self._enqueue_in_turn(items)
+        sender_key = None if sender is None else _OWNER + sender
+        owners = None if sender_key is not None else [_owner_of(m.system_properties) for m, _ in items]
+        if self.store_quota.max_bytes is not None and not self._group_fits(sizes, owners, sender_key):
+            return await self._enqueue_in_turn(items, sender)
         now = self._clock.time()
         limit = self.default_policy.max_message_size_bytes
         pending = _Pending([], {}, [])
         deltas: Usage = {}
         out: list[EnqueueReceipt | IngestRejected] = []
-        for (message, route_results), size, owner in zip(items, sizes, owners, strict=True):
+        each_owner = owners if owners is not None else itertools.repeat(sender_key, len(items))
+        for (message, route_results), size, owner in zip(items, sizes, each_owner, strict=True):
             queues = self._queues_for(route_results)
             if queues and size > limit:
                 out.append(MessageTooLargeError(f"message of {size} bytes is over maxMessageSizeBytes={limit}"))
                 continue
             message = self.stamp(message, now)
-            out.append(
-                EnqueueReceipt(
-                    message, self._add_message(pending, message, queues, size, now, deltas, owner) if queues else ()
-                )
-            )
+            if not queues:
+                out.append(EnqueueReceipt(message, ()))
+                continue
+            out.append(EnqueueReceipt(message, self._add_message(pending, message, queues, size, now, deltas, owner)))
+            if sender_key is None and owner is not None:
+                _add(deltas, owner, 1, size)
+        if sender_key is not None and STORE_WIDE in deltas:
+            deltas[sender_key] = deltas[STORE_WIDE]  # one sender: its usage is the group's, added once
         self._reserve(pending, deltas)
         if pending.ops:
             await self._committer.submit(pending)
         return out
 
     async def _enqueue_in_turn(
-        self, items: Sequence[tuple[Message, Sequence[RouteResult]]]
+        self, items: Sequence[tuple[Message, Sequence[RouteResult]]], sender: str | None = None
     ) -> list[EnqueueReceipt | IngestRejected]:
         """``enqueue_many`` with quotas or policies: each message is admitted in turn (it may wait for room, and
         the ones after it wait behind it, so a producer's messages keep their order in every queue), each
@@ -856,7 +872,7 @@ class Store:
         admitted: list[tuple[EnqueueReceipt, asyncio.Future[None] | None] | IngestRejected] = []
         for message, route_results in items:
             try:
-                admitted.append(await self.admit(message, route_results, arrived_mono_s=arrived))
+                admitted.append(await self.admit(message, route_results, arrived_mono_s=arrived, sender=sender))
             except IngestRejected as exc:
                 admitted.append(exc)
         durable = [a[1] for a in admitted if not isinstance(a, IngestRejected) and a[1] is not None]
@@ -1186,10 +1202,14 @@ class Store:
                 size = sum(it.size_bytes for it in sole)
                 n = len(sole)
                 deltas: Usage = {queue.endpoint: (-n, -size), STORE_WIDE: (-n, -size)}
-                for it in sole:
-                    owner = _owner_of(it.message.system_properties)
-                    if owner is not None:
-                        _add(deltas, owner, -1, -it.size_bytes)
+                owners = [it.owner for it in sole]
+                if owners.count(owners[0]) == n:  # one sender, the usual case: one delta
+                    if owners[0] is not None:
+                        deltas[owners[0]] = (-n, -size)
+                else:
+                    for it in sole:
+                        if it.owner is not None:
+                            _add(deltas, it.owner, -1, -it.size_bytes)
                 await self._maint_write(ops, deltas, (RemovalReason.DELIVERED, n))
                 # Removed from the head on: cleanup's scan need not start below them.
                 hint = self._head_hint.get(queue, 0)
@@ -1233,8 +1253,8 @@ class Store:
             if raw is None:
                 continue
             doomed[key] = True
-            sp, refs_of = decode_message_owner_refs(raw)
-            owners[key] = _owner_of(sp)
+            device, module, refs_of = decode_message_sender_refs(raw)
+            owners[key] = _owner_key(device, module)
             for f, o in refs_of:
                 if (f, o) not in gone:
                     others.setdefault(f, []).append((o, key))

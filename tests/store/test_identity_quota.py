@@ -85,6 +85,18 @@ async def test_identity_usage_follows_delivery_ttl_dead_letters_and_a_reopen(sto
         await s.close()
 
 
+async def test_one_commit_of_several_senders_messages_uncounts_each_sender(store_factory: StoreFactory) -> None:
+    s = store_factory(store_quota=quota())
+    try:
+        await s.enqueue_many([(msg("devA"), UP_ROUTE), (msg("devB"), UP_ROUTE), (msg("devA"), UP_ROUTE)])
+        await s.enqueue_many([(msg("devC", 300), UP_ROUTE)], sender="devC")  # the hub names the sender
+        assert [s.identity_usage(d) for d in ("devA", "devB", "devC")] == [(2, 1000), (1, 500), (1, 300)]
+        await s.commit(UP, 3)
+        assert [s.identity_usage(d) for d in ("devA", "devB", "devC")] == [(0, 0)] * 3
+    finally:
+        await s.close()
+
+
 async def test_a_share_still_holds_after_a_reopen(store_factory: StoreFactory) -> None:
     s = store_factory(store_quota=quota(), default_policy=QueuePolicy(enqueue_timeout_s=0))
     try:
