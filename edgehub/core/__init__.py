@@ -21,6 +21,7 @@ from edgehub.core.errors import (
     StoreCorruptionError,
     StoreError,
     TransportError,
+    TwinError,
 )
 from edgehub.core.identity import DeviceId, Identity, ModuleId
 from edgehub.core.message import Message, SystemProperty, message_source
@@ -55,6 +56,7 @@ __all__ = [
     "SystemClock",
     "SystemProperty",
     "TransportError",
+    "TwinError",
     "message_source",
     "utc_from_epoch",
 ]

@@ -16,6 +16,7 @@ Third-party errors are translated once, in the library's home module, with ``rai
     │   ├── QuotaExceededError       a queue or the store is full and the overflow policy rejects
     │   ├── MessageTooLargeError     over maxMessageSizeBytes
     │   └── InvalidMessageError      e.g. session id and partition key disagree
+    │       └── TwinError            a twin patch refused: .status (IoT Hub's, 400/413), .refusal (RefusalReason)
     ├── StoreError                   the store could not do what was asked
     │   ├── StorageIOError           the disk said no (ENOSPC, EIO); the store stays usable
     │   ├── StoreCorruptionError     the store on disk is damaged; .path names it (the hub will not open it)
@@ -33,6 +34,8 @@ Third-party errors are translated once, in the library's home module, with ``rai
 from __future__ import annotations
 
 from enum import StrEnum
+
+from edgehub.core.refusals import RefusalReason
 
 __all__ = [
     "AuthError",
@@ -54,6 +57,7 @@ __all__ = [
     "StoreCorruptionError",
     "StoreError",
     "TransportError",
+    "TwinError",
 ]
 
 
@@ -96,6 +100,16 @@ class MessageTooLargeError(IngestRejected):
 
 class InvalidMessageError(IngestRejected):
     reason = "invalid"
+
+
+class TwinError(InvalidMessageError):
+    """A twin request (a reported-properties patch) was refused; nothing was changed. ``status`` is the status
+    IoT Hub answers it with (400 malformed or too deep, 413 too large); ``refusal`` says why, as logged."""
+
+    def __init__(self, message: str, *, status: int, refusal: RefusalReason) -> None:
+        super().__init__(message, reason=refusal.value)
+        self.status = status
+        self.refusal = refusal
 
 
 class StoreError(EdgeHubError):

@@ -155,6 +155,8 @@ class Hub(Protocol):
         """The identity's twin as IoT Hub returns it to a device (``{"desired": ..., "reported": ...}``)."""
         ...
 
-    async def update_reported(self, identity: Identity, patch: Mapping[str, Any]) -> int:
-        """Merge a reported-properties patch; returns the new reported version."""
+    async def update_reported(self, identity: Identity, patch: bytes | Mapping[str, Any]) -> int:
+        """Merge a reported-properties patch (the raw JSON a device sent, or a ``Mapping``); returns the new
+        reported version. Raises ``TwinError`` (with IoT Hub's status) for a patch it refuses, and nothing
+        else for any bytes (``edgehub.hub.twins.parse_reported_patch``)."""
         ...

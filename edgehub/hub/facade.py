@@ -25,17 +25,19 @@ Invariants:
   ``IngestRejected``, and raises only ``StoreError``;
 * the hub, not the head, is the authority for ``connectionDeviceId``, ``connectionModuleId`` and
   ``connectionAuthMethod`` (stamped from the authenticated identity);
-* twins live in the store's metadata (``twin/{identity}``); a reported patch is merged (JSON merge patch) and
-  written durably before its new version is returned.
+* twins live in the store's metadata (``twin/{identity}``), the recently used ones in memory too
+  (``edgehub.hub.twins``); a reported patch (raw bytes from a head, or a ``Mapping``) is checked against
+  ``twin_limits``, merged (JSON merge patch) and written durably before its new version is returned, or refused
+  with ``TwinError`` (IoT Hub's status) and nothing changed;
+* every refusal the hub makes (ingest, twins) is logged through ``refusals`` (a ``RefusalLog``: rate-limited
+  per identity), so a device flooding refused messages cannot flood the log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import functools
-import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,13 +52,17 @@ from edgehub.core import (
     RouteResult,
     SystemClock,
     SystemProperty,
+    TwinError,
 )
+from edgehub.core.refusals import RefusalLog
+from edgehub.core.sas import DEFAULT_MAX_TOKEN_LIFETIME_S
 from edgehub.delivery import Endpoint, EndpointExecutor, ExecutorSettings
 from edgehub.hub import AuthResult, ClientLink, Credentials, IngestOutcome, Rejected, SessionInfo, Stored
 from edgehub.hub.dedup import Claim, DuplicateWindow
 from edgehub.hub.identities import IdentityRegistry
 from edgehub.hub.lanes import UpstreamLanes, UpstreamLanesStatus, UpstreamOptions
 from edgehub.hub.modules import DEFAULT_MAX_BATCH, ModuleEndpoint, ModuleMailboxes, parse_module_endpoint
+from edgehub.hub.twins import DEFAULT_TWIN_LIMITS, TwinLimits, TwinStore, check_patch, parse_reported_patch
 from edgehub.routing import Router
 from edgehub.store import EnqueueReceipt, Store
 from edgehub.upstream.partitions import check_partition_properties
@@ -65,7 +71,6 @@ __all__ = ["EdgeHub"]
 
 log = logging.getLogger(__name__)
 
-_TWIN = "twin/"
 _EDGE_MESSAGE_ID: str = SystemProperty.EDGE_MESSAGE_ID.value
 _SESSION_ID: str = SystemProperty.SESSION_ID.value
 _PARTITION_KEY: str = SystemProperty.PARTITION_KEY.value
@@ -85,11 +90,16 @@ class EdgeHub:
         executor_settings: ExecutorSettings | None = None,
         endpoints: Iterable[Endpoint] = (),
         upstream: UpstreamOptions | None = None,
+        max_token_lifetime_s: float | None = DEFAULT_MAX_TOKEN_LIFETIME_S,
+        twin_limits: TwinLimits = DEFAULT_TWIN_LIMITS,
+        refusals: RefusalLog | None = None,
     ) -> None:
         self.store = store
         self.router = router
         self.clock: Clock = clock or SystemClock()
-        self.identities = IdentityRegistry(store, host_name=host_name, clock=self.clock)
+        self.identities = IdentityRegistry(
+            store, host_name=host_name, clock=self.clock, max_token_lifetime_s=max_token_lifetime_s
+        )
         self.modules = ModuleMailboxes()
         self._batch = module_batch
         self._settings = executor_settings or ExecutorSettings()
@@ -98,7 +108,9 @@ class EdgeHub:
         self._auth_methods: dict[str, str] = {}
         self._stack: contextlib.AsyncExitStack | None = None
         self._starting: dict[str, asyncio.Task[None]] = {}
-        self._twin_lock = asyncio.Lock()  # a patch is read, merged and written: one at a time
+        self.twins = TwinStore(store, twin_limits)
+        self._twin_lock = asyncio.Lock()  # a patch is merged and written: one at a time, so none is lost
+        self.refusals = refusals or RefusalLog(log, clock=self.clock)
         self.upstream = upstream or UpstreamOptions()
         self.lanes = UpstreamLanes(
             self.upstream, store=store, endpoint_of=self._given.get, executor_of=self.executors.get
@@ -202,8 +214,7 @@ class EdgeHub:
         try:
             check_partition_properties(message)
         except IngestRejected as exc:
-            log.info("hub.rejected identity=%s reason=%s detail=%s", identity, exc.reason, exc)
-            return Rejected(exc.reason, str(exc))
+            return self._rejected(identity, exc)
         claim = None
         if self._dedup is not None and message.message_id:
             claim = await self._dedup.claim(identity.id, message.message_id)
@@ -213,13 +224,16 @@ class EdgeHub:
         try:
             results = self.lanes.assign(message, self.router.route(message))
             receipt, durable = await self.store.admit(
-                message, results, metadata=claim.metadata if claim else None, arrived_mono_s=arrived_mono_s
+                message,
+                results,
+                metadata=claim.metadata if claim else None,
+                arrived_mono_s=arrived_mono_s,
+                sender=identity.id,
             )
         except IngestRejected as exc:
             if claim is not None:
                 claim.abandoned()
-            log.info("hub.rejected identity=%s reason=%s detail=%s", identity, exc.reason, exc)
-            return Rejected(exc.reason, str(exc))
+            return self._rejected(identity, exc)
         except BaseException:
             if claim is not None:
                 claim.abandoned()  # not durable as far as we know: the device's retry must be taken
@@ -273,22 +287,27 @@ class EdgeHub:
                 try:
                     check_partition_properties(message)
                 except IngestRejected as exc:
-                    log.info("hub.rejected identity=%s reason=%s detail=%s", identity, exc.reason, exc)
-                    outcomes[i] = Rejected(exc.reason, str(exc))
+                    outcomes[i] = self._rejected(identity, exc)
                     continue
             items.append((message, assign(message, route(message))))
             at.append(i)
         endpoints: set[str] = set()
-        for i, result in zip(at, await self.store.enqueue_many(items) if items else [], strict=True):
+        for i, result in zip(
+            at, await self.store.enqueue_many(items, sender=identity.id) if items else [], strict=True
+        ):
             if isinstance(result, IngestRejected):
-                log.info("hub.rejected identity=%s reason=%s detail=%s", identity, result.reason, result)
-                outcomes[i] = Rejected(result.reason, str(result))
+                outcomes[i] = self._rejected(identity, result)
                 continue
             for q, _ in result.refs:
                 endpoints.add(q.endpoint)
             outcomes[i] = Stored(result.message.system_properties.get(_EDGE_MESSAGE_ID))
         await self._notify(endpoints)
         return [o for o in outcomes if o is not None]
+
+    def _rejected(self, identity: Identity, exc: IngestRejected) -> Rejected:
+        """The outcome of a refused message, logged through ``refusals`` (a flood of them logs a few lines)."""
+        self.refusals.refused(exc.reason, peer=identity.id, client=identity.id, detail=exc)
+        return Rejected(exc.reason, str(exc))
 
     async def _notify(self, endpoints: Iterable[str]) -> None:
         """Wake the executor of each endpoint (starting it the first time something is queued for it)."""
@@ -346,35 +365,26 @@ class EdgeHub:
             self.modules.link_ready(identity, link)
 
     # -- Hub: twins -----------------------------------------------------------------------------------------
-    def _twin(self, identity: Identity) -> dict[str, Any]:
-        raw = self.store.get_metadata(_TWIN + identity.id)
-        if raw is None:
-            return {"desired": {"$version": 1}, "reported": {"$version": 1}}
-        twin: dict[str, Any] = json.loads(raw)
-        return twin
+    @property
+    def twin_limits(self) -> TwinLimits:
+        return self.twins.limits
 
     async def get_twin(self, identity: Identity) -> Mapping[str, Any]:
-        return self._twin(identity)
+        return self.twins.get(identity)
 
-    async def update_reported(self, identity: Identity, patch: Mapping[str, Any]) -> int:
-        async with self._twin_lock:
-            twin = self._twin(identity)
-            reported = twin["reported"]
-            _merge(reported, {k: v for k, v in patch.items() if not k.startswith("$")})
-            reported["$version"] = int(reported.get("$version", 1)) + 1
-            await self.store.put_metadata(_TWIN + identity.id, json.dumps(twin).encode())
-            return int(reported["$version"])
-
-
-def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
-    """JSON merge patch as twins use it: null deletes, objects merge, anything else replaces."""
-    for key, value in patch.items():
-        if value is None:
-            target.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(target.get(key), dict):
-            _merge(target[key], value)
-        else:
-            target[key] = copy.deepcopy(value)
+    async def update_reported(self, identity: Identity, patch: bytes | Mapping[str, Any]) -> int:
+        try:
+            checked: Mapping[str, Any]
+            if isinstance(patch, bytes):
+                checked = parse_reported_patch(patch, self.twins.limits)
+            else:
+                check_patch(patch, self.twins.limits)
+                checked = patch
+            async with self._twin_lock:
+                return await self.twins.update_reported(identity, checked)
+        except TwinError as exc:
+            self.refusals.refused(exc.refusal, peer=identity.id, client=identity.id, status=exc.status, detail=exc)
+            raise
 
 
 @dataclass(frozen=True, slots=True)

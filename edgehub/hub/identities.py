@@ -5,7 +5,9 @@ stdlib ``hashlib.scrypt``), an X.509 thumbprint (SHA-256 hex of the DER certific
 certificate that chained to the listener's CAs and names the identity as its CN is accepted).
 
 Invariants: a plain password is never stored, only its scrypt hash; every comparison of a secret is constant
-time (``hmac.compare_digest``); a record is written durably before ``add``/``set`` return.
+time (``hmac.compare_digest``); a record is written durably before ``add``/``set`` return. ``authenticate``
+raises ``AuthenticationError`` and nothing else for whatever a client presents (password, user name, certificate
+fields); a SAS token may live at most ``max_token_lifetime_s`` (default a year) from the time it is presented.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import secrets
 from dataclasses import asdict, dataclass, replace
 
 from edgehub.core import AuthenticationError, Clock, Identity
-from edgehub.core.sas import resource_uri, verify_sas_token
+from edgehub.core.sas import DEFAULT_MAX_TOKEN_LIFETIME_S, resource_uri, verify_sas_token
 from edgehub.hub import AuthResult, Credentials
 from edgehub.store import Store
 
@@ -35,6 +37,20 @@ def hash_password(password: bytes, *, salt: bytes | None = None) -> str:
     salt = salt if salt is not None else secrets.token_bytes(16)
     digest = hashlib.scrypt(password, salt=salt, n=_N, r=_R, p=_P, dklen=32)
     return f"scrypt${_N}${_R}${_P}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
+
+
+def _same(a: str, b: str) -> bool:
+    """Constant-time equality of two texts, whatever their characters (``compare_digest`` takes ASCII str only)."""
+    return hmac.compare_digest(a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass"))
+
+
+def _storable(text: str) -> bool:
+    """Whether ``text`` can be a metadata key (UTF-8: a lone surrogate cannot)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def verify_password(password: bytes, encoded: str) -> bool:
@@ -60,10 +76,20 @@ class IdentityRecord:
 class IdentityRegistry:
     """Reads and writes identity records in ``store``'s metadata; authenticates credentials against them."""
 
-    def __init__(self, store: Store, *, host_name: str, clock: Clock) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        host_name: str,
+        clock: Clock,
+        max_token_lifetime_s: float | None = DEFAULT_MAX_TOKEN_LIFETIME_S,
+    ) -> None:
+        if max_token_lifetime_s is not None and max_token_lifetime_s <= 0:
+            raise ValueError("max_token_lifetime_s must be positive (None: no limit)")
         self._store = store
         self.host_name = host_name
         self._clock = clock
+        self.max_token_lifetime_s = max_token_lifetime_s
 
     def get(self, identity: Identity) -> IdentityRecord | None:
         raw = self._store.get_metadata(_PREFIX + identity.id)
@@ -93,13 +119,13 @@ class IdentityRegistry:
         """Raises ``AuthenticationError`` unless one of the identity's secrets matches. scrypt runs in a thread
         (it takes tens of milliseconds on purpose)."""
         identity = credentials.identity
+        if not _storable(identity.id):
+            raise AuthenticationError("identity is not valid UTF-8 text")
         record = self.get(identity)
         if record is None:
             raise AuthenticationError(f"unknown identity {identity}")
         if credentials.cert_thumbprint is not None:
-            if record.thumbprint is not None and hmac.compare_digest(
-                credentials.cert_thumbprint.lower(), record.thumbprint
-            ):
+            if record.thumbprint is not None and _same(credentials.cert_thumbprint.lower(), record.thumbprint):
                 return AuthResult(identity, "x509")
             if record.x509_ca and credentials.cert_chain_verified and credentials.cert_subject_cn == identity.id:
                 return AuthResult(identity, "x509")
@@ -112,6 +138,7 @@ class IdentityRegistry:
                 resource=resource_uri(self.host_name, identity),
                 key_b64=record.key_b64,
                 clock=self._clock,
+                max_lifetime_s=self.max_token_lifetime_s,
             )
             return AuthResult(identity, "sas")
         if record.password_hash is not None and await asyncio.to_thread(

@@ -23,6 +23,7 @@ from edgehub.runtime.certs import HubCerts
 from edgehub.runtime.hub_runtime import (
     DEFAULT_HOST_NAME,
     HubConfig,
+    HubLimits,
     UploadUpstreamSettings,
     UpstreamOverrides,
     landing_zone,
@@ -31,6 +32,7 @@ from edgehub.runtime.hub_runtime import (
     upstream_options,
 )
 from edgehub.runtime.identity_cli import identity
+from edgehub.runtime.limits_cli import limit_options
 from edgehub.runtime.linksim_cli import link_sim
 from edgehub.runtime.routes_cli import describe_routes, routes
 from edgehub.runtime.store_cli import store
@@ -171,6 +173,7 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
 
 
 @main.command()
+@limit_options  # --max-token-lifetime, --store-quota, --identity-share (edgehub.runtime.limits_cli) as ``limits``
 @click.option("--manifest", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_MANIFEST)
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data"), show_default=True)
 @click.option("--mqtt-port", type=int, default=None, help="Plain MQTT over TCP (off unless given).")
@@ -328,6 +331,7 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
     help="Least level logged. INFO shows every refusal (rate-limited per peer) and each connection.",
 )
 def run(
+    limits: HubLimits,
     manifest: Path,
     data_dir: Path,
     mqtt_port: int | None,
@@ -421,6 +425,7 @@ def run(
         max_connections=max_connections,
         max_pending_connections=max_pending_connections,
         max_pending_per_address=max_pending_per_address,
+        limits=limits,
     )
     try:
         show_routes(manifest)

@@ -30,6 +30,12 @@ an ``UploadTransport`` (``upload_lane``) whose segment files carry the lane ``up
 lane the store still holds undelivered messages for but that the partition count no longer names (after N
 changed) gets a transport too, so what it held still goes out; new messages never go to it, and once drained it
 is left out at the next start.
+
+Limits (``HubConfig.limits``, ``HubLimits``; the CLI's ``--max-token-lifetime``, ``--store-quota``,
+``--identity-share``): how far ahead a SAS token may expire (a year), the twins' sizes (``TwinLimits``), and the
+store's byte quota, by default derived at start from the free space of the store's filesystem
+(``disk_store_quota``: what it holds plus half the free space, at most 32 GiB), with each identity's share of it
+(a quarter). No store quota at all only when asked for (``store_max_bytes=None``, ``--store-quota none``).
 """
 
 from __future__ import annotations
@@ -41,18 +47,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from edgehub.core import ConfigurationError, StoreCorruptionError, SystemClock, TransportError
+from edgehub.core.sas import DEFAULT_MAX_TOKEN_LIFETIME_S
 from edgehub.delivery import Endpoint, ExecutorSettings
 from edgehub.hub.facade import EdgeHub
 from edgehub.hub.identities import IdentityRegistry
 from edgehub.hub.lanes import UpstreamOptions
 from edgehub.hub.modules import DEFAULT_WINDOW
+from edgehub.hub.twins import DEFAULT_TWIN_LIMITS, TwinLimits
 from edgehub.manifest import EdgeHubDesired, load_desired_file
 from edgehub.routing import Router
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
-from edgehub.store import FsyncPolicy, Store, is_upstream_endpoint, parse_upstream_lane_id, upstream_lane_id
+from edgehub.store import (
+    FsyncPolicy,
+    Store,
+    StoreQuota,
+    is_upstream_endpoint,
+    parse_upstream_lane_id,
+    upstream_lane_id,
+)
+from edgehub.store.policy import DEFAULT_IDENTITY_SHARE, disk_store_quota
 from edgehub.store.rocks import open_rocks_store
 from edgehub.store.salvage import check_store
 from edgehub.upstream.landing import LandingZone
@@ -65,6 +81,7 @@ from protocol_heads.mqtt.server import MqttServer, MqttSettings
 __all__ = [
     "DEFAULT_HOST_NAME",
     "HubConfig",
+    "HubLimits",
     "UploadUpstreamSettings",
     "UpstreamOverrides",
     "damaged_store_advice",
@@ -73,6 +90,7 @@ __all__ = [
     "open_identities",
     "raise_descriptor_limit",
     "serve",
+    "store_quota",
     "transport_settings",
     "upload_lane",
     "upstream_options",
@@ -115,6 +133,24 @@ class UploadUpstreamSettings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class HubLimits:
+    """What the hub accepts at most; see the module docstring."""
+
+    max_token_lifetime_s: float | None = DEFAULT_MAX_TOKEN_LIFETIME_S  # None: no limit
+    store_max_bytes: int | Literal["auto"] | None = "auto"  # "auto": from the free disk at start; None: none
+    identity_share: float | None = DEFAULT_IDENTITY_SHARE  # of the store quota, per device or module
+    twin: TwinLimits = DEFAULT_TWIN_LIMITS
+
+    def __post_init__(self) -> None:
+        if self.max_token_lifetime_s is not None and self.max_token_lifetime_s <= 0:
+            raise ValueError("max_token_lifetime_s must be positive (None: no limit)")
+        if isinstance(self.store_max_bytes, int) and self.store_max_bytes < 1:
+            raise ValueError("store_max_bytes must be positive (None: no quota)")
+        if self.identity_share is not None and not 0 < self.identity_share <= 1:
+            raise ValueError("identity_share must be within (0, 1] (None: no per-identity share)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HubConfig:
     manifest: Path
     data_dir: Path
@@ -136,6 +172,7 @@ class HubConfig:
     max_connections: int | None = None
     max_pending_connections: int | None = None
     max_pending_per_address: int | None = None
+    limits: HubLimits = field(default_factory=HubLimits)
 
 
 def raise_descriptor_limit() -> int:
@@ -186,6 +223,22 @@ def damaged_store_advice(exc: StoreCorruptionError, data_dir: Path) -> str:
         f"  edgehub store repair --data-dir {data_dir}   keeps a copy aside, then recovers what can be read\n"
         f"  or move {exc.path} aside and start with an empty store (what it holds is then not delivered)"
     )
+
+
+def store_quota(store: Store, path: Path, limits: HubLimits) -> StoreQuota:
+    """The store's quota for this run: ``limits.store_max_bytes``, or (``"auto"``) one from the free space of the
+    filesystem at ``path`` and what ``store`` holds now; with each identity's share."""
+    max_bytes = limits.store_max_bytes
+    if max_bytes == "auto":
+        max_bytes = disk_store_quota(path, store.usage(None)[1])
+    quota = StoreQuota(max_bytes=max_bytes, identity_share=limits.identity_share)
+    log.info(
+        "runtime.store_quota max_bytes=%s identity_max_bytes=%s source=%s",
+        quota.max_bytes,
+        quota.identity_max_bytes,
+        "disk" if limits.store_max_bytes == "auto" else "setting",
+    )
+    return quota
 
 
 def open_identities(store: Store, host_name: str) -> IdentityRegistry:
@@ -296,6 +349,7 @@ async def serve(
     store = open_store(config.data_dir, default_ttl_s=float(desired.time_to_live_secs), fsync=config.fsync, verify=True)
     endpoints: list[Endpoint] = []
     try:
+        store.store_quota = store_quota(store, store_path(config.data_dir), config.limits)
         if isinstance(transport, UploadUpstreamSettings):
             endpoints.extend(upload_lane(transport, lane_id) for lane_id in _lane_ids(store, options))
         elif transport is not None:
@@ -310,6 +364,8 @@ async def serve(
             endpoints=endpoints,
             upstream=options,
             executor_settings=ExecutorSettings(cleanup_interval_s=config.cleanup_interval_s),
+            max_token_lifetime_s=config.limits.max_token_lifetime_s,
+            twin_limits=config.limits.twin,
         ) as hub:
             limits: dict[str, Any] = {
                 name: value

@@ -22,6 +22,7 @@ __all__ = [
     "decode_dead_letter",
     "decode_message",
     "decode_message_refs",
+    "decode_message_sender_refs",
     "decode_ref",
     "encode_checkpoint",
     "encode_dead_letter",
@@ -68,6 +69,24 @@ class _MessageRefs(msgspec.Struct, array_like=True, frozen=True):
     refs: list[tuple[str, int]]
 
 
+class _Sender(msgspec.Struct, frozen=True):
+    """The two system properties that name who sent a message, decoded out of the map; the others are skipped
+    without being built (a removal decodes one of these per message body it deletes)."""
+
+    connectionDeviceId: str | None = None  # the property names, as stored
+    connectionModuleId: str | None = None
+
+
+class _MessageSenderRefs(msgspec.Struct, array_like=True, frozen=True):
+    """A ``MessageRecord`` read for who sent it and its ``refs``: body and properties skipped."""
+
+    v: int
+    body: msgspec.Raw
+    properties: msgspec.Raw
+    system_properties: _Sender
+    refs: list[tuple[str, int]]
+
+
 class RefRecord(msgspec.Struct, array_like=True, frozen=True):
     """One queue's reference to a message: TTL and enqueue time fixed at enqueue."""
 
@@ -105,6 +124,7 @@ class DeadLetterRecord(msgspec.Struct, array_like=True, frozen=True):
 _enc = msgspec.msgpack.Encoder()
 _dec_msg = msgspec.msgpack.Decoder(MessageRecord)
 _dec_msg_refs = msgspec.msgpack.Decoder(_MessageRefs)
+_dec_msg_sender_refs = msgspec.msgpack.Decoder(_MessageSenderRefs)
 _dec_ref = msgspec.msgpack.Decoder(RefRecord)
 _dec_cp = msgspec.msgpack.Decoder(CheckpointRecord)
 _dec_dl = msgspec.msgpack.Decoder(DeadLetterRecord)
@@ -147,6 +167,18 @@ def decode_message_refs(data: bytes) -> list[tuple[str, int]]:
         raise StoreError(f"corrupt message record: {exc}") from exc
     _check(rec.v, "message")
     return rec.refs
+
+
+def decode_message_sender_refs(data: bytes) -> tuple[str | None, str | None, list[tuple[str, int]]]:
+    """The ``connectionDeviceId``, ``connectionModuleId`` and ``refs`` of a ``MessageRecord``, without decoding
+    its body, its properties or its other system properties."""
+    try:
+        rec = _dec_msg_sender_refs.decode(data)
+    except msgspec.DecodeError as exc:
+        raise StoreError(f"corrupt message record: {exc}") from exc
+    _check(rec.v, "message")
+    sender = rec.system_properties
+    return sender.connectionDeviceId, sender.connectionModuleId, rec.refs
 
 
 def encode_ref(ref: RefRecord) -> bytes:

@@ -16,7 +16,10 @@ API the hub facade and the executors call (all on one event loop)::
 
 The hub calls ``executor.notify()`` for each routed endpoint after ``enqueue`` returns. Policies:
 ``Store(..., default_policy=QueuePolicy(...), endpoint_policies={endpoint: QueuePolicy(...)},
-store_quota=StoreQuota(...))``; ``usage(endpoint)`` / ``usage(None)`` give (messages, bytes) held; every removal
+store_quota=StoreQuota(...))``; ``usage(endpoint)`` / ``usage(None)`` give (messages, bytes) held, and
+``identity_usage(identity_id)`` what one device or module's messages hold (counted once per message, by its
+``connectionDeviceId``/``connectionModuleId``, beside the endpoints' counts and persisted with them, so a
+restart, delivery, TTL cleanup, eviction and purge all keep it right); every removal
 is counted in ``removed`` by ``RemovalReason``, durably (each count is written in the batch of the removal it
 counts, so the counts survive a restart). Metadata: ``get_metadata`` / ``put_metadata`` /
 ``metadata_items(prefix)`` (keys under ``stats/`` are the store's own).
@@ -36,6 +39,13 @@ one ``q:p<n>:<endpoint>`` per queue (u64 offset -> reference with enqueue time a
 rest for later issues: identities and the like). Each counter key has one writer, so that no two
 read-modify-writes of one key interleave: ``stats/i/`` and ``stats/r/i`` the group-commit writer,
 ``stats/m/`` and ``stats/r/m`` the maintenance writes (under the maintenance lock).
+
+Quotas on the ingest path: with only the store-wide byte quota and the per-identity share set (``edgehub run``'s
+defaults), a group is checked as a whole against both (a sum and a dict update per message) and, if it fits,
+written as one pending write as without quotas; a group that does not fit is admitted message by message,
+which waits for room and applies the overflow policy as any other quota does, except that a message over its
+identity's share is refused at once (``QuotaExceededError``): waiting for the same device's backlog to drain
+over a thin uplink would only hold its connection.
 
 Ingest is one durable write per group (``GroupCommitter``) on a dedicated ``WriterThread``; maintenance writes
 (commit, removal, dead letters) go through ``asyncio.to_thread``, so RocksDB may group them with ingest.
@@ -86,7 +96,7 @@ from edgehub.store.codec import (
     decode_checkpoint,
     decode_dead_letter,
     decode_message,
-    decode_message_refs,
+    decode_message_sender_refs,
     decode_ref,
     encode_checkpoint,
     encode_dead_letter,
@@ -151,6 +161,7 @@ class StoredItem(msgspec.Struct, frozen=True, gc=False):
     ttl_s: float
     size_bytes: int
     sole_reference: bool = False
+    owner: str | None = None  # the sender's usage key, known while held (commit uncounts it without a decode)
 
     @property
     def expires_at_s(self) -> float:
@@ -202,9 +213,25 @@ class DeadLetter:
     ttl_s: float
 
 
-# Usage counters: (count, bytes) per endpoint id, and under STORE_WIDE for the whole store (bodies, once each).
+# Usage counters: (count, bytes) per endpoint id, under STORE_WIDE for the whole store (bodies, once each), and
+# under _OWNER + identity id for each device's or module's messages (bodies, once each). An endpoint id never
+# starts with NUL, so the three never meet, and the identities' counters go wherever the endpoints' go.
 STORE_WIDE = ""
+_OWNER = "\x00"
 Usage = dict[str, tuple[int, int]]
+_CONNECTION_DEVICE_ID: str = SystemProperty.CONNECTION_DEVICE_ID.value
+_CONNECTION_MODULE_ID: str = SystemProperty.CONNECTION_MODULE_ID.value
+
+
+def _owner_of(system_properties: Mapping[str, str]) -> str | None:
+    """The usage key of the identity that sent a message (None: not sent by one, e.g. a test's message)."""
+    return _owner_key(system_properties.get(_CONNECTION_DEVICE_ID), system_properties.get(_CONNECTION_MODULE_ID))
+
+
+def _owner_key(device: str | None, module: str | None) -> str | None:
+    if device is None:
+        return None
+    return _OWNER + device if module is None else f"{_OWNER}{device}/{module}"
 
 
 @dataclass(slots=True)
@@ -228,6 +255,9 @@ _STATS_MAINT = b"stats/m/"  # written only under the maintenance lock (removal, 
 _REMOVED_INGEST = b"stats/r/i"  # removal counts by reason ({reason: n}), group-commit writer (discardIncoming)
 _REMOVED_MAINT = b"stats/r/m"  # removal counts by reason ({reason: n}), maintenance writes
 _RemovedCounts = dict[str, int]
+# Set once the identities' counters cover every message (see ``_count_identities``).
+_IDENTITIES_COUNTED = b"stats/identities-counted"
+_SCAN_CHUNK = 4096
 
 # The stamps' keys as plain strings: an enum member lookup per message showed in the ingest profile.
 _EDGE_MESSAGE_ID: str = SystemProperty.EDGE_MESSAGE_ID.value
@@ -390,6 +420,12 @@ class Store:
         self.store_quota = store_quota or StoreQuota()
         self._ingest: Usage = self._load_stats(_STATS_INGEST)
         self._maint: Usage = self._load_stats(_STATS_MAINT)
+        # Without the marker, the identities' counters may not cover what is stored: a store an older build wrote
+        # is counted now; an empty one gets the marker with its first group write (no write at open).
+        self._mark_identities = self._b.get(META, _IDENTITIES_COUNTED) is None
+        if self._mark_identities and self._b.last_key(MESSAGES) is not None:
+            self._count_identities()
+            self._mark_identities = False
         self._inflight: Usage = {}
         self._space_freed = asyncio.Event()
         self.discarded_incoming = 0
@@ -406,6 +442,30 @@ class Store:
     @staticmethod
     def _stats_ops(prefix: bytes, totals: Usage, keys: Iterable[str]) -> list[Op]:
         return [(META, prefix + k.encode(), msgspec.msgpack.encode(totals[k])) for k in keys]
+
+    def _count_identities(self) -> None:
+        """Once, at the first open by a build that counts each identity's messages: count what a store written
+        before holds per identity (read and decoded message by message, in chunks), into the maintenance
+        counters with the marker, in one write. Later opens load the counters as the endpoints' are loaded."""
+        counts: Usage = {}
+        start = b""
+        while True:
+            chunk = self._b.scan(MESSAGES, start, _SCAN_CHUNK)
+            for _, raw in chunk:
+                message = decode_message(raw).to_message()
+                owner = _owner_of(message.system_properties)
+                if owner is not None:
+                    _add(counts, owner, 1, _charged_size(message))
+            if len(chunk) < _SCAN_CHUNK:
+                break
+            start = pack_u64(unpack_u64(chunk[-1][0]) + 1)
+        for k, (c, b) in counts.items():
+            _add(self._maint, k, c, b)
+        self._b.write(
+            [*self._stats_ops(_STATS_MAINT, self._maint, counts), (META, _IDENTITIES_COUNTED, b"1")], sync=True
+        )
+        if counts:
+            log.info("store.identities_counted identities=%d", len(counts))
 
     def _load_removed(self, key: bytes) -> _RemovedCounts:
         raw = self._b.get(META, key)
@@ -428,7 +488,14 @@ class Store:
 
     def usage(self, endpoint: str | None = None) -> tuple[int, int]:
         """(messages, bytes) held for ``endpoint`` (None: the whole store), writes in flight included."""
-        key = STORE_WIDE if endpoint is None else endpoint
+        return self._usage(STORE_WIDE if endpoint is None else endpoint)
+
+    def identity_usage(self, identity_id: str) -> tuple[int, int]:
+        """(messages, bytes) that ``identity_id``'s (``device`` or ``device/module``) messages hold in the store,
+        writes in flight included; each message once, however many queues it is in."""
+        return self._usage(_OWNER + identity_id)
+
+    def _usage(self, key: str) -> tuple[int, int]:
         total = (0, 0)
         for d in (self._ingest, self._maint, self._inflight):
             c, b = d.get(key, (0, 0))
@@ -566,6 +633,7 @@ class Store:
         *,
         metadata: Mapping[str, bytes | None] | None = None,
         arrived_mono_s: float | None = None,
+        sender: str | None = None,
     ) -> tuple[EnqueueReceipt, asyncio.Future[None] | None]:
         """``enqueue`` in two steps: return once the message has its offsets (after any wait for room) and is
         queued for the next group write, with the future that is done when it is durable (None: nothing to
@@ -574,11 +642,14 @@ class Store:
         one at a time and then awaiting the futures.
 
         ``arrived_mono_s`` (the store clock's monotonic time): when the message arrived, if it waited for its
-        turn behind others; a wait for room ends ``enqueue_timeout_s`` after it (default: now)."""
+        turn behind others; a wait for room ends ``enqueue_timeout_s`` after it (default: now). ``sender``: the
+        identity id (``device`` or ``device/module``) that sent it, whose share it counts against (default: the
+        message's ``connectionDeviceId``/``connectionModuleId``, as the hub stamps them)."""
         if self._closed:
             raise StoreClosedError("the store is closed")
         meta_ops = self._metadata_ops(metadata)
         size = _charged_size(message)
+        owner = _OWNER + sender if sender is not None else _owner_of(message.system_properties)
         now = self._clock.time()
         queues = self._queues_for(route_results)
         if not queues:
@@ -590,7 +661,7 @@ class Store:
             limit = min(self.policy(e).max_message_size_bytes for e in endpoints)
             if size > limit:
                 raise MessageTooLargeError(f"message of {size} bytes is over maxMessageSizeBytes={limit}")
-            dropped = await self._make_room(endpoints, queues, size, arrived_mono_s)
+            dropped = await self._make_room(endpoints, queues, size, arrived_mono_s, owner)
             now = self._clock.time()  # enqueued once there was room (the enqueue timeout may have passed)
             if dropped:
                 overflow = sum(1 for q in queues if q.endpoint in dropped)
@@ -605,7 +676,9 @@ class Store:
             return EnqueueReceipt(message, ()), self._committer.enqueue(_Pending(meta_ops, {}, [], overflow))
         pending = _Pending(meta_ops, {}, [], overflow)
         deltas: Usage = {}
-        refs = self._add_message(pending, message, queues, size, now, deltas)
+        refs = self._add_message(pending, message, queues, size, now, deltas, owner)
+        if owner is not None:
+            deltas[owner] = (1, size)
         self._reserve(pending, deltas)
         return EnqueueReceipt(message, refs), self._committer.enqueue(pending)
 
@@ -636,6 +709,46 @@ class Store:
                 queues[q] = (name, self.default_ttl_s if rr.ttl_s is None else float(rr.ttl_s))
         return queues
 
+    def _needs_turns(self) -> bool:
+        """Whether a group must be admitted message by message: some quota other than the store-wide byte quota
+        and the identity share (which ``_group_fits`` checks for a group at once), or an endpoint policy."""
+        dp = self.default_policy
+        return bool(
+            self.endpoint_policies
+            or dp.max_bytes is not None
+            or dp.max_messages is not None
+            or self.store_quota.max_messages is not None
+        )
+
+    def _group_fits(self, sizes: Sequence[int], owners: Sequence[str | None] | None, sender_key: str | None) -> bool:
+        """Whether a whole group fits the store-wide byte quota and each sender's share (every message counted,
+        routed or not: erring on the side of the careful path). One sender (``sender_key``), or each message's
+        (``owners``)."""
+        sq = self.store_quota
+        total = sum(sizes)
+        if sq.max_bytes is not None and self._usage(STORE_WIDE)[1] + total > sq.max_bytes:
+            return False
+        share = sq.identity_max_bytes
+        if share is None:
+            return True
+        if owners is None:  # the hub's groups: one sender
+            return sender_key is None or self._usage(sender_key)[1] + total <= share
+        per_owner: dict[str | None, int] = {}
+        for owner, size in zip(owners, sizes, strict=True):
+            per_owner[owner] = per_owner.get(owner, 0) + size
+        return all(o is None or self._usage(o)[1] + b <= share for o, b in per_owner.items())
+
+    def _check_share(self, owner: str | None, size: int) -> None:
+        """Refuse at once a message that would take its identity over its share of the store."""
+        share = self.store_quota.identity_max_bytes
+        if owner is None or share is None:
+            return
+        held = self._usage(owner)[1]
+        if held + size > share:
+            who = owner[len(_OWNER) :]
+            log.debug("store.identity_quota_exceeded identity=%s held_bytes=%d share_bytes=%d", who, held, share)
+            raise QuotaExceededError(f"identity {who} holds {held} bytes in the store; its share is {share} bytes")
+
     def _policies_may_apply(self) -> bool:
         """Whether any quota or endpoint policy is set (spelled out: this runs for every message)."""
         dp, sq = self.default_policy, self.store_quota
@@ -655,9 +768,11 @@ class Store:
         size: int,
         now: float,
         deltas: Usage,
+        owner: str | None = None,
     ) -> tuple[tuple[QueueId, int], ...]:
         """Add the (stamped) message's body and references to ``pending``, and the usage they add to ``deltas``
-        (``_reserve`` then reserves it); its refs.
+        (``_reserve`` then reserves it); its refs. ``owner`` (the sender's usage key) goes on the held items; the
+        caller adds the sender's usage (for a group from one sender, once: it is the group's STORE_WIDE delta).
 
         Synchronous from offset hand-out to reservation, so a group of messages gets consecutive offsets."""
         key = self._next_message_key
@@ -673,7 +788,7 @@ class Store:
                 deltas[q.endpoint] = (c + 1, b + size)
                 ops.append((MESSAGES, pkey, encode_message(message, [(name, off)])))
                 ops.append((name, pack_u64(off), encode_ref_fields(key, now, ttl, size)))
-                pending.items.append(StoredItem(q, off, message, key, now, ttl, size, True))
+                pending.items.append(StoredItem(q, off, message, key, now, ttl, size, True, owner))
                 ref = (q, off)
                 pending.refs.append(ref)
                 return (ref,)
@@ -688,7 +803,7 @@ class Store:
             c, b = deltas.get(q.endpoint, (0, 0))
             deltas[q.endpoint] = (c + 1, b + size)
             ops.append((name, pack_u64(off), encode_ref_fields(key, now, ttl, size)))
-            pending.items.append(StoredItem(q, off, message, key, now, ttl, size, False))
+            pending.items.append(StoredItem(q, off, message, key, now, ttl, size, False, owner))
         ops[body_at] = (MESSAGES, pkey, encode_message(message, named))
         pending.refs.extend(refs)
         return tuple(refs)
@@ -703,7 +818,7 @@ class Store:
             group_deltas[k] = (gc + c, gb + b)
 
     async def enqueue_many(
-        self, items: Sequence[tuple[Message, Sequence[RouteResult]]]
+        self, items: Sequence[tuple[Message, Sequence[RouteResult]]], *, sender: str | None = None
     ) -> list[EnqueueReceipt | IngestRejected]:
         """Store a producer's group of messages (one read of a connection); return when all are durable.
 
@@ -711,35 +826,44 @@ class Store:
         quota or endpoint policy is set (the default), the whole group is one pending write with one future,
         not one per message: the protocol heads hand over everything one socket read brought. With policies,
         each message goes through ``enqueue`` (quota waits and overflow are per message). A failed write
-        raises, as ``enqueue`` does, for the whole group."""
+        raises, as ``enqueue`` does, for the whole group. ``sender``: the identity that sent the whole group (the
+        hub passes it: one look-up per group, not two per message), as ``admit`` takes it."""
         if self._closed:
             raise StoreClosedError("the store is closed")
-        if self._policies_may_apply():
-            return await self._enqueue_in_turn(items)
+        if self._needs_turns():
+            return await self._enqueue_in_turn(items, sender)
+        sizes = [_charged_size(m) for m, _ in items]
+        sender_key = None if sender is None else _OWNER + sender
+        owners = None if sender_key is not None else [_owner_of(m.system_properties) for m, _ in items]
+        if self.store_quota.max_bytes is not None and not self._group_fits(sizes, owners, sender_key):
+            return await self._enqueue_in_turn(items, sender)
         now = self._clock.time()
         limit = self.default_policy.max_message_size_bytes
         pending = _Pending([], {}, [])
         deltas: Usage = {}
         out: list[EnqueueReceipt | IngestRejected] = []
-        for message, route_results in items:
-            size = _charged_size(message)
+        each_owner = owners if owners is not None else itertools.repeat(sender_key, len(items))
+        for (message, route_results), size, owner in zip(items, sizes, each_owner, strict=True):
             queues = self._queues_for(route_results)
             if queues and size > limit:
                 out.append(MessageTooLargeError(f"message of {size} bytes is over maxMessageSizeBytes={limit}"))
                 continue
             message = self.stamp(message, now)
-            out.append(
-                EnqueueReceipt(
-                    message, self._add_message(pending, message, queues, size, now, deltas) if queues else ()
-                )
-            )
+            if not queues:
+                out.append(EnqueueReceipt(message, ()))
+                continue
+            out.append(EnqueueReceipt(message, self._add_message(pending, message, queues, size, now, deltas, owner)))
+            if sender_key is None and owner is not None:
+                _add(deltas, owner, 1, size)
+        if sender_key is not None and STORE_WIDE in deltas:
+            deltas[sender_key] = deltas[STORE_WIDE]  # one sender: its usage is the group's, added once
         self._reserve(pending, deltas)
         if pending.ops:
             await self._committer.submit(pending)
         return out
 
     async def _enqueue_in_turn(
-        self, items: Sequence[tuple[Message, Sequence[RouteResult]]]
+        self, items: Sequence[tuple[Message, Sequence[RouteResult]]], sender: str | None = None
     ) -> list[EnqueueReceipt | IngestRejected]:
         """``enqueue_many`` with quotas or policies: each message is admitted in turn (it may wait for room, and
         the ones after it wait behind it, so a producer's messages keep their order in every queue), each
@@ -748,7 +872,7 @@ class Store:
         admitted: list[tuple[EnqueueReceipt, asyncio.Future[None] | None] | IngestRejected] = []
         for message, route_results in items:
             try:
-                admitted.append(await self.admit(message, route_results, arrived_mono_s=arrived))
+                admitted.append(await self.admit(message, route_results, arrived_mono_s=arrived, sender=sender))
             except IngestRejected as exc:
                 admitted.append(exc)
         durable = [a[1] for a in admitted if not isinstance(a, IngestRejected) and a[1] is not None]
@@ -786,13 +910,19 @@ class Store:
         return full
 
     async def _make_room(
-        self, endpoints: set[str], queues: Iterable[QueueId], size: int, arrived_mono_s: float | None = None
+        self,
+        endpoints: set[str],
+        queues: Iterable[QueueId],
+        size: int,
+        arrived_mono_s: float | None = None,
+        owner: str | None = None,
     ) -> set[str]:
-        """Wait for space (until ``enqueue_timeout_s`` after ``arrived_mono_s``, default now), then apply the
-        overflow policy. Returns the endpoints to drop (discardIncoming); the caller counts them when its write
-        is durable."""
+        """Refuse a message over its sender's share (``owner``); wait for space (until ``enqueue_timeout_s``
+        after ``arrived_mono_s``, default now), then apply the overflow policy. Returns the endpoints to drop
+        (discardIncoming); the caller counts them when its write is durable."""
         if not self._quotas_set:  # the common case: nothing to check
             return set()
+        self._check_share(owner, size)
         per_endpoint = {e: sum(1 for q in queues if q.endpoint == e) for e in endpoints}
         full = self._full(endpoints, per_endpoint, size)
         if not full:
@@ -814,7 +944,7 @@ class Store:
             overflow = self.policy(e).overflow if e is not None else self.default_policy.overflow
             where = f"endpoint {e}" if e is not None else "the store"
             if overflow is Overflow.REJECT_INCOMING:
-                log.info("store.quota_exceeded where=%s", where)
+                log.debug("store.quota_exceeded where=%s", where)  # the hub logs the refusal (rate-limited)
                 raise QuotaExceededError(f"quota of {where} exceeded")
             if overflow is Overflow.DISCARD_INCOMING:
                 if e is None:
@@ -857,10 +987,16 @@ class Store:
             for k, (c, b) in p.deltas.items():
                 dc, db = deltas.get(k, (0, 0))
                 deltas[k] = (dc + c, db + b)
-        totals = dict(self._ingest)
+        # The changed counters only (one per endpoint, identity and the store): there are as many as identities.
+        ingest = self._ingest
+        totals: Usage = {}
         for k, (c, b) in deltas.items():
-            _add(totals, k, c, b)
-        ops += self._stats_ops(_STATS_INGEST, totals, deltas)
+            tc, tb = ingest.get(k, (0, 0))
+            totals[k] = (tc + c, tb + b)
+        ops += self._stats_ops(_STATS_INGEST, totals, totals)
+        marked = self._mark_identities
+        if marked:
+            ops.append((META, _IDENTITIES_COUNTED, b"1"))
         removed = self._removed_ingest
         if overflow:
             removed = self._plus(removed, RemovalReason.OVERFLOW, overflow)
@@ -868,7 +1004,9 @@ class Store:
         try:
             await self._write_ops(ops)
             self._remember(group)
-            self._ingest = totals
+            ingest.update(totals)
+            if marked:
+                self._mark_identities = False
             if overflow:
                 self._removed_ingest = removed
                 self.removed[RemovalReason.OVERFLOW] += overflow
@@ -1064,6 +1202,14 @@ class Store:
                 size = sum(it.size_bytes for it in sole)
                 n = len(sole)
                 deltas: Usage = {queue.endpoint: (-n, -size), STORE_WIDE: (-n, -size)}
+                owners = [it.owner for it in sole]
+                if owners.count(owners[0]) == n:  # one sender, the usual case: one delta
+                    if owners[0] is not None:
+                        deltas[owners[0]] = (-n, -size)
+                else:
+                    for it in sole:
+                        if it.owner is not None:
+                            _add(deltas, it.owner, -1, -it.size_bytes)
                 await self._maint_write(ops, deltas, (RemovalReason.DELIVERED, n))
                 # Removed from the head on: cleanup's scan need not start below them.
                 hint = self._head_hint.get(queue, 0)
@@ -1101,12 +1247,15 @@ class Store:
         keys = list(sizes)
         raws = self._b.multi_get(MESSAGES, [pack_u64(k) for k in keys])
         doomed: dict[int, bool] = {}  # key -> the body goes (no other reference left)
+        owners: dict[int, str | None] = {}  # key -> the identity its message came from
         others: dict[str, list[tuple[int, int]]] = {}  # family -> (offset, key) of the other references
         for key, raw in zip(keys, raws, strict=True):
             if raw is None:
                 continue
             doomed[key] = True
-            for f, o in decode_message_refs(raw):
+            device, module, refs_of = decode_message_sender_refs(raw)
+            owners[key] = _owner_key(device, module)
+            for f, o in refs_of:
                 if (f, o) not in gone:
                     others.setdefault(f, []).append((o, key))
         for f, pairs in others.items():
@@ -1119,6 +1268,9 @@ class Store:
                 ops.append((MESSAGES, pack_u64(key), None))
                 n += 1
                 b += sizes[key]
+                owner = owners[key]
+                if owner is not None:
+                    _add(deltas, owner, -1, -sizes[key])
         if n:
             _add(deltas, STORE_WIDE, -n, -b)
         return ops
@@ -1128,16 +1280,18 @@ class Store:
     ) -> None:
         """Write maintenance ops with the usage counters they change and the removals they count, in one batch.
         Call under ``_remove_lock``."""
-        totals = dict(self._maint)
+        maint = self._maint
+        totals: Usage = {}
         for k, (c, b) in deltas.items():
-            _add(totals, k, c, b)
-        ops = ops + self._stats_ops(_STATS_MAINT, totals, deltas)
+            tc, tb = maint.get(k, (0, 0))
+            totals[k] = (tc + c, tb + b)
+        ops = ops + self._stats_ops(_STATS_MAINT, totals, totals)
         counts = self._removed_maint
         if removed is not None:
             counts = self._plus(counts, *removed)
             ops.append(self._removed_op(_REMOVED_MAINT, counts))
         await self._write(ops)
-        self._maint = totals
+        maint.update(totals)
         if removed is not None:
             self._removed_maint = counts
             self.removed[removed[0]] += removed[1]

@@ -47,6 +47,7 @@ from edgehub.hub import (
     SessionInfo,
     Stored,
 )
+from edgehub.hub.twins import parse_reported_patch
 
 __all__ = ["InMemoryHub"]
 
@@ -264,7 +265,9 @@ class InMemoryHub:
         twin = self.twins.setdefault(identity.id, {"desired": {"$version": 1}, "reported": {"$version": 1}})
         return copy.deepcopy(twin)
 
-    async def update_reported(self, identity: Identity, patch: Mapping[str, Any]) -> int:
+    async def update_reported(self, identity: Identity, patch: bytes | Mapping[str, Any]) -> int:
+        if isinstance(patch, bytes):  # the real hub's parser and limits: a head sees the same refusals
+            patch = parse_reported_patch(patch)
         twin = self.twins.setdefault(identity.id, {"desired": {"$version": 1}, "reported": {"$version": 1}})
         reported = twin["reported"]
         _merge(reported, patch)

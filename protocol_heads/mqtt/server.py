@@ -81,6 +81,7 @@ from edgehub.core import (
     StorageIOError,
     StoreError,
     SystemProperty,
+    TwinError,
 )
 from edgehub.core.refusals import RefusalLog, RefusalReason
 from edgehub.hub import Cap, ConnectionLimiter, Credentials, Delivery, Hub, LoginThrottle, Rejected, Ticket
@@ -980,13 +981,11 @@ class _Client(asyncio.BufferedProtocol):
             self._respond(twin_response_topic(200, twin.rid), json.dumps(doc).encode())
             return
         try:
-            patch = json.loads(p.payload or b"{}")
-            if not isinstance(patch, dict):
-                raise ValueError("a reported patch is a JSON object")
-        except ValueError:
-            self._respond(twin_response_topic(400, twin.rid), b"")
+            # The hub parses the raw patch (edgehub.hub.twins): bounded size and depth before any json.loads.
+            version = await self.hub.update_reported(identity, p.payload)
+        except TwinError as exc:  # refused and logged by the hub; the device gets IoT Hub's status
+            self._respond(twin_response_topic(exc.status, twin.rid), b"")
             return
-        version = await self.hub.update_reported(identity, patch)
         self._respond(twin_response_topic(204, twin.rid, version=version), b"")
 
     def _respond(self, topic: str, payload: bytes) -> None:

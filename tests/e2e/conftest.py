@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import ssl
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -42,8 +43,11 @@ ROUTES = {
 LONG_WAIT = ExecutorSettings(retry_policy=RetryPolicy(minimum_delay_s=600.0, maximum_delay_s=600.0))
 
 
-def sas(identity: Identity, key: str | None = None) -> str:
-    return generate_sas_token(resource_uri(HOST, identity), key or KEYS[identity.id], 4_000_000_000)
+def sas(identity: Identity, key: str | None = None, *, clock: Clock | None = None) -> str:
+    """A token valid for a day by ``clock`` (the hub's: a manual clock's time is not today's), well within the
+    hub's maximum token lifetime."""
+    now = clock.time() if clock is not None else time.time()
+    return generate_sas_token(resource_uri(HOST, identity), key or KEYS[identity.id], int(now) + 86_400)
 
 
 def username(identity: Identity) -> str:

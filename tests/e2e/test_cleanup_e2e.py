@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -17,7 +18,7 @@ from tests.protocol_heads.mqtt.conftest import Paho
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(90)]
 
-TOKEN_EXPIRY = 4_000_000_000
+TOKEN_EXPIRY = int(time.time()) + 86_400  # within the hub's maximum token lifetime (a year)
 SINK = "/modules/sink/inputs/in1"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, urlencode
 
@@ -20,7 +21,7 @@ from tests.protocol_heads.mqtt.conftest import Paho
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(120)]
 
-TOKEN_EXPIRY = 4_000_000_000
+TOKEN_EXPIRY = int(time.time()) + 86_400  # within the hub's maximum token lifetime (a year)
 INPUT = "devices/edge/modules/sink/inputs/fromchild/"
 
 

@@ -64,7 +64,7 @@ async def checkpointed(rig: Rig, eps: Sequence[Endpoint]) -> None:
 
 async def device(rig: Rig, protocol: MQTTProtocolVersion = MQTTProtocolVersion.MQTTv311) -> Paho:
     dev = Paho.make(DEV.id, protocol=protocol)
-    assert await dev.connect(rig.tcp, user=username(DEV), password=sas(DEV)) == 0
+    assert await dev.connect(rig.tcp, user=username(DEV), password=sas(DEV, clock=rig.hub.clock)) == 0
     return dev
 
 
@@ -278,7 +278,7 @@ async def test_another_identity_may_use_the_same_message_id(tmp_path: Path) -> N
         dev = await device(rig)
         assert await send(dev, "$.mid=m-1", b"from dev1") == 0
         sensor = Paho.make(SENSOR.id)
-        assert await sensor.connect(rig.tcp, user=username(SENSOR), password=sas(SENSOR)) == 0
+        assert await sensor.connect(rig.tcp, user=username(SENSOR), password=sas(SENSOR, clock=rig.hub.clock)) == 0
         sensor.publish("devices/edge/modules/sensor/messages/events/$.mid=m-1", b"from edge/sensor")
         async with asyncio.timeout(10):
             assert (await sensor.publishes.get())[1] == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ async def test_edgehub_run_serves_tls_with_its_generated_ca_and_stops_cleanly_on
     ca = data / "certs" / "ca.pem"
     dev = Paho.make("dev1")
     user = f"{dev_cs.host_name}/dev1/?api-version=2021-04-12"
-    assert await dev.connect(port, tls_ca=ca, user=user, password=dev_cs.sas_token(4_000_000_000)) == 0
+    assert await dev.connect(port, tls_ca=ca, user=user, password=dev_cs.sas_token(int(time.time()) + 86_400)) == 0
     mid = dev.publish("devices/dev1/messages/events/$.mid=p1", b"through the process")
     async with asyncio.timeout(10):
         assert await dev.publishes.get() == (mid, 0)
@@ -63,7 +64,7 @@ async def test_edgehub_run_serves_tls_with_its_generated_ca_and_stops_cleanly_on
     assert "upstream: partitions=2 duplicate detection on, window 120s" in lines
     mod = Paho.make("edge/f")
     user = f"{mod_cs.host_name}/edge/f/?api-version=2021-04-12"
-    assert await mod.connect(port, tls_ca=ca, user=user, password=mod_cs.sas_token(4_000_000_000)) == 0
+    assert await mod.connect(port, tls_ca=ca, user=user, password=mod_cs.sas_token(int(time.time()) + 86_400)) == 0
     async with asyncio.timeout(10):
         got = await mod.messages.get()
     assert got.payload == b"through the process"

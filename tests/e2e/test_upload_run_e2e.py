@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,9 @@ async def landed(root: Path, count: int) -> dict[str, list[SegmentRecord]]:
 async def connect_device(port: int, data: Path, cs: ConnectionString) -> Paho:
     dev = Paho.make("dev1")
     user = f"{cs.host_name}/dev1/?api-version=2021-04-12"
-    rc = await dev.connect(port, tls_ca=data / "certs" / "ca.pem", user=user, password=cs.sas_token(4_000_000_000))
+    rc = await dev.connect(
+        port, tls_ca=data / "certs" / "ca.pem", user=user, password=cs.sas_token(int(time.time()) + 86_400)
+    )
     assert rc == 0
     return dev
 

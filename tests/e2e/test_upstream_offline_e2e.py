@@ -21,7 +21,7 @@ from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer
 from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
 from edgehub.upstream.segment import decode_segment
-from tests.e2e.conftest import DEV, running_hub, sas, username
+from tests.e2e.conftest import DEV, Rig, running_hub, sas, username
 from tests.protocol_heads.mqtt.conftest import Paho
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]
@@ -67,9 +67,9 @@ async def publish(dev: Paho, *messages: tuple[str, str]) -> None:
     assert sorted(acks) == sorted((m, 0) for m in mids)
 
 
-async def device(port: int) -> Paho:
+async def device(rig: Rig) -> Paho:
     dev = Paho.make(DEV.id)
-    assert await dev.connect(port, user=username(DEV), password=sas(DEV)) == 0
+    assert await dev.connect(rig.tcp, user=username(DEV), password=sas(DEV, clock=rig.hub.clock)) == 0
     return dev
 
 
@@ -90,7 +90,7 @@ async def test_offline_then_online_everything_queued_arrives_highest_priority_fi
 ) -> None:
     link.cut()
     async with asyncio.timeout(40), running_hub(tmp_path, routes=ROUTES, endpoints=[await upstream(link)]) as rig:
-        dev = await device(rig.tcp)
+        dev = await device(rig)
         await publish(dev, *[("tele", f"t{i}") for i in range(6)])
         await publish(dev, ("alert", "a0"), ("alert", "a1"))
         assert cloud.messages == []
@@ -107,7 +107,7 @@ async def test_messages_whose_ttl_passes_while_offline_never_go_and_are_counted(
     link.cut()
     up = await upstream(link)
     async with asyncio.timeout(40), running_hub(tmp_path, routes=ROUTES, endpoints=[up], clock=clock) as rig:
-        dev = await device(rig.tcp)
+        dev = await device(rig)
         await publish(dev, ("short", "s0"), ("short", "s1"), ("tele", "t0"))
         clock.advance(31)  # past the 30 s of the "short" route, fixed at enqueue
         link.restore()
@@ -125,7 +125,7 @@ async def test_a_hub_restarted_while_offline_still_sends_what_it_acknowledged(
     link.cut()
     async with asyncio.timeout(40):
         async with running_hub(tmp_path, routes=ROUTES, endpoints=[await upstream(link)]) as rig:
-            dev = await device(rig.tcp)
+            dev = await device(rig)
             await publish(dev, *[("tele", f"t{i}") for i in range(4)], ("alert", "a0"))
             await dev.close()
         async with running_hub(tmp_path, routes=ROUTES, endpoints=[await upstream(link)]) as rig:
@@ -141,7 +141,7 @@ async def test_a_silently_dead_link_deletes_nothing_before_its_puback(
     up = await upstream(link)
     async with asyncio.timeout(40), running_hub(tmp_path, routes=ROUTES, endpoints=[up]) as rig:
         await up.wait_connected()
-        dev = await device(rig.tcp)
+        dev = await device(rig)
         link.go_silent()  # no acks, no FIN, no RST
         await publish(dev, *[("tele", f"t{i}") for i in range(10)])
         ex = rig.hub.executors["$upstream"]
