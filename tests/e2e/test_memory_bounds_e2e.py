@@ -9,6 +9,7 @@ import json
 import re
 import socket
 import ssl
+import time
 from pathlib import Path
 
 import psutil
@@ -22,7 +23,7 @@ from tests.e2e import hub_process
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(240)]
 
-EXPIRY = 4_000_000_000
+EXPIRY = int(time.time()) + 86_400  # within the hub's maximum token lifetime (a year)
 
 
 async def add_identities(data: Path, identities: list[Identity]) -> dict[str, str]:

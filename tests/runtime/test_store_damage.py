@@ -19,6 +19,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +51,12 @@ async def _publish_until_marked(data: Path, manifest: Path) -> int:
     dev = Paho.make("dev1")
     try:
         user = f"{cs.host_name}/dev1/?api-version=2021-04-12"
-        assert await dev.connect(port, tls_ca=data / "certs" / "ca.pem", user=user, password=cs.sas_token(4 << 30)) == 0
+        assert (
+            await dev.connect(
+                port, tls_ca=data / "certs" / "ca.pem", user=user, password=cs.sas_token(int(time.time()) + 86_400)
+            )
+            == 0
+        )
         acked = 0
         for i in range(N):
             dev.publish("devices/dev1/messages/events/", b"m%04d" % i + b"x" * 100)
