@@ -51,12 +51,13 @@ from edgehub.core import (
     SystemClock,
     SystemProperty,
 )
+from edgehub.core.endpoints import parse_module_endpoint
 from edgehub.delivery import Endpoint, EndpointExecutor, ExecutorSettings
 from edgehub.hub import AuthResult, ClientLink, Credentials, IngestOutcome, Rejected, SessionInfo, Stored
 from edgehub.hub.dedup import Claim, DuplicateWindow
 from edgehub.hub.identities import IdentityRegistry
 from edgehub.hub.lanes import UpstreamLanes, UpstreamLanesStatus, UpstreamOptions
-from edgehub.hub.modules import DEFAULT_MAX_BATCH, ModuleEndpoint, ModuleMailboxes, parse_module_endpoint
+from edgehub.hub.modules import DEFAULT_MAX_BATCH, ModuleEndpoint, ModuleMailboxes
 from edgehub.routing import Router
 from edgehub.store import EnqueueReceipt, Store
 from edgehub.upstream.partitions import check_partition_properties

@@ -1,7 +1,7 @@
 """The partitioned upstream as the hub runs it: N lanes, the lane of each message, whether a lane is up, status.
 
 With ``UpstreamOptions.partitions`` N > 1, ``$upstream`` is N lanes ``$upstream/0`` … ``$upstream/{N-1}``
-(``edgehub.store.upstream_lane_id``), each its own endpoint with its own per-priority queues, checkpointers,
+(``edgehub.core.endpoints.upstream_lane_id``), each its own endpoint with its own per-priority queues, checkpointers,
 executor and transport connection. The hub rewrites a route result for ``$upstream`` to the message's lane
 before the store sees it; with one partition nothing changes (the lane is ``$upstream`` itself).
 
@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from edgehub.core import DEFAULT_PRIORITY, Message, RouteResult
+from edgehub.core.endpoints import UPSTREAM_ENDPOINT, upstream_lane_id
 from edgehub.delivery import Endpoint, EndpointExecutor, State
-from edgehub.store import UPSTREAM_ENDPOINT, QueueId, Store, upstream_lane_id
+from edgehub.store import QueueId, Store
 from edgehub.upstream.mqtt_transport import UpstreamStatus
 from edgehub.upstream.partitions import PartitionSelector, aggregate_status
 

@@ -16,10 +16,10 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from edgehub.core.endpoints import upstream_lane_id
 from edgehub.delivery import Endpoint
 from edgehub.hub.lanes import UpstreamOptions
 from edgehub.runtime.hub_runtime import lane_settings
-from edgehub.store import upstream_lane_id
 from edgehub.testing import ManualClock, TestEndpoint
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
