@@ -56,11 +56,10 @@ from edgehub.delivery import Endpoint, EndpointExecutor, ExecutorSettings
 from edgehub.hub import AuthResult, ClientLink, Credentials, IngestOutcome, Rejected, SessionInfo, Stored
 from edgehub.hub.dedup import Claim, DuplicateWindow
 from edgehub.hub.identities import IdentityRegistry
-from edgehub.hub.lanes import UpstreamLanes, UpstreamLanesStatus, UpstreamOptions
+from edgehub.hub.lanes import UpstreamLanes, UpstreamLanesStatus, UpstreamOptions, check_partition_properties
 from edgehub.hub.modules import DEFAULT_MAX_BATCH, ModuleEndpoint, ModuleMailboxes
 from edgehub.routing import Router
 from edgehub.store import EnqueueReceipt, Store
-from edgehub.upstream.partitions import check_partition_properties
 
 __all__ = ["EdgeHub"]
 
