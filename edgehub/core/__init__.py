@@ -1,6 +1,17 @@
 """The core of edgehub: values every layer shares. Standard library only."""
 
 from edgehub.core.clock import Clock, SystemClock, utc_from_epoch
+from edgehub.core.endpoints import (
+    UPSTREAM_ENDPOINT,
+    UPSTREAM_LANE,
+    is_upstream_endpoint,
+    lane_name,
+    lane_name_of,
+    module_endpoint,
+    parse_module_endpoint,
+    parse_upstream_lane_id,
+    upstream_lane_id,
+)
 from edgehub.core.errors import (
     AuthenticationError,
     AuthError,
@@ -29,6 +40,8 @@ from edgehub.core.routes import DEFAULT_PRIORITY, RouteResult
 
 __all__ = [
     "DEFAULT_PRIORITY",
+    "UPSTREAM_ENDPOINT",
+    "UPSTREAM_LANE",
     "AuthError",
     "AuthenticationError",
     "AuthorizationError",
@@ -57,6 +70,13 @@ __all__ = [
     "SystemProperty",
     "TransportError",
     "TwinError",
+    "is_upstream_endpoint",
+    "lane_name",
+    "lane_name_of",
     "message_source",
+    "module_endpoint",
+    "parse_module_endpoint",
+    "parse_upstream_lane_id",
+    "upstream_lane_id",
     "utc_from_epoch",
 ]

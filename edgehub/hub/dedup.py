@@ -1,8 +1,16 @@
-"""The duplicate window, kept durably in the store's metadata (issue 5, "Partitions and duplicates").
+"""Duplicate detection, an ingest stage of the hub: the duplicate window, kept durably in the store's metadata
+(issue 5, "Partitions and duplicates"; after Service Bus's duplicate detection window).
 
-A message whose ``messageId`` was already accepted from the same identity inside the window is acknowledged
-and dropped (counted in ``duplicates``). Which ids were accepted lives under ``dedup/`` in the store's metadata,
-one key per ``(identity, messageId)``: ``dedup/{identity, URL-quoted}/{messageId}`` → ``{"v": 1, "at": epoch s}``.
+Off by default (``UpstreamOptions.duplicate_detection``). A message whose ``messageId`` was already accepted from
+the same identity inside the window (``window_s``, default 600, from the first acceptance, on the hub's
+``Clock``) is acknowledged to its sender and dropped (counted in ``duplicates``), never stored twice. A message
+without a ``messageId`` is never a duplicate. Two parts:
+
+* ``DuplicateDetector``, the bookkeeping in memory: which ``(identity, messageId)`` pairs were accepted, and
+  when; bounded by ``max_entries`` (the oldest are forgotten first);
+* ``DuplicateWindow``, what the hub calls: the detector kept durable. Which ids were accepted lives under
+  ``dedup/`` in the store's metadata, one key per ``(identity, messageId)``:
+  ``dedup/{identity, URL-quoted}/{messageId}`` → ``{"v": 1, "at": epoch s}``.
 
 Invariants:
 * **never marked seen before it is stored**: ``claim`` only looks; the record of an acceptance is written by
@@ -25,15 +33,15 @@ import asyncio
 import itertools
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote
 
 from edgehub.core import Clock
 from edgehub.store import Store
-from edgehub.upstream.partitions import DuplicateDetector
 
-__all__ = ["DEDUP_PREFIX", "Claim", "DuplicateWindow"]
+__all__ = ["DEDUP_PREFIX", "Claim", "DuplicateDetector", "DuplicateWindow"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +59,60 @@ def _parse_key(key: str) -> tuple[str, str] | None:
     if not sep or not identity:
         return None
     return unquote(identity), message_id
+
+
+class DuplicateDetector:
+    """The duplicate window's bookkeeping: which ``(identity, messageId)`` pairs were accepted, and when.
+
+    Two steps, so that a message is never marked seen before it is stored: ``is_duplicate`` only looks (and
+    counts a duplicate); ``remember`` records an acceptance, and the caller calls it only once the message is
+    durable. ``expire`` forgets what left the window (or was pushed out by ``max_entries``) and returns those
+    pairs, so a caller that keeps the window durably can delete them too, as ``DuplicateWindow`` does."""
+
+    def __init__(self, *, clock: Clock, window_s: float = 600.0, max_entries: int = 1_000_000) -> None:
+        if window_s <= 0 or max_entries <= 0:
+            raise ValueError("window_s and max_entries must be positive")
+        self._clock = clock
+        self.window_s = window_s
+        self.max_entries = max_entries
+        self._seen: OrderedDict[tuple[str, str], float] = OrderedDict()  # insertion order = acceptance order
+        self._evicted: list[tuple[str, str]] = []
+        self.duplicates = 0
+
+    def is_duplicate(self, identity: str, message_id: str | None) -> bool:
+        """True (and counted) when this identity's ``message_id`` was accepted inside the window. Records nothing.
+        A message without a message id is never a duplicate."""
+        if not message_id:
+            return False
+        at = self._seen.get((identity, message_id))
+        if at is None or at <= self._clock.time() - self.window_s:
+            return False
+        self.duplicates += 1
+        return True
+
+    def remember(self, identity: str, message_id: str, at_s: float | None = None) -> None:
+        """Record that the message was accepted (durably) at ``at_s`` (default: now)."""
+        key = (identity, message_id)
+        self._seen.pop(key, None)
+        self._seen[key] = self._clock.time() if at_s is None else at_s
+        while len(self._seen) > self.max_entries:
+            self._evicted.append(self._seen.popitem(last=False)[0])
+
+    def expire(self) -> list[tuple[str, str]]:
+        """Forget the pairs accepted ``window_s`` or more ago, and those pushed out by ``max_entries`` (the
+        oldest first: forgetting can only let a duplicate through, never drop a new message); return them."""
+        gone, self._evicted = self._evicted, []
+        horizon = self._clock.time() - self.window_s
+        while self._seen:
+            key, at = next(iter(self._seen.items()))
+            if at > horizon:
+                break
+            self._seen.popitem(last=False)
+            gone.append(key)
+        return gone
+
+    def __len__(self) -> int:
+        return len(self._seen)
 
 
 @dataclass(slots=True)

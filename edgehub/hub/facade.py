@@ -54,18 +54,18 @@ from edgehub.core import (
     SystemProperty,
     TwinError,
 )
+from edgehub.core.endpoints import parse_module_endpoint
 from edgehub.core.refusals import RefusalLog
 from edgehub.core.sas import DEFAULT_MAX_TOKEN_LIFETIME_S
 from edgehub.delivery import Endpoint, EndpointExecutor, ExecutorSettings
 from edgehub.hub import AuthResult, ClientLink, Credentials, IngestOutcome, Rejected, SessionInfo, Stored
 from edgehub.hub.dedup import Claim, DuplicateWindow
 from edgehub.hub.identities import IdentityRegistry
-from edgehub.hub.lanes import UpstreamLanes, UpstreamLanesStatus, UpstreamOptions
-from edgehub.hub.modules import DEFAULT_MAX_BATCH, ModuleEndpoint, ModuleMailboxes, parse_module_endpoint
+from edgehub.hub.lanes import UpstreamLanes, UpstreamLanesStatus, UpstreamOptions, check_partition_properties
+from edgehub.hub.modules import DEFAULT_MAX_BATCH, ModuleEndpoint, ModuleMailboxes
 from edgehub.hub.twins import DEFAULT_TWIN_LIMITS, TwinLimits, TwinStore, check_patch, parse_reported_patch
 from edgehub.routing import Router
 from edgehub.store import EnqueueReceipt, Store
-from edgehub.upstream.partitions import check_partition_properties
 
 __all__ = ["EdgeHub"]
 

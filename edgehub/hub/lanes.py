@@ -1,14 +1,27 @@
-"""The partitioned upstream as the hub runs it: N lanes, the lane of each message, whether a lane is up, status.
+"""Lane choice, an ingest stage of the hub: the partitioned upstream's N lanes, the lane of each message, whether
+a lane is up, and their status (after Service Bus partitioned queues).
 
-With ``UpstreamOptions.partitions`` N > 1, ``$upstream`` is N lanes ``$upstream/0`` … ``$upstream/{N-1}``
-(``edgehub.store.upstream_lane_id``), each its own endpoint with its own per-priority queues, checkpointers,
-executor and transport connection. The hub rewrites a route result for ``$upstream`` to the message's lane
-before the store sees it; with one partition nothing changes (the lane is ``$upstream`` itself).
+Lanes
+-----
+``partitions: N`` on the upstream endpoint (``UpstreamOptions.partitions``, default 1) makes N lanes
+``$upstream/0`` … ``$upstream/{N-1}`` (``edgehub.core.endpoints.upstream_lane_id``), each its own endpoint with
+its own per-priority queues, checkpointers, executor and transport connection, and named ``upstream-p{i}`` in
+segment names and topics (``edgehub.core.endpoints.lane_name``). The hub rewrites a route result for
+``$upstream`` to the message's lane before the store sees it (``UpstreamLanes.assign``); with one partition
+nothing changes (the lane is ``$upstream`` itself, named ``upstream``).
 
-Which lane (``edgehub.upstream.partitions.PartitionSelector``): a message with a key (session id, else
-partition key, else message id when duplicate detection is on) is pinned to ``stable_partition(key, N)``, up or
-not, so per-key order holds; a keyless one goes round-robin over the lanes that are up and skips a lane that is
-down (when none is up it still gets its round-robin lane, is stored, and waits).
+Which lane a message takes
+--------------------------
+* its **partition key** is its ``sessionId``, else its ``partitionKey``, else its ``messageId`` when duplicate
+  detection is on, else none (``partition_key``). A message whose ``sessionId`` and ``partitionKey`` are both
+  set and differ is refused at ingest with ``InvalidMessageError`` (``check_partition_properties``), as Service
+  Bus refuses it: a session must live in one partition.
+* **with a key** it is pinned: ``stable_partition(key, N)`` (BLAKE2b of the UTF-8 key, so the same key maps to
+  the same lane across restarts and machines; Python's ``hash`` is salted per process), up or not. Per-key order
+  holds because one lane keeps queue order. A pinned message waits for its lane; it never moves.
+* **without a key** it goes round-robin over the lanes that are up; when its lane is down it moves to the next
+  lane that is up and the turn goes on after that one (``PartitionSelector.choose``), so the lanes that are up
+  share evenly; when none is up it still gets a lane (round-robin over all) so it is stored and waits.
 
 A lane is **up** when it has an endpoint and an executor, the endpoint does not say it is disconnected (an
 endpoint with a ``connected`` property, such as ``MqttUpstream``), and none of its priority queues is in
@@ -16,22 +29,47 @@ endpoint with a ``connected`` property, such as ``MqttUpstream``), and none of i
 its endpoint's ``on_reachable`` report takes it out of that state). Until the executor has an "unreachable"
 report from endpoints, a lane without a ``connected`` property is learnt to be down only by a failed send: the
 keyless messages routed to it before that wait for it (they are never moved once stored).
+
+How session id and partition key travel
+---------------------------------------
+* **Into the hub**: IoT Hub has no session id or partition key on device telemetry, so they are carried as
+  system properties ``sessionId`` / ``partitionKey``: on MQTT 3.1.1 in the topic's property bag as ``$.sid`` and
+  ``$.pk``; on MQTT 5 as user properties of those names; on AMQP as the standard ``properties.group-id``
+  (Service Bus's SessionId) and the message annotation ``x-opt-partition-key`` (Service Bus / Event Hubs'
+  PartitionKey).
+* **Upstream**: in ``batch`` mode both stay in each record's ``system_properties`` (``sessionId``,
+  ``partitionKey``) and the partition is the lane in the topic and segment name; in ``message`` mode they go
+  out as ``$.sid`` / ``$.pk`` in the property bag (MQTT 5: user properties); an AMQP upstream would set
+  ``group-id`` and ``x-opt-partition-key`` as above.
+
+Duplicate detection, the other ingest stage keyed on the message id, is ``edgehub.hub.dedup``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from edgehub.core import DEFAULT_PRIORITY, Message, RouteResult
+from edgehub.core import DEFAULT_PRIORITY, InvalidMessageError, Message, RouteResult, SystemProperty
+from edgehub.core.endpoints import UPSTREAM_ENDPOINT, upstream_lane_id
 from edgehub.delivery import Endpoint, EndpointExecutor, State
-from edgehub.store import UPSTREAM_ENDPOINT, QueueId, Store, upstream_lane_id
+from edgehub.store import QueueId, Store
 from edgehub.upstream.mqtt_transport import UpstreamStatus
-from edgehub.upstream.partitions import PartitionSelector, aggregate_status
 
-__all__ = ["LaneStatus", "UpstreamLanes", "UpstreamLanesStatus", "UpstreamOptions"]
+__all__ = [
+    "LaneStatus",
+    "PartitionSelector",
+    "UpstreamLanes",
+    "UpstreamLanesStatus",
+    "UpstreamOptions",
+    "aggregate_status",
+    "check_partition_properties",
+    "partition_key",
+    "stable_partition",
+]
 
 _DOWN_STATES = frozenset({State.FAILING, State.DEAD})
 
@@ -50,6 +88,64 @@ class UpstreamOptions:
             raise ValueError("partitions must be at least 1")
         if self.duplicate_window_s <= 0 or self.max_duplicate_ids <= 0:
             raise ValueError("duplicate_window_s and max_duplicate_ids must be positive")
+
+
+def check_partition_properties(message: Message) -> None:
+    """Refuse a message whose session id and partition key disagree (``InvalidMessageError``)."""
+    sp = message.system_properties
+    session, pkey = sp.get(SystemProperty.SESSION_ID), sp.get(SystemProperty.PARTITION_KEY)
+    if session and pkey and session != pkey:
+        raise InvalidMessageError(
+            f"sessionId {session!r} and partitionKey {pkey!r} differ: a session lives in one partition, "
+            "so the partition key must equal the session id or be left out",
+            reason="partition_key_mismatch",
+        )
+
+
+def partition_key(message: Message, *, duplicate_detection: bool = False) -> str | None:
+    """Session id, else partition key, else message id when duplicate detection is on, else None."""
+    sp = message.system_properties
+    for name in (SystemProperty.SESSION_ID, SystemProperty.PARTITION_KEY):
+        value = sp.get(name)
+        if value:
+            return value
+    if duplicate_detection:
+        return sp.get(SystemProperty.MESSAGE_ID) or None
+    return None
+
+
+def stable_partition(key: str, partitions: int) -> int:
+    """The partition of ``key`` among ``partitions``: the same on every run and machine."""
+    if partitions <= 0:
+        raise ValueError("partitions must be positive")
+    digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % partitions
+
+
+class PartitionSelector:
+    """Chooses the lane of each message. ``is_up(i)`` says whether lane i's link is up right now."""
+
+    def __init__(self, partitions: int, *, is_up: Callable[[int], bool], duplicate_detection: bool = False) -> None:
+        if partitions <= 0:
+            raise ValueError("partitions must be positive")
+        self.partitions = partitions
+        self._is_up = is_up
+        self.duplicate_detection = duplicate_detection
+        self._next = 0
+
+    def choose(self, message: Message) -> int:
+        key = partition_key(message, duplicate_detection=self.duplicate_detection)
+        if key is not None:
+            return stable_partition(key, self.partitions)  # pinned, up or not: per-key order beats latency
+        first = self._next % self.partitions
+        for step in range(self.partitions):  # its round-robin lane, else (failover) the next lane that is up
+            candidate = (first + step) % self.partitions
+            if self._is_up(candidate):
+                # Go on after the lane taken, not after the one skipped: the lanes that are up share evenly.
+                self._next = candidate + 1
+                return candidate
+        self._next = first + 1
+        return first  # nothing is up: store it on its round-robin lane; it goes when that lane returns
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +173,27 @@ class UpstreamLanesStatus:
     duplicate_ids_held: int
     transport: UpstreamStatus | None
     lanes: tuple[LaneStatus, ...]
+
+
+def aggregate_status(statuses: Sequence[UpstreamStatus]) -> UpstreamStatus:
+    """One status for all lanes: counts and rates summed, connected when any lane is."""
+    if not statuses:
+        raise ValueError("no lanes")
+    acked = sum(s.messages_acked for s in statuses)
+    wire = sum(s.wire_bytes_acked for s in statuses)
+    return UpstreamStatus(
+        connected=any(s.connected for s in statuses),
+        connects=sum(s.connects for s in statuses),
+        inflight_bytes=sum(s.inflight_bytes for s in statuses),
+        peak_inflight_bytes=max(s.peak_inflight_bytes for s in statuses),
+        window_bytes=sum(s.window_bytes for s in statuses),
+        achieved_bps=sum(s.achieved_bps for s in statuses),
+        messages_acked=acked,
+        publishes_acked=sum(s.publishes_acked for s in statuses),
+        wire_bytes_acked=wire,
+        wire_bytes_per_message=wire / acked if acked else 0.0,
+        rtt_min_s=min((s.rtt_min_s for s in statuses if s.rtt_min_s is not None), default=None),
+    )
 
 
 @runtime_checkable

@@ -30,23 +30,16 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from edgehub.core import DeliveryError, FailureKind, Identity
+from edgehub.core.endpoints import parse_module_endpoint
 from edgehub.delivery import QueuedMessage, SendResult
 from edgehub.hub import ClientLink, Delivery
 
-__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WINDOW", "ModuleEndpoint", "ModuleMailboxes", "parse_module_endpoint"]
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WINDOW", "ModuleEndpoint", "ModuleMailboxes"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 16
 DEFAULT_MAX_BATCH = 256
-
-
-def parse_module_endpoint(endpoint_id: str) -> tuple[str, str] | None:
-    """``/modules/{m}/inputs/{i}`` → ``(m, i)``; anything else → None."""
-    parts = endpoint_id.split("/")
-    if len(parts) == 5 and parts[0] == "" and parts[1] == "modules" and parts[3] == "inputs" and parts[2] and parts[4]:
-        return parts[2], parts[4]
-    return None
 
 
 class _Outcome(StrEnum):

@@ -10,7 +10,6 @@ from edgehub.core.routes import RouteResult
 from edgehub.routing.compiler import Tri
 from edgehub.routing.errors import RouteCompileError, RouteError, RouteSyntaxError
 from edgehub.routing.router import (
-    UPSTREAM,
     Condition,
     Route,
     Router,
@@ -21,7 +20,6 @@ from edgehub.routing.router import (
 )
 
 __all__ = [
-    "UPSTREAM",
     "Condition",
     "Route",
     "RouteCompileError",

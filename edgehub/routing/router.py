@@ -1,7 +1,7 @@
 """Routes and the router.
 
 A route is ``[SELECT *] FROM <source> [WHERE <condition>] INTO <sink>``. Endpoint ids, used by queues, the
-executor and the heads:
+executor and the heads (spelled, built and parsed in ``edgehub.core.endpoints``):
 
 * ``$upstream`` (any case) → ``"$upstream"``
 * ``BrokeredEndpoint("/modules/{m}/inputs/{i}")`` (function name in any case, either quotes) →
@@ -18,19 +18,18 @@ highest priority (lowest number) among them, with that route's TTL; on equal pri
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from edgehub.core import DEFAULT_PRIORITY, Message, RouteResult
+from edgehub.core.endpoints import UPSTREAM_ENDPOINT, parse_module_endpoint
 from edgehub.routing import ast
 from edgehub.routing.compiler import CompiledExpr, EvalContext, Tri, compile_expr, to_tri
 from edgehub.routing.errors import Problem, RouteCompileError, RouteError
 from edgehub.routing.parser import parse_condition_ast, parse_route_ast
 
 __all__ = [
-    "UPSTREAM",
     "CompiledRoute",
     "Condition",
     "Route",
@@ -44,10 +43,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-UPSTREAM = "$upstream"
 MAX_TTL_SECS = 4_294_967_295
 _SOURCE_CACHE_SIZE = 4096
-_MODULE_INPUT = re.compile(r"^/modules/[^/]+/inputs/[^/]+$")
 
 
 class Condition:
@@ -114,9 +111,11 @@ def _is_unicode(text: str) -> bool:
 def _endpoint(text: str, sink: ast.SystemSink | ast.FunctionSink, problems: list[Problem]) -> str:
     span = sink.span
     if isinstance(sink, ast.SystemSink):
-        if sink.name.lower() == UPSTREAM:
-            return UPSTREAM
-        problems.append(Problem(span.line, span.column, f"unknown sink {sink.name!r}: expected $upstream", span.length))
+        if sink.name.lower() == UPSTREAM_ENDPOINT:
+            return UPSTREAM_ENDPOINT
+        problems.append(
+            Problem(span.line, span.column, f"unknown sink {sink.name!r}: expected {UPSTREAM_ENDPOINT}", span.length)
+        )
         return sink.name
     if sink.function.lower() != "brokeredendpoint":
         problems.append(
@@ -127,7 +126,7 @@ def _endpoint(text: str, sink: ast.SystemSink | ast.FunctionSink, problems: list
                 span.length,
             )
         )
-    elif not _MODULE_INPUT.match(sink.argument) or not _is_unicode(sink.argument):
+    elif parse_module_endpoint(sink.argument) is None or not _is_unicode(sink.argument):
         # A \uD800 escape gives a lone surrogate: a module and input that no UTF-8 store or topic can name.
         problems.append(
             Problem(

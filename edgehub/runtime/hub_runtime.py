@@ -50,6 +50,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edgehub.core import ConfigurationError, StoreCorruptionError, SystemClock, TransportError
+from edgehub.core.endpoints import (
+    UPSTREAM_LANE,
+    is_upstream_endpoint,
+    lane_name_of,
+    parse_upstream_lane_id,
+    upstream_lane_id,
+)
 from edgehub.core.sas import DEFAULT_MAX_TOKEN_LIFETIME_S
 from edgehub.delivery import Endpoint, ExecutorSettings
 from edgehub.hub.facade import EdgeHub
@@ -60,20 +67,12 @@ from edgehub.hub.twins import DEFAULT_TWIN_LIMITS, TwinLimits
 from edgehub.manifest import EdgeHubDesired, load_desired_file
 from edgehub.routing import Router
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
-from edgehub.store import (
-    FsyncPolicy,
-    Store,
-    StoreQuota,
-    is_upstream_endpoint,
-    parse_upstream_lane_id,
-    upstream_lane_id,
-)
+from edgehub.store import FsyncPolicy, Store, StoreQuota
 from edgehub.store.policy import DEFAULT_IDENTITY_SHARE, disk_store_quota
 from edgehub.store.rocks import open_rocks_store
 from edgehub.store.salvage import check_store
 from edgehub.upstream.landing import LandingZone
 from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, WireMode
-from edgehub.upstream.partitions import lane_name_of
 from edgehub.upstream.segment import Codec, SegmentName
 from edgehub.upstream.upload_transport import UploadTransport
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
@@ -129,7 +128,7 @@ class UploadUpstreamSettings:
     def __post_init__(self) -> None:
         if not self.url:
             raise ValueError("the landing zone url must not be empty")
-        SegmentName(hub_id=self.hub_id, lane="upstream", priority=0, first_offset=0, last_offset=0)  # validates
+        SegmentName(hub_id=self.hub_id, lane=UPSTREAM_LANE, priority=0, first_offset=0, last_offset=0)  # validates
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -9,14 +9,7 @@ See ``edgehub.store.store`` for the API the hub and the executors call, and its 
 from edgehub.store.backend import Backend, DeleteTo, MemoryBackend
 from edgehub.store.group_commit import GroupCommitter
 from edgehub.store.policy import DEFAULT_MAX_MESSAGE_SIZE_BYTES, Overflow, QueuePolicy, StoreQuota
-from edgehub.store.queues import (
-    UPSTREAM_ENDPOINT,
-    QueueId,
-    dead_letter_name,
-    is_upstream_endpoint,
-    parse_upstream_lane_id,
-    upstream_lane_id,
-)
+from edgehub.store.queues import QueueId, dead_letter_name
 from edgehub.store.store import (
     Checkpoint,
     DeadLetter,
@@ -30,7 +23,6 @@ from edgehub.store.store import (
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE_BYTES",
-    "UPSTREAM_ENDPOINT",
     "Backend",
     "Checkpoint",
     "DeadLetter",
@@ -48,7 +40,4 @@ __all__ = [
     "StoreQuota",
     "StoredItem",
     "dead_letter_name",
-    "is_upstream_endpoint",
-    "parse_upstream_lane_id",
-    "upstream_lane_id",
 ]

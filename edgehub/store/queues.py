@@ -2,7 +2,8 @@
 
 A queue is one sequential store per (endpoint, priority). Its name is also its RocksDB column family:
 ``q:p<priority>:<endpoint>`` (``q:pdefault:<endpoint>`` for DEFAULT_PRIORITY); the endpoint comes last so
-that it may hold any character, ``/`` and ``:`` included. A dead-letter queue is ``dlq:<endpoint>``.
+that it may hold any character, ``/`` and ``:`` included. A dead-letter queue is ``dlq:<endpoint>``. The endpoint
+ids themselves (``$upstream``, its lanes, module inputs) are built and parsed in ``edgehub.core.endpoints``.
 """
 
 from __future__ import annotations
@@ -11,14 +12,7 @@ import msgspec
 
 from edgehub.core import DEFAULT_PRIORITY
 
-__all__ = [
-    "UPSTREAM_ENDPOINT",
-    "QueueId",
-    "dead_letter_name",
-    "is_upstream_endpoint",
-    "parse_upstream_lane_id",
-    "upstream_lane_id",
-]
+__all__ = ["QueueId", "dead_letter_name"]
 
 _QUEUE = "q"
 _DLQ = "dlq"
@@ -70,34 +64,3 @@ def dead_letter_name(endpoint: str) -> str:
     if not endpoint:
         raise ValueError("a dead-letter queue needs an endpoint id")
     return f"{_DLQ}:{endpoint}"
-
-
-# -- upstream lanes (issue 5) -----------------------------------------------------------------------------------
-# With ``partitions: N`` > 1 the upstream is N lanes, each its own endpoint (so its own queues, checkpoints and
-# executor): ``$upstream/0`` … ``$upstream/{N-1}``. With one partition the lane is ``$upstream`` itself, so a hub
-# that never turned partitions on keeps its queues. Built and parsed here, next to the queue ids, and nowhere else.
-
-UPSTREAM_ENDPOINT = "$upstream"
-
-
-def upstream_lane_id(partition: int, partitions: int) -> str:
-    """The endpoint id of lane ``partition`` of ``partitions``: ``$upstream`` for one lane, else ``$upstream/{i}``."""
-    if not 0 <= partition < partitions:
-        raise ValueError(f"partition {partition} out of range 0..{partitions - 1}")
-    return UPSTREAM_ENDPOINT if partitions == 1 else f"{UPSTREAM_ENDPOINT}/{partition}"
-
-
-def parse_upstream_lane_id(endpoint: str) -> int | None:
-    """The partition of a lane endpoint id (``$upstream/3`` → 3); None for ``$upstream`` and for any other id."""
-    prefix = UPSTREAM_ENDPOINT + "/"
-    if not endpoint.startswith(prefix):
-        return None
-    digits = endpoint[len(prefix) :]
-    if not digits.isdigit() or (digits != "0" and digits.startswith("0")):
-        return None
-    return int(digits)
-
-
-def is_upstream_endpoint(endpoint: str) -> bool:
-    """``$upstream`` or one of its lanes."""
-    return endpoint == UPSTREAM_ENDPOINT or parse_upstream_lane_id(endpoint) is not None

@@ -77,6 +77,7 @@ from paho.mqtt.properties import Properties
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential, wait_random
 
 from edgehub.core import Clock, FailureKind, SystemClock, SystemProperty, TransportError
+from edgehub.core.endpoints import UPSTREAM_ENDPOINT, UPSTREAM_LANE
 from edgehub.core.property_bag import KEY_OF
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.bandwidth import RateEstimator, TokenBucket, bdp_bytes
@@ -128,8 +129,8 @@ class MqttUpstreamSettings:
     hub_id: str  # goes into segment records and topics
     device_id: str | None = None  # message mode's topic device; default: client_id before any "/"
     module_id: str | None = None  # message mode's topic module, when the hub sends as a module
-    lane: str = "upstream"  # "upstream", or "upstream-p3" for partition 3
-    endpoint_id: str = "$upstream"
+    lane: str = UPSTREAM_LANE  # "upstream", or "upstream-p3" for partition 3 (edgehub.core.endpoints.lane_name)
+    endpoint_id: str = UPSTREAM_ENDPOINT
     wire_mode: WireMode = WireMode.BATCH
     protocol: MqttProtocol = MqttProtocol.V311
     batch_topic: str = "edgehub/segments/{hub_id}/{lane}/p{priority:02d}"

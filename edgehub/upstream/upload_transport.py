@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from edgehub.core import FailureKind, TransportError
+from edgehub.core.endpoints import UPSTREAM_ENDPOINT, UPSTREAM_LANE
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.batching import segment_bytes, segment_name
 from edgehub.upstream.segment import SegmentName
@@ -50,8 +51,8 @@ class UploadTransport:
         writer: SegmentWriter,
         *,
         hub_id: str,
-        lane: str = "upstream",
-        endpoint_id: str = "$upstream",
+        lane: str = UPSTREAM_LANE,
+        endpoint_id: str = UPSTREAM_ENDPOINT,
         max_batch_messages: int = 10_000,
         compresslevel: int = 6,
     ) -> None:

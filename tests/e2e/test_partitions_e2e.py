@@ -16,16 +16,15 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from edgehub.core.endpoints import upstream_lane_id
 from edgehub.delivery import Endpoint
-from edgehub.hub.lanes import UpstreamOptions
+from edgehub.hub.lanes import UpstreamOptions, stable_partition
 from edgehub.runtime.hub_runtime import lane_settings
-from edgehub.store import upstream_lane_id
 from edgehub.testing import ManualClock, TestEndpoint
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer
 from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
-from edgehub.upstream.partitions import stable_partition
 from edgehub.upstream.segment import decode_segment
 from tests.e2e.conftest import DEV, SENSOR, Rig, running_hub, sas, username
 from tests.protocol_heads.mqtt.conftest import Paho

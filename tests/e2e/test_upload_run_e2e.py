@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from edgehub.core.sas import ConnectionString
-from edgehub.upstream.partitions import stable_partition
+from edgehub.hub.lanes import stable_partition
 from edgehub.upstream.segment import SegmentRecord, decode_segment
 from tests.e2e.hub_process import identity_add, start, stop
 from tests.protocol_heads.mqtt.conftest import Paho

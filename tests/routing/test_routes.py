@@ -8,6 +8,7 @@ import pytest
 
 from edgehub import Message
 from edgehub.core import DEFAULT_PRIORITY
+from edgehub.core.endpoints import module_endpoint, parse_module_endpoint
 from edgehub.routing import (
     RouteCompileError,
     RouteError,
@@ -85,6 +86,22 @@ def test_bad_routes_are_refused_with_their_position(
         parse_route(route)
     assert fragment in str(info.value)
     assert info.value.column == column
+
+
+@pytest.mark.parametrize("module_id", ["m", "filter-1", "ünï", "a:b"])
+def test_a_brokered_endpoint_names_the_module_input_core_builds(module_id: str) -> None:
+    route = parse_route(f"FROM /* INTO BrokeredEndpoint('/modules/{module_id}/inputs/in1')")
+    assert route.endpoint == module_endpoint(module_id, "in1")
+    assert parse_module_endpoint(route.endpoint) == (module_id, "in1")
+
+
+@pytest.mark.parametrize(
+    "argument", ["/modules/m/inputs/", "/modules//inputs/i", "modules/m/inputs/i", "//modules/m/inputs/i", "$upstream"]
+)
+def test_a_brokered_endpoint_core_does_not_parse_is_refused(argument: str) -> None:
+    assert parse_module_endpoint(argument) is None
+    with pytest.raises(RouteCompileError, match="BrokeredEndpoint needs"):
+        parse_route(f"FROM /* INTO BrokeredEndpoint('{argument}')")
 
 
 def test_router_reports_every_bad_route_by_name() -> None:

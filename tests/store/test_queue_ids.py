@@ -8,7 +8,7 @@ from edgehub.store import QueueId
 
 @pytest.mark.parametrize(
     ("endpoint", "priority"),
-    [("$upstream", 0), ("/modules/m/inputs/i", 9), ("a:b:c", DEFAULT_PRIORITY)],
+    [("$upstream", 0), ("$upstream/3", 5), ("/modules/m/inputs/i", 9), ("a:b:c", DEFAULT_PRIORITY)],
 )
 def test_queue_id_name_round_trips(endpoint: str, priority: int) -> None:
     q = QueueId(endpoint, priority)

@@ -1,4 +1,4 @@
-"""Partition keys, pinning, round-robin with failover, and the duplicate window on a manual clock."""
+"""Lane choice at ingest: partition keys, pinning, round-robin with failover, and the lanes' summed status."""
 
 from __future__ import annotations
 
@@ -7,18 +7,14 @@ from collections import Counter
 import pytest
 
 from edgehub.core import InvalidMessageError, Message
-from edgehub.testing import ManualClock
-from edgehub.upstream.mqtt_transport import UpstreamStatus
-from edgehub.upstream.partitions import (
-    DuplicateDetector,
+from edgehub.hub.lanes import (
     PartitionSelector,
     aggregate_status,
     check_partition_properties,
-    lane_name,
-    lane_name_of,
     partition_key,
     stable_partition,
 )
+from edgehub.upstream.mqtt_transport import UpstreamStatus
 
 
 def _msg(**sp: str) -> Message:
@@ -50,15 +46,6 @@ def test_stable_partition_is_fixed_across_runs_and_spreads_keys() -> None:
     assert min(spread.values()) > 800
 
 
-def test_lane_names_match_segment_name_lanes() -> None:
-    assert lane_name(0, 1) == "upstream"
-    assert lane_name(3, 4) == "upstream-p3"
-    with pytest.raises(ValueError, match="out of range"):
-        lane_name(4, 4)
-    assert lane_name_of(None) == "upstream"
-    assert lane_name_of(3) == "upstream-p3"
-
-
 def test_keyed_messages_stay_pinned_even_when_their_lane_is_down() -> None:
     up = {0: True, 1: True, 2: True}
     sel = PartitionSelector(3, is_up=lambda i: up[i])
@@ -84,56 +71,6 @@ def test_keyless_messages_still_get_a_lane_when_every_lane_is_down() -> None:
 def test_with_duplicate_detection_the_message_id_pins_the_lane() -> None:
     sel = PartitionSelector(4, is_up=lambda i: True, duplicate_detection=True)
     assert {sel.choose(_msg(messageId="m-1")) for _ in range(5)} == {stable_partition("m-1", 4)}
-
-
-def test_duplicate_inside_the_window_is_dropped_and_counted_then_forgotten_after_it() -> None:
-    clock = ManualClock()
-    dd = DuplicateDetector(clock=clock, window_s=600)
-    assert not dd.is_duplicate("dev1", "m-1")
-    dd.remember("dev1", "m-1")
-    clock.advance(599)
-    assert dd.is_duplicate("dev1", "m-1")
-    assert not dd.is_duplicate("dev2", "m-1")  # another identity's m-1 is another message
-    assert dd.duplicates == 1
-    clock.advance(1)  # 600 s after the first acceptance: the window has passed
-    assert not dd.is_duplicate("dev1", "m-1")
-    assert dd.expire() == [("dev1", "m-1")]
-    assert len(dd) == 0
-    assert dd.duplicates == 1
-
-
-def test_looking_does_not_remember_so_a_message_that_was_never_stored_is_not_a_duplicate() -> None:
-    dd = DuplicateDetector(clock=ManualClock())
-    assert not dd.is_duplicate("dev1", "m-1")
-    assert not dd.is_duplicate("dev1", "m-1")  # the first copy's store write failed: the retry is new
-    assert len(dd) == 0
-
-
-def test_a_message_without_message_id_is_never_a_duplicate() -> None:
-    dd = DuplicateDetector(clock=ManualClock())
-    assert not dd.is_duplicate("dev1", None)
-    assert not dd.is_duplicate("dev1", "")
-    assert len(dd) == 0
-
-
-def test_duplicate_memory_is_bounded_by_forgetting_the_oldest_and_says_what_it_forgot() -> None:
-    dd = DuplicateDetector(clock=ManualClock(), max_entries=2)
-    for mid in ("a", "b", "c"):
-        dd.remember("d", mid)
-    assert len(dd) == 2
-    assert dd.expire() == [("d", "a")]
-    assert not dd.is_duplicate("d", "a")  # forgotten: let through, never wrongly dropped
-    assert dd.is_duplicate("d", "c")
-
-
-def test_a_remembered_time_from_the_past_expires_by_that_time() -> None:
-    clock = ManualClock()
-    dd = DuplicateDetector(clock=clock, window_s=600)
-    dd.remember("d", "old", at_s=clock.time() - 600)  # reloaded after a restart: already out of the window
-    dd.remember("d", "new", at_s=clock.time() - 10)
-    assert not dd.is_duplicate("d", "old")
-    assert dd.is_duplicate("d", "new")
-    assert dd.expire() == [("d", "old")]
 
 
 def test_status_aggregates_counts_across_lanes() -> None:
