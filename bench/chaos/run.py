@@ -79,20 +79,23 @@ def say(text: str) -> None:
 
 
 class Landing:
-    """What the receiver has landed so far: the ``(device, seq)`` of every record, files read once each."""
+    """What the receiver has landed so far: the ``(device, seq)`` of every record, and of each segment's lines in
+    order; files read once each (they appear whole)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self._read: set[Path] = set()
         self.keys: set[tuple[str, int]] = set()
+        self.segments: list[list[tuple[str, int]]] = []
 
     def refresh(self) -> set[tuple[str, int]]:
         for path in sorted(self.root.rglob("*.jsonl.gz")) if self.root.exists() else []:
             if path in self._read:
                 continue
             self._read.add(path)
-            for r in decode_segment(path.read_bytes()):
-                self.keys.add((r.device_id or "", int(r.properties.get("seq") or 0)))
+            lines = [(r.device_id or "", int(r.properties.get("seq") or 0)) for r in decode_segment(path.read_bytes())]
+            self.segments.append(lines)
+            self.keys.update(lines)
         return self.keys
 
 
@@ -249,6 +252,7 @@ async def run(seed: int, duration_s: float, work: Path, drain_s: float) -> Outco
         procs.kill(receiver, signal.SIGINT)
         with contextlib.suppress(TimeoutError):
             await procs.wait(receiver, 15)
+        await asyncio.to_thread(landing.refresh)
 
         t = time.monotonic()
         job, _, job_log = await procs.spawn(
@@ -280,6 +284,7 @@ async def run(seed: int, duration_s: float, work: Path, drain_s: float) -> Outco
         lake=rows,
         module_received=module.received() if module is not None else {},
         ended_at=ended_at,
+        segments=landing.segments,
         kills=hub.kills,  # each kill is followed by a start that must listen, or the run fails
     )
     notes.append(
@@ -298,6 +303,7 @@ def report(o: Outcome) -> None:
     say(f"  lost               {v.lost:8d}  (must be 0)")
     say(f"  duplicates         {v.duplicates:8d}  (extra lake rows for one device message; must be 0)")
     say(f"  order violations   {v.order_violations:8d}  (per device and priority, by enqueue time; must be 0)")
+    say(f"    of which in segments {v.segment_order_violations:4d}  (line order of the landing zone's batches)")
     say(f"  kills survived     {v.kills:8d}  (SIGKILL, restart on the same data directory)")
     say(f"  module redeliveries {v.module_redeliveries:7d}  (QoS 1 at least once; not a failure)")
     say(f"  lake rows          {v.lake_rows:8d}  ({v.unacknowledged_in_lake} stored whose ack a kill took)")

@@ -19,16 +19,22 @@ The rules, and why:
   drops a device's re-sends of what it stored, the Spark job's dedup drops the hub's re-sends of a batch).
   Modules may see a message twice (QoS 1 is at least once and a kill can come between delivery and
   checkpoint): counted apart as ``module_redeliveries``, not a failure.
-* **order_violations**: the lake exposes the hub's enqueue order as ``enqueued_at`` (the store's wall clock at
-  the durable write, millisecond resolution). For one device and one priority, rows sorted by ``enqueued_at``
-  must have increasing device numbers; a row enqueued strictly later than a row with a higher number is one
-  violation. Rows within the same millisecond are a tie the lake cannot order, never counted.
+* **order_violations**, in two parts that see the hub's enqueue order two ways:
+
+  - the lake exposes it as ``enqueued_at`` (the store's wall clock at the durable write, millisecond
+    resolution). For one device and one priority, rows sorted by ``enqueued_at`` must have increasing device
+    numbers; a row enqueued strictly later than a row with a higher number is one violation. Rows within the
+    same millisecond are a tie the lake cannot order, never counted here;
+  - the landing zone the lake is made from keeps it exactly within a batch: a segment is one priority and a run
+    of consecutive queue offsets, its lines in offset order. In each segment, one device's numbers must
+    increase from line to line; a line whose number is not above every earlier one of that device is one
+    violation. This covers the ties above, which is where a re-send after a kill would land.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["Acked", "LakeRow", "Route", "Verdict", "verify"]
@@ -74,6 +80,7 @@ class Verdict:
     kills: int = 0
     module_redeliveries: int = 0
     lake_rows: int = 0
+    segment_order_violations: int = 0
     unacknowledged_in_lake: int = 0  # stored, its ack lost to a kill, and the device gave up re-sending: fine
     lost_examples: list[str] = field(default_factory=list)
     order_examples: list[str] = field(default_factory=list)
@@ -90,6 +97,7 @@ class Verdict:
             "kills": self.kills,
             "module_redeliveries": self.module_redeliveries,
             "lake_rows": self.lake_rows,
+            "segment_order_violations": self.segment_order_violations,
             "unacknowledged_in_lake": self.unacknowledged_in_lake,
         }
 
@@ -116,6 +124,21 @@ def _order_violations(rows: Iterable[LakeRow], examples: list[str]) -> int:
     return count
 
 
+def _segment_order_violations(segments: Iterable[Sequence[tuple[str, int]]], examples: list[str]) -> int:
+    count = 0
+    for i, lines in enumerate(segments):
+        highest: dict[str, int] = {}
+        for device, seq in lines:
+            top = highest.get(device)
+            if top is not None and seq <= top:
+                count += 1
+                if len(examples) < 10:
+                    examples.append(f"segment {i}: {device} #{seq} after #{top}")
+            else:
+                highest[device] = seq
+    return count
+
+
 def verify(
     *,
     acked: Iterable[Acked],
@@ -124,8 +147,10 @@ def verify(
     module_received: Mapping[tuple[str, int], int],
     ended_at: float,
     kills: int,
+    segments: Iterable[Sequence[tuple[str, int]]] = (),
 ) -> Verdict:
-    """Compare ``acked`` with the ``lake`` rows and ``module_received`` (times each ``(device, seq)`` arrived)."""
+    """Compare ``acked`` with the ``lake`` rows and ``module_received`` (times each ``(device, seq)`` arrived);
+    ``segments`` are the landing zone's segments, each as its lines' ``(device, seq)`` in line order."""
     v = Verdict(kills=kills)
     lake_rows = list(lake)
     v.lake_rows = len(lake_rows)
@@ -162,5 +187,6 @@ def verify(
                     f"first sent {a.first_sent_at:.3f}, acked {a.acked_at:.3f}"
                 )
     v.unacknowledged_in_lake = sum(1 for key in in_lake if key not in seen)
-    v.order_violations = _order_violations(lake_rows, v.order_examples)
+    v.segment_order_violations = _segment_order_violations(segments, v.order_examples)
+    v.order_violations = _order_violations(lake_rows, v.order_examples) + v.segment_order_violations
     return v

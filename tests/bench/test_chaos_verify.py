@@ -104,3 +104,18 @@ def test_a_lake_row_no_device_was_acknowledged_for_is_counted_apart_not_as_deliv
     assert list(v.summary())[:7] == [
         "acknowledged", "delivered", "expired", "lost", "duplicates", "order_violations", "kills"
     ]  # fmt: skip
+
+
+def test_a_segment_line_out_of_a_devices_order_is_a_violation_even_within_one_millisecond() -> None:
+    keys = [("d", 1), ("d", 2), ("d", 3), ("e", 1)]
+    v = verify(
+        acked=[acked(d, n, "hi") for d, n in keys],
+        routes=ROUTES,
+        lake=[row(d, n, 0, T0 + 1) for d, n in keys],  # one millisecond: the lake alone cannot tell
+        module_received={},
+        ended_at=T0 + 100,
+        kills=0,
+        segments=[[("d", 1), ("e", 1), ("d", 3)], [("d", 3), ("d", 2)], [("d", 2), ("d", 2)]],
+    )
+    assert (v.order_violations, v.segment_order_violations) == (2, 2)
+    assert v.order_examples == ["segment 1: d #2 after #3", "segment 2: d #2 after #2"]

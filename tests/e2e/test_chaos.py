@@ -36,6 +36,7 @@ def test_two_minutes_of_chaos_lose_nothing_duplicate_nothing_and_keep_each_lane_
             proc.kill()
             proc.wait()
         kill_groups(work / "logs" / PIDS_FILE)  # none should be left; a run killed outright could leave some
+    print(out)  # the run's report, shown with -s or -rP
     assert proc.returncode == 0, out
     verdict = json.loads(out.strip().splitlines()[-1])
     assert {"acknowledged", "delivered", "expired", "lost", "duplicates", "order_violations", "kills"} <= set(verdict)
