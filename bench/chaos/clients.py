@@ -44,7 +44,10 @@ HOST_NAME = "localhost"  # the hub's default IoT Hub host name, the first part o
 
 
 class Publisher(Protocol):
+    """A device of the run, whatever its protocol: publishes until told to stop, re-sends until acked."""
+
     name: str
+    connections: int
 
     def start(self) -> None: ...
 

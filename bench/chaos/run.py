@@ -14,7 +14,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,6 +178,16 @@ async def _drain(
     return loop.time() - t0, missing
 
 
+def publishers(seed: int, port_of: Callable[[], int | None]) -> list[Publisher]:
+    """The devices of a run. The seam for other protocols: an AMQP device (when the AMQP head lands) is one more
+    ``Publisher`` here, with its own names in ``DEVICES`` and identities; nothing else changes."""
+    shares = [(name, share) for name, (share, _) in CLASSES.items()]
+    return [
+        MqttDevice(name, PASSWORD, port_of, rate_hz=RATE_HZ, classes=shares, seed=seed * 100 + i)
+        for i, name in enumerate(DEVICES)
+    ]
+
+
 async def run(seed: int, duration_s: float, work: Path, drain_s: float) -> Outcome:
     data, landing_dir, lake, checkpoint, logs = (work / n for n in ("data", "landing", "lake", "checkpoint", "logs"))
     for folder in (data, landing_dir, logs):
@@ -190,7 +200,7 @@ async def run(seed: int, duration_s: float, work: Path, drain_s: float) -> Outco
     timings: dict[str, float] = {}
     notes: list[str] = []
     procs = Processes(logs)
-    devices: list[MqttDevice] = []
+    devices: list[Publisher] = []
     module: ModuleConsumer | None = None
     async with AsyncExitStack() as stack:
         stack.push_async_callback(procs.kill_all)
@@ -213,9 +223,7 @@ async def run(seed: int, duration_s: float, work: Path, drain_s: float) -> Outco
         def port_of() -> int | None:
             return hub.port
 
-        shares = [(name, share) for name, (share, _) in CLASSES.items()]
-        for i, name in enumerate(DEVICES):
-            devices.append(MqttDevice(name, PASSWORD, port_of, rate_hz=RATE_HZ, classes=shares, seed=seed * 100 + i))
+        devices.extend(publishers(seed, port_of))
         module = ModuleConsumer(MODULE, PASSWORD, port_of)
 
         def stop_clients() -> None:
@@ -261,7 +269,7 @@ async def run(seed: int, duration_s: float, work: Path, drain_s: float) -> Outco
             "--landing", str(landing_dir), "--lake", str(lake), "--checkpoint", str(checkpoint),
             "--trigger", "available-now", "--master", "local[2]",
         )  # fmt: skip
-        if await procs.wait(job, 300) != 0:
+        if await procs.wait(job, 300 + duration_s) != 0:  # a minute of chaos lands some 350 segment files
             raise RuntimeError(f"the Spark job failed; see {job_log}")
         timings["spark_job_s"] = round(time.monotonic() - t, 1)
         t = time.monotonic()
@@ -269,7 +277,7 @@ async def run(seed: int, duration_s: float, work: Path, drain_s: float) -> Outco
         reader, _, reader_log = await procs.spawn(
             "lake", sys.executable, "-m", "bench.chaos.lake", "--lake", str(lake), "--out", str(rows_file)
         )
-        if await procs.wait(reader, 180) != 0:
+        if await procs.wait(reader, 300) != 0:
             raise RuntimeError(f"reading the lake failed; see {reader_log}")
         timings["lake_read_s"] = round(time.monotonic() - t, 1)
 
