@@ -14,10 +14,11 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.chaos.clients import ModuleConsumer, MqttDevice, Publisher
 from bench.chaos.rig import Hub, Processes
@@ -301,6 +302,16 @@ async def run(seed: int, duration_s: float, work: Path, drain_s: float) -> Outco
     return Outcome(verdict, timings, notes)
 
 
+async def _interruptible(run: Coroutine[Any, Any, Outcome]) -> Outcome:
+    """``run``, cancelled on SIGTERM or SIGINT: its exit stack then stops every process it started."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    return await run
+
+
 def report(o: Outcome) -> None:
     v = o.verdict
     say("")
@@ -334,11 +345,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     say(f"bench.chaos: {args.minutes:g} min, seed {args.seed}, load average {os.getloadavg()[0]:.2f}")
     work = args.keep or Path(tempfile.mkdtemp(prefix="bench-chaos-"))
-    # SIGTERM as Ctrl-C: asyncio.run then cancels the run, whose exit stack kills every process it started.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
     t0 = time.monotonic()
     try:
-        outcome = asyncio.run(run(args.seed, duration_s, work, drain_s))
+        outcome = asyncio.run(_interruptible(run(args.seed, duration_s, work, drain_s)))
+    except asyncio.CancelledError:
+        say("bench.chaos: interrupted; every process it started was stopped")
+        return 130
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
