@@ -10,8 +10,8 @@ carrying its class (``cls``) as application properties and its ``$.mid`` (``{dev
 sent again, in number order, before anything new, with the same ``$.mid`` (the hub's duplicate detection drops
 the re-send of what it had already stored). ``acked`` records each message's first send and its ack.
 
-``ModuleConsumer`` connects as a module and counts what arrives on its inputs per ``(device, seq)``; paho acks
-each after its callback returned.
+``ModuleConsumer`` connects as a module and counts what arrives on its inputs per ``(device, seq)``, and keeps
+the order of first arrivals; paho acks each after its callback returned.
 
 The seam for other protocols (AMQP, when its head lands): a publisher is anything with ``name``,
 ``start()``, ``stop_publishing()``, ``join(timeout)``, ``pending()`` and ``acked()`` (``Publisher``); the
@@ -243,6 +243,7 @@ class ModuleConsumer:
         self._port_of = port_of
         self._lock = threading.Lock()
         self._received: dict[tuple[str, int], int] = {}
+        self._first_arrivals: list[tuple[str, int]] = []
         self._halt = threading.Event()
         self.connections = 0
 
@@ -256,6 +257,11 @@ class ModuleConsumer:
         with self._lock:
             return dict(self._received)
 
+    def first_arrivals(self) -> list[tuple[str, int]]:
+        """Each ``(device, seq)`` once, in the order it first arrived."""
+        with self._lock:
+            return list(self._first_arrivals)
+
     def stop(self) -> None:
         self._halt.set()
 
@@ -263,7 +269,9 @@ class ModuleConsumer:
         body = json.loads(msg.payload)
         key = (str(body["device"]), int(body["seq"]))
         with self._lock:
-            self._received[key] = self._received.get(key, 0) + 1
+            n = self._received[key] = self._received.get(key, 0) + 1
+            if n == 1:
+                self._first_arrivals.append(key)
 
     def _main(self) -> None:
         try:

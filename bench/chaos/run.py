@@ -294,6 +294,7 @@ async def run(seed: int, duration_s: float, work: Path, drain_s: float) -> Outco
         module_received=module.received() if module is not None else {},
         ended_at=ended_at,
         segments=landing.segments,
+        module_first_arrivals=module.first_arrivals() if module is not None else [],
         kills=hub.kills,  # each kill is followed by a start that must listen, or the run fails
     )
     notes.append(
@@ -325,6 +326,7 @@ def report(o: Outcome) -> None:
     say(f"    of which in segments {v.segment_order_violations:4d}  (line order of the landing zone's batches)")
     say(f"  kills survived     {v.kills:8d}  (SIGKILL, restart on the same data directory)")
     say(f"  module redeliveries {v.module_redeliveries:7d}  (QoS 1 at least once; not a failure)")
+    say(f"  module order       {v.module_order_violations:8d}  (first arrivals out of a device's order)")
     say(f"  lake rows          {v.lake_rows:8d}  ({v.unacknowledged_in_lake} stored whose ack a kill took)")
     for text in [*v.lost_examples, *v.order_examples, *o.notes]:
         say(f"  - {text}")

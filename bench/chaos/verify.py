@@ -81,6 +81,7 @@ class Verdict:
     module_redeliveries: int = 0
     lake_rows: int = 0
     segment_order_violations: int = 0
+    module_order_violations: int = 0
     unacknowledged_in_lake: int = 0  # stored, its ack lost to a kill, and the device gave up re-sending: fine
     lost_examples: list[str] = field(default_factory=list)
     order_examples: list[str] = field(default_factory=list)
@@ -98,6 +99,7 @@ class Verdict:
             "module_redeliveries": self.module_redeliveries,
             "lake_rows": self.lake_rows,
             "segment_order_violations": self.segment_order_violations,
+            "module_order_violations": self.module_order_violations,
             "unacknowledged_in_lake": self.unacknowledged_in_lake,
         }
 
@@ -124,16 +126,17 @@ def _order_violations(rows: Iterable[LakeRow], examples: list[str]) -> int:
     return count
 
 
-def _segment_order_violations(segments: Iterable[Sequence[tuple[str, int]]], examples: list[str]) -> int:
+def _runs_out_of_order(runs: Iterable[Sequence[tuple[str, int]]], where: str, examples: list[str]) -> int:
+    """In each run, the entries whose number is not above every earlier one of their device."""
     count = 0
-    for i, lines in enumerate(segments):
+    for i, lines in enumerate(runs):
         highest: dict[str, int] = {}
         for device, seq in lines:
             top = highest.get(device)
             if top is not None and seq <= top:
                 count += 1
                 if len(examples) < 10:
-                    examples.append(f"segment {i}: {device} #{seq} after #{top}")
+                    examples.append(f"{where} {i}: {device} #{seq} after #{top}")
             else:
                 highest[device] = seq
     return count
@@ -148,9 +151,11 @@ def verify(
     ended_at: float,
     kills: int,
     segments: Iterable[Sequence[tuple[str, int]]] = (),
+    module_first_arrivals: Sequence[tuple[str, int]] = (),
 ) -> Verdict:
     """Compare ``acked`` with the ``lake`` rows and ``module_received`` (times each ``(device, seq)`` arrived);
-    ``segments`` are the landing zone's segments, each as its lines' ``(device, seq)`` in line order."""
+    ``segments`` are the landing zone's segments, each as its lines' ``(device, seq)`` in line order;
+    ``module_first_arrivals`` each ``(device, seq)`` the module got, once, in the order it first arrived."""
     v = Verdict(kills=kills)
     lake_rows = list(lake)
     v.lake_rows = len(lake_rows)
@@ -187,6 +192,7 @@ def verify(
                     f"first sent {a.first_sent_at:.3f}, acked {a.acked_at:.3f}"
                 )
     v.unacknowledged_in_lake = sum(1 for key in in_lake if key not in seen)
-    v.segment_order_violations = _segment_order_violations(segments, v.order_examples)
+    v.segment_order_violations = _runs_out_of_order(segments, "segment", v.order_examples)
+    v.module_order_violations = _runs_out_of_order([module_first_arrivals], "module", v.order_examples)
     v.order_violations = _order_violations(lake_rows, v.order_examples) + v.segment_order_violations
     return v

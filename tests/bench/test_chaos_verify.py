@@ -119,3 +119,19 @@ def test_a_segment_line_out_of_a_devices_order_is_a_violation_even_within_one_mi
     )
     assert (v.order_violations, v.segment_order_violations) == (2, 2)
     assert v.order_examples == ["segment 1: d #2 after #3", "segment 2: d #2 after #2"]
+
+
+def test_a_module_redelivery_is_not_out_of_order_but_a_late_first_arrival_is() -> None:
+    keys = [("d", n) for n in range(1, 5)]
+    v = verify(
+        acked=[acked(d, n, "lo") for d, n in keys],
+        routes=ROUTES,
+        lake=[row(d, n, 5, T0 + n) for d, n in keys],
+        module_received={("d", 1): 1, ("d", 2): 2, ("d", 3): 1, ("d", 4): 1},
+        ended_at=T0 + 100,
+        kills=1,
+        # d #2 arrived again after the kill (not a first arrival), then #4 before #3
+        module_first_arrivals=[("d", 1), ("d", 2), ("d", 4), ("d", 3)],
+    )
+    assert (v.module_order_violations, v.module_redeliveries, v.order_violations, v.lost) == (1, 1, 0, 0)
+    assert v.order_examples == ["module 0: d #3 after #4"]
