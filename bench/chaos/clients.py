@@ -4,8 +4,8 @@ Each client runs on its own thread with its own paho loop (``Client.loop``, neve
 thread reconnects behind our back and re-sends on its own schedule). When the connection goes, the client is
 dropped and a new one connects to wherever the hub listens now (``port_of()``), as a device would.
 
-``MqttDevice`` publishes QoS 1 telemetry at a steady rate, each message numbered per device (``seq`` from 1) and
-carrying its class (``cls``) as application properties and its ``$.mid`` (``{device}-{seq}``), at most
+``MqttDevice`` publishes QoS 1 telemetry at a steady rate in bursts, each message numbered per device (``seq``
+from 1) and carrying its class (``cls``) as application properties and its ``$.mid`` (``{device}-{seq}``), at most
 ``window`` unacknowledged. A message stays pending until its PUBACK; after a reconnect every pending message is
 sent again, in number order, before anything new, with the same ``$.mid`` (the hub's duplicate detection drops
 the re-send of what it had already stored). ``acked`` records each message's first send and its ack.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import threading
 import time
@@ -48,6 +49,7 @@ class Publisher(Protocol):
 
     name: str
     connections: int
+    resent: int
 
     def start(self) -> None: ...
 
@@ -115,7 +117,9 @@ class _Link:
 
 
 class MqttDevice:
-    """A device publishing ``rate_hz`` numbered QoS 1 messages a second, classes drawn from ``classes``."""
+    """A device publishing ``rate_hz`` numbered QoS 1 messages a second, classes drawn from ``classes``, in bursts
+    of ``burst`` on a grid of ``time.monotonic()`` (every ``burst / rate_hz`` seconds), so that a run can aim a
+    kill just after a burst, while the hub is writing it (``bench.chaos.run``)."""
 
     def __init__(
         self,
@@ -126,13 +130,15 @@ class MqttDevice:
         rate_hz: float,
         classes: list[tuple[str, float]],
         seed: int,
+        burst: int = 1,
         window: int = 20,
     ) -> None:
         self.name = name
         self._thread = threading.Thread(target=self._main, name=f"chaos.device.{name}", daemon=True)
         self._password = password
         self._port_of = port_of
-        self._interval_s = 1.0 / rate_hz
+        self._burst = burst
+        self._tick_s = burst / rate_hz
         self._classes = classes
         self._rnd = random.Random(seed)
         self._window = window
@@ -145,6 +151,7 @@ class MqttDevice:
         self._abort = threading.Event()
         self._seq = 0
         self.connections = 0
+        self.resent = 0  # messages sent again after a reconnect, for want of their PUBACK
 
     def start(self) -> None:
         self._thread.start()
@@ -188,7 +195,6 @@ class MqttDevice:
             log.exception("chaos.device_failed device=%s", self.name)
 
     def _run(self) -> None:
-        next_at = time.monotonic()
         while not self._abort.is_set():
             if not self._publishing and not self.pending():
                 return
@@ -203,20 +209,21 @@ class MqttDevice:
                 resend = sorted(self._pending.items())
             for seq, (topic, body) in resend:
                 mids[link.client.publish(topic, body, qos=1).mid] = seq
+            self.resent += len(resend)
+            next_tick = math.ceil(time.monotonic() / self._tick_s) * self._tick_s
             while not self._abort.is_set():
                 now = time.monotonic()
-                while self._publishing and now >= next_at and self.pending() < self._window:
-                    seq, topic, body = self._next_message()
-                    with self._lock:
-                        self._pending[seq] = (topic, body)
-                        self._first_sent[seq] = time.time()
-                    mids[link.client.publish(topic, body, qos=1).mid] = seq
-                    next_at += self._interval_s
-                if not self._publishing:
-                    next_at = now
-                elif now >= next_at:
-                    next_at = now  # the window was full: do not burst to catch up later
-                alive = link.pump(0.01)
+                if self._publishing and now >= next_tick:
+                    for _ in range(self._burst):
+                        if self.pending() >= self._window:
+                            break  # what does not fit is not sent later: no catching up after a stall
+                        seq, topic, body = self._next_message()
+                        with self._lock:
+                            self._pending[seq] = (topic, body)
+                            self._first_sent[seq] = time.time()
+                        mids[link.client.publish(topic, body, qos=1).mid] = seq
+                    next_tick = (math.floor(now / self._tick_s) + 1) * self._tick_s
+                alive = link.pump(0.005)
                 if link.acks:
                     at = time.time()
                     with self._lock:

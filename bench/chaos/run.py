@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -43,6 +44,11 @@ DEVICES = ("dev-0", "dev-1", "dev-2", "dev-3")
 MODULE = "edge/consumer"
 PASSWORD = "chaos-pw"
 RATE_HZ = 10.0  # per device
+# Each device publishes BURST messages at once every BURST / RATE_HZ seconds, all on one grid of
+# time.monotonic(), and each kill is aimed a few milliseconds after a burst: a SIGKILL at a random moment
+# almost never lands between a durable write and its PUBACK (that is well under a millisecond per message), and
+# that moment is what makes devices re-send, the hub's duplicate detection drop and lanes risk their order.
+BURST = 5
 LINK_DELAY_S = 0.05  # one way
 DRAIN_RATE_BPS = 1_000_000.0
 MANIFEST = {
@@ -125,8 +131,12 @@ async def _drive(schedule: list[Event], duration_s: float, hub: Hub, link: LinkS
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     restarts: list[float] = []
+    tick_s = BURST / RATE_HZ
     for ev in schedule:
-        wait = t0 + ev.at_s - loop.time()
+        at = t0 + ev.at_s
+        if ev.kind is EventKind.KILL:  # just after a burst (the devices' grid is time.monotonic(), as the loop's)
+            at = math.ceil(at / tick_s) * tick_s + ev.offset_s
+        wait = at - loop.time()
         if wait > 0:
             await asyncio.sleep(wait)
         say(f"  t={loop.time() - t0:6.1f}s {ev.describe()}")
@@ -184,7 +194,7 @@ def publishers(seed: int, port_of: Callable[[], int | None]) -> list[Publisher]:
     ``Publisher`` here, with its own names in ``DEVICES`` and identities; nothing else changes."""
     shares = [(name, share) for name, (share, _) in CLASSES.items()]
     return [
-        MqttDevice(name, PASSWORD, port_of, rate_hz=RATE_HZ, classes=shares, seed=seed * 100 + i)
+        MqttDevice(name, PASSWORD, port_of, rate_hz=RATE_HZ, classes=shares, seed=seed * 100 + i, burst=BURST)
         for i, name in enumerate(DEVICES)
     ]
 
@@ -298,7 +308,8 @@ async def run(seed: int, duration_s: float, work: Path, drain_s: float) -> Outco
         kills=hub.kills,  # each kill is followed by a start that must listen, or the run fails
     )
     notes.append(
-        f"device connections: {sum(d.connections for d in devices)}; module: {module.connections if module else 0}"
+        f"device connections: {sum(d.connections for d in devices)}, re-sent for want of a PUBACK: "
+        f"{sum(d.resent for d in devices)}; module connections: {module.connections if module else 0}"
     )
     return Outcome(verdict, timings, notes)
 

@@ -35,10 +35,11 @@ class Event:
     at_s: float
     kind: EventKind
     value: float = 0.0
+    offset_s: float = 0.0  # KILL: how long after the devices' next burst (the run aims kills at the hub's writes)
 
     def describe(self) -> str:
         if self.kind is EventKind.KILL:
-            return f"kill (restart after {self.value:.1f} s)"
+            return f"kill {self.offset_s * 1000:.0f} ms after a burst (restart after {self.value:.1f} s)"
         if self.kind is EventKind.RATE:
             return f"rate {self.value / 1000:g} kbit/s"
         return self.kind.value
@@ -57,10 +58,12 @@ def make_schedule(seed: int, duration_s: float) -> list[Event]:
     rnd = random.Random(seed)
     events: list[Event] = []
     lo, hi = _EDGE_S, duration_s - _EDGE_S
-    # Kills: one in each of max(2, one per ~40 s) slots, somewhere in its middle, down for 0-3 s.
+    # Kills: one in each of max(2, one per ~40 s) slots, somewhere in its middle, 0-20 ms after a burst of the
+    # devices, down for 0-3 s.
     for a, b in _slots(rnd, max(2, round(duration_s / 40)), lo, hi):
         width = b - a
-        events.append(Event(a + rnd.uniform(0.2, 0.8) * width, EventKind.KILL, round(rnd.uniform(0.0, 3.0), 2)))
+        at, down_s, offset_s = a + rnd.uniform(0.2, 0.8) * width, round(rnd.uniform(0.0, 3.0), 2), rnd.uniform(0, 0.02)
+        events.append(Event(at, EventKind.KILL, down_s, offset_s=round(offset_s, 4)))
     # Outages: one in each of max(2, one per ~25 s) slots, silent or cut, 2 s up to most of the slot (at most
     # 40 s, past the upstream's 30 s ack timeout in long runs, so a silent link is also given up on).
     for a, b in _slots(rnd, max(2, round(duration_s / 25)), lo, hi):
