@@ -24,11 +24,13 @@ The rules, and why:
   - the lake exposes it as ``enqueued_at`` (the store's wall clock at the durable write, millisecond
     resolution). For one device and one priority, rows sorted by ``enqueued_at`` must have increasing device
     numbers; a row enqueued strictly later than a row with a higher number is one violation. Rows within the
-    same millisecond are a tie the lake cannot order, never counted here;
+    same millisecond are a tie the lake cannot order, never counted here. Of a message's several rows (a
+    duplicate, counted as one) the earliest stands for it;
   - the landing zone the lake is made from keeps it exactly within a batch: a segment is one priority and a run
     of consecutive queue offsets, its lines in offset order. In each segment, one device's numbers must
-    increase from line to line; a line whose number is not above every earlier one of that device is one
-    violation. This covers the ties above, which is where a re-send after a kill would land.
+    increase from line to line; a line whose number is below an earlier one of that device is one violation
+    (the same number again is a duplicate, counted as such). This covers the ties above, which is where a
+    re-send after a kill would land.
 """
 
 from __future__ import annotations
@@ -105,8 +107,13 @@ class Verdict:
 
 
 def _order_violations(rows: Iterable[LakeRow], examples: list[str]) -> int:
+    first: dict[tuple[str, int, int], LakeRow] = {}
+    for r in rows:  # a second row of one message is a duplicate, counted as such: its first row takes its place
+        key = (r.device, r.seq, r.priority)
+        if key not in first or r.enqueued_at < first[key].enqueued_at:
+            first[key] = r
     lanes: dict[tuple[str, int], list[LakeRow]] = defaultdict(list)
-    for r in rows:
+    for r in first.values():
         lanes[(r.device, r.priority)].append(r)
     count = 0
     for (device, priority), lane in sorted(lanes.items()):
@@ -127,13 +134,13 @@ def _order_violations(rows: Iterable[LakeRow], examples: list[str]) -> int:
 
 
 def _runs_out_of_order(runs: Iterable[Sequence[tuple[str, int]]], where: str, examples: list[str]) -> int:
-    """In each run, the entries whose number is not above every earlier one of their device."""
+    """In each run, the entries whose number is below an earlier one of their device."""
     count = 0
     for i, lines in enumerate(runs):
         highest: dict[str, int] = {}
         for device, seq in lines:
             top = highest.get(device)
-            if top is not None and seq <= top:
+            if top is not None and seq < top:  # seq == top: a duplicate, counted as such
                 count += 1
                 if len(examples) < 10:
                     examples.append(f"{where} {i}: {device} #{seq} after #{top}")

@@ -115,10 +115,25 @@ def test_a_segment_line_out_of_a_devices_order_is_a_violation_even_within_one_mi
         module_received={},
         ended_at=T0 + 100,
         kills=0,
-        segments=[[("d", 1), ("e", 1), ("d", 3)], [("d", 3), ("d", 2)], [("d", 2), ("d", 2)]],
+        segments=[[("d", 1), ("e", 1), ("d", 3)], [("d", 3), ("d", 2)], [("d", 1), ("d", 3), ("d", 2), ("e", 1)]],
     )
     assert (v.order_violations, v.segment_order_violations) == (2, 2)
-    assert v.order_examples == ["segment 1: d #2 after #3", "segment 2: d #2 after #2"]
+    assert v.order_examples == ["segment 1: d #2 after #3", "segment 2: d #2 after #3"]
+
+
+def test_a_duplicate_is_a_duplicate_not_also_an_order_violation() -> None:
+    keys = [("d", 1), ("d", 2), ("d", 3)]
+    v = verify(
+        acked=[acked(d, n, "hi") for d, n in keys],
+        routes=ROUTES,
+        # #2 stored, its ack lost to a kill, #3 stored, then #2 again: a re-send the hub did not recognise
+        lake=[row("d", 1, 0, T0 + 1), row("d", 2, 0, T0 + 2), row("d", 3, 0, T0 + 3), row("d", 2, 0, T0 + 4)],
+        module_received={},
+        ended_at=T0 + 100,
+        kills=1,
+        segments=[[("d", 1), ("d", 1), ("d", 2)]],
+    )
+    assert (v.duplicates, v.order_violations, v.delivered) == (1, 0, 3)
 
 
 def test_a_module_redelivery_is_not_out_of_order_but_a_late_first_arrival_is() -> None:
