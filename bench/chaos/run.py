@@ -79,6 +79,7 @@ class Outcome:
     verdict: Verdict
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    resent: int = 0  # messages devices sent again for want of a PUBACK: the kills landed mid-write
 
 
 def say(text: str) -> None:
@@ -311,7 +312,7 @@ async def run(seed: int, duration_s: float, work: Path, drain_s: float) -> Outco
         f"device connections: {sum(d.connections for d in devices)}, re-sent for want of a PUBACK: "
         f"{sum(d.resent for d in devices)}; module connections: {module.connections if module else 0}"
     )
-    return Outcome(verdict, timings, notes)
+    return Outcome(verdict, timings, notes, resent=sum(d.resent for d in devices))
 
 
 async def _interruptible(run: Coroutine[Any, Any, Outcome]) -> Outcome:
@@ -369,5 +370,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     outcome.timings["total_s"] = round(time.monotonic() - t0, 1)
     report(outcome)
-    print(json.dumps({**outcome.verdict.summary(), "seed": args.seed, "minutes": args.minutes, **outcome.timings}))
+    extra = {"resent": outcome.resent, "seed": args.seed, "minutes": args.minutes}
+    print(json.dumps({**outcome.verdict.summary(), **extra, **outcome.timings}))
     return 0

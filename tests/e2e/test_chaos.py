@@ -43,6 +43,7 @@ def test_two_minutes_of_chaos_lose_nothing_duplicate_nothing_and_keep_each_lane_
     assert verdict["lost"] == 0, out
     assert verdict["duplicates"] == 0, out
     assert verdict["order_violations"] == 0, out
+    assert verdict["module_order_violations"] == 0, out
     assert verdict["kills"] >= 2, out
     assert verdict["acknowledged"] > 500, out
     assert verdict["delivered"] + verdict["expired"] == verdict["acknowledged"], out
