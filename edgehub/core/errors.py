@@ -11,12 +11,14 @@ Third-party errors are translated once, in the library's home module, with ``rai
     │   │   ├── RouteSyntaxError
     │   │   └── RouteCompileError
     │   ├── ManifestError            (edgehub.manifest)
-    │   └── CheckpointMismatchError  (spark_upload.job) the lake was written through another checkpoint
+    │   ├── CheckpointMismatchError  (spark_upload.sink) the lake was written through another checkpoint
+    │   └── SparkInternalsError      (spark_upload.spark_internals) Spark's checkpoint layout is not the one we read
     ├── IngestRejected               a message was refused at the door; .reason says why
     │   ├── QuotaExceededError       a queue or the store is full and the overflow policy rejects
     │   ├── MessageTooLargeError     over maxMessageSizeBytes
     │   └── InvalidMessageError      e.g. session id and partition key disagree
-    │       └── TwinError            a twin patch refused: .status (IoT Hub's, 400/413), .refusal (RefusalReason)
+    │       ├── TwinError            a twin patch refused: .status (IoT Hub's, 400/413), .refusal (RefusalReason)
+    │       └── TopicError           (protocol_heads.mqtt) a topic this identity may not publish to (MQTT 5: 0x90)
     ├── StoreError                   the store could not do what was asked
     │   ├── StorageIOError           the disk said no (ENOSPC, EIO); the store stays usable
     │   ├── StoreCorruptionError     the store on disk is damaged; .path names it (the hub will not open it)
@@ -24,11 +26,17 @@ Third-party errors are translated once, in the library's home module, with ``rai
     ├── DeliveryError                an endpoint failed; .kind is a FailureKind
     ├── ProtocolError                a wire protocol was broken
     │   ├── LocalProtocolError       we broke it (a bug, or a send the state machine forbids)
+    │   │   └── PeerPacketTooLarge   (protocol_heads.mqtt) a delivery over the client's Maximum Packet Size
     │   └── RemoteProtocolError      the peer broke it; .reason_code when the protocol has one
+    │       ├── MalformedPacket      (protocol_heads.mqtt) bytes that are no MQTT packet (0x81)
+    │       ├── ProtocolViolation    (protocol_heads.mqtt) a packet the protocol forbids here (0x82)
+    │       └── PacketTooLarge       (protocol_heads.mqtt) over the hub's maximum packet size (0x95)
     ├── AuthError
     │   ├── AuthenticationError      who you are could not be proven
     │   └── AuthorizationError       you may not do that
-    └── TransportError               an upstream transport or link failed; .kind is a FailureKind
+    ├── TransportError               an upstream transport or link failed; .kind is a FailureKind
+    ├── SegmentFormatError           (edgehub.upstream.segment) bytes that are no segment of a version we read
+    └── HadoopIOError                (spark_upload.spark_internals) a file operation through Hadoop failed; .path
 """
 
 from __future__ import annotations
