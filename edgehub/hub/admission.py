@@ -57,6 +57,7 @@ class Ticket:
             self.pending = False
             limiter._unpend(self.address)
         limiter.total -= 1
+        limiter.closed += 1
 
 
 class ConnectionLimiter:
@@ -75,6 +76,7 @@ class ConnectionLimiter:
         self.max_pending_per_address = max_pending_per_address
         self.total = 0
         self.pending = 0
+        self.closed = 0  # connections admitted and gone since start (edgehub.runtime.memory watches it)
         self._by_address: dict[str, int] = {}
 
     @property

@@ -67,6 +67,7 @@ from edgehub.hub.twins import DEFAULT_TWIN_LIMITS, TwinLimits
 from edgehub.manifest import EdgeHubDesired, load_desired_file
 from edgehub.routing import Router
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
+from edgehub.runtime.memory import ChurnCollector
 from edgehub.store import FsyncPolicy, Store, StoreQuota
 from edgehub.store.policy import DEFAULT_IDENTITY_SHARE, disk_store_quota
 from edgehub.store.rocks import open_rocks_store
@@ -384,12 +385,14 @@ async def serve(
                 outbound_window=config.module_window,
                 **limits,
             )
-            async with MqttServer(hub, settings=settings) as server:
+            async with MqttServer(hub, settings=settings) as server, asyncio.TaskGroup() as tasks:
+                collector = tasks.create_task(ChurnCollector(server.limiter).run(), name="runtime.memory")
                 log.info("runtime.ready ports=%s", server.ports)
                 if on_ready is not None:
                     on_ready(dict(server.ports))
                 await stop.wait()
                 log.info("runtime.stopping")
+                collector.cancel()
     finally:
         for endpoint in endpoints:
             await endpoint.close()  # idempotent; covers a failure before the executor took it
