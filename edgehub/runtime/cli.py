@@ -456,10 +456,9 @@ def run(
 
 
 def loop_factory(name: str) -> tuple[str, Callable[[], asyncio.AbstractEventLoop]]:
-    """The event loop ``edgehub run`` serves on (the name of the one it got, and its factory). uvloop by default:
-    the same hub (sockets, group commit, deliveries) costs ~15 % less CPU per message on it than on the standard
-    library's loop (bench.ingest, telemetry: 75 -> 63 us per message), its transports, handles and timers being
-    C rather than Python. ``asyncio`` is the fallback where uvloop is not installed (it has no Windows build)."""
+    """The event loop ``edgehub run`` serves on (the name of the one it got, and its factory). uvloop by default
+    (its transports, handles and timers are C: less CPU per message, README "Design notes"); ``asyncio`` is the
+    fallback where uvloop is not installed (it has no Windows build)."""
     if name == "uvloop":
         try:
             import uvloop
@@ -476,9 +475,8 @@ GC_THRESHOLDS = (50_000, 20, 100)
 def tune_gc() -> None:
     """Fewer, cheaper cyclic collections for a long-running hub: what is loaded at start (some 10^5 objects of
     imported modules) is frozen out of every collection, and a young collection runs every 50,000 container
-    allocations instead of 700. Garbage without cycles is freed at once whatever the thresholds. Telemetry alone
-    (bench.ingest's publishers and sink), hub CPU per message, four runs each: 158 us (CPython's defaults) ->
-    135 us."""
+    allocations instead of 700. Garbage without cycles is freed at once whatever the thresholds; what closed
+    connections leave in cycles is collected after churn (``edgehub.runtime.memory``)."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
