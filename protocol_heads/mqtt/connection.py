@@ -23,7 +23,6 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import struct
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -62,8 +61,8 @@ from protocol_heads.mqtt.codec import (
     UnsubAck,
     Unsubscribe,
     encode,
-    encode_qos1_publish,
 )
+from protocol_heads.mqtt.fastpaths import encode_qos1_publish, plain_puback_ids, puback_success
 
 __all__ = [
     "TRANSITIONS",
@@ -84,7 +83,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_PUBACK_OK: Final = struct.Struct("!BBH")  # PUBACK, remaining length 2, packet id: reason 0 without properties
 
 
 class ConnectionState(Enum):
@@ -415,7 +413,7 @@ class ServerConnection:
         ``receive_data`` takes the bytes."""
         if self.state is not ConnectionState.CONNECTED:
             return None
-        ids = self._decoder.puback_ids(data)
+        ids = plain_puback_ids(data) if self._decoder.at_packet_boundary() else None
         if ids is None:
             return None
         inflight = self._inflight
@@ -604,7 +602,7 @@ class ServerConnection:
             assert rc is not None
             if rc == 0 and head.qos == 1:
                 # The common ack: PUBACK success, no properties (the bytes encode() gives, without building it).
-                self._out += _PUBACK_OK.pack(0x40, 2, head.packet_id)
+                self._out += puback_success(head.packet_id)
                 continue
             if rc >= 0x80 and not self.v5:
                 # 3.1.1 has no negative ack: the client learns by losing the connection [issue 4].

@@ -11,7 +11,18 @@ import edgehub.hub.admission
 import edgehub.hub.throttle
 import edgehub.testing.hub
 from edgehub.core import sas
-from protocol_heads.mqtt import caches, codec, connection, iothub, server, settings
+from protocol_heads.mqtt import (
+    caches,
+    codec,
+    connection,
+    decoder,
+    encoder,
+    fastpaths,
+    iothub,
+    packets,
+    server,
+    settings,
+)
 
 
 @pytest.mark.parametrize(
@@ -20,7 +31,11 @@ from protocol_heads.mqtt import caches, codec, connection, iothub, server, setti
         caches,
         codec,
         connection,
+        decoder,
+        encoder,
+        fastpaths,
         iothub,
+        packets,
         server,
         settings,
         sas,
