@@ -12,32 +12,38 @@ import edgehub.hub.throttle
 import edgehub.testing.hub
 from edgehub.core import sas
 from protocol_heads.mqtt import (
+    acks,
     caches,
     codec,
     connection,
     decoder,
     encoder,
+    events,
     fastpaths,
     iothub,
     packets,
     server,
     settings,
+    states,
 )
 
 
 @pytest.mark.parametrize(
     "module",
     [
+        acks,
         caches,
         codec,
         connection,
         decoder,
         encoder,
+        events,
         fastpaths,
         iothub,
         packets,
         server,
         settings,
+        states,
         sas,
         edgehub.hub,
         edgehub.hub.admission,
