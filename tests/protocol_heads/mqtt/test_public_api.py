@@ -14,6 +14,7 @@ from edgehub.core import sas
 from protocol_heads.mqtt import (
     acks,
     caches,
+    client_socket,
     codec,
     connection,
     decoder,
@@ -23,6 +24,7 @@ from protocol_heads.mqtt import (
     iothub,
     packets,
     server,
+    session,
     settings,
     states,
 )
@@ -33,6 +35,7 @@ from protocol_heads.mqtt import (
     [
         acks,
         caches,
+        client_socket,
         codec,
         connection,
         decoder,
@@ -42,6 +45,7 @@ from protocol_heads.mqtt import (
         iothub,
         packets,
         server,
+        session,
         settings,
         states,
         sas,
