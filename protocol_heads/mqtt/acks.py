@@ -10,6 +10,7 @@ Invariants:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 
 import msgspec
 
@@ -56,23 +57,28 @@ class AckQueue:
         self._slots[ticket] = slot
         return ticket
 
-    def settle(self, ticket: int, reason_code: int, text: str | None) -> bool:
-        """Set ``ticket``'s answer (``text`` kept for a refusal only); False if no slot has that ticket (never
-        opened, or its ack is gone already)."""
-        slot = self._slots.get(ticket)
-        if slot is None:
-            return False
-        if slot.reason is not None:
-            raise LocalProtocolError(f"ticket {ticket} settled twice")
-        slot.reason = reason_code
-        slot.text = text if reason_code >= 0x80 else None
-        return True
+    def settle(self, answers: Iterable[tuple[int, int, str | None]], *, closed: bool = False) -> None:
+        """Set each ``(ticket, reason code, Reason String)`` answer (the string kept for a refusal only). A ticket
+        with no slot (never opened, or its ack gone already) is a LocalProtocolError, unless the connection is
+        ``closed``: then the rest is of no use and is dropped."""
+        slots = self._slots
+        for ticket, reason_code, text in answers:
+            slot = slots.get(ticket)
+            if slot is None:
+                if closed:
+                    return
+                raise LocalProtocolError(f"unknown or already settled ticket {ticket}")
+            if slot.reason is not None:
+                raise LocalProtocolError(f"ticket {ticket} settled twice")
+            slot.reason = reason_code
+            slot.text = text if reason_code >= 0x80 else None
 
-    def pop_due(self) -> AckSlot | None:
-        """The oldest slot if it is settled (its ack may go out now), taken out; else None."""
-        order = self._order
-        if not order or order[0].reason is None:
-            return None
-        head = order.popleft()
-        del self._slots[head.ticket]
-        return head
+    def take_due(self) -> list[AckSlot]:
+        """The settled slots at the head, oldest first, taken out: their acks may go out now."""
+        order, slots = self._order, self._slots
+        due: list[AckSlot] = []
+        while order and order[0].reason is not None:
+            head = order.popleft()
+            del slots[head.ticket]
+            due.append(head)
+        return due

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from typing import Final
 
 import msgspec
 
@@ -68,7 +69,7 @@ from protocol_heads.mqtt.packets import (
     UnsubAck,
     Unsubscribe,
 )
-from protocol_heads.mqtt.states import TRANSITIONS, TRIGGER_OF, ConnectionState, Trigger
+from protocol_heads.mqtt.states import ROWS, TRANSITIONS, TRIGGER_OF, ConnectionState, Trigger
 
 __all__ = [
     "TRANSITIONS",
@@ -88,6 +89,15 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# The states and the per-message triggers as module names: reading ``ConnectionState.CLOSED`` goes through the
+# Enum class (some 65 ns a read on CPython 3.11), a module global is cached; these are read for every packet.
+_AWAIT_CONNECT: Final = ConnectionState.AWAIT_CONNECT
+_AUTHENTICATING: Final = ConnectionState.AUTHENTICATING
+_CONNECTED: Final = ConnectionState.CONNECTED
+_CLOSED: Final = ConnectionState.CLOSED
+_SEND_MESSAGE: Final = Trigger.SEND_MESSAGE
+_SETTLE: Final = Trigger.SETTLE
 
 
 class PeerPacketTooLarge(LocalProtocolError):
@@ -138,7 +148,8 @@ class ServerConnection:
     ) -> None:
         if not 1 <= receive_maximum <= 0xFFFF or outbound_window < 1 or not 0 <= topic_alias_maximum <= 0xFFFF:
             raise ValueError("receive_maximum, outbound_window or topic_alias_maximum out of range")
-        self.state = ConnectionState.AWAIT_CONNECT
+        self.state = _AWAIT_CONNECT  # moved only by _move, along the table
+        self._row = ROWS[self.state]
         self.max_packet_size = max_packet_size
         self.receive_maximum = receive_maximum
         self.outbound_window = outbound_window
@@ -154,7 +165,8 @@ class ServerConnection:
         self._aliases: dict[int, str] = {}
         self._inflight: dict[int, Publish] = {}
         self._next_packet_id = 1
-        self._peer_receive_maximum = 0xFFFF
+        # Outbound QoS 1 messages in flight at most: also under the client's Receive Maximum, and the ids there are.
+        self._window = min(outbound_window, 0xFFFF)
         self._peer_max_packet_size = MAX_VARINT + 5
 
     # --- properties --------------------------------------------------------------------------------------
@@ -165,7 +177,7 @@ class ServerConnection:
 
     @property
     def closed(self) -> bool:
-        return self.state is ConnectionState.CLOSED
+        return self.state is _CLOSED
 
     @property
     def keepalive_timeout_s(self) -> float | None:
@@ -182,7 +194,7 @@ class ServerConnection:
     @property
     def window_free(self) -> int:
         """How many more outbound QoS 1 messages may be sent now."""
-        return max(0, min(self.outbound_window, self._peer_receive_maximum) - len(self._inflight))
+        return max(0, self._window - len(self._inflight))
 
     def inflight(self) -> dict[int, Publish]:
         """Outbound QoS 1 messages not yet acknowledged, by packet id, in send order."""
@@ -207,9 +219,9 @@ class ServerConnection:
         events: list[Event] = []
         for packet in packets:
             state = self.state
-            if state is ConnectionState.CLOSED:
+            if state is _CLOSED:
                 break
-            if state is ConnectionState.AUTHENTICATING:
+            if state is _AUTHENTICATING:
                 # Pipelined after CONNECT: kept until the server has decided.
                 self._held.append(packet)
                 continue
@@ -228,7 +240,7 @@ class ServerConnection:
         ids of the deliveries they acknowledge, as its ``DeliveryAcked`` events would have given them (reason
         code success), without the events. None for anything else: nothing was consumed, and ``receive_data``
         takes the bytes."""
-        if Trigger.PUBACK not in TRANSITIONS[self.state] or not self._decoder.at_packet_boundary():
+        if PubAck not in self._row or not self._decoder.at_packet_boundary():
             return None
         ids = plain_puback_ids(data)
         if ids is None:
@@ -236,12 +248,12 @@ class ServerConnection:
         return [pid for pid in ids if self._acked(pid)]
 
     def _handle(self, packet: Packet, events: list[Event]) -> None:
-        """One packet from the client, through the table: its trigger, the next state, then its handler."""
-        trigger = TRIGGER_OF.get(type(packet))
-        if trigger is None:
-            raise ProtocolViolation(f"a client does not send {type(packet).__name__.upper()}")
-        nxt = TRANSITIONS[self.state].get(trigger)
+        """One packet from the client, through the table (its next state, looked up by its type), then its handler."""
+        nxt = self._row.get(type(packet))
         if nxt is None:
+            trigger = TRIGGER_OF.get(type(packet))
+            if trigger is None:
+                raise ProtocolViolation(f"a client does not send {type(packet).__name__.upper()}")
             raise ProtocolViolation(f"{trigger.value} in state {self.state.value}")
         if isinstance(packet, Publish):  # the per-message packets first
             self._on_publish(packet, events)
@@ -264,7 +276,8 @@ class ServerConnection:
         elif isinstance(packet, Auth):
             # Enhanced authentication is not offered; an AUTH packet is a protocol error [MQTT-4.12.0-1].
             raise ProtocolViolation("AUTH without an authentication method", reason_code=ReasonCode.PROTOCOL_ERROR)
-        self.state = nxt
+        if nxt is not self.state:
+            self._move(nxt)
 
     def _acked(self, packet_id: int) -> bool:
         """The client acknowledged outbound ``packet_id``: it leaves the window. False if it was not in flight."""
@@ -277,7 +290,8 @@ class ServerConnection:
             rm = c.properties.get_int(PropertyId.RECEIVE_MAXIMUM)
             if rm == 0:
                 raise ProtocolViolation("Receive Maximum 0")
-            self._peer_receive_maximum = rm if rm is not None else 0xFFFF
+            if rm is not None:
+                self._window = min(self.outbound_window, rm)
             mps = c.properties.get_int(PropertyId.MAXIMUM_PACKET_SIZE)
             if mps == 0:
                 raise ProtocolViolation("Maximum Packet Size 0")
@@ -331,15 +345,21 @@ class ServerConnection:
 
     # --- server actions ----------------------------------------------------------------------------------
 
-    def _require(self, trigger: Trigger) -> ConnectionState:
-        nxt = TRANSITIONS[self.state].get(trigger)
+    def _go(self, trigger: Trigger) -> None:
+        """A server action, through the table: a LocalProtocolError where the current state has no such move."""
+        nxt = self._row.get(trigger)
         if nxt is None:
             raise LocalProtocolError(f"cannot {trigger.value} in state {self.state.value}")
-        return nxt
+        if nxt is not self.state:
+            self._move(nxt)
+
+    def _move(self, state: ConnectionState) -> None:
+        self.state = state
+        self._row = ROWS[state]
 
     def accept(self, *, session_present: bool = False, properties: Properties | None = None) -> list[Event]:
         """Send CONNACK success; returns the events of packets the client pipelined after CONNECT."""
-        self.state = self._require(Trigger.ACCEPT)
+        self._go(Trigger.ACCEPT)
         if self.v5:
             values: dict[PropertyId, int | str | bytes] = {
                 PropertyId.RECEIVE_MAXIMUM: self.receive_maximum,
@@ -373,7 +393,7 @@ class ServerConnection:
         """Send a failing CONNACK (the 3.1.1 return code closest to ``reason_code``) and close."""
         if reason_code < 0x80:
             raise ValueError("a refusal needs a reason code of 0x80 or more")
-        self.state = self._require(Trigger.REFUSE)
+        self._go(Trigger.REFUSE)
         self._held.clear()
         if self.v5:
             props = Properties({PropertyId.REASON_STRING: reason}) if reason else NO_PROPERTIES
@@ -391,22 +411,16 @@ class ServerConnection:
         """``settle`` for several messages at once: ``(ticket, reason code, reason)`` each. The acks that become
         due go out together, in arrival order (a group of one read is answered in one call, not one per
         message)."""
-        self.state = self._require(Trigger.SETTLE)
-        acks = self._acks
+        self._go(_SETTLE)
         try:
-            for ticket, reason_code, reason in answers:
-                if not acks.settle(ticket, reason_code, reason):
-                    if self.closed:
-                        return
-                    raise LocalProtocolError(f"unknown or already settled ticket {ticket}")
+            self._acks.settle(answers, closed=self.closed)
         finally:
             self._send_due_acks()  # what was settled before a misuse still goes out
 
     def _send_due_acks(self) -> None:
-        while not self.closed:
-            head = self._acks.pop_due()
-            if head is None:
-                return
+        if self.closed:
+            return
+        for head in self._acks.take_due():
             rc = head.reason
             assert rc is not None
             if rc == 0 and head.qos == 1:
@@ -434,14 +448,14 @@ class ServerConnection:
 
     def answer_subscribe(self, packet_id: int, reason_codes: Iterable[int]) -> None:
         """SUBACK: per filter, the granted QoS (0..2) or a failure (0x80; MQTT 5 may use its specific codes)."""
-        self.state = self._require(Trigger.ANSWER_SUBSCRIPTION)
+        self._go(Trigger.ANSWER_SUBSCRIPTION)
         codes = tuple(reason_codes)
         if not self.v5:
             codes = tuple(c if c < 0x80 else 0x80 for c in codes)
         self._send(SubAck(packet_id, codes))
 
     def answer_unsubscribe(self, packet_id: int, reason_codes: Iterable[int]) -> None:
-        self.state = self._require(Trigger.ANSWER_SUBSCRIPTION)
+        self._go(Trigger.ANSWER_SUBSCRIPTION)
         self._send(UnsubAck(packet_id, tuple(reason_codes) if self.v5 else ()))
 
     def send_message(
@@ -449,25 +463,23 @@ class ServerConnection:
     ) -> int | None:
         """Send an outbound PUBLISH; returns its packet id (None for QoS 0). Raises LocalProtocolError when the
         window is full, and ``PeerPacketTooLarge`` when the client could not take the packet."""
-        self.state = self._require(Trigger.SEND_MESSAGE)
+        if self._row.get(_SEND_MESSAGE) is not self.state:  # the table's answer, without a call when it stays
+            self._go(_SEND_MESSAGE)
         if qos not in (0, 1):
             raise LocalProtocolError(f"outbound QoS {qos}: the head sends QoS 0 and 1 only")
-        packet_id = None
-        if qos == 1:
-            if not self.window_free:
-                raise LocalProtocolError("outbound window full")
-            packet_id = self._allocate_packet_id()
-        publish = Publish(topic, payload, qos, False, dup, packet_id, properties if self.v5 else NO_PROPERTIES)
+        v5 = self.protocol_level == MQTT_50
+        packet_id = self._packet_id_in_window() if qos else None
+        publish = Publish(topic, payload, qos, False, dup, packet_id, properties if v5 else NO_PROPERTIES)
         wire = None
         if packet_id is not None and publish.properties is NO_PROPERTIES:
             # A module delivery (one per message): its bytes without encode()'s dispatch, topic bytes cached.
-            wire = encode_qos1_publish(topic, payload, packet_id, dup=dup, v5=self.v5, names=self._names)
+            wire = encode_qos1_publish(topic, payload, packet_id, dup=dup, v5=v5, names=self._names)
         self._send_publish(publish, wire)
         return packet_id
 
     def resume(self, inflight: Mapping[int, Publish]) -> None:
         """Redeliver a session's unacknowledged messages with DUP, keeping their packet ids [MQTT-4.4.0-1]."""
-        self.state = self._require(Trigger.SEND_MESSAGE)
+        self._go(_SEND_MESSAGE)
         for packet_id, publish in inflight.items():
             again = msgspec.structs.replace(publish, dup=True, packet_id=packet_id)
             self._send_publish(again)
@@ -477,13 +489,13 @@ class ServerConnection:
         if self.closed:
             return
         before = self.state
-        self.state = self._require(Trigger.CLOSE)
+        self._go(Trigger.CLOSE)
         if not self.v5:
             return
         props = Properties({PropertyId.REASON_STRING: reason}) if reason else NO_PROPERTIES
-        if before is ConnectionState.CONNECTED:
+        if before is _CONNECTED:
             self._send(Disconnect(reason_code, props))
-        elif before is ConnectionState.AUTHENTICATING:
+        elif before is _AUTHENTICATING:
             self._send(ConnAck(max(reason_code, 0x80), False, props))
 
     # --- internals ---------------------------------------------------------------------------------------
@@ -498,13 +510,16 @@ class ServerConnection:
             self._inflight[publish.packet_id] = publish
         self._out += wire
 
-    def _allocate_packet_id(self) -> int:
-        for _ in range(0xFFFF):
-            pid = self._next_packet_id
-            self._next_packet_id = pid % 0xFFFF + 1
-            if pid not in self._inflight:
-                return pid
-        raise LocalProtocolError("no free packet identifier")
+    def _packet_id_in_window(self) -> int:
+        """A free packet id for an outbound QoS 1 message; a LocalProtocolError when the window is full."""
+        inflight = self._inflight
+        if len(inflight) >= self._window:
+            raise LocalProtocolError("outbound window full")
+        pid = self._next_packet_id
+        while pid in inflight:  # ends: the window is under 0xFFFF ids
+            pid = pid % 0xFFFF + 1
+        self._next_packet_id = pid % 0xFFFF + 1
+        return pid
 
     def _send(self, packet: Packet) -> None:
         self._out += encode(packet, self.protocol_level)
@@ -528,20 +543,20 @@ class ServerConnection:
         return self.connect.client_id if self.connect is not None else "?"
 
     def _close_quietly(self) -> None:
-        self.state = self._require(Trigger.CLOSE)
+        self._go(Trigger.CLOSE)
         self._held.clear()
 
     def _fail(self, exc: RemoteProtocolError) -> ProtocolFailed:
         rc = exc.reason_code if exc.reason_code is not None else ReasonCode.PROTOCOL_ERROR
         # DEBUG: the server logs the refusal from the ProtocolFailed event, rate-limited (RefusalLog).
         log.debug("mqtt.protocol_error client=%s reason=0x%02x detail=%s", self._client_id(), rc, exc)
-        if self.state is ConnectionState.AWAIT_CONNECT:
+        if self.state is _AWAIT_CONNECT:
             if rc == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
                 # The level is unknown or unsupported: answer in 3.1.1's words [MQTT-3.1.2-2].
                 self._out += encode(ConnAck(0x01, False), 4)
-        elif self.v5 and self.state is ConnectionState.CONNECTED:
+        elif self.v5 and self.state is _CONNECTED:
             self._send(Disconnect(rc))
-        elif self.v5 and self.state is ConnectionState.AUTHENTICATING:
+        elif self.v5 and self.state is _AUTHENTICATING:
             self._send(ConnAck(rc, False))
         self._close_quietly()
         return ProtocolFailed(exc)

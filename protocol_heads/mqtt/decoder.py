@@ -59,6 +59,8 @@ from protocol_heads.mqtt.packets import (
 
 __all__ = ["Decoder", "decode_varint"]
 
+_PUBLISH: Final = int(PacketType.PUBLISH)  # read for every packet: a plain int, not an Enum member look-up
+
 
 def decode_varint(data: bytes | bytearray | memoryview, pos: int) -> tuple[int, int] | None:
     """``(value, next_pos)``, or None when the bytes end before the integer does. Raises MalformedPacket
@@ -269,7 +271,7 @@ class Decoder:
                 if n < end:
                     break
                 first = buf[pos]
-                if first >> 4 == PacketType.PUBLISH and known:
+                if first >> 4 == _PUBLISH and known:
                     publish = publish_fast(self._topics, v5, first, buf, body, end)
                     packets.append(publish if publish is not None else self._publish_general(first, buf, body, end))
                 elif first == 0x40 and length == 2 and known:  # PUBACK with a packet id only

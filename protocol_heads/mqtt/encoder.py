@@ -37,6 +37,7 @@ from protocol_heads.mqtt.packets import (
 __all__ = ["encode", "encode_varint", "fixed_header", "packet_id_field", "string_field"]
 
 _MAX_U16: Final = 0xFFFF
+_U16: Final = struct.Struct("!H")
 
 
 def encode_varint(value: int) -> bytes:
@@ -59,7 +60,7 @@ def string_field(text: str) -> bytes:
     raw = text.encode("utf-8")
     if len(raw) > _MAX_U16:
         raise LocalProtocolError(f"string of {len(raw)} bytes is too long for MQTT")
-    return struct.pack("!H", len(raw)) + raw
+    return _U16.pack(len(raw)) + raw
 
 
 def _binary(data: bytes) -> bytes:
@@ -120,7 +121,7 @@ def packet_id_field(packet_id: int) -> bytes:
     """A packet identifier: non-zero, two bytes [MQTT-2.2.1-3]."""
     if not 1 <= packet_id <= _MAX_U16:
         raise LocalProtocolError(f"packet identifier {packet_id} out of range")
-    return struct.pack("!H", packet_id)
+    return _U16.pack(packet_id)
 
 
 def encode(packet: Packet, protocol_level: int = MQTT_311) -> bytes:

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -216,23 +216,24 @@ class Session:
             # A read of nothing but PUBACKs (most reads of a module that is being delivered to) needs no events.
             acked = conn.receive_acks(data)
             if acked is not None:
-                self._delivered([(packet_id, True) for packet_id in acked])
+                self._delivered(acked)
                 return
         self.dispatch(conn.receive_data(data))
         if conn.closed:
             self.sock.finish()
 
-    def _delivered(self, acks: list[tuple[int, bool]]) -> None:
-        """Settle the deliveries these acks answer (packet id, accepted), then refill the window if it is time."""
+    def _delivered(self, packet_ids: list[int], refused: Container[int] = ()) -> None:
+        """Settle the deliveries these acks answer (by packet id; ``refused``: those the client refused), then
+        refill the window if it is time."""
         identity = self.identity
         if identity is None:
             return
         pending, delivered = self.link.pending, self.hub.delivered
         acked = False
-        for packet_id, accepted in acks:
+        for packet_id in packet_ids:
             delivery_id = pending.pop(packet_id, None)
             if delivery_id is not None:
-                delivered(identity, delivery_id, accepted)
+                delivered(identity, delivery_id, packet_id not in refused)
                 acked = True
         if acked and self.link.window_free >= self._refill_at:
             self.hub.link_ready(identity, self.link)
@@ -318,7 +319,8 @@ class Session:
 
     def dispatch(self, events: list[Event]) -> None:
         group: list[MessageReceived] = []
-        acks: list[tuple[int, bool]] = []
+        acked: list[int] = []
+        refused: set[int] = set()
         for event in events:
             if isinstance(event, MessageReceived):
                 group.append(event)
@@ -327,13 +329,15 @@ class Session:
             elif isinstance(event, UnsubscribeRequested):
                 self._on_unsubscribe(event)
             elif isinstance(event, DeliveryAcked):
-                acks.append((event.packet_id, event.reason_code < 0x80))
+                acked.append(event.packet_id)
+                if event.reason_code >= 0x80:
+                    refused.add(event.packet_id)
             elif isinstance(event, Disconnected):
                 self.clean_exit = not event.publish_will
             elif isinstance(event, ProtocolFailed):
                 self.protocol_failed(event)  # the connection is closed; run() ends after flushing the goodbye
-        if acks:
-            self._delivered(acks)
+        if acked:
+            self._delivered(acked, refused)
         if group:
             self.sock.group_started()
             task = self._loop.create_task(self._ingest(group), name=f"mqtt.ingest {self.identity}")

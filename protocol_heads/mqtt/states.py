@@ -23,7 +23,7 @@ from protocol_heads.mqtt.packets import (
     Unsubscribe,
 )
 
-__all__ = ["TRANSITIONS", "TRIGGER_OF", "ConnectionState", "Trigger"]
+__all__ = ["ROWS", "TRANSITIONS", "TRIGGER_OF", "ConnectionState", "Trigger"]
 
 
 class ConnectionState(Enum):
@@ -31,6 +31,10 @@ class ConnectionState(Enum):
     AUTHENTICATING = "authenticating"  # CONNECT received; the server has not answered yet
     CONNECTED = "connected"
     CLOSED = "closed"
+
+    # Members are singletons: identity hashing is right, and it is C's, where Enum's own hashes the name in Python
+    # (the table is looked up for every packet).
+    __hash__ = object.__hash__
 
 
 class Trigger(Enum):
@@ -52,6 +56,8 @@ class Trigger(Enum):
     SEND_MESSAGE = "send_message"
     ANSWER_SUBSCRIPTION = "answer_subscription"
     CLOSE = "close"
+
+    __hash__ = object.__hash__  # as ConnectionState's
 
 
 _S = ConnectionState
@@ -98,4 +104,18 @@ TRIGGER_OF: Final[Mapping[type, Trigger]] = {
     PingReq: _T.PINGREQ,
     Disconnect: _T.DISCONNECT,
     Auth: _T.AUTH,
+}
+
+
+# TRANSITIONS again, each state's row keyed by trigger and also by the class of each packet a client sends: a
+# packet's next state is then one look-up by its type. Derived here, never written by hand.
+def _row(row: Mapping[Trigger, ConnectionState]) -> dict[object, ConnectionState]:
+    keyed: dict[object, ConnectionState] = {}
+    keyed.update(row.items())
+    keyed.update((cls, row[trigger]) for cls, trigger in TRIGGER_OF.items() if trigger in row)
+    return keyed
+
+
+ROWS: Final[Mapping[ConnectionState, Mapping[object, ConnectionState]]] = {
+    state: _row(row) for state, row in TRANSITIONS.items()
 }
