@@ -216,6 +216,10 @@ class ServerConnection:
             packets = self._decoder.receive_data(data)
         except RemoteProtocolError as exc:
             return [self._fail(exc)]
+        return self._handle_all(packets)
+
+    def _handle_all(self, packets: list[Packet]) -> list[Event]:
+        """Each packet in turn, until the connection closes; a protocol failure becomes a ProtocolFailed event."""
         events: list[Event] = []
         for packet in packets:
             state = self.state
@@ -379,15 +383,7 @@ class ServerConnection:
         else:
             self._send(ConnAck(0, session_present))
         held, self._held = self._held, []
-        events: list[Event] = []
-        for packet in held:
-            if self.closed:
-                break
-            try:
-                self._handle(packet, events)
-            except RemoteProtocolError as exc:
-                events.append(self._fail(exc))
-        return events
+        return self._handle_all(held)
 
     def refuse(self, reason_code: int, *, reason: str | None = None) -> None:
         """Send a failing CONNACK (the 3.1.1 return code closest to ``reason_code``) and close."""

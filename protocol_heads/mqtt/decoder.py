@@ -59,7 +59,13 @@ from protocol_heads.mqtt.packets import (
 
 __all__ = ["Decoder", "decode_varint"]
 
-_PUBLISH: Final = int(PacketType.PUBLISH)  # read for every packet: a plain int, not an Enum member look-up
+_PUBLISH: Final = int(PacketType.PUBLISH)
+_ID_ACKS: Final[Mapping[int, type[PubAck | PubRec | PubRel | PubComp]]] = {
+    PacketType.PUBACK: PubAck,
+    PacketType.PUBREC: PubRec,
+    PacketType.PUBREL: PubRel,
+    PacketType.PUBCOMP: PubComp,
+}  # read for every packet: a plain int, not an Enum member look-up
 
 
 def decode_varint(data: bytes | bytearray | memoryview, pos: int) -> tuple[int, int] | None:
@@ -175,6 +181,17 @@ class _Reader:
             values[pid] = value
         self.pos = end
         return Properties(values, tuple(user))
+
+    def reason_tail(self) -> tuple[int, Properties]:
+        """MQTT 5's optional end of an ack, DISCONNECT or AUTH: a reason code, then properties (0 and none when
+        left out)."""
+        rc = 0
+        props = NO_PROPERTIES
+        if self.remaining():
+            rc = self.u8()
+            if self.remaining():
+                props = self.properties()
+        return rc, props
 
     def done(self, what: str) -> None:
         if self.pos != self.end:
@@ -313,25 +330,37 @@ class Decoder:
         packet: Packet
         if ptype == PacketType.PUBLISH:
             packet = self._publish(flags, r, v5)
-        elif ptype in (PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP):
+        elif ptype in _ID_ACKS:
             pid = r.packet_id()
-            rc = 0
-            props = NO_PROPERTIES
-            if v5 and r.remaining():
-                rc = r.u8()
-                if r.remaining():
-                    props = r.properties()
-            if ptype == PacketType.PUBACK:
-                packet = PubAck(pid, rc, props)
-            elif ptype == PacketType.PUBREC:
-                packet = PubRec(pid, rc, props)
-            elif ptype == PacketType.PUBREL:
-                packet = PubRel(pid, rc, props)
-            else:
-                packet = PubComp(pid, rc, props)
-        elif ptype == PacketType.SUBSCRIBE:
-            pid = r.packet_id()
+            rc, props = r.reason_tail() if v5 else (0, NO_PROPERTIES)
+            packet = _ID_ACKS[ptype](pid, rc, props)
+        elif ptype in (PacketType.SUBSCRIBE, PacketType.SUBACK, PacketType.UNSUBSCRIBE, PacketType.UNSUBACK):
+            packet = self._subscription(ptype, r, v5)
+        elif ptype == PacketType.CONNACK:
+            ack_flags = r.u8()
+            if ack_flags & 0xFE:
+                raise MalformedPacket("reserved CONNACK flags")
+            rc = r.u8()
             props = r.properties() if v5 else NO_PROPERTIES
+            packet = ConnAck(rc, bool(ack_flags & 1), props)
+        elif ptype == PacketType.PINGREQ:
+            packet = PingReq()
+        elif ptype == PacketType.PINGRESP:
+            packet = PingResp()
+        elif ptype == PacketType.DISCONNECT:
+            packet = Disconnect(*r.reason_tail()) if v5 else Disconnect()
+        else:  # AUTH
+            if not v5:
+                raise MalformedPacket("AUTH is an MQTT 5 packet")
+            packet = Auth(*r.reason_tail())
+        r.done(type(packet).__name__.upper())
+        return packet
+
+    def _subscription(self, ptype: int, r: _Reader, v5: bool) -> Subscribe | SubAck | Unsubscribe | UnsubAck:
+        """SUBSCRIBE, SUBACK, UNSUBSCRIBE or UNSUBACK: a packet id and (MQTT 5) properties, then its list."""
+        pid = r.packet_id()
+        props = r.properties() if v5 else NO_PROPERTIES
+        if ptype == PacketType.SUBSCRIBE:
             subs: list[Subscription] = []
             while r.remaining():
                 topic = r.string()
@@ -349,55 +378,18 @@ class Decoder:
                     subs.append(Subscription(topic, qos))
             if not subs:
                 raise ProtocolViolation("SUBSCRIBE without a topic filter")
-            packet = Subscribe(pid, tuple(subs), props)
+            return Subscribe(pid, tuple(subs), props)
         elif ptype == PacketType.SUBACK:
-            pid = r.packet_id()
-            props = r.properties() if v5 else NO_PROPERTIES
-            packet = SubAck(pid, tuple(r.take(r.remaining())), props)
+            return SubAck(pid, tuple(r.take(r.remaining())), props)
         elif ptype == PacketType.UNSUBSCRIBE:
-            pid = r.packet_id()
-            props = r.properties() if v5 else NO_PROPERTIES
             filters: list[str] = []
             while r.remaining():
                 filters.append(r.string())
             if not filters:
                 raise ProtocolViolation("UNSUBSCRIBE without a topic filter")
-            packet = Unsubscribe(pid, tuple(filters), props)
-        elif ptype == PacketType.UNSUBACK:
-            pid = r.packet_id()
-            props = r.properties() if v5 else NO_PROPERTIES
-            packet = UnsubAck(pid, tuple(r.take(r.remaining())) if v5 else (), props)
-        elif ptype == PacketType.CONNACK:
-            ack_flags = r.u8()
-            if ack_flags & 0xFE:
-                raise MalformedPacket("reserved CONNACK flags")
-            rc = r.u8()
-            props = r.properties() if v5 else NO_PROPERTIES
-            packet = ConnAck(rc, bool(ack_flags & 1), props)
-        elif ptype == PacketType.PINGREQ:
-            packet = PingReq()
-        elif ptype == PacketType.PINGRESP:
-            packet = PingResp()
-        elif ptype == PacketType.DISCONNECT:
-            rc = 0
-            props = NO_PROPERTIES
-            if v5 and r.remaining():
-                rc = r.u8()
-                if r.remaining():
-                    props = r.properties()
-            packet = Disconnect(rc, props)
-        else:  # AUTH
-            if not v5:
-                raise MalformedPacket("AUTH is an MQTT 5 packet")
-            rc = 0
-            props = NO_PROPERTIES
-            if r.remaining():
-                rc = r.u8()
-                if r.remaining():
-                    props = r.properties()
-            packet = Auth(rc, props)
-        r.done(type(packet).__name__.upper())
-        return packet
+            return Unsubscribe(pid, tuple(filters), props)
+        else:  # UNSUBACK
+            return UnsubAck(pid, tuple(r.take(r.remaining())) if v5 else (), props)
 
     def _publish(self, flags: int, r: _Reader, v5: bool) -> Publish:
         qos = (flags >> 1) & 0x03

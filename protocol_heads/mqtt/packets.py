@@ -285,28 +285,28 @@ class Publish(msgspec.Struct, frozen=True, gc=False):
     properties: Properties = NO_PROPERTIES
 
 
-class PubAck(msgspec.Struct, frozen=True, gc=False):
+class _IdAck(msgspec.Struct, frozen=True, gc=False):
+    """What PUBACK, PUBREC, PUBREL and PUBCOMP carry: a packet id, then (MQTT 5) a reason code and properties."""
+
     packet_id: int
     reason_code: int = 0
     properties: Properties = NO_PROPERTIES
 
 
-class PubRec(msgspec.Struct, frozen=True, gc=False):
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = NO_PROPERTIES
+class PubAck(_IdAck, frozen=True, gc=False):
+    """The answer to a QoS 1 PUBLISH."""
 
 
-class PubRel(msgspec.Struct, frozen=True, gc=False):
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = NO_PROPERTIES
+class PubRec(_IdAck, frozen=True, gc=False):
+    """The first answer to a QoS 2 PUBLISH."""
 
 
-class PubComp(msgspec.Struct, frozen=True, gc=False):
-    packet_id: int
-    reason_code: int = 0
-    properties: Properties = NO_PROPERTIES
+class PubRel(_IdAck, frozen=True, gc=False):
+    """The sender's release of a QoS 2 message, after PUBREC."""
+
+
+class PubComp(_IdAck, frozen=True, gc=False):
+    """The last answer of a QoS 2 exchange, to PUBREL."""
 
 
 class Subscription(msgspec.Struct, frozen=True, gc=False):
@@ -349,14 +349,19 @@ class PingResp(msgspec.Struct, frozen=True, gc=False):
     pass
 
 
-class Disconnect(msgspec.Struct, frozen=True, gc=False):
+class _Reasoned(msgspec.Struct, frozen=True, gc=False):
+    """What DISCONNECT and AUTH carry: (MQTT 5) a reason code and properties."""
+
     reason_code: int = 0
     properties: Properties = NO_PROPERTIES
 
 
-class Auth(msgspec.Struct, frozen=True, gc=False):
-    reason_code: int = 0
-    properties: Properties = NO_PROPERTIES
+class Disconnect(_Reasoned, frozen=True, gc=False):
+    """The end of a connection, said by either side (by the server in MQTT 5 only)."""
+
+
+class Auth(_Reasoned, frozen=True, gc=False):
+    """MQTT 5 enhanced authentication (not offered by this head: a client's AUTH is a protocol error)."""
 
 
 Packet = (
