@@ -72,7 +72,9 @@ from protocol_heads.mqtt.packets import (
 from protocol_heads.mqtt.states import ROWS, TRANSITIONS, TRIGGER_OF, ConnectionState, Trigger
 
 __all__ = [
+    "ROWS",
     "TRANSITIONS",
+    "TRIGGER_OF",
     "ConnectRequested",
     "ConnectionState",
     "DeliveryAcked",
