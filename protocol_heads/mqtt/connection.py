@@ -92,8 +92,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# The states and the per-message triggers as module names: reading ``ConnectionState.CLOSED`` goes through the
-# Enum class (some 65 ns a read on CPython 3.11), a module global is cached; these are read for every packet.
+# The states and the per-message triggers as module names, read for every packet: reading
+# ``ConnectionState.CLOSED`` goes through the Enum class's attribute look-up, a module global is cached.
 _AWAIT_CONNECT: Final = ConnectionState.AWAIT_CONNECT
 _AUTHENTICATING: Final = ConnectionState.AUTHENTICATING
 _CONNECTED: Final = ConnectionState.CONNECTED
