@@ -1,11 +1,22 @@
-"""MQTT head: a sans-IO codec and connection state machine under a thin asyncio adapter.
+"""MQTT head: a sans-IO codec and connection state machine under a thin asyncio adapter (split as h11 splits).
 
-* ``codec``: MQTT 3.1.1 and 5.0 packets, bytes in → packets out and back (no state, no I/O).
-* ``connection``: the server side of one connection as one transition table (``ServerConnection``).
+Sans-IO, no sockets, no clocks:
+
+* ``packets``: the packet values (frozen msgspec Structs), their codes and the codec's errors.
+* ``decoder`` / ``encoder``: bytes in → packets out, packets in → bytes out; ``codec`` re-exports both with the
+  packets, as one import for their users.
+* ``fastpaths``: the per-message shortcuts (a PUBLISH on a known topic, PUBACK-only reads, a delivery's and an
+  ack's bytes), each pinned to its general path by tests/protocol_heads/mqtt/test_fastpaths.py.
+* ``states``: the connection's transition table; ``events``: what a connection tells the server; ``acks``: the
+  inbound ack slots in arrival order; ``connection``: the server side of one connection (``ServerConnection``).
 * ``iothub``: Azure IoT Hub topic, property-bag, identity and ACL conventions (pure functions).
 * ``caches``: per-connection memo dictionaries bounded in bytes (the topic caches).
-* ``settings``: ``MqttSettings``, every limit of the head with its safe default.
-* ``server``: the asyncio adapter (``MqttServer``, ``MqttSettings``) that talks to ``edgehub.hub.Hub``.
+
+The asyncio adapter:
+
+* ``client_socket``: one connection's socket side (reads, quick-ack, pausing, keepalive, TLS start, flushing).
+* ``session``: one connection's session side (login, events, ingest groups, twins, subscriptions, will).
+* ``server``: the listeners (``MqttServer``); ``settings``: ``MqttSettings``, every limit with its safe default.
 """
 
 from protocol_heads.mqtt.server import MqttServer, MqttSettings

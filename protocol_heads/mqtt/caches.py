@@ -16,9 +16,14 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Final, TypeVar
 
-__all__ = ["BudgetDict"]
+__all__ = ["TOPIC_CACHE_BYTES", "BudgetDict", "topic_cost"]
+
+# Per connection and per topic cache (decoder: topic bytes → str; encoder: topic → wire bytes): 32 KiB holds
+# some 100 topics of a device's usual length, and topics of up to ~4 KB.
+TOPIC_CACHE_BYTES: Final = 32 * 1024
+_ENTRY_OVERHEAD: Final = 128
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -48,3 +53,9 @@ class BudgetDict(dict[K, V]):
     def clear(self) -> None:
         super().clear()
         self.used = 0
+
+
+def topic_cost(nbytes: int) -> int:
+    """The price of a codec cache entry for a topic of ``nbytes`` UTF-8 bytes: its text twice (key and value)
+    plus a dict slot's and two objects' overhead."""
+    return _ENTRY_OVERHEAD + 2 * nbytes

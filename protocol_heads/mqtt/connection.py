@@ -1,6 +1,6 @@
 """The server side of one MQTT connection, sans-IO: ``receive_data(bytes)`` → events; actions → ``data_to_send()``.
 
-The whole protocol logic is the transition table ``TRANSITIONS`` below plus one handler per trigger; the
+The whole protocol logic is the transition table (``states.TRANSITIONS``) plus one handler per trigger here; the
 asyncio adapter (``server.py``) only moves bytes, runs timers and asks the hub.
 
 Invariants:
@@ -23,29 +23,36 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import struct
-from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from enum import Enum
 from typing import Final
 
 import msgspec
 
 from edgehub.core import LocalProtocolError, RemoteProtocolError
-from protocol_heads.mqtt.caches import BudgetDict
-from protocol_heads.mqtt.codec import (
+from protocol_heads.mqtt.acks import AckQueue
+from protocol_heads.mqtt.caches import TOPIC_CACHE_BYTES, BudgetDict
+from protocol_heads.mqtt.decoder import Decoder
+from protocol_heads.mqtt.encoder import encode
+from protocol_heads.mqtt.events import (
+    ConnectRequested,
+    DeliveryAcked,
+    Disconnected,
+    Event,
+    MessageReceived,
+    ProtocolFailed,
+    SubscribeRequested,
+    UnsubscribeRequested,
+)
+from protocol_heads.mqtt.fastpaths import encode_qos1_publish, plain_puback_ids, puback_success
+from protocol_heads.mqtt.packets import (
     MAX_VARINT,
     MQTT_50,
     NO_PROPERTIES,
-    TOPIC_CACHE_BYTES,
     Auth,
     ConnAck,
     Connect,
-    Decoder,
     Disconnect,
     Packet,
-    PacketType,
     PingReq,
     PingResp,
     Properties,
@@ -61,12 +68,13 @@ from protocol_heads.mqtt.codec import (
     Subscribe,
     UnsubAck,
     Unsubscribe,
-    encode,
-    encode_qos1_publish,
 )
+from protocol_heads.mqtt.states import ROWS, TRANSITIONS, TRIGGER_OF, ConnectionState, Trigger
 
 __all__ = [
+    "ROWS",
     "TRANSITIONS",
+    "TRIGGER_OF",
     "ConnectRequested",
     "ConnectionState",
     "DeliveryAcked",
@@ -84,168 +92,14 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_PUBACK_OK: Final = struct.Struct("!BBH")  # PUBACK, remaining length 2, packet id: reason 0 without properties
-
-
-class ConnectionState(Enum):
-    AWAIT_CONNECT = "await_connect"
-    AUTHENTICATING = "authenticating"  # CONNECT received; the server has not answered yet
-    CONNECTED = "connected"
-    CLOSED = "closed"
-
-
-class Trigger(Enum):
-    """What moves the state machine: a packet from the client, or an action of the server."""
-
-    CONNECT = "CONNECT"
-    PUBLISH = "PUBLISH"
-    PUBACK = "PUBACK"
-    PUBREL = "PUBREL"
-    SUBSCRIBE = "SUBSCRIBE"
-    UNSUBSCRIBE = "UNSUBSCRIBE"
-    PINGREQ = "PINGREQ"
-    DISCONNECT = "DISCONNECT"
-    AUTH = "AUTH"
-    # Server actions.
-    ACCEPT = "accept"
-    REFUSE = "refuse"
-    SETTLE = "settle"
-    SEND_MESSAGE = "send_message"
-    ANSWER_SUBSCRIPTION = "answer_subscription"
-    CLOSE = "close"
-
-
-_S = ConnectionState
-_T = Trigger
-
-# The one table: (state, trigger) → next state. A pair that is not here is a protocol violation when the client
-# caused it, and a LocalProtocolError when the server did.
-TRANSITIONS: Final[Mapping[ConnectionState, Mapping[Trigger, ConnectionState]]] = {
-    _S.AWAIT_CONNECT: {
-        _T.CONNECT: _S.AUTHENTICATING,
-        _T.CLOSE: _S.CLOSED,
-    },
-    _S.AUTHENTICATING: {
-        _T.ACCEPT: _S.CONNECTED,
-        _T.REFUSE: _S.CLOSED,
-        _T.CLOSE: _S.CLOSED,
-    },
-    _S.CONNECTED: {
-        _T.PUBLISH: _S.CONNECTED,
-        _T.PUBACK: _S.CONNECTED,
-        _T.PUBREL: _S.CONNECTED,
-        _T.SUBSCRIBE: _S.CONNECTED,
-        _T.UNSUBSCRIBE: _S.CONNECTED,
-        _T.PINGREQ: _S.CONNECTED,
-        _T.AUTH: _S.CONNECTED,
-        _T.DISCONNECT: _S.CLOSED,
-        _T.SETTLE: _S.CONNECTED,
-        _T.SEND_MESSAGE: _S.CONNECTED,
-        _T.ANSWER_SUBSCRIPTION: _S.CONNECTED,
-        _T.CLOSE: _S.CLOSED,
-    },
-    # Settling after close is allowed and does nothing: the hub may finish a write after the client left.
-    _S.CLOSED: {_T.SETTLE: _S.CLOSED, _T.CLOSE: _S.CLOSED},
-}
-
-_PACKET_TRIGGER: Final[Mapping[int, Trigger]] = {
-    PacketType.CONNECT: _T.CONNECT,
-    PacketType.PUBLISH: _T.PUBLISH,
-    PacketType.PUBACK: _T.PUBACK,
-    PacketType.PUBREL: _T.PUBREL,
-    PacketType.SUBSCRIBE: _T.SUBSCRIBE,
-    PacketType.UNSUBSCRIBE: _T.UNSUBSCRIBE,
-    PacketType.PINGREQ: _T.PINGREQ,
-    PacketType.DISCONNECT: _T.DISCONNECT,
-    PacketType.AUTH: _T.AUTH,
-}
-
-_PACKET_TYPE: Final[Mapping[type, PacketType]] = {
-    Connect: PacketType.CONNECT,
-    ConnAck: PacketType.CONNACK,
-    Publish: PacketType.PUBLISH,
-    PubAck: PacketType.PUBACK,
-    PubRec: PacketType.PUBREC,
-    PubRel: PacketType.PUBREL,
-    PubComp: PacketType.PUBCOMP,
-    Subscribe: PacketType.SUBSCRIBE,
-    SubAck: PacketType.SUBACK,
-    Unsubscribe: PacketType.UNSUBSCRIBE,
-    UnsubAck: PacketType.UNSUBACK,
-    PingReq: PacketType.PINGREQ,
-    PingResp: PacketType.PINGRESP,
-    Disconnect: PacketType.DISCONNECT,
-    Auth: PacketType.AUTH,
-}
-
-
-# --- events ---------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectRequested:
-    """A CONNECT arrived. Answer with ``accept()`` or ``refuse(reason)``."""
-
-    connect: Connect
-
-
-# A msgspec Struct, not a dataclass: one is built for every message, and its C __init__ takes an eighth of the
-# time of a frozen dataclass's (no reference cycles go through it, hence gc=False).
-class MessageReceived(msgspec.Struct, frozen=True, gc=False):
-    """A PUBLISH for the hub. ``ticket`` is its ack slot (None for QoS 0): settle it once the hub has
-    stored the message (or refused it). The topic alias, if any, is already resolved in ``publish.topic``."""
-
-    publish: Publish
-    ticket: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class SubscribeRequested:
-    """Answer with ``answer_subscribe(packet_id, reason_codes)``."""
-
-    subscribe: Subscribe
-
-
-@dataclass(frozen=True, slots=True)
-class UnsubscribeRequested:
-    """Answer with ``answer_unsubscribe(packet_id, reason_codes)``."""
-
-    unsubscribe: Unsubscribe
-
-
-# A msgspec Struct, as above: built for every message.
-class DeliveryAcked(msgspec.Struct, frozen=True, gc=False):
-    """The client acknowledged an outbound QoS 1 message (``reason_code`` ≥ 0x80: it refused it)."""
-
-    packet_id: int
-    reason_code: int
-
-
-@dataclass(frozen=True, slots=True)
-class Disconnected:
-    """The client sent DISCONNECT. ``publish_will`` is True only for MQTT 5's 0x04 (disconnect with will)."""
-
-    reason_code: int
-    publish_will: bool
-    session_expiry_s: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ProtocolFailed:
-    """The client broke the protocol; the connection is CLOSED and the goodbye is in ``data_to_send()``."""
-
-    error: RemoteProtocolError
-
-
-Event = (
-    ConnectRequested
-    | MessageReceived
-    | SubscribeRequested
-    | UnsubscribeRequested
-    | DeliveryAcked
-    | Disconnected
-    | ProtocolFailed
-)
+# The states and the per-message triggers as module names, read for every packet: reading
+# ``ConnectionState.CLOSED`` goes through the Enum class's attribute look-up, a module global is cached.
+_AWAIT_CONNECT: Final = ConnectionState.AWAIT_CONNECT
+_AUTHENTICATING: Final = ConnectionState.AUTHENTICATING
+_CONNECTED: Final = ConnectionState.CONNECTED
+_CLOSED: Final = ConnectionState.CLOSED
+_SEND_MESSAGE: Final = Trigger.SEND_MESSAGE
+_SETTLE: Final = Trigger.SETTLE
 
 
 class PeerPacketTooLarge(LocalProtocolError):
@@ -267,18 +121,7 @@ def v311_connack_code(reason: int) -> int:
     return table.get(reason, 0x05)
 
 
-# A msgspec Struct (mutable: settling sets its reason), not a dataclass: one per inbound QoS 1 message, and its C
-# __init__ is the cheaper one. Only ints and strings in it: gc=False.
-class _AckSlot(msgspec.Struct, gc=False):
-    ticket: int
-    qos: int
-    packet_id: int
-    reason: int | None = None
-    text: str | None = None  # MQTT 5 Reason String of a refusal
-
-
-@dataclass(slots=True)
-class _Qos2:
+class _Qos2(msgspec.Struct, gc=False):
     ticket: int
     rec_sent: bool = False
     rec_reason: int = 0
@@ -307,7 +150,8 @@ class ServerConnection:
     ) -> None:
         if not 1 <= receive_maximum <= 0xFFFF or outbound_window < 1 or not 0 <= topic_alias_maximum <= 0xFFFF:
             raise ValueError("receive_maximum, outbound_window or topic_alias_maximum out of range")
-        self.state = ConnectionState.AWAIT_CONNECT
+        self.state = _AWAIT_CONNECT  # moved only by _move, along the table
+        self._row = ROWS[self.state]
         self.max_packet_size = max_packet_size
         self.receive_maximum = receive_maximum
         self.outbound_window = outbound_window
@@ -318,14 +162,13 @@ class ServerConnection:
         self._names: BudgetDict[str, bytes] = BudgetDict(topic_cache_bytes)  # outbound topics' wire bytes
         self._out = bytearray()
         self._held: list[Packet] = []
-        self._acks: deque[_AckSlot] = deque()
-        self._slots: dict[int, _AckSlot] = {}
-        self._next_ticket = 1
+        self._acks = AckQueue(receive_maximum)
         self._qos2: dict[int, _Qos2] = {}
         self._aliases: dict[int, str] = {}
         self._inflight: dict[int, Publish] = {}
         self._next_packet_id = 1
-        self._peer_receive_maximum = 0xFFFF
+        # Outbound QoS 1 messages in flight at most: also under the client's Receive Maximum, and the ids there are.
+        self._window = min(outbound_window, 0xFFFF)
         self._peer_max_packet_size = MAX_VARINT + 5
 
     # --- properties --------------------------------------------------------------------------------------
@@ -336,7 +179,7 @@ class ServerConnection:
 
     @property
     def closed(self) -> bool:
-        return self.state is ConnectionState.CLOSED
+        return self.state is _CLOSED
 
     @property
     def keepalive_timeout_s(self) -> float | None:
@@ -353,7 +196,7 @@ class ServerConnection:
     @property
     def window_free(self) -> int:
         """How many more outbound QoS 1 messages may be sent now."""
-        return max(0, min(self.outbound_window, self._peer_receive_maximum) - len(self._inflight))
+        return max(0, self._window - len(self._inflight))
 
     def inflight(self) -> dict[int, Publish]:
         """Outbound QoS 1 messages not yet acknowledged, by packet id, in send order."""
@@ -375,26 +218,16 @@ class ServerConnection:
             packets = self._decoder.receive_data(data)
         except RemoteProtocolError as exc:
             return [self._fail(exc)]
+        return self._handle_all(packets)
+
+    def _handle_all(self, packets: list[Packet]) -> list[Event]:
+        """Each packet in turn, until the connection closes; a protocol failure becomes a ProtocolFailed event."""
         events: list[Event] = []
-        connected = ConnectionState.CONNECTED
         for packet in packets:
             state = self.state
-            if state is connected:
-                # The two packets of the message flow, without the general dispatch (its table look-ups and
-                # isinstance chain cost more than the PUBLISH handling itself); same transitions as the table.
-                if isinstance(packet, Publish):
-                    try:
-                        self._on_publish(packet, events)
-                    except RemoteProtocolError as exc:
-                        events.append(self._fail(exc))
-                    continue
-                if isinstance(packet, PubAck):
-                    if self._inflight.pop(packet.packet_id, None) is not None:
-                        events.append(DeliveryAcked(packet.packet_id, packet.reason_code))
-                    continue
-            elif state is ConnectionState.CLOSED:
+            if state is _CLOSED:
                 break
-            if self.state is ConnectionState.AUTHENTICATING:
+            if state is _AUTHENTICATING:
                 # Pipelined after CONNECT: kept until the server has decided.
                 self._held.append(packet)
                 continue
@@ -409,32 +242,32 @@ class ServerConnection:
         self._decoder.discard_partial()
 
     def receive_acks(self, data: bytes) -> list[int] | None:
-        """``receive_data`` for a read of nothing but plain PUBACKs while connected (``Decoder.puback_ids``):
-        the packet ids of the deliveries they acknowledge, as its ``DeliveryAcked`` events would have given
-        them (reason code success), without the events. None for anything else: nothing was consumed, and
-        ``receive_data`` takes the bytes."""
-        if self.state is not ConnectionState.CONNECTED:
+        """``receive_data`` for a read of nothing but plain PUBACKs (``fastpaths.plain_puback_ids``): the packet
+        ids of the deliveries they acknowledge, as its ``DeliveryAcked`` events would have given them (reason
+        code success), without the events. None for anything else: nothing was consumed, and ``receive_data``
+        takes the bytes."""
+        if PubAck not in self._row or not self._decoder.at_packet_boundary():
             return None
-        ids = self._decoder.puback_ids(data)
+        ids = plain_puback_ids(data)
         if ids is None:
             return None
-        inflight = self._inflight
-        return [pid for pid in ids if inflight.pop(pid, None) is not None]
+        return [pid for pid in ids if self._acked(pid)]
 
     def _handle(self, packet: Packet, events: list[Event]) -> None:
-        trigger = _PACKET_TRIGGER.get(_PACKET_TYPE[type(packet)])
-        if trigger is None:
-            raise ProtocolViolation(f"a client does not send {type(packet).__name__.upper()}")
-        nxt = TRANSITIONS[self.state].get(trigger)
+        """One packet from the client, through the table (its next state, looked up by its type), then its handler."""
+        nxt = self._row.get(type(packet))
         if nxt is None:
+            trigger = TRIGGER_OF.get(type(packet))
+            if trigger is None:
+                raise ProtocolViolation(f"a client does not send {type(packet).__name__.upper()}")
             raise ProtocolViolation(f"{trigger.value} in state {self.state.value}")
-        if isinstance(packet, Connect):
-            self._on_connect(packet, events)
-        elif isinstance(packet, Publish):
+        if isinstance(packet, Publish):  # the per-message packets first
             self._on_publish(packet, events)
         elif isinstance(packet, PubAck):
-            if self._inflight.pop(packet.packet_id, None) is not None:
+            if self._acked(packet.packet_id):
                 events.append(DeliveryAcked(packet.packet_id, packet.reason_code))
+        elif isinstance(packet, Connect):
+            self._on_connect(packet, events)
         elif isinstance(packet, PubRel):
             self._on_pubrel(packet)
         elif isinstance(packet, Subscribe):
@@ -449,7 +282,12 @@ class ServerConnection:
         elif isinstance(packet, Auth):
             # Enhanced authentication is not offered; an AUTH packet is a protocol error [MQTT-4.12.0-1].
             raise ProtocolViolation("AUTH without an authentication method", reason_code=ReasonCode.PROTOCOL_ERROR)
-        self.state = nxt
+        if nxt is not self.state:
+            self._move(nxt)
+
+    def _acked(self, packet_id: int) -> bool:
+        """The client acknowledged outbound ``packet_id``: it leaves the window. False if it was not in flight."""
+        return self._inflight.pop(packet_id, None) is not None
 
     def _on_connect(self, c: Connect, events: list[Event]) -> None:
         self.connect = c
@@ -458,7 +296,8 @@ class ServerConnection:
             rm = c.properties.get_int(PropertyId.RECEIVE_MAXIMUM)
             if rm == 0:
                 raise ProtocolViolation("Receive Maximum 0")
-            self._peer_receive_maximum = rm if rm is not None else 0xFFFF
+            if rm is not None:
+                self._window = min(self.outbound_window, rm)
             mps = c.properties.get_int(PropertyId.MAXIMUM_PACKET_SIZE)
             if mps == 0:
                 raise ProtocolViolation("Maximum Packet Size 0")
@@ -495,13 +334,7 @@ class ServerConnection:
                 if known.rec_sent:
                     self._send(PubRec(p.packet_id, known.rec_reason))
                 return
-        if len(self._acks) >= self.receive_maximum:
-            raise ProtocolViolation("more unacknowledged messages than Receive Maximum", reason_code=0x93)
-        ticket = self._next_ticket
-        self._next_ticket += 1
-        slot = _AckSlot(ticket, p.qos, p.packet_id)
-        self._acks.append(slot)
-        self._slots[ticket] = slot
+        ticket = self._acks.open(p.qos, p.packet_id)
         if p.qos == 2:
             self._qos2[p.packet_id] = _Qos2(ticket)
         events.append(MessageReceived(p, ticket))
@@ -518,15 +351,21 @@ class ServerConnection:
 
     # --- server actions ----------------------------------------------------------------------------------
 
-    def _require(self, trigger: Trigger) -> ConnectionState:
-        nxt = TRANSITIONS[self.state].get(trigger)
+    def _go(self, trigger: Trigger) -> None:
+        """A server action, through the table: a LocalProtocolError where the current state has no such move."""
+        nxt = self._row.get(trigger)
         if nxt is None:
             raise LocalProtocolError(f"cannot {trigger.value} in state {self.state.value}")
-        return nxt
+        if nxt is not self.state:
+            self._move(nxt)
+
+    def _move(self, state: ConnectionState) -> None:
+        self.state = state
+        self._row = ROWS[state]
 
     def accept(self, *, session_present: bool = False, properties: Properties | None = None) -> list[Event]:
         """Send CONNACK success; returns the events of packets the client pipelined after CONNECT."""
-        self.state = self._require(Trigger.ACCEPT)
+        self._go(Trigger.ACCEPT)
         if self.v5:
             values: dict[PropertyId, int | str | bytes] = {
                 PropertyId.RECEIVE_MAXIMUM: self.receive_maximum,
@@ -546,21 +385,13 @@ class ServerConnection:
         else:
             self._send(ConnAck(0, session_present))
         held, self._held = self._held, []
-        events: list[Event] = []
-        for packet in held:
-            if self.closed:
-                break
-            try:
-                self._handle(packet, events)
-            except RemoteProtocolError as exc:
-                events.append(self._fail(exc))
-        return events
+        return self._handle_all(held)
 
     def refuse(self, reason_code: int, *, reason: str | None = None) -> None:
         """Send a failing CONNACK (the 3.1.1 return code closest to ``reason_code``) and close."""
         if reason_code < 0x80:
             raise ValueError("a refusal needs a reason code of 0x80 or more")
-        self.state = self._require(Trigger.REFUSE)
+        self._go(Trigger.REFUSE)
         self._held.clear()
         if self.v5:
             props = Properties({PropertyId.REASON_STRING: reason}) if reason else NO_PROPERTIES
@@ -578,33 +409,21 @@ class ServerConnection:
         """``settle`` for several messages at once: ``(ticket, reason code, reason)`` each. The acks that become
         due go out together, in arrival order (a group of one read is answered in one call, not one per
         message)."""
-        if self.state is not ConnectionState.CONNECTED:
-            self.state = self._require(Trigger.SETTLE)
-        slots = self._slots
+        self._go(_SETTLE)
         try:
-            for ticket, reason_code, reason in answers:
-                slot = slots.get(ticket)
-                if slot is None:
-                    if self.closed:
-                        return
-                    raise LocalProtocolError(f"unknown or already settled ticket {ticket}")
-                if slot.reason is not None:
-                    raise LocalProtocolError(f"ticket {ticket} settled twice")
-                slot.reason = reason_code
-                slot.text = reason if reason_code >= 0x80 else None
+            self._acks.settle(answers, closed=self.closed)
         finally:
             self._send_due_acks()  # what was settled before a misuse still goes out
 
     def _send_due_acks(self) -> None:
-        acks = self._acks
-        while acks and acks[0].reason is not None and self.state is not ConnectionState.CLOSED:
-            head = acks.popleft()
-            del self._slots[head.ticket]
+        if self.closed:
+            return
+        for head in self._acks.take_due():
             rc = head.reason
             assert rc is not None
             if rc == 0 and head.qos == 1:
                 # The common ack: PUBACK success, no properties (the bytes encode() gives, without building it).
-                self._out += _PUBACK_OK.pack(0x40, 2, head.packet_id)
+                self._out += puback_success(head.packet_id)
                 continue
             if rc >= 0x80 and not self.v5:
                 # 3.1.1 has no negative ack: the client learns by losing the connection [issue 4].
@@ -627,14 +446,14 @@ class ServerConnection:
 
     def answer_subscribe(self, packet_id: int, reason_codes: Iterable[int]) -> None:
         """SUBACK: per filter, the granted QoS (0..2) or a failure (0x80; MQTT 5 may use its specific codes)."""
-        self.state = self._require(Trigger.ANSWER_SUBSCRIPTION)
+        self._go(Trigger.ANSWER_SUBSCRIPTION)
         codes = tuple(reason_codes)
         if not self.v5:
             codes = tuple(c if c < 0x80 else 0x80 for c in codes)
         self._send(SubAck(packet_id, codes))
 
     def answer_unsubscribe(self, packet_id: int, reason_codes: Iterable[int]) -> None:
-        self.state = self._require(Trigger.ANSWER_SUBSCRIPTION)
+        self._go(Trigger.ANSWER_SUBSCRIPTION)
         self._send(UnsubAck(packet_id, tuple(reason_codes) if self.v5 else ()))
 
     def send_message(
@@ -642,39 +461,23 @@ class ServerConnection:
     ) -> int | None:
         """Send an outbound PUBLISH; returns its packet id (None for QoS 0). Raises LocalProtocolError when the
         window is full, and ``PeerPacketTooLarge`` when the client could not take the packet."""
-        if self.state is not ConnectionState.CONNECTED:
-            self.state = self._require(Trigger.SEND_MESSAGE)
+        if self._row.get(_SEND_MESSAGE) is not self.state:  # the table's answer, without a call when it stays
+            self._go(_SEND_MESSAGE)
         if qos not in (0, 1):
             raise LocalProtocolError(f"outbound QoS {qos}: the head sends QoS 0 and 1 only")
-        packet_id = None
-        if qos == 1:
-            inflight = self._inflight
-            if len(inflight) >= min(self.outbound_window, self._peer_receive_maximum):
-                raise LocalProtocolError("outbound window full")
-            packet_id = self._next_packet_id
-            if packet_id in inflight:
-                packet_id = self._allocate_packet_id()
-            else:
-                self._next_packet_id = packet_id % 0xFFFF + 1
-            v5 = self.protocol_level == MQTT_50
-            if properties is NO_PROPERTIES or not v5:
-                # The module deliveries' path (one call per message delivered): the bytes without building them
-                # through encode()'s dispatch, and _send_publish's bookkeeping in line.
-                wire = encode_qos1_publish(topic, payload, packet_id, dup=dup, v5=v5, names=self._names)
-                if len(wire) > self._peer_max_packet_size:
-                    raise PeerPacketTooLarge(
-                        f"PUBLISH of {len(wire)} bytes over the client's {self._peer_max_packet_size}"
-                    )
-                inflight[packet_id] = Publish(topic, payload, 1, False, dup, packet_id, NO_PROPERTIES)
-                self._out += wire
-                return packet_id
-        publish = Publish(topic, payload, qos, False, dup, packet_id, properties if self.v5 else NO_PROPERTIES)
-        self._send_publish(publish)
+        v5 = self.protocol_level == MQTT_50
+        packet_id = self._packet_id_in_window() if qos else None
+        publish = Publish(topic, payload, qos, False, dup, packet_id, properties if v5 else NO_PROPERTIES)
+        wire = None
+        if packet_id is not None and publish.properties is NO_PROPERTIES:
+            # A module delivery (one per message): its bytes without encode()'s dispatch, topic bytes cached.
+            wire = encode_qos1_publish(topic, payload, packet_id, dup=dup, v5=v5, names=self._names)
+        self._send_publish(publish, wire)
         return packet_id
 
     def resume(self, inflight: Mapping[int, Publish]) -> None:
         """Redeliver a session's unacknowledged messages with DUP, keeping their packet ids [MQTT-4.4.0-1]."""
-        self._require(Trigger.SEND_MESSAGE)
+        self._go(_SEND_MESSAGE)
         for packet_id, publish in inflight.items():
             again = msgspec.structs.replace(publish, dup=True, packet_id=packet_id)
             self._send_publish(again)
@@ -684,13 +487,13 @@ class ServerConnection:
         if self.closed:
             return
         before = self.state
-        self.state = self._require(Trigger.CLOSE)
+        self._go(Trigger.CLOSE)
         if not self.v5:
             return
         props = Properties({PropertyId.REASON_STRING: reason}) if reason else NO_PROPERTIES
-        if before is ConnectionState.CONNECTED:
+        if before is _CONNECTED:
             self._send(Disconnect(reason_code, props))
-        elif before is ConnectionState.AUTHENTICATING:
+        elif before is _AUTHENTICATING:
             self._send(ConnAck(max(reason_code, 0x80), False, props))
 
     # --- internals ---------------------------------------------------------------------------------------
@@ -705,13 +508,16 @@ class ServerConnection:
             self._inflight[publish.packet_id] = publish
         self._out += wire
 
-    def _allocate_packet_id(self) -> int:
-        for _ in range(0xFFFF):
-            pid = self._next_packet_id
-            self._next_packet_id = pid % 0xFFFF + 1
-            if pid not in self._inflight:
-                return pid
-        raise LocalProtocolError("no free packet identifier")
+    def _packet_id_in_window(self) -> int:
+        """A free packet id for an outbound QoS 1 message; a LocalProtocolError when the window is full."""
+        inflight = self._inflight
+        if len(inflight) >= self._window:
+            raise LocalProtocolError("outbound window full")
+        pid = self._next_packet_id
+        while pid in inflight:  # ends: the window is under 0xFFFF ids
+            pid = pid % 0xFFFF + 1
+        self._next_packet_id = pid % 0xFFFF + 1
+        return pid
 
     def _send(self, packet: Packet) -> None:
         self._out += encode(packet, self.protocol_level)
@@ -735,20 +541,20 @@ class ServerConnection:
         return self.connect.client_id if self.connect is not None else "?"
 
     def _close_quietly(self) -> None:
-        self.state = ConnectionState.CLOSED
+        self._go(Trigger.CLOSE)
         self._held.clear()
 
     def _fail(self, exc: RemoteProtocolError) -> ProtocolFailed:
         rc = exc.reason_code if exc.reason_code is not None else ReasonCode.PROTOCOL_ERROR
         # DEBUG: the server logs the refusal from the ProtocolFailed event, rate-limited (RefusalLog).
         log.debug("mqtt.protocol_error client=%s reason=0x%02x detail=%s", self._client_id(), rc, exc)
-        if self.state is ConnectionState.AWAIT_CONNECT:
+        if self.state is _AWAIT_CONNECT:
             if rc == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
                 # The level is unknown or unsupported: answer in 3.1.1's words [MQTT-3.1.2-2].
                 self._out += encode(ConnAck(0x01, False), 4)
-        elif self.v5 and self.state is ConnectionState.CONNECTED:
+        elif self.v5 and self.state is _CONNECTED:
             self._send(Disconnect(rc))
-        elif self.v5 and self.state is ConnectionState.AUTHENTICATING:
+        elif self.v5 and self.state is _AUTHENTICATING:
             self._send(ConnAck(rc, False))
         self._close_quietly()
         return ProtocolFailed(exc)

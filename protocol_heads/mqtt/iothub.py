@@ -141,10 +141,10 @@ def username_identity(username: str, client_id: str) -> Identity:
 _UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]*")
 
 
-# quote() costs ~4 µs for "application/json", the match ~0.2 µs for a plain word: names and values are
-# remembered quoted (device ids, content types, property names and values recur on every message of a device),
-# a look-up being cheaper than either. Bounded: cleared when full (unique values, such as message ids, pass), and
-# only strings of up to _QUOTED_MAX_LEN characters are kept: 4,096 entries of 64 KB values were 268 MB.
+# quote() is some twenty times slower than the match for a plain word: names and values are remembered quoted
+# (device ids, content types, property names and values recur on every message of a device), a look-up being
+# cheaper than either. Bounded: cleared when full (unique values, such as message ids, pass), and only strings of
+# up to _QUOTED_MAX_LEN characters are kept: 4,096 entries of 64 KB values would be 268 MB.
 _QUOTED: dict[str, str] = {}
 _QUOTED_MAX = 4096
 _QUOTED_MAX_LEN = 128

@@ -33,7 +33,9 @@ from protocol_heads.mqtt.codec import (
     encode,
 )
 from protocol_heads.mqtt.connection import (
+    ROWS,
     TRANSITIONS,
+    TRIGGER_OF,
     ConnectionState,
     ConnectRequested,
     DeliveryAcked,
@@ -43,6 +45,7 @@ from protocol_heads.mqtt.connection import (
     ProtocolFailed,
     ServerConnection,
     SubscribeRequested,
+    Trigger,
     UnsubscribeRequested,
 )
 
@@ -429,6 +432,36 @@ def test_unsupported_protocol_level_gets_connack_0x01() -> None:
 
 def test_the_table_has_no_way_out_of_closed_but_settling_and_closing() -> None:
     assert set(TRANSITIONS[ConnectionState.CLOSED].values()) == {ConnectionState.CLOSED}
+
+
+def test_the_rows_the_connection_reads_say_what_the_table_says() -> None:
+    # ROWS is the table keyed also by packet class (one look-up per packet): it must add nothing and drop nothing.
+    for state in ConnectionState:
+        row = ROWS[state]
+        for trigger in Trigger:
+            assert row.get(trigger) is TRANSITIONS[state].get(trigger)
+        for cls, trigger in TRIGGER_OF.items():
+            assert row.get(cls) is TRANSITIONS[state].get(trigger)
+        assert len(row) == len(TRANSITIONS[state]) + sum(t in TRANSITIONS[state] for t in TRIGGER_OF.values())
+
+
+def test_packet_ids_wrap_after_65535_and_skip_ids_still_in_flight() -> None:
+    pair = Pair(outbound_window=2)
+    pair.connect()
+    held = pair.server.send_message("in", b"kept")  # never acked
+    assert held == 1
+    for expected in range(2, 0x10000):
+        pid = pair.server.send_message("in", b"x")
+        assert pid == expected
+        pair.server.receive_data(encode(PubAck(pid), 4))
+    assert pair.server.send_message("in", b"y") == 2  # 65535 wraps to 1, which is still in flight
+    assert list(pair.server.inflight()) == [1, 2]
+
+
+def test_a_client_receive_maximum_over_the_window_leaves_the_window() -> None:
+    pair = Pair(MQTT_50, outbound_window=4)
+    pair.connect(properties=Properties({PropertyId.RECEIVE_MAXIMUM: 100}))
+    assert pair.server.window_free == 4
 
 
 @settings(max_examples=300, deadline=None)

@@ -20,6 +20,7 @@ import pytest
 from edgehub.core import Message
 from edgehub.testing import InMemoryHub
 from edgehub.testing.certs import TestCA
+from protocol_heads.mqtt.client_socket import ClientSocket
 from protocol_heads.mqtt.codec import (
     MQTT_50,
     ConnAck,
@@ -35,7 +36,7 @@ from protocol_heads.mqtt.codec import (
     Subscription,
     encode,
 )
-from protocol_heads.mqtt.server import MqttServer, MqttSettings, _Client
+from protocol_heads.mqtt.server import MqttServer, MqttSettings
 from tests.protocol_heads.mqtt.conftest import DEV, DEVICE_KEY, HOST, sas_password, server_context, username
 from tests.protocol_heads.mqtt.rawclient import RawClient
 
@@ -87,12 +88,13 @@ def no_cycle_collector() -> Iterator[None]:
         gc.enable()
 
 
-def live_clients() -> list[_Client]:
-    return [o for o in gc.get_objects() if type(o) is _Client]
+def live_clients() -> list[ClientSocket]:
+    return [o for o in gc.get_objects() if type(o) is ClientSocket]
 
 
 class Watch:
-    """Weak references to the ``_Client`` and ``ServerConnection`` of every connection made while watching."""
+    """Weak references to the socket side, the session side and the ``ServerConnection`` of every connection made
+    while watching."""
 
     def __init__(self) -> None:
         self._before = {id(c) for c in live_clients()}
@@ -103,11 +105,13 @@ class Watch:
             if id(c) not in self._before:
                 self._before.add(id(c))
                 self.refs.append(weakref.ref(c))
+                self.refs.append(weakref.ref(c.session))
                 self.refs.append(weakref.ref(c.conn))
-        return len(self.refs) // 2
+        return len(self.refs) // 3
 
     async def seen(self, count: int) -> None:
-        """Until ``count`` connections of this watch have their ``_Client`` (taken as soon as the server has it)."""
+        """Until ``count`` connections of this watch have their ``ClientSocket`` (taken as soon as the server has
+        it)."""
         await polled(lambda: self.take() >= count)
 
     def alive(self) -> int:

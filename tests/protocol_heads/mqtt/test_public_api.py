@@ -11,18 +11,43 @@ import edgehub.hub.admission
 import edgehub.hub.throttle
 import edgehub.testing.hub
 from edgehub.core import sas
-from protocol_heads.mqtt import caches, codec, connection, iothub, server, settings
+from protocol_heads.mqtt import (
+    acks,
+    caches,
+    client_socket,
+    codec,
+    connection,
+    decoder,
+    encoder,
+    events,
+    fastpaths,
+    iothub,
+    packets,
+    server,
+    session,
+    settings,
+    states,
+)
 
 
 @pytest.mark.parametrize(
     "module",
     [
+        acks,
         caches,
+        client_socket,
         codec,
         connection,
+        decoder,
+        encoder,
+        events,
+        fastpaths,
         iothub,
+        packets,
         server,
+        session,
         settings,
+        states,
         sas,
         edgehub.hub,
         edgehub.hub.admission,

@@ -1,0 +1,473 @@
+"""The socket side of one MQTT connection: an ``asyncio.BufferedProtocol`` that moves bytes between the socket and
+``ServerConnection``, and keeps the connection's timers and pauses. What the client is to the hub (login, events,
+ingest, twins, will) is the session side, ``Session`` in ``session.py``, which it feeds every read.
+
+Once the client is authenticated, every read arrives in ``buffer_updated`` and goes to the session there, without
+a task wake-up, a stream buffer or a timeout per read. Reads go into one buffer per server, allocated once; each
+read is copied out of it before anything else runs, and the event loop calls ``get_buffer`` and
+``buffer_updated`` back to back, so connections never see each other's bytes. The connection's task
+(``mqtt.client {peer}``, ``run``) only does the TLS handshake and the login, waits for the end and cleans up.
+
+While deliveries to a client wait for its acks, its segments are ACKed at once (Linux: ``TCP_QUICKACK``, set again
+after each of its reads, since the kernel drops it): most clients leave Nagle's algorithm on, so a client holds a
+small PUBACK back until its previous segment is ACKed, and the kernel delays that ACK by up to 40 ms when the hub
+has nothing to send back, which stalled delivery each time a window drained. A client that only publishes gets
+its PUBACKs (and the ACK with them) once its group is stored, and acking its segments at once would only split
+its PUBLISHes into smaller reads.
+
+Invariants:
+* Reading pauses while the session has ``max_groups_in_flight`` groups waiting on the hub, while the socket's write
+  buffer is over its high-water mark (a client that does not read its acks is not read either), and before login
+  once more than a read's worth waits; once the connection has ended, reading stays paused.
+* Connections are counted from accept (``ConnectionLimiter``); the TLS handshake runs in the connection's task
+  (``loop.start_tls``: with ``create_server(ssl=...)`` the protocol hears of a connection only after its handshake,
+  so handshakes piled up uncounted), and the handshake, CONNECT and login share one timeout.
+* A client silent for 1.5x its keepalive is closed (MQTT 5: 0x8D). Silence is kept by one timer per connection,
+  moved on only when it fires, and not counted while reading is paused by us; but a client that does not read
+  (its write buffer stays over the high-water mark) for its keepalive timeout, or ``not_reading_timeout_s``
+  without one, is aborted, its unread bytes dropped.
+* A closed connection is freed by reference counting alone (``dispose`` breaks every cycle through it and its
+  session): ``edgehub run`` runs the cycle collector rarely, and cycles of closed connections held their buffers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import socket
+import ssl
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+from edgehub.core.refusals import RefusalReason
+from edgehub.hub import Cap, Ticket
+from protocol_heads.mqtt.connection import ServerConnection
+from protocol_heads.mqtt.packets import ReasonCode
+from protocol_heads.mqtt.session import Session
+
+if TYPE_CHECKING:
+    from protocol_heads.mqtt.server import MqttServer
+
+__all__ = ["READ_SIZE", "ClientSocket"]
+
+log = logging.getLogger(__name__)
+
+READ_SIZE = 256 * 1024  # the server's one read buffer; also what may wait unread before login
+_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only; see the module docstring
+# How long a closing TLS connection waits for the peer's close_notify (asyncio's default: 30 s, the connection's
+# buffers held all along).
+_TLS_SHUTDOWN_S = 5.0
+
+
+def _feed(transport: asyncio.BaseTransport, data: bytes) -> None:
+    """Hand ``data`` to the (buffered) protocol now on ``transport``, as if the socket had just read it."""
+    protocol = cast(asyncio.BufferedProtocol, transport.get_protocol())
+    view = memoryview(data)
+    while view:
+        buf = memoryview(protocol.get_buffer(len(view)))
+        n = min(len(buf), len(view))
+        buf[:n] = view[:n]
+        protocol.buffer_updated(n)
+        view = view[n:]
+
+
+class ClientSocket(asyncio.BufferedProtocol):
+    """One connection's socket side (module docstring); ``session`` is its session side, ``conn`` the protocol."""
+
+    def __init__(self, server: MqttServer, tls: ssl.SSLContext | None) -> None:
+        self.server = server
+        self.settings = s = server.settings
+        self.transport: asyncio.Transport | None = None
+        self._tls = tls  # the handshake still to run in the connection's task, or None (plain TCP)
+        # What the socket said before start_tls took it over (uvloop starts reading after connection_made even
+        # when it paused reading): the ClientHello, handed to the TLS layer first. None: TLS is on or not used.
+        self._early: bytearray | None = bytearray() if tls is not None else None
+        self.peer = "?"  # address:port, for task names
+        self.address = "?"  # the source address: the key of the pre-login caps, the throttle and refusal lines
+        self._port: object = "?"
+        self.client_id: str | None = None  # the authenticated identity, for refusal lines
+        self.ticket: Ticket | None = None  # this connection's place under the ConnectionLimiter's caps
+        self.conn = ServerConnection(
+            max_packet_size=s.max_packet_size,
+            receive_maximum=s.receive_maximum,
+            outbound_window=s.outbound_window,
+            topic_cache_bytes=s.topic_cache_bytes,
+        )
+        self.session = Session(server, self, self.conn)
+        self._flush_scheduled = False
+        self._loop = asyncio.get_running_loop()
+        # Reads before the client is live (CONNECT, and what follows it while the hub authenticates).
+        self._inbox: deque[bytes] = deque()
+        self._inbox_bytes = 0
+        self._data_waiter: asyncio.Future[None] | None = None
+        self._live = False  # authenticated: reads go straight to the session
+        self._ended = False  # no more reads are taken (closed, EOF, lost, keepalive, crash)
+        self._end: asyncio.Future[None] = self._loop.create_future()  # set when _ended is
+        self._lost: asyncio.Future[None] = self._loop.create_future()  # set by connection_lost
+        self._groups_in_flight = 0
+        self._writing_paused = False
+        self._reading_paused = False
+        self._keepalive: asyncio.TimerHandle | None = None
+        self._not_reading: asyncio.TimerHandle | None = None  # armed while writing is paused (module docstring)
+        self._last_read = 0.0
+        self._quickack: Callable[[], None] | None = None  # re-arms TCP_QUICKACK (see the module docstring)
+        self._quickack_sock: socket.socket | None = None
+
+    # --- asyncio.BufferedProtocol --------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+        peername = transport.get_extra_info("peername")
+        if isinstance(peername, tuple) and len(peername) >= 2:
+            self.address = str(peername[0])
+            self._port = peername[1]
+            self.peer = f"{peername[0]}:{peername[1]}"
+        admitted = self.server.limiter.admit(self.address)
+        if isinstance(admitted, Cap):
+            # Closed at once, before any handshake or buffer: a flood costs a descriptor for an instant.
+            self.refused(RefusalReason.TOO_MANY_CONNECTIONS, cap=admitted.value)
+            self._ended = True
+            self.transport.abort()
+            self.dispose()
+            return
+        self.ticket = admitted
+        if self._tls is not None:
+            self.transport.pause_reading()  # the ClientHello waits for start_tls (run)
+        sock = transport.get_extra_info("socket")
+        if _QUICKACK is not None and sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # A socket object of our own, on a duplicate of the descriptor (closed in connection_lost): uvloop's
+            # transport socket builds and detaches a socket object for every setsockopt.
+            own = socket.socket(sock.family, sock.type, sock.proto, fileno=os.dup(sock.fileno()))
+            self._quickack_sock = own
+            self._quickack = functools.partial(own.setsockopt, socket.IPPROTO_TCP, _QUICKACK, 1)
+        self.server._start(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.server._read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        data = bytes(self.server._read_buffer[:nbytes])
+        if self._early is not None:  # TLS bytes before the handshake began: keep them for it (see __init__)
+            self._early += data
+            if self.transport is not None:
+                self.transport.pause_reading()
+            return
+        if self._live:
+            if self._quickack is not None and self.session.awaiting_acks:  # see the module docstring
+                try:
+                    self._quickack()
+                except OSError:
+                    pass  # the peer is gone: the read's handling finds out
+            self._last_read = self._loop.time()
+            try:
+                self.session.on_data(data)
+            except Exception:
+                # A bug in handling this client's bytes ends this client only.
+                log.exception("mqtt.client_crashed peer=%s", self.peer)
+                self.finish()
+            return
+        if self._ended:
+            return
+        self._inbox.append(data)
+        self._inbox_bytes += len(data)
+        if self._inbox_bytes > READ_SIZE:  # the login has not taken it yet: do not buffer without bound
+            self._update_reading()
+        self._wake_reader()
+
+    def eof_received(self) -> bool:
+        self.finish()
+        # Keep the write side open until cleanup: acks of groups still being stored may go out (TLS cannot).
+        return self.transport is not None and self.transport.get_extra_info("sslcontext") is None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._not_reading is not None:
+            self._not_reading.cancel()
+            self._not_reading = None
+        self._close_quickack()
+        self.finish()
+        if not self._lost.done():
+            self._lost.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        if self._not_reading is None and not self._ended:
+            limit = self.conn.keepalive_timeout_s or self.settings.not_reading_timeout_s
+            self._not_reading = self._loop.call_later(limit, self._stopped_reading, limit)
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        if self._not_reading is not None:
+            self._not_reading.cancel()
+            self._not_reading = None
+        self._update_reading()
+
+    def _stopped_reading(self, limit: float) -> None:
+        """The client has left our writes unread for ``limit`` seconds: abort, dropping what it did not read."""
+        self._not_reading = None
+        if self._ended or not self._writing_paused:
+            return
+        self.refused(RefusalReason.NOT_READING, waited_s=limit)
+        self.conn.close(ReasonCode.KEEP_ALIVE_TIMEOUT)
+        if self.transport is not None:
+            self.transport.abort()
+        self.finish()
+
+    # --- reading -------------------------------------------------------------------------------------------
+
+    def _update_reading(self) -> None:
+        """Read unless a limit says not to: the login's buffer, the groups in flight, the write buffer."""
+        transport = self.transport
+        if self._ended or transport is None or transport.is_closing():
+            return  # once ended, reading stays paused (finish) whatever frees up later
+        pause = (
+            self._writing_paused
+            or self._groups_in_flight >= self.settings.max_groups_in_flight
+            or (not self._live and self._inbox_bytes > READ_SIZE)
+        )
+        if pause != self._reading_paused:
+            self._reading_paused = pause
+            if pause:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+
+    def group_started(self) -> None:
+        """The session handed a group to the hub: at ``max_groups_in_flight`` reading pauses."""
+        self._groups_in_flight += 1
+        if self._groups_in_flight >= self.settings.max_groups_in_flight:
+            self._update_reading()
+
+    def group_done(self) -> None:
+        self._groups_in_flight -= 1
+        if self._reading_paused:
+            self._update_reading()
+
+    def _wake_reader(self) -> None:
+        waiter = self._data_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def read(self) -> bytes:
+        """The next read before the client is live; b"" once the connection has ended."""
+        while not self._inbox:
+            if self._ended:
+                return b""
+            self._data_waiter = self._loop.create_future()
+            try:
+                await self._data_waiter
+            finally:
+                self._data_waiter = None
+        data = self._inbox.popleft()
+        self._inbox_bytes -= len(data)
+        self._update_reading()
+        return data
+
+    def finish(self) -> None:
+        """Take no more reads; the connection's task goes on to clean up (and close the socket)."""
+        if self._ended:
+            return
+        self._ended = True
+        self._live = False
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            self._keepalive = None
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            with contextlib.suppress(RuntimeError, NotImplementedError):  # TLS after close_notify, for one
+                transport.pause_reading()
+        self.flush()
+        self._wake_reader()
+        if not self._end.done():
+            self._end.set_result(None)
+
+    def _check_keepalive(self) -> None:
+        timeout = self.conn.keepalive_timeout_s
+        self._keepalive = None
+        if self._ended or timeout is None:
+            return
+        now = self._loop.time()
+        if self._reading_paused:  # not reading is our doing, not the client's silence
+            self._last_read = now
+        due = self._last_read + timeout
+        if now >= due:
+            self.refused(RefusalReason.KEEPALIVE_TIMEOUT, timeout_s=timeout)
+            self.conn.close(ReasonCode.KEEP_ALIVE_TIMEOUT)
+            self.finish()
+            return
+        self._keepalive = self._loop.call_at(due, self._check_keepalive)
+
+    # --- writing -------------------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        transport = self.transport
+        if data and transport is not None and not transport.is_closing():
+            transport.write(data)
+
+    def schedule_flush(self) -> None:
+        """Flush once, at the end of this turn of the event loop (whatever else is sent in it goes along)."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._scheduled_flush)
+
+    def _scheduled_flush(self) -> None:
+        self._flush_scheduled = False
+        self.flush()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    # --- what the session asks of the socket ---------------------------------------------------------------
+
+    def authenticated(self, client_id: str) -> None:
+        """The client logged in as ``client_id``: no longer counted against the pre-login caps."""
+        self.client_id = client_id
+        if self.ticket is not None:
+            self.ticket.authenticated()
+
+    def refused(self, reason: RefusalReason | str, *, client: str | None = None, **detail: object) -> None:
+        """One refusal line through the server's RefusalLog: keyed by source address, naming the client."""
+        if client is None:
+            client = self.client_id
+        self.server.refusals.refused(reason, peer=self.address, client=client, port=self._port, **detail)
+
+    def peer_certificate(self) -> tuple[str | None, str | None, bool]:
+        """The client certificate's SHA-256 thumbprint and common name, and whether it was verified."""
+        assert self.transport is not None
+        ssl_object = self.transport.get_extra_info("ssl_object")
+        if ssl_object is None:
+            return None, None, False
+        der = ssl_object.getpeercert(binary_form=True)
+        if not der:
+            return None, None, False
+        cn = None
+        info = ssl_object.getpeercert()
+        if info:
+            for rdn in info.get("subject", ()):
+                for key, value in rdn:
+                    if key == "commonName":
+                        cn = value
+        return hashlib.sha256(der).hexdigest(), cn, bool(info)
+
+    # --- the connection's task -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        s = self.settings
+        session = self.session
+        timeout_s = s.busy_connect_timeout_s if self.server.limiter.busy else s.connect_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                if self._tls is not None and not await self._start_tls(self._tls, timeout_s):
+                    return
+                pipelined = await session.open()
+        except TimeoutError:
+            self.refused(RefusalReason.CONNECT_TIMEOUT, client=session.claimed(), timeout_s=timeout_s)
+            if self.transport is not None:
+                self.transport.abort()  # nothing to say to it: no goodbye to wait for
+            return
+        if pipelined is None:
+            return
+        session.dispatch(pipelined)
+        # What came while the hub authenticated (even if the client has hung up since), then live: from here
+        # on buffer_updated hands every read to the session.
+        while self._inbox and not self.conn.closed:
+            data = self._inbox.popleft()
+            self._inbox_bytes -= len(data)
+            session.dispatch(self.conn.receive_data(data))
+        self._inbox.clear()
+        self._inbox_bytes = 0
+        if self.conn.closed:
+            self.finish()
+        self._live = not self._ended
+        self._update_reading()
+        keepalive_s = self.conn.keepalive_timeout_s
+        if self._live and keepalive_s is not None:
+            self._last_read = self._loop.time()
+            self._keepalive = self._loop.call_at(self._last_read + keepalive_s, self._check_keepalive)
+        await self._end
+        self.flush()
+
+    async def _start_tls(self, context: ssl.SSLContext, timeout_s: float) -> bool:
+        """The TLS handshake on the accepted socket; False (socket closed) when it fails."""
+        raw = self.transport
+        assert raw is not None
+        if self._ended or raw.is_closing():  # gone before its handshake began
+            return False
+        early, self._early = self._early, None
+        if early:
+            # Runs after start_tls has put its TLS protocol on the socket, before that protocol's connection_made
+            # (both scheduled by start_tls, after this): the bytes wait in its input buffer for the handshake.
+            self._loop.call_soon(_feed, raw, bytes(early))
+        try:
+            tls = await self._loop.start_tls(
+                raw,
+                self,
+                context,
+                server_side=True,
+                ssl_handshake_timeout=timeout_s,
+                ssl_shutdown_timeout=_TLS_SHUTDOWN_S,
+            )
+        except BaseException as exc:
+            # The protocol hears nothing of a handshake that failed (no connection_lost): end here.
+            raw.abort()
+            self.finish()
+            if not self._lost.done():
+                self._lost.set_result(None)
+            if isinstance(exc, OSError):  # ssl.SSLError, a reset, the handshake timeout (ConnectionAbortedError)
+                self.refused(RefusalReason.TLS_HANDSHAKE_FAILED, error=type(exc).__name__)
+                return False
+            raise
+        if tls is None:  # closed meanwhile
+            raw.abort()
+            return False
+        self.transport = tls
+        return True
+
+    async def cleanup(self) -> None:
+        try:
+            await self.session.close()
+        finally:
+            # Also when cancelled (server shutdown): the socket never outlives its client task.
+            self.session.cancel()
+            self.finish()
+            self.close()
+            # The buffers go now, not when the socket is gone (a TLS goodbye may take _TLS_SHUTDOWN_S).
+            self._inbox.clear()
+            self._inbox_bytes = 0
+            self.conn.discard_input()
+            try:
+                with contextlib.suppress(Exception):
+                    await self._lost
+            finally:
+                self.dispose()
+
+    def dispose(self) -> None:
+        """Let go of everything that could lead back here, so that reference counting alone frees this connection
+        and its buffers once the loop lets go of it: ``edgehub run`` runs the cycle collector rarely (tune_gc),
+        and cycles of closed connections held their buffers until it did. Last thing a connection does."""
+        if self.ticket is not None:
+            self.ticket.release()
+            self.ticket = None
+        for handle in (self._keepalive, self._not_reading):
+            if handle is not None:
+                handle.cancel()
+        self._keepalive = self._not_reading = None
+        self._close_quickack()
+        self._inbox.clear()
+        self._inbox_bytes = 0
+        self._data_waiter = None
+        self.transport = None
+        self.session.dispose()
+
+    def _close_quickack(self) -> None:
+        self._quickack = None
+        if self._quickack_sock is not None:
+            self._quickack_sock.close()  # the last descriptor of the socket: the kernel closes the connection now
+            self._quickack_sock = None
