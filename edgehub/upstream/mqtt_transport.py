@@ -78,6 +78,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from edgehub.core import Clock, FailureKind, SystemClock, SystemProperty, TransportError
 from edgehub.core.endpoints import UPSTREAM_ENDPOINT, UPSTREAM_LANE
+from edgehub.core.mqtt_varint import varint_len
 from edgehub.core.property_bag import KEY_OF
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.bandwidth import RateEstimator, TokenBucket, bdp_bytes
@@ -213,23 +214,15 @@ def _publish_properties(user: list[tuple[str, str]], content_type: str | None = 
         props.ContentType = content_type
     props.UserProperty = user
     packed: bytes = props.pack()  # type: ignore[no-untyped-call]
-    return props, len(packed) - _varint_len(len(packed) - 1)
-
-
-def _varint_len(n: int) -> int:
-    length = 1
-    while n >= 128:
-        n //= 128
-        length += 1
-    return length
+    return props, len(packed) - varint_len(len(packed) - 1)
 
 
 def publish_wire_bytes(topic: str, payload_len: int, *, qos: int = 1, properties_len: int | None = None) -> int:
     """Bytes of a PUBLISH on the wire: fixed header, topic, packet id, MQTT 5 properties, payload."""
     rem = 2 + len(topic.encode()) + (2 if qos else 0) + payload_len
     if properties_len is not None:
-        rem += _varint_len(properties_len) + properties_len
-    return 1 + _varint_len(rem) + rem
+        rem += varint_len(properties_len) + properties_len
+    return 1 + varint_len(rem) + rem
 
 
 @dataclass(slots=True)

@@ -10,8 +10,8 @@ import struct
 from typing import Final
 
 from edgehub.core import LocalProtocolError
+from edgehub.core.mqtt_varint import encode_varint
 from protocol_heads.mqtt.packets import (
-    MAX_VARINT,
     MQTT_50,
     MQTT_311,
     PROPERTY_KIND,
@@ -38,21 +38,6 @@ __all__ = ["encode", "encode_varint", "fixed_header", "packet_id_field", "string
 
 _MAX_U16: Final = 0xFFFF
 _U16: Final = struct.Struct("!H")
-
-
-def encode_varint(value: int) -> bytes:
-    """The MQTT variable byte integer for ``value`` (0 .. 268,435,455)."""
-    if not 0 <= value <= MAX_VARINT:
-        raise LocalProtocolError(f"varint out of range: {value}")
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 def string_field(text: str) -> bytes:

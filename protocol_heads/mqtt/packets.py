@@ -25,6 +25,7 @@ from typing import Final
 import msgspec
 
 from edgehub.core import RemoteProtocolError
+from edgehub.core.mqtt_varint import MAX_VARINT
 
 __all__ = [
     "MAX_VARINT",
@@ -62,7 +63,6 @@ __all__ = [
 
 MQTT_311: Final = 4
 MQTT_50: Final = 5
-MAX_VARINT: Final = 268_435_455
 
 
 class PacketType(IntEnum):
