@@ -17,7 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from edgehub.store.queue_state import QueueState
 from edgehub.store.queues import QueueId
@@ -44,7 +44,7 @@ class HeldCache:
         self.count = 0
         self.bytes = 0
 
-    def remember(self, queues: dict[QueueId, QueueState], items: Iterable[StoredItem]) -> None:
+    def remember(self, queues: Mapping[QueueId, QueueState], items: Iterable[StoredItem]) -> None:
         """Hold these just-written items while the bounds allow (in order: the first that does not fit ends it)."""
         count, size = self.count, self.bytes
         if count >= MAX_ITEMS or size >= MAX_BYTES:

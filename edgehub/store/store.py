@@ -45,9 +45,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 
 from edgehub.core import (
     Clock,
@@ -58,23 +56,20 @@ from edgehub.core import (
     SystemClock,
 )
 from edgehub.store.admission import Admission, too_large
-from edgehub.store.backend import Backend, MemoryBackend, Op
+from edgehub.store.backend import Backend, MemoryBackend
 from edgehub.store.codec import (
     VERSION,
     CheckpointRecord,
     decode_checkpoint,
     decode_message,
     decode_ref,
-    encode_checkpoint,
-    encode_message,
-    encode_ref_fields,
     pack_u64,
     unpack_u64,
 )
 from edgehub.store.dead_letters import DeadLetters
-from edgehub.store.group_commit import GroupCommitter, WriterThread
 from edgehub.store.held import HeldCache
-from edgehub.store.maintenance import Maintenance, deletions
+from edgehub.store.ingest import Ingest, Pending
+from edgehub.store.maintenance import Maintenance
 from edgehub.store.metadata import Metadata
 from edgehub.store.policy import QueuePolicy, StoreQuota
 from edgehub.store.queue_state import QueueState
@@ -110,19 +105,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_ONE_ROUTE_CACHE_SIZE = 256
-
-
-@dataclass(slots=True)
-class _Pending:
-    """One producer's part of a group: its ops, the usage it adds, its references, the references it dropped."""
-
-    ops: list[Op]
-    deltas: Usage
-    refs: list[tuple[QueueId, int]]
-    overflow: int = 0  # references dropped by discardIncoming, counted when the group is written
-    items: list[StoredItem] = field(default_factory=list)  # what ``read`` returns for refs, once written
-
 
 class Store:
     """See the module docstring. Use it from one event loop; only ``read_durable`` may run in another thread."""
@@ -144,30 +126,30 @@ class Store:
             raise ValueError("fsync_interval_ms must be >= 0")
         self._b = backend
         self._clock: Clock = clock or SystemClock()
-        self._fsync = FsyncPolicy(fsync)
-        self._interval_s = fsync_interval_ms / 1000.0
-        self._last_sync = time.monotonic()
-        self.default_ttl_s = float(default_ttl_s)
+        fsync = FsyncPolicy(fsync)
         for fam in (MESSAGES, CHECKPOINTS, META):
             self._b.ensure_family(fam)
         self._queues: dict[QueueId, QueueState] = {}
         for name in self._b.families():
             if QueueId.is_queue_name(name):
                 self._load_queue(QueueId.parse(name))
-        # (endpoint, priority) -> its queue id, made once (QueueId() costs ~1 µs)
-        self._lanes: dict[tuple[str, int], QueueId] = {}
-        # id(route result) -> (that result, the default TTL then, its queues): see ``_queues_for``
-        self._one_route: dict[int, tuple[RouteResult, float, Mapping[QueueId, float]]] = {}
-        last = self._b.last_key(MESSAGES)
-        self._next_message_key = 0 if last is None else unpack_u64(last) + 1
-        self._committer: GroupCommitter[_Pending] = GroupCommitter(self._write_group, max_group=max_group)
-        self._writer = WriterThread("edgehub-store-writer")
         self._stamper = Stamper(self._clock)
         self._closed = False
         self._usage = UsageBook(self._b)
         self.removed = self._usage.removed
         self._held = HeldCache()
-        self._maint = Maintenance(self._b, self._usage, sync=self._fsync is not FsyncPolicy.NONE)
+        self._ingest = Ingest(
+            self._b,
+            self._queues,
+            self._open_queue,
+            self._usage,
+            self._held,
+            fsync=fsync,
+            fsync_interval_ms=fsync_interval_ms,
+            max_group=max_group,
+            default_ttl_s=float(default_ttl_s),
+        )
+        self._maint = Maintenance(self._b, self._usage, self._held, sync=fsync is not FsyncPolicy.NONE)
         self._admission = Admission(
             self._usage,
             self._clock,
@@ -178,11 +160,28 @@ class Store:
         )
         self._dead = DeadLetters(self._b, self._maint, self._held, self._clock, self._queues, self._open_queue)
         self._meta = Metadata(self._b, self._maint)
-        self.discarded_incoming = 0
 
     @classmethod
     def in_memory(cls, **settings: object) -> Store:
         return cls(MemoryBackend(), **settings)  # type: ignore[arg-type]
+
+    @property
+    def default_ttl_s(self) -> float:
+        """The TTL of a reference whose route sets none."""
+        return self._ingest.default_ttl_s
+
+    @default_ttl_s.setter
+    def default_ttl_s(self, ttl_s: float) -> None:
+        self._ingest.default_ttl_s = float(ttl_s)
+
+    @property
+    def discarded_incoming(self) -> int:
+        """Messages accepted with a reference dropped by discardIncoming."""
+        return self._ingest.discarded_incoming
+
+    @property
+    def groups_written(self) -> int:
+        return self._ingest.groups_written
 
     @property
     def clock(self) -> Clock:
@@ -314,11 +313,11 @@ class Store:
         identity id (``device`` or ``device/module``) that sent it, whose share it counts against (default: the
         message's ``connectionDeviceId``/``connectionModuleId``, as the hub stamps them)."""
         self._live()
-        pending = _Pending(Metadata.ops(metadata), {}, [])
+        pending = Pending(Metadata.ops(metadata), {}, [])
         size = charged_size(message)
         owner = OWNER + sender if sender is not None else owner_of(message.system_properties)
         now = self._clock.time()
-        queues = self._queues_for(route_results)
+        queues = self._ingest.routes(route_results)
         admission = self._admission
         if queues and admission.policies_may_apply():
             per_endpoint: dict[str, int] = {}
@@ -337,13 +336,13 @@ class Store:
         refs: tuple[tuple[QueueId, int], ...] = ()
         if queues:
             deltas: Usage = {}
-            refs = self._add_message(pending, message, queues, size, now, deltas, owner)
+            refs = self._ingest.add_message(pending, message, queues, size, now, deltas, owner)
             if owner is not None:
                 deltas[owner] = (1, size)
             self._usage.reserve(pending.deltas, deltas)
         if not pending.ops and not pending.overflow:  # routed nowhere, no metadata: nothing to write
             return EnqueueReceipt(message, refs), None
-        return EnqueueReceipt(message, refs), self._committer.enqueue(pending)
+        return EnqueueReceipt(message, refs), self._ingest.enqueue(pending)
 
     async def enqueue_many(
         self, items: Sequence[tuple[Message, Sequence[RouteResult]]], *, sender: str | None = None
@@ -365,12 +364,12 @@ class Store:
             return await self._enqueue_in_turn(items, sender)
         now = self._clock.time()
         limit = admission.default_policy.max_message_size_bytes
-        pending = _Pending([], {}, [])
+        pending = Pending([], {}, [])
         deltas: Usage = {}
         out: list[EnqueueReceipt | IngestRejected] = []
         each_owner = owners if owners is not None else itertools.repeat(sender_key, len(items))
         for (message, route_results), size, owner in zip(items, sizes, each_owner, strict=True):
-            queues = self._queues_for(route_results)
+            queues = self._ingest.routes(route_results)
             if queues and size > limit:
                 out.append(too_large(size, limit))
                 continue
@@ -378,14 +377,16 @@ class Store:
             if not queues:
                 out.append(EnqueueReceipt(message, ()))
                 continue
-            out.append(EnqueueReceipt(message, self._add_message(pending, message, queues, size, now, deltas, owner)))
+            out.append(
+                EnqueueReceipt(message, self._ingest.add_message(pending, message, queues, size, now, deltas, owner))
+            )
             if sender_key is None and owner is not None:
                 add(deltas, owner, 1, size)
         if sender_key is not None and STORE_WIDE in deltas:
             deltas[sender_key] = deltas[STORE_WIDE]  # one sender: its usage is the group's, added once
         self._usage.reserve(pending.deltas, deltas)
         if pending.ops:
-            await self._committer.submit(pending)
+            await self._ingest.submit(pending)
         return out
 
     async def _enqueue_in_turn(
@@ -405,117 +406,6 @@ class Store:
         if durable:
             await asyncio.gather(*durable)
         return [a if isinstance(a, IngestRejected) else a[0] for a in admitted]
-
-    def _queues_for(self, route_results: Sequence[RouteResult]) -> Mapping[QueueId, float]:
-        """queue -> the reference's TTL, one per (endpoint, priority); the first route wins.
-
-        A message routed to one endpoint (the usual case) gets its result from the router's own ``RouteResult``
-        object, the same for every message of that route: its queues are looked up once, kept by the object's
-        id with the object itself (so an id reused after the object is gone never matches)."""
-        if len(route_results) == 1:
-            rr = route_results[0]
-            cached = self._one_route.get(id(rr))
-            if cached is not None and cached[0] is rr and cached[1] == self.default_ttl_s:
-                return cached[2]
-            queues = self._queues_of(route_results)
-            if len(self._one_route) >= _ONE_ROUTE_CACHE_SIZE:
-                self._one_route.clear()
-            self._one_route[id(rr)] = (rr, self.default_ttl_s, queues)
-            return queues
-        return self._queues_of(route_results)
-
-    def _queues_of(self, route_results: Sequence[RouteResult]) -> dict[QueueId, float]:
-        lanes = self._lanes
-        queues: dict[QueueId, float] = {}
-        for rr in route_results:
-            lane = (rr.endpoint, rr.priority)
-            q = lanes.get(lane)
-            if q is None:
-                q = lanes[lane] = QueueId(rr.endpoint, rr.priority)
-            if q not in queues:
-                queues[q] = self.default_ttl_s if rr.ttl_s is None else float(rr.ttl_s)
-        return queues
-
-    def _add_message(
-        self,
-        pending: _Pending,
-        message: Message,
-        queues: Mapping[QueueId, float],
-        size: int,
-        now: float,
-        deltas: Usage,
-        owner: str | None,
-    ) -> tuple[tuple[QueueId, int], ...]:
-        """Add the (stamped) message's body and references to ``pending``, and the usage they add to ``deltas``
-        (the caller reserves it); its refs. ``owner`` (the sender's usage key) goes on the held items; the
-        caller adds the sender's usage (for a group from one sender, once: it is the group's STORE_WIDE delta).
-
-        Synchronous from offset hand-out to reservation, so a group of messages gets consecutive offsets."""
-        key = self._next_message_key
-        self._next_message_key = key + 1
-        ops, items, states = pending.ops, pending.items, self._queues
-        sole = len(queues) == 1
-        add(deltas, STORE_WIDE, 1, size)
-        refs: list[tuple[QueueId, int]] = []
-        named: list[tuple[str, int]] = []
-        for q, ttl in queues.items():
-            state = states.get(q) or self._open_queue(q)
-            off = state.hand_out()
-            refs.append((q, off))
-            named.append((state.name, off))
-            add(deltas, q.endpoint, 1, size)
-            ops.append((state.name, pack_u64(off), encode_ref_fields(key, now, ttl, size)))
-            items.append(StoredItem(q, off, message, key, now, ttl, size, sole, owner))
-        ops.append((MESSAGES, pack_u64(key), encode_message(message, named)))
-        pending.refs += refs
-        return tuple(refs)
-
-    async def _write_group(self, group: list[_Pending]) -> None:
-        deltas: Usage = {}
-        ops: list[Op] = []
-        overflow = 0
-        for p in group:
-            ops += p.ops
-            overflow += p.overflow
-            for k, (c, b) in p.deltas.items():
-                add(deltas, k, c, b)
-        tally = self._usage.ingest_tally(deltas, overflow)
-        ops += tally.ops
-        try:
-            await self._write_ops(ops)
-            self._held.remember(self._queues, (item for p in group for item in p.items))
-            self._usage.ingest_written(tally)
-            if overflow:
-                self.discarded_incoming += sum(1 for p in group if p.overflow)
-        finally:
-            # Here, not in the producers: a producer cancelled while it waited is still written, and its
-            # references must become visible to readers (end_offset) all the same.
-            self._settle(ref for p in group for ref in p.refs)
-            self._usage.release(deltas)
-
-    def _settle(self, refs: Iterable[tuple[QueueId, int]]) -> None:
-        touched: dict[QueueId, list[int]] = {}
-        for q, off in refs:
-            offsets = touched.get(q)
-            if offsets is None:
-                touched[q] = [off]
-            else:
-                offsets.append(off)
-        for q, offsets in touched.items():
-            self._queues[q].settle(offsets)
-
-    async def _write_ops(self, ops: list[Op]) -> None:
-        backend = self._b
-        if self._fsync is FsyncPolicy.INTERVAL:
-            await self._writer.run(lambda: backend.write(ops, sync=False))
-            wait = self._last_sync + self._interval_s - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            await self._writer.run(backend.sync_wal)
-            self._last_sync = time.monotonic()
-        else:
-            sync = self._fsync is FsyncPolicy.ALWAYS
-            await self._writer.run(lambda: backend.write(ops, sync=sync))
 
     # -- reads --------------------------------------------------------------------------------------------
     @property
@@ -624,41 +514,7 @@ class Store:
         ``remove_delivered``."""
         self._live()
         state = self._open_queue(queue)
-        # Under the maintenance lock: a removal rewrites the same checkpoint record (its removed_high), and two
-        # read-modify-writes of one record must not interleave, or a commit could be undone.
-        async with self._maint.lock:
-            old = state.checkpoint
-            committed = max(old.committed, offset)
-            delivered = self._held.upto(state, committed)
-            sole = [it for it in delivered if it.sole_reference]
-            high = max(old.removed_high, sole[-1].offset) if sole else old.removed_high
-            cp = CheckpointRecord(VERSION, committed, unhealthy_since_s, last_revival_s, high)
-            ops: list[Op] = [(CHECKPOINTS, state.name.encode(), encode_checkpoint(cp))]
-            if sole:
-                ops += deletions(state.name, [it.offset for it in sole])
-                ops += deletions(MESSAGES, [it.message_key for it in sole])
-                size = sum(it.size_bytes for it in sole)
-                n = len(sole)
-                deltas: Usage = {queue.endpoint: (-n, -size), STORE_WIDE: (-n, -size)}
-                owners = [it.owner for it in sole]
-                if owners.count(owners[0]) == n:  # one sender, the usual case: one delta
-                    if owners[0] is not None:
-                        deltas[owners[0]] = (-n, -size)
-                else:
-                    for it in sole:
-                        if it.owner is not None:
-                            add(deltas, it.owner, -1, -it.size_bytes)
-                await self._maint.write(ops, deltas, (RemovalReason.DELIVERED, n))
-                # Removed from the head on: cleanup's scan need not start below them.
-                hint = state.head_hint
-                for it in sole:
-                    if it.offset == hint:
-                        hint += 1
-                state.head_hint = hint
-            else:
-                await self._maint.write_plain(ops)
-            state.checkpoint = cp
-            self._held.forget(state, [it.offset for it in delivered])
+        await self._maint.commit(state, offset, unhealthy_since_s=unhealthy_since_s, last_revival_s=last_revival_s)
 
     async def remove(self, queue: QueueId, offsets: Sequence[int], reason: RemovalReason) -> int:
         """Remove these references (missing ones are ignored); count them under ``reason``."""
@@ -666,69 +522,17 @@ class Store:
         state = self._queues.get(queue)
         if state is None or not offsets:
             return 0
-        self._held.forget(state, offsets)
-        async with self._maint.lock:
-            raws = self._b.multi_get(state.name, [pack_u64(o) for o in offsets])
-            present = []
-            for o, r in zip(offsets, raws, strict=True):
-                if r is not None:
-                    ref = decode_ref(r)
-                    present.append((state.name, o, ref.message_key, ref.size_bytes))
-            await self._remove_present(state, present, reason)
-        log.debug("store.removed queue=%s count=%d reason=%s", queue, len(present), reason)
-        return len(present)
+        return await self._maint.remove(state, offsets, reason)
 
     async def remove_delivered(self, queue: QueueId, *, chunk: int = 1024) -> int:
         """Remove every reference of ``queue`` at or below its committed offset (counted as delivered), oldest
         first, one write per ``chunk`` references, so a large backlog does not hold the event loop in one
-        piece. The number removed. The scan starts at the queue's ``head_hint``, not over the tombstones of
-        earlier removals."""
+        piece. The number removed."""
         self._live()
         if chunk < 1:
             raise ValueError("chunk must be at least 1")
         state = self._queues.get(queue)
-        if state is None:
-            return 0
-        total = 0
-        while True:
-            async with self._maint.lock:
-                committed = state.checkpoint.committed
-                start = state.head_hint
-                name = state.name
-                present = []
-                if start <= committed:
-                    for k, v in self._b.scan(name, pack_u64(start), min(chunk, committed - start + 1)):
-                        off = unpack_u64(k)
-                        if off > committed:
-                            break
-                        ref = decode_ref(v)
-                        present.append((name, off, ref.message_key, ref.size_bytes))
-                if not present:
-                    state.head_hint = max(start, committed + 1)
-                    break
-                await self._remove_present(state, present, RemovalReason.DELIVERED)  # held ones: forgotten at commit
-                state.head_hint = present[-1][1] + 1
-            total += len(present)
-        log.debug("store.removed queue=%s count=%d reason=%s", queue, total, RemovalReason.DELIVERED)
-        return total
-
-    async def _remove_present(
-        self, state: QueueState, present: list[tuple[str, int, int, int]], reason: RemovalReason
-    ) -> None:
-        """Remove references known to be there (family, offset, message key, size), with their bodies where
-        they are the last reference, in one write that counts them. Call under the maintenance lock."""
-        if not present:
-            return
-        deltas: Usage = {}
-        ops = self._maint.removal_ops(present, deltas)
-        old = state.checkpoint
-        high = max(o for _, o, _, _ in present)
-        cp = old
-        if high > old.removed_high:
-            cp = CheckpointRecord(VERSION, old.committed, old.unhealthy_since_s, old.last_revival_s, high)
-            ops.append((CHECKPOINTS, state.name.encode(), encode_checkpoint(cp)))
-        await self._maint.write(ops, deltas, (reason, len(present)))
-        state.checkpoint = cp
+        return 0 if state is None else await self._maint.remove_delivered(state, chunk)
 
     async def _evict_one(self, endpoint: str | None) -> bool:
         """discardOldest's step: from the head of the lowest-priority non-empty queue (of ``endpoint``, or of
@@ -790,11 +594,6 @@ class Store:
         """Finish pending writes, then close the backend. Idempotent."""
         if self._closed:
             return
-        await self._committer.close()
+        await self._ingest.close()
         self._closed = True
-        self._writer.close()
         self._b.close()
-
-    @property
-    def groups_written(self) -> int:
-        return self._committer.groups_written
