@@ -143,6 +143,11 @@ class Ingest:
         ops, items, states = pending.ops, pending.items, self._queues
         sole = len(queues) == 1
         add(deltas, STORE_WIDE, 1, size)
+        pkey = pack_u64(key)
+        # The body before its references, so that a reader of a backend that applies a batch op by op (the
+        # memory backend) never meets a reference without its body; encoded once the references are known.
+        body_at = len(ops)
+        ops.append((MESSAGES, pkey, b""))
         refs: list[tuple[QueueId, int]] = []
         named: list[tuple[str, int]] = []
         for q, ttl in queues.items():
@@ -153,7 +158,7 @@ class Ingest:
             add(deltas, q.endpoint, 1, size)
             ops.append((state.name, pack_u64(off), encode_ref_fields(key, now, ttl, size)))
             items.append(StoredItem(q, off, message, key, now, ttl, size, sole, owner))
-        ops.append((MESSAGES, pack_u64(key), encode_message(message, named)))
+        ops[body_at] = (MESSAGES, pkey, encode_message(message, named))
         pending.refs += refs
         return tuple(refs)
 

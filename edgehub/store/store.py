@@ -1,11 +1,12 @@
 """The durable message store: one body per message, one reference per queue, checkpoints, dead letters.
 
-API the hub facade and the executors call (on one event loop, except ``read_durable``)::
+API the hub facade and the executors call (on one event loop, except ``read_durable``: see there)::
 
     store = open_rocks_store(path, clock=clock, fsync=FsyncPolicy.ALWAYS)  # edgehub.store.rocks; or Store.in_memory()
     receipt = await store.enqueue(message, route_results)   # returns when durable (per the fsync policy)
     items = store.read(queue, from_offset, limit)           # references at or after from_offset, in order
-    items = store.read_held(queue, from_offset, limit)      # the same from memory, or None (see held_in_memory)
+    held, start, more = store.read_start(queue, from_offset, limit)  # the part memory answers (held_in_memory)
+    items = held + store.read_durable(queue, start, more)    # the rest from the database (thread-safe)
     await store.commit(queue, offset)                        # checkpoint: everything <= offset is delivered
     await store.remove(queue, offsets, RemovalReason.TTL)    # cleanup; a body goes with its last reference
     await store.remove_delivered(queue)                       # cleanup: everything at or below the checkpoint
@@ -417,25 +418,18 @@ class Store:
 
     def read(self, queue: QueueId, from_offset: int, limit: int) -> list[StoredItem]:
         """Up to ``limit`` references at or after ``from_offset`` and after the committed offset, in order."""
-        out, start, answered = self._read_held(queue, from_offset, limit)
-        if answered:
-            return out
-        return out + self.read_durable(queue, start, limit - len(out))
+        held, start, more = self.read_start(queue, from_offset, limit)
+        return held + self.read_durable(queue, start, more) if more else held
 
-    def read_held(self, queue: QueueId, from_offset: int, limit: int) -> list[StoredItem] | None:
-        """What ``read`` returns, if memory alone answers it (the references are held, see ``held_in_memory``,
-        up to ``limit`` or to ``end_offset``); else None: ``read`` would go to the database. Cheap enough for
-        the event loop, where a database read (a decode per message) is not."""
-        out, _, answered = self._read_held(queue, from_offset, limit)
-        return out if answered else None
-
-    def _read_held(self, queue: QueueId, from_offset: int, limit: int) -> tuple[list[StoredItem], int, bool]:
-        """The references ``read`` finds in memory, from its start on; the offset after them; whether they are
-        all it returns (nothing durable follows them, or ``limit`` is reached)."""
+    def read_start(self, queue: QueueId, from_offset: int, limit: int) -> tuple[list[StoredItem], int, int]:
+        """The part of ``read`` that the event loop does: the references memory holds from the read's start on
+        (see ``held_in_memory``), the offset after them, and how many more ``read_durable`` is to read from
+        there (0: memory answered, up to ``limit`` or to ``end_offset``). Cheap enough for the event loop,
+        where a database read (a decode per message) is not."""
         self._live()
         state = self._queues.get(queue)
         if state is None or limit <= 0:
-            return [], from_offset, True
+            return [], from_offset, 0
         start = max(from_offset, state.checkpoint.committed + 1)
         out: list[StoredItem] = []
         held = state.held
@@ -449,22 +443,25 @@ class Store:
                     break
                 out.append(item)
                 start += 1
-        return out, start, len(out) == limit or start >= state.durable_end
+        return out, start, 0 if start >= state.durable_end else limit - len(out)
 
     def read_durable(self, queue: QueueId, from_offset: int, limit: int) -> list[StoredItem]:
         """Up to ``limit`` references of ``queue`` at or after ``from_offset``, read and decoded from the
-        database, with their messages. Does not look at the committed offset or at memory.
+        database, with their messages, in offset order. Does not look at the committed offset or at memory:
+        start it where ``read_start`` says.
 
-        Thread-safe: it touches only the backend, whose reads may run beside its writes (RocksDB's are; the
-        memory backend's tolerate a concurrent write), so an executor may run it in a worker thread. A
-        reference removed meanwhile is either returned or not, as with any read racing a removal."""
+        Thread-safe: it touches only the backend, never the store's state in memory, and the backends' reads
+        may run beside their writes (RocksDB's are; the memory backend's tolerate a concurrent write), so an
+        executor runs it in a worker thread while the loop goes on ingesting, committing and removing. A
+        reference removed meanwhile is either returned whole or not at all."""
         rows = self._b.scan(queue.name, pack_u64(from_offset), limit)
         refs = [(unpack_u64(k), decode_ref(v)) for k, v in rows]
         bodies = self._b.multi_get(MESSAGES, [pack_u64(r.message_key) for _, r in refs])
         out: list[StoredItem] = []
         for (off, r), body in zip(refs, bodies, strict=True):
-            if body is None:  # cannot happen by the invariants; say so rather than crash the pump
-                log.error("store.missing_body queue=%s offset=%d key=%d", queue, off, r.message_key)
+            if body is None:
+                if self._b.get(queue.name, pack_u64(off)) is not None:  # not removed meanwhile: say so, not crash
+                    log.error("store.missing_body queue=%s offset=%d key=%d", queue, off, r.message_key)
                 continue
             msg = decode_message(body).to_message()
             out.append(StoredItem(queue, off, msg, r.message_key, r.enqueued_at_s, r.ttl_s, r.size_bytes))

@@ -63,10 +63,11 @@ async def test_messages_kept_in_memory_for_readers_are_bounded_by_bytes(store: S
     items = store.read(q, 0, 100)  # the ones past the bound come from the database, the same
     assert [it.offset for it in items] == list(range(80))
     assert all(it.message.body == bytes([it.offset]) * big for it in items)
-    assert store.read_held(q, 0, held) == items[:held]  # memory answers as far as it holds them
-    assert store.read_held(q, 0, 100) is None  # past that, only the database can
-    assert store.read_held(q, held, 5) is None
-    assert store.read_held(q, 80, 5) == []  # nothing durable there
+    assert store.read_start(q, 0, held) == (items[:held], held, 0)  # memory answers as far as it holds them
+    assert store.read_start(q, 0, 100) == (items[:held], held, 100 - held)  # past that, only the database can
+    assert store.read_start(q, held, 5) == ([], held, 5)
+    assert store.read_start(q, 80, 5) == ([], 80, 0)  # nothing durable there
+    assert store.read_durable(q, held, 100 - held) == items[held:]
     await store.commit(q, 79)
     assert store.held_in_memory == (0, 0)
     await store.enqueue(msg(1), [RouteResult("up", 0)])  # room again
