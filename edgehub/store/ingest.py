@@ -8,17 +8,19 @@ Invariants:
   also when the write failed (holes) or their producer was cancelled while it waited;
 * a group's usage reservation is released when its write returned, whether it succeeded or failed; the
   counters it changes are written in its batch (``edgehub.store.usage``);
-* written items are offered to the held cache in offset order.
+* written items are offered to the held cache in offset order;
+* under ``FsyncPolicy.INTERVAL`` two syncs are at least ``fsync_interval_ms`` apart on the store's clock (the
+  first is not delayed), and a group is acknowledged only after the sync that covers it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from edgehub.core import Message, RouteResult
+from edgehub.core import Clock, Message, RouteResult
 from edgehub.store.backend import Backend, Op
 from edgehub.store.codec import encode_message, encode_ref_fields, pack_u64, unpack_u64
 from edgehub.store.group_commit import GroupCommitter, WriterThread
@@ -52,6 +54,7 @@ class Ingest:
         open_queue: Callable[[QueueId], QueueState],
         usage: UsageBook,
         held: HeldCache,
+        clock: Clock,
         *,
         fsync: FsyncPolicy,
         fsync_interval_ms: int,
@@ -65,17 +68,28 @@ class Ingest:
         self._held = held
         self._fsync = fsync
         self._interval_s = fsync_interval_ms / 1000.0
-        self._last_sync = time.monotonic()
-        self.default_ttl_s = default_ttl_s
+        self._clock = clock
+        self._last_sync = -math.inf  # the store clock's monotonic time of the last sync (interval policy)
+        self._default_ttl_s = default_ttl_s
         self.discarded_incoming = 0  # messages with a reference dropped by discardIncoming
         last = backend.last_key(MESSAGES)
         self._next_message_key = 0 if last is None else unpack_u64(last) + 1
         # (endpoint, priority) -> its queue id, made once (QueueId() costs ~1 µs)
         self._lanes: dict[tuple[str, int], QueueId] = {}
-        # id(route result) -> (that result, the default TTL then, its queues): see ``routes``
-        self._one_route: dict[int, tuple[RouteResult, float, Mapping[QueueId, float]]] = {}
+        # (endpoint, priority, TTL) of a lone route result -> its queues (read-only): see ``routes``
+        self._one_route: dict[tuple[str, int, int | None], Mapping[QueueId, float]] = {}
         self._committer: GroupCommitter[Pending] = GroupCommitter(self._write_group, max_group=max_group)
         self._writer = WriterThread("edgehub-store-writer")
+
+    @property
+    def default_ttl_s(self) -> float:
+        """The TTL of a reference whose route sets none."""
+        return self._default_ttl_s
+
+    @default_ttl_s.setter
+    def default_ttl_s(self, ttl_s: float) -> None:
+        self._default_ttl_s = ttl_s
+        self._one_route.clear()  # its TTLs came from the old default
 
     @property
     def groups_written(self) -> int:
@@ -96,18 +110,16 @@ class Ingest:
     def routes(self, route_results: Sequence[RouteResult]) -> Mapping[QueueId, float]:
         """queue -> the reference's TTL, one per (endpoint, priority); the first route wins.
 
-        A message routed to one endpoint (the usual case) gets its result from the router's own ``RouteResult``
-        object, the same for every message of that route: its queues are looked up once, kept by the object's
-        id with the object itself (so an id reused after the object is gone never matches)."""
+        A message routed to one endpoint (the usual case) gets its queues from a cache keyed by the route
+        result's value, so that the dict is built once per route, whoever made the result."""
         if len(route_results) == 1:
             rr = route_results[0]
-            cached = self._one_route.get(id(rr))
-            if cached is not None and cached[0] is rr and cached[1] == self.default_ttl_s:
-                return cached[2]
-            queues = self._queues_of(route_results)
-            if len(self._one_route) >= _ONE_ROUTE_CACHE_SIZE:
-                self._one_route.clear()
-            self._one_route[id(rr)] = (rr, self.default_ttl_s, queues)
+            key = (rr.endpoint, rr.priority, rr.ttl_s)
+            queues = self._one_route.get(key)
+            if queues is None:
+                if len(self._one_route) >= _ONE_ROUTE_CACHE_SIZE:
+                    self._one_route.clear()
+                queues = self._one_route[key] = self._queues_of(route_results)
             return queues
         return self._queues_of(route_results)
 
@@ -120,7 +132,7 @@ class Ingest:
             if q is None:
                 q = lanes[lane] = QueueId(rr.endpoint, rr.priority)
             if q not in queues:
-                queues[q] = self.default_ttl_s if rr.ttl_s is None else float(rr.ttl_s)
+                queues[q] = self._default_ttl_s if rr.ttl_s is None else float(rr.ttl_s)
         return queues
 
     def add_message(
@@ -200,11 +212,11 @@ class Ingest:
         backend = self._b
         if self._fsync is FsyncPolicy.INTERVAL:
             await self._writer.run(lambda: backend.write(ops, sync=False))
-            wait = self._last_sync + self._interval_s - time.monotonic()
+            wait = self._last_sync + self._interval_s - self._clock.monotonic()
             if wait > 0:
-                await asyncio.sleep(wait)
+                await self._clock.sleep(wait)
             await self._writer.run(backend.sync_wal)
-            self._last_sync = time.monotonic()
+            self._last_sync = self._clock.monotonic()
         else:
             sync = self._fsync is FsyncPolicy.ALWAYS
             await self._writer.run(lambda: backend.write(ops, sync=sync))

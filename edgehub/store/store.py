@@ -145,6 +145,7 @@ class Store:
             self._open_queue,
             self._usage,
             self._held,
+            self._clock,
             fsync=fsync,
             fsync_interval_ms=fsync_interval_ms,
             max_group=max_group,

@@ -9,7 +9,7 @@ import pytest
 from edgehub.core import DEFAULT_PRIORITY, Message, RouteResult, StoreClosedError, SystemProperty
 from edgehub.store import FsyncPolicy, Overflow, QueueId, QueuePolicy, RemovalReason, Store
 from edgehub.testing import ManualClock
-from tests.store.conftest import StoreFactory
+from tests.store.conftest import StoreFactory, keep_time
 
 
 def msg(i: int) -> Message:
@@ -303,11 +303,15 @@ async def test_closed_store_refuses_use(store_factory: StoreFactory) -> None:
 
 @pytest.mark.parametrize("fsync", [FsyncPolicy.INTERVAL, FsyncPolicy.NONE])
 async def test_every_fsync_policy_acknowledges_and_keeps_writes(
-    store_factory: StoreFactory, fsync: FsyncPolicy
+    store_factory: StoreFactory, clock: ManualClock, fsync: FsyncPolicy
 ) -> None:
     s = store_factory(fsync=fsync, fsync_interval_ms=5)
-    async with asyncio.timeout(10):
-        await asyncio.gather(*(s.enqueue(msg(i), [RouteResult("up", 0)]) for i in range(50)))
+    ticker = asyncio.create_task(keep_time(clock, 0.005))
+    try:
+        async with asyncio.timeout(10):
+            await asyncio.gather(*(s.enqueue(msg(i), [RouteResult("up", 0)]) for i in range(50)))
+    finally:
+        ticker.cancel()
     await s.close()
     s = store_factory()
     try:
