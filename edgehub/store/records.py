@@ -1,7 +1,8 @@
 """The store's value types and its column families' names: what callers get back (``StoredItem``, ``Reference``,
 ``EnqueueReceipt``, ``Checkpoint``, ``DeadLetter``) and the enums they are configured and counted with.
 
-Invariants: these types carry no behaviour beyond derived properties; the ones built per message are msgspec
+Invariants: a message's charged size leaves out the hub's ``edgeMessageId`` and ``enqueuedTime``; these types
+carry no behaviour beyond derived properties; the ones built per message are msgspec
 Structs (a Struct's C ``__init__`` is far cheaper than a frozen dataclass's; none takes part in a reference
 cycle, hence ``gc=False``).
 """
@@ -13,7 +14,7 @@ from enum import StrEnum
 
 import msgspec
 
-from edgehub.core import Message
+from edgehub.core import Message, SystemProperty
 from edgehub.store.queues import QueueId
 
 __all__ = [
@@ -28,12 +29,21 @@ __all__ = [
     "Reference",
     "RemovalReason",
     "StoredItem",
+    "charged_size",
 ]
 
 MESSAGES = "messages"
 CHECKPOINTS = "checkpoints"
 META = "meta"
 DEFAULT_TTL_S = 7200.0
+# The hub's stamps, left out of what a message is charged: it is charged as its producer sent it.
+_STAMPS = frozenset((SystemProperty.EDGE_MESSAGE_ID.value, SystemProperty.ENQUEUED_TIME.value))
+
+
+def charged_size(message: Message) -> int:
+    """The size quotas and ``maxMessageSizeBytes`` see: ``message.size_bytes()`` less ``edgeMessageId`` and
+    ``enqueuedTime`` (the hub stamps them before handing a message over)."""
+    return message.size_bytes(leaving_out=_STAMPS)
 
 
 class FsyncPolicy(StrEnum):
@@ -88,7 +98,7 @@ class Reference(msgspec.Struct, frozen=True, gc=False):
 
 
 class EnqueueReceipt(msgspec.Struct, frozen=True, gc=False):
-    """The stamped message and where it went: ``(queue, offset)`` per reference (empty: routed nowhere)."""
+    """The message as stored and where it went: ``(queue, offset)`` per reference (empty: routed nowhere)."""
 
     message: Message
     refs: tuple[tuple[QueueId, int], ...]

@@ -21,8 +21,8 @@ come from ``edgehub.store.usage``. Metadata: ``get_metadata`` / ``put_metadata``
 
 ``Store`` is the coordinator: it owns the queues (``QueueState`` each), hands out offsets and message keys, and
 writes ingest groups; admission, usage accounting, the held-message cache (``edgehub.store.held``), dead
-letters, metadata and the maintenance writes are parts of their own. Stamps: ``enqueue`` sets ``edgeMessageId``
-and ``enqueuedTime`` when the message lacks them (``edgehub.store.stamps``); sizes leave them out.
+letters, metadata and the maintenance writes are parts of their own. The store stores a message as it is
+given: the hub facade stamps it (``edgehub.hub.stamps``); sizes leave the hub's id and time stamps out.
 
 Layout (column families): ``messages`` (u64 message key -> body record listing its references),
 one ``q:p<n>:<endpoint>`` per queue (u64 offset -> reference with enqueue time and TTL), ``checkpoints``
@@ -87,8 +87,8 @@ from edgehub.store.records import (
     Reference,
     RemovalReason,
     StoredItem,
+    charged_size,
 )
-from edgehub.store.stamps import Stamper, charged_size
 from edgehub.store.usage import OWNER, STORE_WIDE, Usage, UsageBook, add, owner_of
 
 __all__ = [
@@ -134,7 +134,6 @@ class Store:
         for name in self._b.families():
             if QueueId.is_queue_name(name):
                 self._load_queue(QueueId.parse(name))
-        self._stamper = Stamper(self._clock)
         self._closed = False
         self._usage = UsageBook(self._b)
         self.removed = self._usage.removed
@@ -187,7 +186,7 @@ class Store:
 
     @property
     def clock(self) -> Clock:
-        """The clock the store stamps and times its waits with."""
+        """The clock the store times references and its waits with."""
         return self._clock
 
     # -- policies and usage -------------------------------------------------------------------------------
@@ -259,20 +258,6 @@ class Store:
         return Checkpoint(cp.committed, cp.unhealthy_since_s, cp.last_revival_s)
 
     # -- ingest -------------------------------------------------------------------------------------------
-    def stamp(self, message: Message, now_s: float | None = None, updates: Mapping[str, str] | None = None) -> Message:
-        """The message as it will be stored: ``edgeMessageId`` and ``enqueuedTime`` (``now_s``, else the store's
-        clock) set if absent. ``updates``: other system properties to set in the same copy (the hub's identity
-        stamps), so a message is copied once on its way in, not once per stamper."""
-        return self._stamper.stamp(message, now_s, updates)
-
-    def stamp_group(
-        self, messages: Sequence[Message], updates: Mapping[str, str], *, drop: str | None = None
-    ) -> list[Message]:
-        """``stamp`` for a group that arrived together (one read of a connection): one copy per message, with
-        ``updates`` set (after removing ``drop``), a fresh ``edgeMessageId`` each, and one ``enqueuedTime`` (the
-        store's clock, read once) for all that lack them."""
-        return self._stamper.stamp_group(messages, updates, drop=drop)
-
     async def enqueue(
         self,
         message: Message,
@@ -334,7 +319,6 @@ class Store:
             self._live()  # closed while waiting for room
         elif queues and size > (limit := admission.default_policy.max_message_size_bytes):
             raise too_large(size, limit)
-        message = self._stamper.stamp(message, now)
         refs: tuple[tuple[QueueId, int], ...] = ()
         if queues:
             deltas: Usage = {}
@@ -375,7 +359,6 @@ class Store:
             if queues and size > limit:
                 out.append(too_large(size, limit))
                 continue
-            message = self._stamper.stamp(message, now)
             if not queues:
                 out.append(EnqueueReceipt(message, ()))
                 continue

@@ -27,8 +27,7 @@ import msgspec
 from edgehub.core import SystemProperty
 from edgehub.store.backend import Backend, Op
 from edgehub.store.codec import decode_message, pack_u64, unpack_u64
-from edgehub.store.records import MESSAGES, META, RemovalReason
-from edgehub.store.stamps import charged_size
+from edgehub.store.records import MESSAGES, META, RemovalReason, charged_size
 
 __all__ = ["OWNER", "STORE_WIDE", "Usage", "UsageBook", "add", "owner_key", "owner_of"]
 

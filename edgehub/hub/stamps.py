@@ -1,8 +1,11 @@
-"""The store's stamps on a message: ``edgeMessageId`` (a fresh random UUID, version 4, as 32 hex digits) and
-``enqueuedTime`` (ISO 8601 UTC, as ``datetime.isoformat`` writes it), and the size a message is charged.
+"""The hub's stamps on a message on its way in, made in one copy per message: the identity the connection
+authenticated as (``connectionDeviceId``, ``connectionModuleId``, ``connectionAuthMethod``: the hub's authority,
+not the head's), ``edgeMessageId`` (a fresh random UUID, version 4, as 32 hex digits) and ``enqueuedTime``
+(ISO 8601 UTC, as ``datetime.isoformat`` writes it). The hub facade is their one owner; the store stamps
+nothing (it leaves the last two out of the sizes it charges: ``edgehub.store.records.charged_size``).
 
-Invariants: a stamp already on a message is kept (a message is stamped once on its way in); the charged size
-leaves both stamps out, so a message is charged as its producer sent it whoever stamped it.
+Invariants: an ``edgeMessageId`` or ``enqueuedTime`` already on a message is kept; the identity stamps replace
+whatever the message carried, and a ``drop`` property (a device's forged ``connectionModuleId``) goes.
 """
 
 from __future__ import annotations
@@ -13,22 +16,16 @@ from collections.abc import Mapping, Sequence
 
 from edgehub.core import Clock, Message, SystemProperty, utc_from_epoch
 
-__all__ = ["Stamper", "charged_size"]
+__all__ = ["Stamper"]
 
 # Plain strings: an enum member look-up per message is measurable on the ingest path.
 _EDGE_MESSAGE_ID: str = SystemProperty.EDGE_MESSAGE_ID.value
 _ENQUEUED_TIME: str = SystemProperty.ENQUEUED_TIME.value
-_STAMPS = frozenset((_EDGE_MESSAGE_ID, _ENQUEUED_TIME))
 
 # Version-4 UUIDs (RFC 4122) from random bytes: byte 6's high nibble becomes 4, byte 8's top bits 10.
 _UUID4_VERSION = bytes((b & 0x0F) | 0x40 for b in range(256))
 _UUID4_VARIANT = bytes((b & 0x3F) | 0x80 for b in range(256))
 _RANDOM_POOL_BYTES = 16 * 256
-
-
-def charged_size(message: Message) -> int:
-    """``message.size_bytes()`` less the stamps (``edgeMessageId``, ``enqueuedTime``)."""
-    return message.size_bytes(leaving_out=_STAMPS)
 
 
 class Stamper:
@@ -74,28 +71,12 @@ class Stamper:
             self._second = whole
         return f"{self._second_text}.{us:06d}+00:00" if us else f"{self._second_text}+00:00"
 
-    def stamp(self, message: Message, now_s: float | None = None, updates: Mapping[str, str] | None = None) -> Message:
-        """The message with ``edgeMessageId`` and ``enqueuedTime`` (``now_s``, else the clock) set if absent.
-        ``updates``: other system properties to set in the same copy, so a message is copied once."""
-        sp = message.system_properties
-        has_id = _EDGE_MESSAGE_ID in sp
-        has_time = _ENQUEUED_TIME in sp
-        if has_id and has_time and not updates:
-            return message
-        stamped = dict(sp)
-        if updates:
-            stamped.update(updates)
-        if not has_id:
-            stamped[_EDGE_MESSAGE_ID] = self.edge_message_id()
-        if not has_time:
-            stamped[_ENQUEUED_TIME] = self.iso_utc(self._clock.time() if now_s is None else now_s)
-        return Message(body=message.body, properties=message.properties, system_properties=stamped)
-
     def stamp_group(
         self, messages: Sequence[Message], updates: Mapping[str, str], *, drop: str | None = None
     ) -> list[Message]:
-        """``stamp`` for a group that arrived together: one copy per message, with ``updates`` set (after
-        removing ``drop``), a fresh ``edgeMessageId`` each, and one ``enqueuedTime`` (the clock, read once)."""
+        """Messages that arrived together (one read of a connection, or one), stamped: one copy per message,
+        with ``updates`` set (after removing ``drop``), a fresh ``edgeMessageId`` each, and one
+        ``enqueuedTime`` (the clock, read once) for all that lack them."""
         enqueued = self.iso_utc(self._clock.time())
         new_id = self.edge_message_id
         out: list[Message] = []
