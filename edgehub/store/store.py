@@ -91,18 +91,7 @@ from edgehub.store.records import (
 )
 from edgehub.store.usage import OWNER, STORE_WIDE, Usage, UsageBook, add, owner_of
 
-__all__ = [
-    "CHECKPOINTS",
-    "MESSAGES",
-    "Checkpoint",
-    "DeadLetter",
-    "EnqueueReceipt",
-    "FsyncPolicy",
-    "Reference",
-    "RemovalReason",
-    "Store",
-    "StoredItem",
-]
+__all__ = ["CHECKPOINTS", "MESSAGES", "Store"]  # the families for tools (edgehub.runtime.store_cli)
 
 log = logging.getLogger(__name__)
 
