@@ -131,15 +131,22 @@ class Admission:
             full.append(None)
         return full
 
+    def has_room(self, per_endpoint: Mapping[str, int], size: int, owner: str | None) -> bool:
+        """Check a message at once: refuse it over the strictest routed endpoint's size limit or over its
+        sender's share (``owner``); True if it fits every quota now, else ``make_room`` is to be awaited.
+        ``per_endpoint``: the message's references per routed endpoint."""
+        self.check_size(per_endpoint, size)
+        if not self.quotas_set():  # no quota: nothing else to check
+            return True
+        self._check_share(owner, size)
+        return not self._full(per_endpoint, per_endpoint, size)
+
     async def make_room(
         self, per_endpoint: Mapping[str, int], size: int, arrived_mono_s: float | None, owner: str | None
     ) -> set[str]:
-        """Refuse a message over its sender's share (``owner``); wait for room (until ``enqueue_timeout_s``
-        after ``arrived_mono_s``, default now), then apply the overflow policy. ``per_endpoint``: the message's
-        references per routed endpoint. Returns the endpoints to drop (discardIncoming)."""
-        if not self.quotas_set():  # the common case: nothing to check
-            return set()
-        self._check_share(owner, size)
+        """For a message ``has_room`` found no room for: wait for room (until ``enqueue_timeout_s`` after
+        ``arrived_mono_s``, default now), then apply the overflow policy. Returns the endpoints to drop
+        (discardIncoming)."""
         endpoints = per_endpoint.keys()
         full = self._full(endpoints, per_endpoint, size)
         if not full:

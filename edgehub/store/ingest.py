@@ -43,6 +43,7 @@ class Pending:
     deltas: Usage
     refs: list[tuple[QueueId, int]]
     overflow: int = 0  # references dropped by discardIncoming, counted when the group is written
+    discarded: int = 0  # messages with a reference dropped by discardIncoming
     items: list[StoredItem] = field(default_factory=list)  # what ``read`` returns for refs, once written
 
 
@@ -190,7 +191,7 @@ class Ingest:
             self._held.remember(self._queues, (item for p in group for item in p.items))
             self._usage.ingest_written(tally)
             if overflow:
-                self.discarded_incoming += sum(1 for p in group if p.overflow)
+                self.discarded_incoming += sum(p.discarded for p in group)
         finally:
             # Here, not in the producers: a producer cancelled while it waited is still written, and its
             # references must become visible to readers (end_offset) all the same.

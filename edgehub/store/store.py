@@ -44,7 +44,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -289,97 +288,106 @@ class Store:
         identity id (``device`` or ``device/module``) that sent it, whose share it counts against (default: the
         message's ``connectionDeviceId``/``connectionModuleId``, as the hub stamps them)."""
         self._live()
-        pending = Pending(Metadata.ops(metadata), {}, [])
-        size = charged_size(message)
-        owner = OWNER + sender if sender is not None else owner_of(message.system_properties)
-        now = self._clock.time()
-        queues = self._ingest.routes(route_results)
-        admission = self._admission
-        if queues and admission.policies_may_apply():
-            per_endpoint: dict[str, int] = {}
-            for q in queues:
-                per_endpoint[q.endpoint] = per_endpoint.get(q.endpoint, 0) + 1
-            admission.check_size(per_endpoint, size)
-            dropped = await admission.make_room(per_endpoint, size, arrived_mono_s, owner)
-            now = self._clock.time()  # enqueued once there was room (the enqueue timeout may have passed)
-            if dropped:
-                pending.overflow = sum(1 for q in queues if q.endpoint in dropped)
-                queues = {q: v for q, v in queues.items() if q.endpoint not in dropped}
-            self._live()  # closed while waiting for room
-        elif queues and size > (limit := admission.default_policy.max_message_size_bytes):
-            raise too_large(size, limit)
-        refs: tuple[tuple[QueueId, int], ...] = ()
-        if queues:
-            deltas: Usage = {}
-            refs = self._ingest.add_message(pending, message, queues, size, now, deltas, owner)
-            if owner is not None:
-                deltas[owner] = (1, size)
-            self._usage.reserve(pending.deltas, deltas)
-        if not pending.ops and not pending.overflow:  # routed nowhere, no metadata: nothing to write
-            return EnqueueReceipt(message, refs), None
-        return EnqueueReceipt(message, refs), self._ingest.enqueue(pending)
+        [outcome], durable = await self._take([(message, route_results)], sender, arrived_mono_s, metadata)
+        if isinstance(outcome, IngestRejected):
+            raise outcome
+        return outcome, durable[0] if durable else None
 
     async def enqueue_many(
         self, items: Sequence[tuple[Message, Sequence[RouteResult]]], *, sender: str | None = None
     ) -> list[EnqueueReceipt | IngestRejected]:
         """Store a producer's group of messages (one read of a connection); return when all are durable.
 
-        One receipt or refusal per message, in order: what ``enqueue`` would return or raise for each. When the
-        group can be admitted as a whole (``edgehub.store.admission``), it is one pending write with one
-        future; else each message is admitted in turn. A failed write raises, as ``enqueue`` does, for the
-        whole group. ``sender``: the identity that sent the whole group, as ``admit`` takes it."""
+        One receipt or refusal per message, in order: what ``enqueue`` would return or raise for each. A failed
+        write raises, as ``enqueue`` does, for the whole group. ``sender``: the identity that sent the whole
+        group, as ``admit`` takes it."""
         self._live()
+        outcomes, durable = await self._take(items, sender, None, None)
+        if len(durable) == 1:
+            await durable[0]
+        elif durable:
+            await asyncio.gather(*durable)
+        return outcomes
+
+    async def _take(
+        self,
+        items: Sequence[tuple[Message, Sequence[RouteResult]]],
+        sender: str | None,
+        arrived_mono_s: float | None,
+        metadata: Mapping[str, bytes | None] | None,
+    ) -> tuple[list[EnqueueReceipt | IngestRejected], list[asyncio.Future[None]]]:
+        """The one ingest path: each message is routed to its queues, admitted, given its offsets and added to
+        the pending group write, in order; the outcome per message and the futures of the writes it queued.
+
+        Admission is a stage: a group the admission clears as a whole (``edgehub.store.admission``) is checked
+        only against the default size limit; else each message is checked in turn, and one that must wait
+        for room first queues what is pending (so the ones before it are written while it waits) and holds
+        the ones after it, each wait bounded from the group's arrival. ``metadata`` (one message only) is
+        written with the message, if it is accepted."""
         admission = self._admission
-        if admission.needs_turns():
-            return await self._enqueue_in_turn(items, sender)
-        sizes = [charged_size(m) for m, _ in items]
         sender_key = None if sender is None else OWNER + sender
-        owners = None if sender_key is not None else [owner_of(m.system_properties) for m, _ in items]
-        if admission.store_quota.max_bytes is not None and not admission.group_fits(sizes, owners, sender_key):
-            return await self._enqueue_in_turn(items, sender)
-        now = self._clock.time()
+        sizes = [charged_size(m) for m, _ in items]
+        owners = (
+            [sender_key] * len(items) if sender_key is not None else [owner_of(m.system_properties) for m, _ in items]
+        )
+        in_turn = admission.needs_turns() or (
+            admission.store_quota.max_bytes is not None
+            and not admission.group_fits(sizes, None if sender_key is not None else owners, sender_key)
+        )
+        if in_turn and arrived_mono_s is None:
+            arrived_mono_s = self._clock.monotonic()
         limit = admission.default_policy.max_message_size_bytes
+        now = self._clock.time()
         pending = Pending([], {}, [])
         deltas: Usage = {}
+        durable: list[asyncio.Future[None]] = []
         out: list[EnqueueReceipt | IngestRejected] = []
-        each_owner = owners if owners is not None else itertools.repeat(sender_key, len(items))
-        for (message, route_results), size, owner in zip(items, sizes, each_owner, strict=True):
+        for (message, route_results), size, owner in zip(items, sizes, owners, strict=True):
             queues = self._ingest.routes(route_results)
-            if queues and size > limit:
+            if queues and in_turn:
+                per_endpoint: dict[str, int] = {}
+                for q in queues:
+                    per_endpoint[q.endpoint] = per_endpoint.get(q.endpoint, 0) + 1
+                try:
+                    if not admission.has_room(per_endpoint, size, owner):
+                        if pending.ops or pending.overflow:
+                            durable.append(self._ingest.enqueue(pending))
+                            pending = Pending([], {}, [])
+                        dropped = await admission.make_room(per_endpoint, size, arrived_mono_s, owner)
+                        self._live()  # closed while waiting for room
+                        now = self._clock.time()  # enqueued once there was room
+                        if dropped:
+                            pending.overflow += sum(1 for q in queues if q.endpoint in dropped)
+                            pending.discarded += 1
+                            queues = {q: v for q, v in queues.items() if q.endpoint not in dropped}
+                except IngestRejected as exc:
+                    out.append(exc)
+                    continue
+            elif queues and size > limit:
                 out.append(too_large(size, limit))
                 continue
-            if not queues:
-                out.append(EnqueueReceipt(message, ()))
-                continue
-            out.append(
-                EnqueueReceipt(message, self._ingest.add_message(pending, message, queues, size, now, deltas, owner))
-            )
-            if sender_key is None and owner is not None:
-                add(deltas, owner, 1, size)
-        if sender_key is not None and STORE_WIDE in deltas:
-            deltas[sender_key] = deltas[STORE_WIDE]  # one sender: its usage is the group's, added once
-        self._usage.reserve(pending.deltas, deltas)
-        if pending.ops:
-            await self._ingest.submit(pending)
-        return out
+            if metadata:
+                pending.ops += Metadata.ops(metadata)
+            refs: tuple[tuple[QueueId, int], ...] = ()
+            if queues:
+                refs = self._ingest.add_message(pending, message, queues, size, now, deltas, owner)
+                if sender_key is None and owner is not None:
+                    add(deltas, owner, 1, size)
+                if in_turn:  # reserved at once, so the next message's check sees it
+                    self._reserve(pending, deltas, sender_key)
+                    deltas = {}
+            out.append(EnqueueReceipt(message, refs))
+        self._reserve(pending, deltas, sender_key)
+        if pending.ops or pending.overflow:
+            durable.append(self._ingest.enqueue(pending))
+        return out, durable
 
-    async def _enqueue_in_turn(
-        self, items: Sequence[tuple[Message, Sequence[RouteResult]]], sender: str | None = None
-    ) -> list[EnqueueReceipt | IngestRejected]:
-        """``enqueue_many`` with quotas or policies: each message is admitted in turn (it may wait for room, and
-        the ones after it wait behind it, so a producer's messages keep their order in every queue), each
-        wait bounded from the group's arrival as if they had waited side by side; then all are awaited."""
-        arrived = self._clock.monotonic()
-        admitted: list[tuple[EnqueueReceipt, asyncio.Future[None] | None] | IngestRejected] = []
-        for message, route_results in items:
-            try:
-                admitted.append(await self.admit(message, route_results, arrived_mono_s=arrived, sender=sender))
-            except IngestRejected as exc:
-                admitted.append(exc)
-        durable = [a[1] for a in admitted if not isinstance(a, IngestRejected) and a[1] is not None]
-        if durable:
-            await asyncio.gather(*durable)
-        return [a if isinstance(a, IngestRejected) else a[0] for a in admitted]
+    def _reserve(self, pending: Pending, deltas: Usage, sender_key: str | None) -> None:
+        """Reserve what ``deltas`` add to the store; a single sender's usage is the store-wide delta."""
+        if sender_key is not None and STORE_WIDE in deltas:
+            deltas[sender_key] = deltas[STORE_WIDE]
+        if deltas:
+            self._usage.reserve(pending.deltas, deltas)
 
     # -- reads --------------------------------------------------------------------------------------------
     @property

@@ -117,3 +117,23 @@ async def test_a_group_waits_for_room_at_most_the_timeout_from_its_arrival(
         assert clock.monotonic() == 10
     finally:
         await s.close()
+
+
+async def test_a_message_waiting_for_room_lets_the_ones_before_it_be_written_and_holds_the_ones_after(
+    store_factory: StoreFactory, clock: ManualClock
+) -> None:
+    s = store_factory(endpoint_policies={"up": QueuePolicy(max_messages=2, enqueue_timeout_s=10)})
+    try:
+        async with asyncio.timeout(10):
+            group = asyncio.create_task(s.enqueue_many([(m(i), [RouteResult("up", 0)]) for i in range(4)]))
+            await clock.wait_for_sleepers(1)  # m2 waits for room
+            # Group writes go in arrival order: once a later producer's is durable, so are m0 and m1.
+            await s.enqueue(m(9), [RouteResult("other", 0)])
+            assert s.end_offset(UP0) == 2  # m0 and m1 are written meanwhile
+            assert s.next_offset(UP0) == 2  # m3 waits behind m2
+            await s.commit(UP0, 1)  # delivered: their room is freed
+            out = await group
+        assert [type(r) for r in out] == [EnqueueReceipt] * 4
+        assert bodies(s, UP0) == [m(2).body, m(3).body]
+    finally:
+        await s.close()
