@@ -195,11 +195,6 @@ class EdgeHub:
         drop = _CONNECTION_MODULE_ID if identity.module_id is None else None
         return self._stamper.stamp_group(messages, self._identity_stamps(identity), drop=drop)
 
-    async def _ingest_one(self, identity: Identity, message: Message) -> IngestOutcome:
-        [stamped] = self._stamp(identity, [message])
-        [outcome] = await self._settle_admitted([await self._admit_one(identity, stamped)])
-        return outcome
-
     async def _ingest_in_turn(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:
         """With duplicate detection: each message claims its id and is admitted to the store in turn (a claim
         or a wait for room holds the ones after it, so they keep their order), then all are awaited together."""
@@ -265,8 +260,6 @@ class EdgeHub:
 
     async def ingest(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:
         if self._dedup is not None:  # each message claims its id in the duplicate window, one after the other
-            if len(messages) == 1:
-                return [await self._ingest_one(identity, messages[0])]
             return await self._ingest_in_turn(identity, messages)
         # One message too: a group of one is most groups of a publisher that waits for its acks (paho sends the
         # first message after an ack burst alone), and the group path awaits one write, not a gather of futures.
