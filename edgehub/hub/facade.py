@@ -207,10 +207,9 @@ class EdgeHub:
     ) -> IngestOutcome | _Admitted:
         """Check, claim, route and admit one stamped message (``Store.admit``): its outcome if that is known
         already (refused, or a duplicate), else what is left to await."""
-        try:
-            check_partition_properties(message)
-        except IngestRejected as exc:
-            return self._rejected(identity, exc)
+        refused = self._partition_refusal(identity, message)
+        if refused is not None:
+            return refused
         claim = None
         if self._dedup is not None and message.message_id:
             claim = await self._dedup.claim(identity.id, message.message_id)
@@ -274,13 +273,10 @@ class EdgeHub:
         stamped = self._stamp(identity, messages)
         route, assign = self.router.route, self.lanes.assign
         for i, message in enumerate(stamped):
-            sp = message.system_properties
-            if _SESSION_ID in sp and _PARTITION_KEY in sp:  # only then can they disagree
-                try:
-                    check_partition_properties(message)
-                except IngestRejected as exc:
-                    outcomes[i] = self._rejected(identity, exc)
-                    continue
+            refused = self._partition_refusal(identity, message)
+            if refused is not None:
+                outcomes[i] = refused
+                continue
             items.append((message, assign(message, route(message))))
             at.append(i)
         endpoints: set[str] = set()
@@ -295,6 +291,17 @@ class EdgeHub:
             outcomes[i] = Stored(result.message.system_properties.get(_EDGE_MESSAGE_ID))
         await self._notify(endpoints)
         return [o for o in outcomes if o is not None]
+
+    def _partition_refusal(self, identity: Identity, message: Message) -> Rejected | None:
+        """The refusal of a message whose ``sessionId`` and ``partitionKey`` disagree, else None."""
+        sp = message.system_properties
+        if _SESSION_ID not in sp or _PARTITION_KEY not in sp:  # only when both are set can they disagree
+            return None
+        try:
+            check_partition_properties(message)
+        except IngestRejected as exc:
+            return self._rejected(identity, exc)
+        return None
 
     def _rejected(self, identity: Identity, exc: IngestRejected) -> Rejected:
         """The outcome of a refused message, logged through ``refusals`` (a flood of them logs a few lines)."""
