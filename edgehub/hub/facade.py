@@ -200,16 +200,16 @@ class EdgeHub:
         or a wait for room holds the ones after it, so they keep their order), then all are awaited together."""
         arrived = self.store.clock.monotonic()
         stamped = self._stamp(identity, messages)
-        return await self._settle_admitted([await self._admit_one(identity, m, arrived) for m in stamped])
+        refused = self._partition_refusals(identity, stamped)
+        return await self._settle_admitted(
+            [refused[i] if i in refused else await self._admit_one(identity, m, arrived) for i, m in enumerate(stamped)]
+        )
 
     async def _admit_one(
         self, identity: Identity, message: Message, arrived_mono_s: float | None = None
     ) -> IngestOutcome | _Admitted:
-        """Check, claim, route and admit one stamped message (``Store.admit``): its outcome if that is known
-        already (refused, or a duplicate), else what is left to await."""
-        refused = self._partition_refusal(identity, message)
-        if refused is not None:
-            return refused
+        """Claim, route and admit one stamped message (``Store.admit``): its outcome if that is known already
+        (refused, or a duplicate), else what is left to await."""
         claim = None
         if self._dedup is not None and message.message_id:
             claim = await self._dedup.claim(identity.id, message.message_id)
@@ -272,10 +272,10 @@ class EdgeHub:
         at: list[int] = []
         stamped = self._stamp(identity, messages)
         route, assign = self.router.route, self.lanes.assign
+        refused = self._partition_refusals(identity, stamped)
         for i, message in enumerate(stamped):
-            refused = self._partition_refusal(identity, message)
-            if refused is not None:
-                outcomes[i] = refused
+            if refused and i in refused:
+                outcomes[i] = refused[i]
                 continue
             items.append((message, assign(message, route(message))))
             at.append(i)
@@ -292,16 +292,17 @@ class EdgeHub:
         await self._notify(endpoints)
         return [o for o in outcomes if o is not None]
 
-    def _partition_refusal(self, identity: Identity, message: Message) -> Rejected | None:
-        """The refusal of a message whose ``sessionId`` and ``partitionKey`` disagree, else None."""
-        sp = message.system_properties
-        if _SESSION_ID not in sp or _PARTITION_KEY not in sp:  # only when both are set can they disagree
-            return None
-        try:
-            check_partition_properties(message)
-        except IngestRejected as exc:
-            return self._rejected(identity, exc)
-        return None
+    def _partition_refusals(self, identity: Identity, messages: Sequence[Message]) -> dict[int, Rejected]:
+        """The refusals (by index) of the messages whose ``sessionId`` and ``partitionKey`` disagree."""
+        refused: dict[int, Rejected] = {}
+        for i, message in enumerate(messages):
+            sp = message.system_properties
+            if _SESSION_ID in sp and _PARTITION_KEY in sp:  # only when both are set can they disagree
+                try:
+                    check_partition_properties(message)
+                except IngestRejected as exc:
+                    refused[i] = self._rejected(identity, exc)
+        return refused
 
     def _rejected(self, identity: Identity, exc: IngestRejected) -> Rejected:
         """The outcome of a refused message, logged through ``refusals`` (a flood of them logs a few lines)."""
