@@ -327,9 +327,9 @@ class EndpointExecutor:
     async def _prefetch(self, q: QueueId, from_offset: int) -> list[StoredItem]:
         # From memory on the loop when the store holds them (the executor keeps up: the usual case); a thread
         # only for a database read, whose decoding would hold the loop (a thread hop cost more than the read).
-        items = self._store.read_held(q, from_offset, self._endpoint.max_batch_messages)
-        if items is None:
-            items = await asyncio.to_thread(self._read, q, from_offset)
+        items, start, more = self._store.read_start(q, from_offset, self._endpoint.max_batch_messages)
+        if more:  # the store's state is read here, on the loop; the worker thread touches only the database
+            items += await asyncio.to_thread(self._store.read_durable, q, start, more)
         if items:
             self.batches_prefetched += 1
             self._changed.set()

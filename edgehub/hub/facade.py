@@ -63,6 +63,7 @@ from edgehub.hub.dedup import Claim, DuplicateWindow
 from edgehub.hub.identities import IdentityRegistry
 from edgehub.hub.lanes import UpstreamLanes, UpstreamLanesStatus, UpstreamOptions, check_partition_properties
 from edgehub.hub.modules import DEFAULT_MAX_BATCH, ModuleEndpoint, ModuleMailboxes
+from edgehub.hub.stamps import Stamper
 from edgehub.hub.twins import DEFAULT_TWIN_LIMITS, TwinLimits, TwinStore, check_patch, parse_reported_patch
 from edgehub.routing import Router
 from edgehub.store import EnqueueReceipt, Store
@@ -72,6 +73,7 @@ __all__ = ["EdgeHub"]
 log = logging.getLogger(__name__)
 
 _EDGE_MESSAGE_ID: str = SystemProperty.EDGE_MESSAGE_ID.value
+_CONNECTION_MODULE_ID: str = SystemProperty.CONNECTION_MODULE_ID.value
 _SESSION_ID: str = SystemProperty.SESSION_ID.value
 _PARTITION_KEY: str = SystemProperty.PARTITION_KEY.value
 
@@ -97,6 +99,7 @@ class EdgeHub:
         self.store = store
         self.router = router
         self.clock: Clock = clock or SystemClock()
+        self._stamper = Stamper(store.clock)  # enqueuedTime on the store's clock, as its references' times
         self.identities = IdentityRegistry(
             store, host_name=host_name, clock=self.clock, max_token_lifetime_s=max_token_lifetime_s
         )
@@ -185,36 +188,28 @@ class EdgeHub:
             updates[SystemProperty.CONNECTION_AUTH_METHOD.value] = method
         return updates
 
-    def _stamp(self, identity: Identity, message: Message) -> Message:
-        """The connection's identity on the message, with the store's id and time stamps in the same copy."""
-        updates = self._identity_stamps(identity)
-        sp = message.system_properties
-        if identity.module_id is None and SystemProperty.CONNECTION_MODULE_ID in sp:
-            # A device cannot pass itself off as a module (that would change the message's route source).
-            sp = {k: v for k, v in sp.items() if k != SystemProperty.CONNECTION_MODULE_ID}
-            message = Message(message.body, message.properties, sp)
-        return self.store.stamp(message, updates=updates)
-
-    async def _ingest_one(self, identity: Identity, message: Message) -> IngestOutcome:
-        [outcome] = await self._settle_admitted([await self._admit_one(identity, message)])
-        return outcome
+    def _stamp(self, identity: Identity, messages: Sequence[Message]) -> list[Message]:
+        """The messages as they will be stored: the connection's identity on each (a device cannot pass itself
+        off as a module: that would change the message's route source), with the id and time stamps, in one
+        copy per message. Every message the hub ingests is stamped here and nowhere else."""
+        drop = _CONNECTION_MODULE_ID if identity.module_id is None else None
+        return self._stamper.stamp_group(messages, self._identity_stamps(identity), drop=drop)
 
     async def _ingest_in_turn(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:
         """With duplicate detection: each message claims its id and is admitted to the store in turn (a claim
         or a wait for room holds the ones after it, so they keep their order), then all are awaited together."""
         arrived = self.store.clock.monotonic()
-        return await self._settle_admitted([await self._admit_one(identity, m, arrived) for m in messages])
+        stamped = self._stamp(identity, messages)
+        refused = self._partition_refusals(identity, stamped)
+        return await self._settle_admitted(
+            [refused[i] if i in refused else await self._admit_one(identity, m, arrived) for i, m in enumerate(stamped)]
+        )
 
     async def _admit_one(
         self, identity: Identity, message: Message, arrived_mono_s: float | None = None
     ) -> IngestOutcome | _Admitted:
-        """Stamp, check, claim, route and admit one message (``Store.admit``): its outcome if that is known
-        already (refused, or a duplicate), else what is left to await."""
-        message = self._stamp(identity, message)
-        try:
-            check_partition_properties(message)
-        except IngestRejected as exc:
-            return self._rejected(identity, exc)
+        """Claim, route and admit one stamped message (``Store.admit``): its outcome if that is known already
+        (refused, or a duplicate), else what is left to await."""
         claim = None
         if self._dedup is not None and message.message_id:
             claim = await self._dedup.claim(identity.id, message.message_id)
@@ -264,8 +259,6 @@ class EdgeHub:
 
     async def ingest(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:
         if self._dedup is not None:  # each message claims its id in the duplicate window, one after the other
-            if len(messages) == 1:
-                return [await self._ingest_one(identity, messages[0])]
             return await self._ingest_in_turn(identity, messages)
         # One message too: a group of one is most groups of a publisher that waits for its acks (paho sends the
         # first message after an ack burst alone), and the group path awaits one write, not a gather of futures.
@@ -277,18 +270,13 @@ class EdgeHub:
         outcomes: list[IngestOutcome | None] = [None] * len(messages)
         items: list[tuple[Message, Sequence[RouteResult]]] = []
         at: list[int] = []
-        # A device cannot pass itself off as a module (that would change the message's route source).
-        drop = SystemProperty.CONNECTION_MODULE_ID.value if identity.module_id is None else None
-        stamped = self.store.stamp_group(messages, self._identity_stamps(identity), drop=drop)
+        stamped = self._stamp(identity, messages)
         route, assign = self.router.route, self.lanes.assign
+        refused = self._partition_refusals(identity, stamped)
         for i, message in enumerate(stamped):
-            sp = message.system_properties
-            if _SESSION_ID in sp and _PARTITION_KEY in sp:  # only then can they disagree
-                try:
-                    check_partition_properties(message)
-                except IngestRejected as exc:
-                    outcomes[i] = self._rejected(identity, exc)
-                    continue
+            if refused and i in refused:
+                outcomes[i] = refused[i]
+                continue
             items.append((message, assign(message, route(message))))
             at.append(i)
         endpoints: set[str] = set()
@@ -303,6 +291,18 @@ class EdgeHub:
             outcomes[i] = Stored(result.message.system_properties.get(_EDGE_MESSAGE_ID))
         await self._notify(endpoints)
         return [o for o in outcomes if o is not None]
+
+    def _partition_refusals(self, identity: Identity, messages: Sequence[Message]) -> dict[int, Rejected]:
+        """The refusals (by index) of the messages whose ``sessionId`` and ``partitionKey`` disagree."""
+        refused: dict[int, Rejected] = {}
+        for i, message in enumerate(messages):
+            sp = message.system_properties
+            if _SESSION_ID in sp and _PARTITION_KEY in sp:  # only when both are set can they disagree
+                try:
+                    check_partition_properties(message)
+                except IngestRejected as exc:
+                    refused[i] = self._rejected(identity, exc)
+        return refused
 
     def _rejected(self, identity: Identity, exc: IngestRejected) -> Rejected:
         """The outcome of a refused message, logged through ``refusals`` (a flood of them logs a few lines)."""

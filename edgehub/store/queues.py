@@ -18,10 +18,9 @@ _QUEUE = "q"
 _DLQ = "dlq"
 
 
-# A msgspec Struct, not a dataclass: queue ids key the store's and the executors' per-queue dicts on the ingest
-# and delivery paths (six to nine look-ups per message), and a Struct's hash is computed once and kept in C
-# (``cache_hash``), where a dataclass's was a Python ``__hash__`` call every time. Ordered by (endpoint,
-# priority), equal by value, frozen, as the dataclass was.
+# A msgspec Struct: queue ids key the store's and the executors' per-queue dicts on the ingest and delivery
+# paths, and a Struct's hash is computed once and kept in C (``cache_hash``). Ordered by (endpoint, priority),
+# equal by value, frozen.
 class QueueId(msgspec.Struct, frozen=True, order=True, cache_hash=True):
     """One endpoint's queue at one priority (0 highest, DEFAULT_PRIORITY lowest)."""
 

@@ -12,7 +12,7 @@ from edgehub.core import Message
 from edgehub.delivery.endpoint import QueuedMessage
 from edgehub.hub import Delivery, Rejected, Stored
 from edgehub.store import QueueId
-from edgehub.store.store import EnqueueReceipt, Reference, StoredItem
+from edgehub.store.records import EnqueueReceipt, Reference, StoredItem
 from protocol_heads.mqtt.codec import PubAck, Publish
 from protocol_heads.mqtt.connection import DeliveryAcked, MessageReceived
 

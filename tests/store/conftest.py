@@ -42,3 +42,11 @@ async def store(store_factory: StoreFactory) -> AsyncIterator[Store]:
     s = store_factory()
     yield s
     await s.close()
+
+
+async def keep_time(clock: ManualClock, step_s: float) -> None:
+    """Advance ``clock`` whenever something sleeps on it: the interval fsync policy paces its syncs by the
+    store's clock, and a test that is not about that pacing runs this beside it (cancel it at the end)."""
+    while True:
+        await clock.wait_for_sleepers()
+        clock.advance(step_s)

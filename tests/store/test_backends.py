@@ -9,8 +9,8 @@ import pytest
 
 from edgehub.store import Backend, DeleteTo, MemoryBackend
 from edgehub.store.codec import pack_u64
+from edgehub.store.maintenance import deletions
 from edgehub.store.rocks import RocksBackend
-from edgehub.store.store import _deletions
 
 
 @pytest.fixture(params=["memory", "rocksdb"])
@@ -58,7 +58,7 @@ def test_delete_to_removes_the_range_of_its_family_only_with_the_rest_of_its_bat
 def test_a_commits_deletions_take_a_range_only_when_the_keys_fill_it(
     ids: list[int], expected: list[tuple[int, int | None]]
 ) -> None:
-    ops = _deletions("m", ids)
+    ops = deletions("m", ids)
     got = [
         (int.from_bytes(k, "big"), int.from_bytes(v.end, "big") if isinstance(v, DeleteTo) else v) for _, k, v in ops
     ]

@@ -1,20 +1,15 @@
-"""The records' byte layout, and the stamps ``enqueue`` puts on a message.
+"""The records' byte layout.
 
 The ingest path encodes records from plain tuples (no struct built, no dict copied); these tests hold it to the
-exact bytes of the msgspec structs that ``decode_*`` read, and the stamps to ``uuid4`` and ``isoformat``.
+exact bytes of the msgspec structs that ``decode_*`` read.
 """
 
 from __future__ import annotations
 
-import uuid
-
 import msgspec
 import pytest
-from hypothesis import example, given
-from hypothesis import strategies as st
 
-from edgehub.core import Message, StoreError, SystemProperty, utc_from_epoch
-from edgehub.store import Store
+from edgehub.core import Message, StoreError, SystemProperty
 from edgehub.store.codec import (
     VERSION,
     MessageRecord,
@@ -26,8 +21,6 @@ from edgehub.store.codec import (
     encode_ref,
     encode_ref_fields,
 )
-
-STORE = Store.in_memory()
 
 
 def test_reference_encoded_from_fields_is_byte_identical_to_the_struct() -> None:
@@ -58,29 +51,3 @@ def test_refs_alone_are_read_with_the_version_checked_and_corruption_named() -> 
         decode_message_refs(newer)
     with pytest.raises(StoreError, match="corrupt message record"):
         decode_message_refs(b"\x93\x01")
-
-
-@given(st.floats(min_value=0, max_value=2**32, allow_nan=False, allow_infinity=False))
-@example(0.0)
-@example(1_700_000_000.0)
-@example(1_700_000_000.9999995)  # rounds up into the next second
-@example(1_700_000_000.0000005)
-def test_stamped_enqueued_time_reads_exactly_as_isoformat(epoch_s: float) -> None:
-    stamped = STORE.stamp(Message(body=b"x"), epoch_s)
-    assert stamped.system_properties[SystemProperty.ENQUEUED_TIME] == utc_from_epoch(epoch_s).isoformat()
-
-
-def test_stamped_edge_message_ids_are_distinct_version_4_uuids() -> None:
-    ids = [STORE.stamp(Message(body=b"x"), 0.0).edge_message_id for _ in range(5000)]
-    assert len(set(ids)) == len(ids)
-    for text in ids:
-        assert text is not None
-        assert len(text) == 32
-        parsed = uuid.UUID(hex=text)
-        assert (parsed.version, parsed.variant, parsed.hex) == (4, uuid.RFC_4122, text)
-
-
-def test_stamps_already_present_are_kept() -> None:
-    sp: dict[str, str] = {SystemProperty.EDGE_MESSAGE_ID: "mine", SystemProperty.ENQUEUED_TIME: "then"}
-    message = Message(body=b"x", system_properties=sp)
-    assert STORE.stamp(message, 5.0) is message

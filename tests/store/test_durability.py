@@ -18,6 +18,7 @@ from edgehub.core import Message, RouteResult
 from edgehub.store import Backend, FsyncPolicy, MemoryBackend, QueueId, Store
 from edgehub.store.rocks import RocksBackend
 from edgehub.testing import GatedBackend, ManualClock
+from tests.store.conftest import keep_time
 
 Q = QueueId("up", 0)
 # How long an ack that does not wait for its sync would take to show up: microseconds. A generous bound on a
@@ -45,6 +46,7 @@ async def test_no_ack_comes_before_the_sync_that_covers_it(
     open_backend, _ = backends
     backend = GatedBackend(open_backend())
     store = Store(backend, clock=clock, fsync=fsync, fsync_interval_ms=5)
+    ticker = asyncio.create_task(keep_time(clock, 0.005))
 
     async def produce(i: int) -> None:
         await store.enqueue(msg(i), [RouteResult("up", 0)])
@@ -65,6 +67,32 @@ async def test_no_ack_comes_before_the_sync_that_covers_it(
         assert backend.events.count("ack") == 20
         assert backend.syncs_done >= 1
         assert [it.message.body for it in store.read(Q, 0, 100)] == [f"m{i}".encode() for i in range(20)]
+    finally:
+        ticker.cancel()
+        await store.close()
+
+
+async def test_interval_syncs_are_paced_by_the_stores_clock(
+    backends: tuple[Callable[[], Backend], Callable[[], Backend]], clock: ManualClock
+) -> None:
+    """The first sync is not delayed; the next waits until ``fsync_interval_ms`` has passed on the store's clock
+    (not the machine's), and its message is acknowledged only after it."""
+    open_backend, _ = backends
+    backend = GatedBackend(open_backend())
+    store = Store(backend, clock=clock, fsync=FsyncPolicy.INTERVAL, fsync_interval_ms=50)
+    try:
+        async with asyncio.timeout(10):
+            await store.enqueue(msg(0), [RouteResult("up", 0)])
+            assert backend.syncs_done == 1
+            second = asyncio.create_task(store.enqueue(msg(1), [RouteResult("up", 0)]))
+            await clock.wait_for_sleepers(1)
+            clock.advance(0.049)
+            assert clock.sleepers == 1  # not yet: 49 ms of the 50
+            assert not second.done()
+            assert backend.syncs_done == 1
+            clock.advance(0.001)
+            await second
+        assert backend.syncs_done == 2
     finally:
         await store.close()
 

@@ -36,8 +36,7 @@ async def test_a_group_is_one_write_with_a_receipt_per_message_in_order(store: S
     receipts = [r for r in out if isinstance(r, EnqueueReceipt)]
     assert [r.message.body[:1] for r in receipts] == [b"0", b"1", b"2", b"3"]
     assert [r.refs for r in receipts] == [((UP0, 0),), (), ((UP0, 1), (M1, 0)), ((UP0, 2),)]
-    assert all(r.message.edge_message_id for r in receipts)
-    assert len({r.message.edge_message_id for r in receipts}) == 4
+    assert [r.message for r in receipts] == [m(i) for i in range(4)]  # stored as given: the hub stamps
     assert bodies(store, UP0) == [m(0).body, m(2).body, m(3).body]
     assert bodies(store, M1) == [m(2).body]
     assert store.end_offset(UP0) == 3  # every reference of the group is visible to the executor
@@ -68,21 +67,6 @@ async def test_with_a_quota_each_message_gets_what_enqueue_would_give(store_fact
         assert bodies(s, UP0) == [m(0).body, m(1).body]
     finally:
         await s.close()
-
-
-def test_stamp_group_gives_each_message_its_own_id_one_enqueued_time_and_the_updates(store: Store) -> None:
-    forged = Message(b"f", system_properties={"connectionModuleId": "forged", "messageId": "x"})
-    kept = Message(b"k", system_properties={"edgeMessageId": "e1", "enqueuedTime": "then"})
-    out = store.stamp_group([forged, kept, m(0)], {"connectionDeviceId": "d1"}, drop="connectionModuleId")
-    assert [o.body for o in out] == [b"f", b"k", m(0).body]
-    assert "connectionModuleId" not in out[0].system_properties
-    assert out[0].source == "/messages"  # derived from the stamped properties, not the forged ones
-    assert all(o.system_properties["connectionDeviceId"] == "d1" for o in out)
-    assert out[1].system_properties["edgeMessageId"] == "e1"
-    assert out[1].system_properties["enqueuedTime"] == "then"
-    assert out[0].system_properties["edgeMessageId"] != out[2].system_properties["edgeMessageId"]
-    assert out[0].system_properties["enqueuedTime"] == out[2].system_properties["enqueuedTime"]
-    assert forged.system_properties["connectionModuleId"] == "forged"  # the originals are untouched
 
 
 async def test_a_route_result_used_again_follows_a_changed_default_ttl(store: Store) -> None:
@@ -131,5 +115,25 @@ async def test_a_group_waits_for_room_at_most_the_timeout_from_its_arrival(
             out = await group
         assert [type(r) for r in out] == [QuotaExceededError] * 3
         assert clock.monotonic() == 10
+    finally:
+        await s.close()
+
+
+async def test_a_message_waiting_for_room_lets_the_ones_before_it_be_written_and_holds_the_ones_after(
+    store_factory: StoreFactory, clock: ManualClock
+) -> None:
+    s = store_factory(endpoint_policies={"up": QueuePolicy(max_messages=2, enqueue_timeout_s=10)})
+    try:
+        async with asyncio.timeout(10):
+            group = asyncio.create_task(s.enqueue_many([(m(i), [RouteResult("up", 0)]) for i in range(4)]))
+            await clock.wait_for_sleepers(1)  # m2 waits for room
+            # Group writes go in arrival order: once a later producer's is durable, so are m0 and m1.
+            await s.enqueue(m(9), [RouteResult("other", 0)])
+            assert s.end_offset(UP0) == 2  # m0 and m1 are written meanwhile
+            assert s.next_offset(UP0) == 2  # m3 waits behind m2
+            await s.commit(UP0, 1)  # delivered: their room is freed
+            out = await group
+        assert [type(r) for r in out] == [EnqueueReceipt] * 4
+        assert bodies(s, UP0) == [m(2).body, m(3).body]
     finally:
         await s.close()

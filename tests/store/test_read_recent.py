@@ -3,6 +3,11 @@ exactly what the database holds (written, not removed, after the committed offse
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
+import pytest
+
 from edgehub.core import Message, RouteResult
 from edgehub.store import QueueId, RemovalReason, Store
 from tests.store.conftest import StoreFactory
@@ -53,3 +58,43 @@ async def test_read_after_reopen_and_past_what_memory_holds_reads_the_database(s
         assert store.read(Q, 10, 1)[0].message.properties == {"i": "10"}
     finally:
         await store.close()
+
+
+async def test_read_durable_in_a_worker_thread_returns_whole_references_while_the_loop_writes_and_removes(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``read_durable`` is the part of a read an executor runs in a worker thread: while the loop ingests,
+    commits and removes on the same queue, every read returns references in offset order, each with its own
+    message, and a read after the writes returns what ``read`` does. (A reference whose body a removal deleted
+    between the two reads of ``read_durable`` is left out, without an error.)"""
+    for i in range(100):
+        await store.enqueue(m(i), ROUTE)
+    stop = threading.Event()
+    reads: list[list[tuple[int, bytes]]] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            reads.append([(it.offset, it.message.body) for it in store.read_durable(Q, 0, 1000)])
+
+    async with asyncio.timeout(30):
+        thread = asyncio.create_task(asyncio.to_thread(reader))
+        try:
+            for i in range(100, 400):
+                await store.enqueue(m(i), ROUTE)
+                if i % 25 == 0:
+                    await store.commit(Q, i - 60)
+                    await store.remove_delivered(Q)
+                    await store.remove(Q, [i - 55], RemovalReason.TTL)
+        finally:
+            stop.set()
+            await thread
+        start = store.checkpoint(Q).committed + 1
+        after = await asyncio.to_thread(store.read_durable, Q, start, 1000)
+    assert len(reads) > 1
+    for read in reads:
+        assert [o for o, _ in read] == sorted({o for o, _ in read})
+        assert all(body == b"%d" % o for o, body in read)
+    # The same references and messages as the loop's read (which has some from memory, marked sole_reference).
+    assert [(it.offset, it.message) for it in after] == [(it.offset, it.message) for it in store.read(Q, 0, 1000)]
+    assert after[0].offset == start
+    assert "store.missing_body" not in caplog.text  # a race with a removal is not a missing body

@@ -9,7 +9,7 @@ import pytest
 from edgehub.core import DEFAULT_PRIORITY, Message, RouteResult, StoreClosedError, SystemProperty
 from edgehub.store import FsyncPolicy, Overflow, QueueId, QueuePolicy, RemovalReason, Store
 from edgehub.testing import ManualClock
-from tests.store.conftest import StoreFactory
+from tests.store.conftest import StoreFactory, keep_time
 
 
 def msg(i: int) -> Message:
@@ -27,12 +27,14 @@ async def test_enqueue_writes_one_reference_per_routed_queue(store: Store) -> No
     assert up.ttl_s == store.default_ttl_s
 
 
-async def test_enqueue_stamps_edge_message_id_and_enqueued_time(store: Store, clock: ManualClock) -> None:
+async def test_enqueue_stores_the_message_as_given_the_hub_stamps_it(store: Store, clock: ManualClock) -> None:
     receipt = await store.enqueue(msg(1), [RouteResult("up")])
-    sp = receipt.message.system_properties
-    assert len(sp[SystemProperty.EDGE_MESSAGE_ID]) == 32
-    assert sp[SystemProperty.ENQUEUED_TIME].startswith("2023-11-14T22:13:20")
+    assert receipt.message == msg(1)
+    assert SystemProperty.EDGE_MESSAGE_ID not in receipt.message.system_properties
     assert receipt.refs == ((QueueId("up", DEFAULT_PRIORITY), 0),)
+    (item,) = store.read(QueueId("up", DEFAULT_PRIORITY), 0, 10)
+    assert item.message == msg(1)
+    assert item.enqueued_at_s == clock.time()  # the reference's time, from the store's clock
 
 
 async def test_message_routed_nowhere_is_not_stored(store: Store) -> None:
@@ -63,10 +65,11 @@ async def test_messages_kept_in_memory_for_readers_are_bounded_by_bytes(store: S
     items = store.read(q, 0, 100)  # the ones past the bound come from the database, the same
     assert [it.offset for it in items] == list(range(80))
     assert all(it.message.body == bytes([it.offset]) * big for it in items)
-    assert store.read_held(q, 0, held) == items[:held]  # memory answers as far as it holds them
-    assert store.read_held(q, 0, 100) is None  # past that, only the database can
-    assert store.read_held(q, held, 5) is None
-    assert store.read_held(q, 80, 5) == []  # nothing durable there
+    assert store.read_start(q, 0, held) == (items[:held], held, 0)  # memory answers as far as it holds them
+    assert store.read_start(q, 0, 100) == (items[:held], held, 100 - held)  # past that, only the database can
+    assert store.read_start(q, held, 5) == ([], held, 5)
+    assert store.read_start(q, 80, 5) == ([], 80, 0)  # nothing durable there
+    assert store.read_durable(q, held, 100 - held) == items[held:]
     await store.commit(q, 79)
     assert store.held_in_memory == (0, 0)
     await store.enqueue(msg(1), [RouteResult("up", 0)])  # room again
@@ -302,11 +305,15 @@ async def test_closed_store_refuses_use(store_factory: StoreFactory) -> None:
 
 @pytest.mark.parametrize("fsync", [FsyncPolicy.INTERVAL, FsyncPolicy.NONE])
 async def test_every_fsync_policy_acknowledges_and_keeps_writes(
-    store_factory: StoreFactory, fsync: FsyncPolicy
+    store_factory: StoreFactory, clock: ManualClock, fsync: FsyncPolicy
 ) -> None:
     s = store_factory(fsync=fsync, fsync_interval_ms=5)
-    async with asyncio.timeout(10):
-        await asyncio.gather(*(s.enqueue(msg(i), [RouteResult("up", 0)]) for i in range(50)))
+    ticker = asyncio.create_task(keep_time(clock, 0.005))
+    try:
+        async with asyncio.timeout(10):
+            await asyncio.gather(*(s.enqueue(msg(i), [RouteResult("up", 0)]) for i in range(50)))
+    finally:
+        ticker.cancel()
     await s.close()
     s = store_factory()
     try:
