@@ -16,7 +16,6 @@ Invariants:
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Mapping
 
 from edgehub.store.queue_state import QueueState
@@ -73,4 +72,9 @@ class HeldCache:
         held = state.held
         if not held:
             return []
-        return list(itertools.takewhile(lambda it: it.offset <= offset, held.values()))
+        out: list[StoredItem] = []
+        for item in held.values():  # offset order
+            if item.offset > offset:
+                break
+            out.append(item)
+        return out

@@ -16,6 +16,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -188,14 +189,14 @@ class Ingest:
         ops += tally.ops
         try:
             await self._write_ops(ops)
-            self._held.remember(self._queues, (item for p in group for item in p.items))
+            self._held.remember(self._queues, itertools.chain.from_iterable(p.items for p in group))
             self._usage.ingest_written(tally)
             if overflow:
                 self.discarded_incoming += sum(p.discarded for p in group)
         finally:
             # Here, not in the producers: a producer cancelled while it waited is still written, and its
             # references must become visible to readers (end_offset) all the same.
-            self._settle(ref for p in group for ref in p.refs)
+            self._settle(itertools.chain.from_iterable(p.refs for p in group))
             self._usage.release(deltas)
 
     def _settle(self, refs: Iterable[tuple[QueueId, int]]) -> None:

@@ -217,7 +217,7 @@ class Maintenance:
 
 def _delivered_deltas(endpoint: str, sole: list[StoredItem]) -> Usage:
     """The usage that delivered held items (each its body's only reference) stop taking."""
-    size = sum(it.size_bytes for it in sole)
+    size = sum([it.size_bytes for it in sole])
     n = len(sole)
     deltas: Usage = {endpoint: (-n, -size), STORE_WIDE: (-n, -size)}
     owners = [it.owner for it in sole]
