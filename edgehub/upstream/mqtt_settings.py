@@ -1,0 +1,124 @@
+"""The MQTT upstream's settings and status values: what is configured, and what ``status()`` reports.
+
+Invariants: settings are checked when they are made (a bad value raises ``ValueError`` there, never later on
+the link), and the window and batch sizes are derived from them in one place (``window_bytes``,
+``segment_bytes``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from edgehub.core.endpoints import UPSTREAM_ENDPOINT, UPSTREAM_LANE
+from edgehub.upstream.bandwidth import bdp_bytes
+from edgehub.upstream.segment import Codec, zstd_available
+
+__all__ = ["MqttProtocol", "MqttUpstreamSettings", "TlsSettings", "UpstreamStatus", "WireMode"]
+
+
+class WireMode(StrEnum):
+    BATCH = "batch"
+    MESSAGE = "message"
+
+
+class MqttProtocol(StrEnum):
+    V311 = "3.1.1"
+    V5 = "5"
+
+
+@dataclass(frozen=True, slots=True)
+class TlsSettings:
+    """TLS to the broker. ``ca_certs`` None: the system's trust store."""
+
+    ca_certs: str | None = None
+    certfile: str | None = None  # client certificate (X.509 authentication)
+    keyfile: str | None = None
+    check_hostname: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MqttUpstreamSettings:
+    """Every knob of the MQTT upstream. Units are in the names."""
+
+    host: str
+    port: int = 1883
+    client_id: str  # the MQTT client id; in IoT Hub terms the hub's device id (or "device/module")
+    hub_id: str  # goes into segment records and topics
+    device_id: str | None = None  # message mode's topic device; default: client_id before any "/"
+    module_id: str | None = None  # message mode's topic module, when the hub sends as a module
+    lane: str = UPSTREAM_LANE  # "upstream", or "upstream-p3" for partition 3 (edgehub.core.endpoints.lane_name)
+    endpoint_id: str = UPSTREAM_ENDPOINT
+    wire_mode: WireMode = WireMode.BATCH
+    protocol: MqttProtocol = MqttProtocol.V311
+    batch_topic: str = "edgehub/segments/{hub_id}/{lane}/p{priority:02d}"
+    username: str | None = None
+    password: str | None = None
+    sas_token: str | None = None  # when set, it is the password (IoT Hub style)
+    tls: TlsSettings | None = None
+    keepalive_s: int = 30  # a silent link is noticed within about twice this
+    connect_timeout_s: float = 10.0  # TCP + TLS + CONNACK
+    ack_timeout_s: float = 30.0  # a PUBACK later than this fails its messages and drops the connection
+    link_rate_bps: float = 64_000.0  # link hints for the default window
+    link_rtt_s: float = 0.6
+    max_inflight_bytes: int | None = None  # None: one bandwidth-delay product of the hints plus one batch
+    max_uplink_bps: float | None = None  # maxUplinkBps: cap on PUBLISH wire bytes; None = no cap
+    max_batch_bytes: int | None = None  # wire bytes per batch and per segment; None: half a BDP (1-64 KiB)
+    max_batch_messages: int = 1000  # the most messages in one batch, whatever their size
+    linger_s: float = 0.2  # while batches are in flight, how long a short batch waits to fill
+    compression: Codec = Codec.GZIP  # batch mode's segment codec; zstd needs the zstandard package
+    compresslevel: int = 6  # gzip 1-9, zstd 1-22
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if (self.max_batch_bytes is not None and self.max_batch_bytes <= 0) or self.max_batch_messages <= 0:
+            raise ValueError("max_batch_bytes and max_batch_messages must be positive")
+        if self.max_inflight_bytes is not None and self.max_inflight_bytes <= 0:
+            raise ValueError("max_inflight_bytes must be positive")
+        if self.linger_s < 0 or (self.max_uplink_bps is not None and self.max_uplink_bps <= 0):
+            raise ValueError("linger_s must be >= 0 and max_uplink_bps positive")
+        if self.compression is Codec.ZSTD and not zstd_available():
+            raise ValueError("compression zstd needs the zstandard package: pip install edgehub[zstd]")
+        if self.keepalive_s <= 0 or self.ack_timeout_s <= 0 or self.connect_timeout_s <= 0:
+            raise ValueError("keepalive_s, ack_timeout_s and connect_timeout_s must be positive")
+
+    @property
+    def window_bytes(self) -> int:
+        """The bound on unacknowledged PUBLISH bytes: one bandwidth-delay product keeps the link busy while the
+        acks travel back, and one batch more covers the time that batch takes to serialise before it can be
+        acknowledged."""
+        if self.max_inflight_bytes is not None:
+            return self.max_inflight_bytes
+        return bdp_bytes(self.link_rate_bps, self.link_rtt_s) + self.segment_bytes
+
+    @property
+    def segment_bytes(self) -> int:
+        """Wire bytes of one batch (and of one segment): half a bandwidth-delay product, so two or more are on
+        their way at once, within 1 KiB (smaller compresses badly) and 64 KiB; at most half an explicit window."""
+        if self.max_batch_bytes is not None:
+            return self.max_batch_bytes
+        size = min(65_536, max(1024, bdp_bytes(self.link_rate_bps, self.link_rtt_s) // 2))
+        if self.max_inflight_bytes is not None:
+            size = min(size, max(512, self.max_inflight_bytes // 2))
+        return size
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamStatus:
+    """What ``status()`` reports for one lane."""
+
+    connected: bool
+    connects: int  # successful CONNACKs so far
+    inflight_bytes: int
+    peak_inflight_bytes: int
+    window_bytes: int
+    achieved_bps: float
+    messages_acked: int
+    publishes_acked: int
+    wire_bytes_acked: int
+    wire_bytes_per_message: float  # PUBLISH bytes (fixed header to payload) per acknowledged message
+    # The least PUBLISH-to-PUBACK time of the last 64 acks (a PUBLISH that went out with little ahead of it takes
+    # about one round trip plus its own serialisation); None before the first ack. With ``achieved_bps`` it tells
+    # whether the window fits the link: the configured window is not changed by it.
+    rtt_min_s: float | None = None

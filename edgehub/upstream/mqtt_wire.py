@@ -1,0 +1,125 @@
+"""The MQTT upstream's wire units: a batch (or one message) as the PUBLISHes that carry it, and their byte count.
+
+A ``Unit`` is one PUBLISH and the messages it carries; the transport's window, uplink budget and status count
+``Unit.wire_bytes``. The wire modes (segments in batch mode, the IoT Hub telemetry topic in message mode) are
+described in ``edgehub.upstream.mqtt_transport``.
+
+Invariants: ``wire_bytes`` is the PUBLISH's size on the wire, fixed header to payload (``publish_wire_bytes``),
+MQTT 5 properties included; in batch mode every message of the batch is in exactly one unit, in order, and a
+segment's payload is larger than ``segment_bytes`` only when it holds a single message.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from edgehub.core import SystemProperty
+from edgehub.core.mqtt_varint import varint_len
+from edgehub.core.property_bag import KEY_OF
+from edgehub.delivery.endpoint import QueuedMessage
+from edgehub.upstream.batching import edge_message_id, segment_bytes
+from edgehub.upstream.mqtt_settings import MqttProtocol, MqttUpstreamSettings, WireMode
+from edgehub.upstream.segment import Codec
+
+__all__ = ["SEGMENT_CONTENT_TYPE", "Unit", "publish_properties", "publish_units", "publish_wire_bytes"]
+
+SEGMENT_CONTENT_TYPE = "application/x-edgehub-segment;v=1;encoding={codec}"
+
+
+def publish_properties(user: list[tuple[str, str]], content_type: str | None = None) -> tuple[Properties, int]:
+    """MQTT 5 PUBLISH properties and their encoded length (without the length prefix)."""
+    props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    if content_type is not None:
+        props.ContentType = content_type
+    props.UserProperty = user
+    packed: bytes = props.pack()  # type: ignore[no-untyped-call]
+    return props, len(packed) - varint_len(len(packed) - 1)
+
+
+def publish_wire_bytes(topic: str, payload_len: int, *, qos: int = 1, properties_len: int | None = None) -> int:
+    """Bytes of a PUBLISH on the wire: fixed header, topic, packet id, MQTT 5 properties, payload."""
+    rem = 2 + len(topic.encode()) + (2 if qos else 0) + payload_len
+    if properties_len is not None:
+        rem += varint_len(properties_len) + properties_len
+    return 1 + varint_len(rem) + rem
+
+
+@dataclass(slots=True)
+class Unit:
+    """One PUBLISH and the messages it carries."""
+
+    topic: str
+    payload: bytes
+    messages: Sequence[QueuedMessage]
+    properties: Properties | None
+    wire_bytes: int
+
+
+def publish_units(s: MqttUpstreamSettings, batch: Sequence[QueuedMessage]) -> list[Unit]:
+    """``batch`` as the PUBLISHes that carry it in ``s.wire_mode``."""
+    if s.wire_mode is WireMode.MESSAGE:
+        return [_message_unit(s, qm) for qm in batch]
+    return _segment_units(s, batch)
+
+
+def _edge_id(s: MqttUpstreamSettings, qm: QueuedMessage) -> str:
+    return edge_message_id(qm, hub_id=s.hub_id, lane=s.lane)
+
+
+def _segment_payload(s: MqttUpstreamSettings, msgs: Sequence[QueuedMessage]) -> bytes:
+    return segment_bytes(msgs, hub_id=s.hub_id, lane=s.lane, compresslevel=s.compresslevel, codec=s.compression)
+
+
+def _segment_units(s: MqttUpstreamSettings, batch: Sequence[QueuedMessage]) -> list[Unit]:
+    topic = s.batch_topic.format(hub_id=s.hub_id, lane=s.lane, priority=batch[0].priority)
+    if s.compression is Codec.ZSTD:
+        topic += "/zstd"
+    props: Properties | None = None
+    props_len: int | None = None
+    if s.protocol is MqttProtocol.V5:
+        props, props_len = publish_properties(
+            [("edgehub-segment-version", "1"), ("edgehub-segment-codec", str(s.compression))],
+            SEGMENT_CONTENT_TYPE.format(codec=s.compression),
+        )
+    # Cut into runs whose compressed size is about max_batch_bytes: halve a run until it fits (or is one
+    # message), so compression still sees as many messages as fit.
+    units: list[Unit] = []
+    stack: list[Sequence[QueuedMessage]] = [batch]
+    while stack:
+        run = stack.pop()
+        payload = _segment_payload(s, run)
+        if len(payload) > s.segment_bytes and len(run) > 1:
+            mid = len(run) // 2
+            stack.append(run[mid:])
+            stack.append(run[:mid])
+            continue
+        wire = publish_wire_bytes(topic, len(payload), properties_len=props_len)
+        units.append(Unit(topic, payload, run, props, wire))
+    return units
+
+
+def _message_unit(s: MqttUpstreamSettings, qm: QueuedMessage) -> Unit:
+    m = qm.message
+    device = s.device_id or s.client_id.split("/")[0]
+    base = f"devices/{device}/modules/{s.module_id}" if s.module_id else f"devices/{device}"
+    bag: list[tuple[str, str]] = []
+    for k, v in m.properties.items():
+        bag.append((k, v if v is not None else ""))
+    for name, short in KEY_OF.items():
+        value = m.system_properties.get(name)
+        if value is not None:
+            bag.append((short, value))
+    if SystemProperty.MESSAGE_ID not in m.system_properties:
+        bag.append(("$.mid", _edge_id(s, qm)))
+    topic = f"{base}/messages/events/{urllib.parse.urlencode(bag, quote_via=urllib.parse.quote)}"
+    props_len: int | None = None
+    props: Properties | None = None
+    if s.protocol is MqttProtocol.V5:
+        props, props_len = publish_properties(bag)
+        topic = f"{base}/messages/events/"
+    return Unit(topic, m.body, (qm,), props, publish_wire_bytes(topic, len(m.body), properties_len=props_len))
