@@ -124,6 +124,14 @@ class Connection:
 
     async def stop(self) -> None:
         await asyncio.to_thread(self.client.loop_stop)
+        # paho (2.1) leaves open the socket pair that wakes its loop thread when the loop ended on a refused
+        # CONNACK: closed here, so that no descriptor outlives the connection (a hub retrying bad credentials
+        # would leak two a try).
+        for name in ("_sockpairR", "_sockpairW"):
+            sock = getattr(self.client, name, None)
+            if sock is not None:
+                sock.close()
+                setattr(self.client, name, None)
 
 
 def new_client(s: MqttUpstreamSettings) -> paho.Client:
