@@ -291,9 +291,9 @@ class Decoder:
                 if first >> 4 == _PUBLISH and known:
                     publish = publish_fast(self._topics, v5, first, buf, body, end)
                     packets.append(publish if publish is not None else self._publish_general(first, buf, body, end))
-                elif first == 0x40 and length == 2 and known:  # PUBACK with a packet id only
-                    packets.append(PubAck((buf[body] << 8) | buf[body + 1]))
-                else:
+                elif first == 0x40 and length == 2 and known and (buf[body] or buf[body + 1]):
+                    packets.append(PubAck((buf[body] << 8) | buf[body + 1]))  # a PUBACK with a packet id only
+                else:  # (id 0 too: the general path refuses it)
                     packets.append(self._decode(first, bytes(buf[body:end])))
                     known = self.protocol_level is not None
                     v5 = self.protocol_level == MQTT_50

@@ -76,7 +76,8 @@ def plain_puback_ids(data: bytes) -> list[int] | None:
     k = n >> 2
     if data[0::4] != b"\x40" * k or data[1::4] != b"\x02" * k:
         return None
-    return [(data[i] << 8) | data[i + 1] for i in range(2, n, 4)]
+    ids = [(data[i] << 8) | data[i + 1] for i in range(2, n, 4)]
+    return None if 0 in ids else ids  # packet id 0 is a protocol violation: the general path says so
 
 
 # puback_success(packet_id): ``encode(PubAck(packet_id), level)`` for either level (reason 0 without properties
