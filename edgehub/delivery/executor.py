@@ -37,8 +37,9 @@ Invariants:
   retry on its way. A batch shorter than ``max_batch_messages`` waits up to the endpoint's ``linger_s`` for
   more while other batches are in flight, but only while nothing of lower priority is ready (else it goes
   first: lingering never lets a lower priority overtake);
-* the cleanup processor removes delivered and expired references every ``cleanup_interval_s`` (head-only, or the
-  whole queue with ``check_entire_queue_on_cleanup``); the store deletes a body with its last reference.
+* the cleanup processor (``edgehub.delivery.cleanup``) removes delivered and expired references every
+  ``cleanup_interval_s`` (head-only, or the whole queue with ``check_entire_queue_on_cleanup``); the store
+  deletes a body with its last reference. The values and per-queue state live in ``executor_state``.
 
 Use: ``async with EndpointExecutor(store, endpoint, ...) as ex: ...``; call ``ex.notify()`` after enqueueing to
 one of its queues (the hub does, after ``store.enqueue``).
@@ -50,15 +51,15 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Self
 
 from edgehub.core import Clock, FailureKind, StoreClosedError, StoreError, SystemClock
-from edgehub.delivery.checkpointer import Checkpointer
+from edgehub.delivery.cleanup import cleanup_loop, remove_delivered_and_expired
 from edgehub.delivery.endpoint import Endpoint, PipelinedEndpoint, QueuedMessage, ReportsUnreachable, SendResult
-from edgehub.delivery.fsm import Event, State, next_state
-from edgehub.delivery.retry import RetryPolicy, effective_policy
+from edgehub.delivery.executor_state import DeadLetterReason, ExecutorSettings, _InFlight, _QueueState
+from edgehub.delivery.fsm import Event, State
+from edgehub.delivery.retry import effective_policy
 from edgehub.store import QueueId, RemovalReason, Store, StoredItem
 
 __all__ = ["DeadLetterReason", "EndpointExecutor", "ExecutorSettings"]
@@ -66,64 +67,6 @@ __all__ = ["DeadLetterReason", "EndpointExecutor", "ExecutorSettings"]
 log = logging.getLogger(__name__)
 
 STORE_RETRY_S = 1.0  # after a store failure, the pump starts over this much later
-
-
-class DeadLetterReason:
-    INVALID = "invalid"
-    MAX_DELIVERY_ATTEMPTS = "maxDeliveryAttempts"
-    RETRY_EXHAUSTED = "retryPolicyExhausted"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ExecutorSettings:
-    retry_policy: RetryPolicy = field(default_factory=RetryPolicy)  # the hub's
-    endpoint_retry_policy: RetryPolicy | None = None  # this endpoint's override (ignored if the hub's says so)
-    max_delivery_attempts: int | None = None  # None: no limit (the retry policy and TTL decide)
-    cleanup_interval_s: float = 60.0
-    check_entire_queue_on_cleanup: bool = False
-    unhealthy_after_s: float = 3600.0  # failing this long marks the queue DEAD (still retried)
-
-    def __post_init__(self) -> None:
-        if self.max_delivery_attempts is not None and self.max_delivery_attempts < 1:
-            raise ValueError("max_delivery_attempts must be >= 1")
-        if self.cleanup_interval_s <= 0:
-            raise ValueError("cleanup_interval_s must be > 0")
-
-
-class _QueueState:
-    def __init__(self, committed: int, unhealthy_since_s: float | None, last_revival_s: float | None) -> None:
-        self.checkpointer = Checkpointer(committed)
-        self.cursor = committed + 1  # where the next new batch is read from
-        self.state = State.IDLE
-        self.unhealthy_since_s = unhealthy_since_s
-        self.last_revival_s = last_revival_s
-        # The retry state of the batch that failed; ``pending`` empty: nothing to retry.
-        self.pending: list[StoredItem] = []
-        self.failures = 0  # failed sends of ``pending`` since its retry schedule (re)started
-        self.retry_at_mono_s = 0.0  # on the clock's monotonic scale
-        self.failed_send_seq = 0  # the executor's signal sequence number when the failed send began
-        self.attempts: dict[int, int] = {}  # offset -> failed deliveries counted against the message
-        self.inflight = 0  # batches of this queue submitted to a pipelined endpoint and not settled yet
-        self.linger_until_mono_s: float | None = None  # a short batch waits for more until then
-
-    def fire(self, event: Event) -> None:
-        self.state = next_state(self.state, event)
-
-    def clear_retry(self) -> None:
-        self.pending = []
-        self.failures = 0
-
-
-@dataclass(slots=True)
-class _InFlight:
-    """A batch submitted to a pipelined endpoint, not settled yet."""
-
-    q: QueueId
-    qs: _QueueState
-    items: list[StoredItem]
-    seq: int
-    probe: bool
-    result: asyncio.Future[SendResult]
 
 
 class EndpointExecutor:
@@ -166,7 +109,10 @@ class EndpointExecutor:
         await self._tg.__aenter__()
         self._tasks = [
             self._tg.create_task(self._pump(), name=f"executor.pump:{self._id}"),
-            self._tg.create_task(self._cleanup_loop(), name=f"executor.cleanup:{self._id}"),
+            self._tg.create_task(
+                cleanup_loop(self._clock, self._settings.cleanup_interval_s, self.cleanup, self._id),
+                name=f"executor.cleanup:{self._id}",
+            ),
         ]
         return self
 
@@ -614,41 +560,11 @@ class EndpointExecutor:
         self._changed.set()
 
     # -- cleanup ------------------------------------------------------------------------------------------
-    async def _cleanup_loop(self) -> None:
-        while True:
-            await self._clock.sleep(self._settings.cleanup_interval_s)
-            try:
-                await self.cleanup()
-            except StoreClosedError:
-                raise
-            except StoreError as exc:  # a full disk: try again next interval
-                log.warning("executor.cleanup_failed endpoint=%s error=%s", self._id, exc)
-
     async def cleanup(self) -> dict[RemovalReason, int]:
         """Remove delivered and expired references once; returns what was removed, by reason."""
-        removed = {RemovalReason.DELIVERED: 0, RemovalReason.TTL: 0}
-        now = self._clock.time()
-        whole = self._settings.check_entire_queue_on_cleanup
-        for q in self._store.queues(self._id):
-            removed[RemovalReason.DELIVERED] += await self._store.remove_delivered(q)
-            start = self._store.checkpoint(q).committed + 1
-            chunk = 64  # head-only, the first unexpired reference ends it: read a backlog's head, not 4096 of it
-            while True:
-                refs = self._store.references(q, start, chunk)
-                expired: list[int] = []
-                stop = False
-                for r in refs:
-                    if r.expires_at_s <= now:
-                        expired.append(r.offset)
-                    elif not whole:
-                        stop = True
-                        break
-                if expired:
-                    removed[RemovalReason.TTL] += await self._store.remove(q, expired, RemovalReason.TTL)
-                if stop or len(refs) < chunk:
-                    break
-                start = refs[-1].offset + 1
-                chunk = min(chunk * 4, 4096)
+        removed = await remove_delivered_and_expired(
+            self._store, self._id, self._clock.time(), whole=self._settings.check_entire_queue_on_cleanup
+        )
         self.cleanups_run += 1
         self._changed.set()
         log.debug("executor.cleanup endpoint=%s delivered=%d ttl=%d", self._id, *removed.values())
