@@ -88,26 +88,27 @@ class ConfigurationError(EdgeHubError):
 
 
 class IngestRejected(EdgeHubError):
-    """A message was refused at ingest; nothing was stored. ``reason`` is a stable short word."""
+    """A message was refused at ingest; nothing was stored. ``reason`` says why (the same name in logs and
+    metrics)."""
 
-    reason: str = "rejected"
+    reason: RefusalReason = RefusalReason.REJECTED
 
-    def __init__(self, message: str, *, reason: str | None = None) -> None:
+    def __init__(self, message: str, *, reason: RefusalReason | None = None) -> None:
         super().__init__(message)
         if reason is not None:
             self.reason = reason
 
 
 class QuotaExceededError(IngestRejected):
-    reason = "quota_exceeded"
+    reason = RefusalReason.QUOTA_EXCEEDED
 
 
 class MessageTooLargeError(IngestRejected):
-    reason = "too_large"
+    reason = RefusalReason.MESSAGE_TOO_LARGE
 
 
 class InvalidMessageError(IngestRejected):
-    reason = "invalid"
+    reason = RefusalReason.INVALID_MESSAGE
 
 
 class TwinError(InvalidMessageError):
@@ -115,7 +116,7 @@ class TwinError(InvalidMessageError):
     IoT Hub answers it with (400 malformed or too deep, 413 too large); ``refusal`` says why, as logged."""
 
     def __init__(self, message: str, *, status: int, refusal: RefusalReason) -> None:
-        super().__init__(message, reason=refusal.value)
+        super().__init__(message, reason=refusal)
         self.status = status
         self.refusal = refusal
 

@@ -50,6 +50,8 @@ class RefusalReason(StrEnum):
     KEEPALIVE_TIMEOUT = "keepalive_timeout"
     NO_PENDING_CALL = "no_pending_call"
     STORE_UNAVAILABLE = "store_unavailable"  # the disk refused the write (full, failing)
+    PARTITION_KEY_MISMATCH = "partition_key_mismatch"  # sessionId and partitionKey disagree
+    REJECTED = "rejected"  # refused at ingest, no more specific reason
     TLS_HANDSHAKE_FAILED = "tls_handshake_failed"
     NOT_READING = "not_reading"
     TOPIC_TOO_LONG = "topic_too_long"

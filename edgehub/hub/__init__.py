@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import msgspec
 
 from edgehub.core import Identity, Message
+from edgehub.core.refusals import RefusalReason
 from edgehub.hub.admission import Cap, ConnectionLimiter, Ticket
 from edgehub.hub.throttle import LoginThrottle
 
@@ -89,7 +90,7 @@ class Stored(msgspec.Struct, frozen=True, gc=False):
 class Rejected(msgspec.Struct, frozen=True, gc=False):
     """Refused at ingest; nothing was stored."""
 
-    reason: str
+    reason: RefusalReason
     detail: str = ""
 
 

@@ -55,6 +55,7 @@ from typing import Protocol, runtime_checkable
 
 from edgehub.core import DEFAULT_PRIORITY, InvalidMessageError, Message, RouteResult, SystemProperty
 from edgehub.core.endpoints import UPSTREAM_ENDPOINT, upstream_lane_id
+from edgehub.core.refusals import RefusalReason
 from edgehub.delivery import Endpoint, EndpointExecutor, State
 from edgehub.store import QueueId, Store
 from edgehub.upstream.mqtt_transport import UpstreamStatus
@@ -98,7 +99,7 @@ def check_partition_properties(message: Message) -> None:
         raise InvalidMessageError(
             f"sessionId {session!r} and partitionKey {pkey!r} differ: a session lives in one partition, "
             "so the partition key must equal the session id or be left out",
-            reason="partition_key_mismatch",
+            reason=RefusalReason.PARTITION_KEY_MISMATCH,
         )
 
 

@@ -36,6 +36,7 @@ from edgehub.core import (
     StorageIOError,
     SystemClock,
 )
+from edgehub.core.refusals import RefusalReason
 from edgehub.core.sas import resource_uri, verify_sas_token
 from edgehub.hub import (
     AuthResult,
@@ -82,7 +83,7 @@ class InMemoryHub:
         self.disconnects: list[str] = []
         self.twins: dict[str, dict[str, Any]] = {}
         self._secrets: dict[str, _Secrets] = {}
-        self._refusals: deque[str] = deque()
+        self._refusals: deque[RefusalReason] = deque()
         self._held = False
         self._fail_next = False
         self._release = asyncio.Event()
@@ -106,7 +107,7 @@ class InMemoryHub:
     ) -> None:
         self._secrets[identity.id] = _Secrets(key_b64, password, thumbprint)
 
-    def refuse(self, reason: str, count: int = 1) -> None:
+    def refuse(self, reason: RefusalReason, count: int = 1) -> None:
         self._refusals.extend([reason] * count)
 
     def fail_next_ingest(self) -> None:

@@ -35,6 +35,7 @@ from urllib.parse import parse_qsl, quote, unquote
 
 from edgehub.core import Identity, InvalidMessageError, Message, SystemProperty
 from edgehub.core.property_bag import BAG_KEYS
+from edgehub.core.refusals import RefusalReason
 
 __all__ = [
     "PLAIN_TOPIC_PROPERTY",
@@ -83,7 +84,7 @@ _CONNECTION_OWNED = frozenset(
 class TopicError(InvalidMessageError):
     """A topic name that is not one the hub accepts from this identity (MQTT 5: 0x90 topic name invalid)."""
 
-    reason = "topic_invalid"
+    reason = RefusalReason.TOPIC_INVALID
 
 
 # --- client id and username -------------------------------------------------------------------------------------
@@ -423,10 +424,10 @@ def message_from_publish(
         system, app = dict(base[0]), dict(base[1])
     elif isinstance(parsed, TelemetryTopic):
         if parsed.identity != identity:
-            raise TopicError(f"{identity} may not publish as {parsed.identity}", reason="topic_invalid")
+            raise TopicError(f"{identity} may not publish as {parsed.identity}", reason=RefusalReason.TOPIC_INVALID)
         system, app = decode_property_bag(parsed.bag)
     elif isinstance(parsed, TwinRequest):
-        raise TopicError("twin requests are not messages", reason="topic_invalid")
+        raise TopicError("twin requests are not messages", reason=RefusalReason.TOPIC_INVALID)
     else:
         app[PLAIN_TOPIC_PROPERTY] = topic
     for key, value in user_properties:

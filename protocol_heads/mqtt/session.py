@@ -81,19 +81,21 @@ __all__ = ["REJECT_REASONS", "Session", "shown"]
 log = logging.getLogger(__name__)
 
 # Hub rejection reasons → MQTT 5 reason codes of the negative PUBACK/PUBREC.
-REJECT_REASONS: Mapping[str, int] = {
-    "quota_exceeded": ReasonCode.QUOTA_EXCEEDED,
-    "too_large": ReasonCode.PACKET_TOO_LARGE,
-    "not_authorized": ReasonCode.NOT_AUTHORIZED,
-    "topic_invalid": ReasonCode.TOPIC_NAME_INVALID,
-    "invalid": ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
+REJECT_REASONS: Mapping[RefusalReason, int] = {
+    RefusalReason.QUOTA_EXCEEDED: ReasonCode.QUOTA_EXCEEDED,
+    RefusalReason.MESSAGE_TOO_LARGE: ReasonCode.PACKET_TOO_LARGE,
+    RefusalReason.NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
+    RefusalReason.TOPIC_INVALID: ReasonCode.TOPIC_NAME_INVALID,
+    RefusalReason.INVALID_MESSAGE: ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
     # sessionId and partitionKey differ: the PUBLISH is well formed but the hub will not take it, which is 0x83's
     # meaning in MQTT 5 (0x99 "payload format invalid" is about the payload format indicator, not properties).
-    "partition_key_mismatch": ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
+    RefusalReason.PARTITION_KEY_MISMATCH: ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
     # The disk refused the write (full, failing): 0x97 tells the device to hold on to it and retry later.
-    "store_unavailable": ReasonCode.QUOTA_EXCEEDED,
+    RefusalReason.STORE_UNAVAILABLE: ReasonCode.QUOTA_EXCEEDED,
 }
-_STORE_UNAVAILABLE = Rejected("store_unavailable", "the hub cannot store messages now (disk full or failing)")
+_STORE_UNAVAILABLE = Rejected(
+    RefusalReason.STORE_UNAVAILABLE, "the hub cannot store messages now (disk full or failing)"
+)
 _LOGIN_REFUSALS: Mapping[int, RefusalReason] = {
     ReasonCode.CLIENT_IDENTIFIER_NOT_VALID: RefusalReason.BAD_CLIENT_ID,
     ReasonCode.BAD_USERNAME_OR_PASSWORD: RefusalReason.BAD_USERNAME,

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from edgehub.core import Message
+from edgehub.core.refusals import RefusalReason
 from edgehub.delivery.endpoint import QueuedMessage
 from edgehub.hub import Delivery, Rejected, Stored
 from edgehub.store import QueueId
@@ -21,7 +22,7 @@ Q = QueueId("ep", 1)
 VALUES: list[Any] = [
     QueuedMessage(MSG, 3, 1, 10.0, 5.0),
     Stored("e1"),
-    Rejected("quota", "full"),
+    Rejected(RefusalReason.QUOTA_EXCEEDED, "full"),
     Delivery(7, MSG, "in"),
     StoredItem(Q, 3, MSG, 9, 10.0, 5.0, 12),
     Reference(3, 9, 10.0, 5.0, 12),

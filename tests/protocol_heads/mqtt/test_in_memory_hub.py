@@ -8,6 +8,7 @@ import base64
 import pytest
 
 from edgehub.core import AuthenticationError, DeliveryError, FailureKind, Identity, Message
+from edgehub.core.refusals import RefusalReason
 from edgehub.core.sas import generate_sas_token
 from edgehub.hub import Credentials, Delivery, Hub, Rejected, Stored
 from edgehub.testing import InMemoryHub, ManualClock
@@ -42,9 +43,9 @@ def test_in_memory_hub_satisfies_the_hub_protocol() -> None:
 
 async def test_ingest_answers_per_message_in_order_with_refusals() -> None:
     hub = InMemoryHub()
-    hub.refuse("quota_exceeded")
+    hub.refuse(RefusalReason.QUOTA_EXCEEDED)
     outcomes = await hub.ingest(MOD, [Message(b"1"), Message(b"2")])
-    assert outcomes == [Rejected("quota_exceeded"), Stored("1")]
+    assert outcomes == [Rejected(RefusalReason.QUOTA_EXCEEDED), Stored("1")]
     assert [m.body for _, m in hub.stored] == [b"2"]
     assert hub.stored[0][1].edge_message_id == "1"
 

@@ -18,6 +18,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
 from edgehub.core import Identity, Message
+from edgehub.core.refusals import RefusalReason
 from edgehub.testing import InMemoryHub
 from edgehub.testing.certs import TestCA
 from protocol_heads.mqtt.codec import Connect, Decoder, Disconnect, ReasonCode, Will, encode
@@ -112,7 +113,7 @@ async def test_paho_v5_gets_quota_exceeded_as_a_negative_puback_and_keeps_its_co
     dev = Paho.make("dev1", protocol=mqtt.MQTTv5)
     rc = await dev.connect(head.ports["tcp"], user=username(DEV), password=sas_password(DEV, DEVICE_KEY))
     assert rc == 0
-    hub.refuse("quota_exceeded")
+    hub.refuse(RefusalReason.QUOTA_EXCEEDED)
     first = dev.publish("devices/dev1/messages/events/", b"refused")
     second = dev.publish("devices/dev1/messages/events/", b"kept")
     async with asyncio.timeout(10):
@@ -390,7 +391,7 @@ async def test_v311_client_is_disconnected_instead_of_a_negative_ack(head: MqttS
     dev = Paho.make("dev1")
     dev.client.reconnect_delay_set(60, 120)
     await dev.connect(head.ports["tcp"], user=username(DEV), password=sas_password(DEV, DEVICE_KEY))
-    hub.refuse("quota_exceeded")
+    hub.refuse(RefusalReason.QUOTA_EXCEEDED)
     dev.publish("devices/dev1/messages/events/", b"refused")
     async with asyncio.timeout(10):
         rc = await dev.disconnects.get()
