@@ -4,8 +4,13 @@ The runtime values, the context and the operators are in ``edgehub.routing.value
 in ``edgehub.routing.functions``. This module type-checks the AST and wires those pieces into one closure.
 
 Static types: number, string, bool, null, undefined, and any (a body value). A binary operator needs both
-operands of one static type; any, null and undefined fit every type. Each problem is collected with its
+operands of one static type. A body value fits every type; a literal ``null`` or ``undefined`` fits a bool and
+a comparison, but an operator or function that needs a number or a string refuses it (``3 + undefined``,
+``lower(null)``: compile errors, as in Azure IoT Edge's type checker). Each problem is collected with its
 position, and all of them are reported together.
+
+``null`` in the logical operators follows Azure's ``Null`` type: ``null AND x`` is null, ``null OR x`` is x,
+``null OR null`` is null (so ``(null AND true) = null`` is TRUE); a condition whose value is null is FALSE.
 
 Invariants: a compiled closure never raises on any message; the same message gives the same verdict.
 """
@@ -41,7 +46,7 @@ from edgehub.routing.values import (
 
 __all__ = ["UNDEF", "CompiledExpr", "EvalContext", "Tri", "compile_expr", "to_tri"]
 
-_FLEX = frozenset({ANY, NULL, UNDEFINED})
+_FLEX = frozenset({ANY, NULL, UNDEFINED})  # fit either side of a comparison
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +56,11 @@ class CompiledExpr:
 
 
 def _fits(actual: str, allowed: tuple[str, ...]) -> bool:
-    return actual in _FLEX or actual in allowed
+    """Whether a value of static type ``actual`` may stand where ``allowed`` types are wanted."""
+    if actual == ANY or actual in allowed:
+        return True
+    # null and undefined stand for a bool (three-valued logic), never for a number or a string.
+    return actual in (NULL, UNDEFINED) and BOOL in allowed
 
 
 TWIN_CHANGE_INCLUDES = "twin_change_includes"
@@ -242,6 +251,8 @@ class _Compiler:
                 if not _fits(side, (BOOL,)):
                     self.error(node.span, f"operator {op} needs bools, not {lt} and {rt}")
                     break
+            if NULL in (lt, rt):
+                return self._logical_null(op, left, right)
             if op == "AND":
 
                 def and_(ctx: EvalContext) -> Any:
@@ -285,7 +296,7 @@ class _Compiler:
                 return rf(ctx) if v is UNDEF else v
 
             return CompiledExpr(result_type, coalesce)
-        compare = comparison(op)
+        compare = comparison(op, dynamic=ANY in (lt, rt))
         # The common cases, anything against a literal, get one closure and a C-level operator when the
         # value has the literal's type; the general compare handles undefined, null and body type mismatches.
         if isinstance(node.right, ast.StringLit | ast.NumberLit | ast.BoolLit):
@@ -306,6 +317,13 @@ class _Compiler:
 
             return CompiledExpr(BOOL, expr_vs_literal)
         return CompiledExpr(BOOL, lambda ctx: compare(lf(ctx), rf(ctx)))
+
+    @staticmethod
+    def _logical_null(op: str, left: CompiledExpr, right: CompiledExpr) -> CompiledExpr:
+        """AND/OR with a null operand, decided by static types as Azure's ``Null`` operators are."""
+        if op == "AND" or left.type == right.type == NULL:
+            return CompiledExpr(NULL, lambda ctx: None)
+        return right if left.type == NULL else left  # null OR x is x
 
 
 def _span_of(node: ast.Expr) -> ast.Span:

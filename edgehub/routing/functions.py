@@ -107,7 +107,7 @@ def _substring(s: Any, start: Any, length: Any = None) -> Any:
     if type(s) is not str or type(start) is not float or not math.isfinite(start):
         return UNDEF
     i = int(start)
-    if i < 0 or i > len(s):
+    if i < 0 or i >= len(s):  # a start at or past the end is undefined (Azure), even with length 0
         return UNDEF
     if length is None:
         return s[i:]

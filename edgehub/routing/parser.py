@@ -185,10 +185,10 @@ def _check_nesting(text: str, tree: Tree[Token]) -> None:
 
 
 def parse_condition_ast(text: str) -> ast.Expr:
-    """The tree of a condition, or RouteSyntaxError."""
+    """The tree of a condition, or RouteSyntaxError. An empty or blank condition is ``undefined`` (Azure)."""
     _check_length(text)
     if not tokenize(text):  # every lexical problem at once, before the parser stops at the first
-        raise RouteSyntaxError(text, [Problem(1, 1, "empty condition")])
+        return ast.UndefinedLit(ast.Span(1, 1, 0))
     try:
         tree = _parser().parse(text, start="condition")
     except UnexpectedInput as exc:
@@ -221,10 +221,11 @@ def parse_route_ast(text: str) -> ast.RouteAst:
     )
     condition = None
     condition_text = None
-    if cond is not None:
+    if where_tok is not None:
         assert isinstance(where_tok, Token)
         assert isinstance(_into, Token)
-        condition = _expr(cond)
+        # WHERE with nothing after it: an empty condition, which is undefined (Azure), so the route never matches.
+        condition = _expr(cond) if cond is not None else ast.UndefinedLit(_span(where_tok))
         condition_text = text[where_tok.end_pos : _into.start_pos].strip()
     if sink.data == "system_sink":
         tok = sink.children[0]

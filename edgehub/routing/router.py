@@ -222,6 +222,9 @@ class Router:
             except RouteError as exc:
                 errors.append(exc.with_route_name(name))
                 continue
+            if route.condition == "":
+                # Accepted as Azure accepts it, but such a route never matches: say so once, at compile time.
+                log.warning("route.empty_condition name=%s: the condition is undefined, the route never matches", name)
             compiled.append(
                 CompiledRoute(
                     name=name,

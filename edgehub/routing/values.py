@@ -200,7 +200,13 @@ def arithmetic(op: str) -> Callable[[Any, Any], Any]:
     return apply
 
 
-def comparison(op: str) -> Callable[[Any, Any], Any]:
+def comparison(op: str, *, dynamic: bool = False) -> Callable[[Any, Any], Any]:
+    """The operator ``op`` over runtime values. ``dynamic``: an operand is a body value (static type any).
+
+    Values of different types are unequal (``=`` FALSE, ``<>`` TRUE) when they meet through a body value, and a
+    body value's null is one more JSON type: ``$body.t <> null`` (a number) is TRUE, as in Azure IoT Edge.
+    Otherwise a null against a number, string or bool is undefined (Azure's Null operators), and null = null.
+    """
     cmp: Callable[[Any, Any], bool] = {
         "=": lambda a, b: a == b,
         "!=": lambda a, b: a != b,
@@ -219,7 +225,7 @@ def comparison(op: str) -> Callable[[Any, Any], Any]:
         if a is None or b is None:
             if a is None and b is None and equality:
                 return eq_result_for_mismatch
-            return UNDEF
+            return (not eq_result_for_mismatch) if dynamic and equality else UNDEF
         if type(a) is not type(b):
             # Only body values get here (static types agree otherwise): different JSON types are unequal.
             return (not eq_result_for_mismatch) if equality else UNDEF
@@ -241,7 +247,9 @@ FAST_OPS: dict[str, Callable[[Any, Any], bool]] = {
 
 # ---------------------------------------------------------------- property readers
 
-BODY_PATH = re.compile(r"^[^.\[\]'\"*\s]+(?:\.[^.\[\]'\"*\s]+|\[[0-9]+\])*$")
+# A body path's names hold any character but '.', '[', ']' and white space (Azure: `$body.Welcome!.x`,
+# `$body.I'mnotusingspaces%1.es`); an index is digits in brackets. `[]`, slices and quoted keys do not match.
+BODY_PATH = re.compile(r"^[^.\[\]\s]+(?:\.[^.\[\]\s]+|\[[0-9]+\])*$")
 _BODY_SEGMENT = re.compile(r"\.?([^.\[\]]+)|\[([0-9]+)\]")
 
 
