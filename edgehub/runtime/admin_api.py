@@ -36,6 +36,7 @@ from edgehub.runtime.admin_http import Request, Response
 
 __all__ = [
     "AdminApi",
+    "BadRequest",
     "DesiredStateService",
     "DesiredStatus",
     "RouteHandler",

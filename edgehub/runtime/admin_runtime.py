@@ -1,0 +1,54 @@
+"""The admin API as part of a running hub: ``serve_admin`` starts it beside the MQTT head and stops it with it.
+
+``async with serve_admin(data_dir, port=..., hub=..., server=...) as api:`` makes (or reads) ``DATA/admin.token``,
+listens on 127.0.0.1:``port`` (0: any free port), writes ``DATA/admin.port`` once it listens, and removes that
+file when it stops. It serves the deployment routes when given a ``DesiredStateService`` (the composition root's
+``DeploymentController``), and the identity routes on the hub's own registry, closing a removed or rotated
+identity's connections through the MQTT head.
+
+The default port is 9600, the port Azure IoT Edge's hub serves its metrics on, so scrape configurations written
+for it find ``/metrics`` where they expect it (on loopback: a collector on the gateway itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from edgehub.core.refusals import RefusalLog
+from edgehub.hub.facade import EdgeHub
+from edgehub.runtime.admin_api import AdminApi, DesiredStateService
+from edgehub.runtime.admin_files import ensure_token, remove_port_file, write_port_file
+from edgehub.runtime.admin_http import AdminHttpServer, AdminLimits
+from edgehub.runtime.admin_identities import IdentityAdmin, identity_routes
+from protocol_heads.mqtt.server import MqttServer
+
+__all__ = ["DEFAULT_ADMIN_PORT", "serve_admin"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ADMIN_PORT = 9600
+
+
+@contextlib.asynccontextmanager
+async def serve_admin(
+    data_dir: Path,
+    *,
+    port: int,
+    hub: EdgeHub,
+    server: MqttServer,
+    desired: DesiredStateService | None = None,
+    limits: AdminLimits | None = None,
+) -> AsyncIterator[AdminHttpServer]:
+    token = ensure_token(data_dir)
+    refusals = RefusalLog(log)
+    api = AdminApi(token=token, refusals=refusals, desired=desired)
+    api.add_routes(identity_routes(IdentityAdmin(hub.identities, server.close_identity)))
+    async with AdminHttpServer(api, refusals=refusals, port=port, limits=limits) as http:
+        write_port_file(data_dir, http.port)
+        try:
+            yield http
+        finally:
+            remove_port_file(data_dir, http.port)
