@@ -182,6 +182,14 @@ class EndpointExecutor:
         qs = self._queues.get(QueueId(self._id, priority))
         return qs.state if qs else State.IDLE
 
+    def in_flight(self, priority: int) -> int:
+        """Messages of the priority's queue sent and not yet settled (a failed batch waiting for its retry
+        included). For status: a walk over the batches in flight."""
+        qs = self._queues.get(QueueId(self._id, priority))
+        if qs is None:
+            return 0
+        return len(qs.pending) + sum(len(f.items) for f in self._inflight if f.qs is qs)
+
     def _qs(self, q: QueueId) -> _QueueState:
         qs = self._queues.get(q)
         if qs is None:

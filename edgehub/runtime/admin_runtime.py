@@ -3,8 +3,9 @@
 ``async with serve_admin(data_dir, port=..., hub=..., server=...) as api:`` makes (or reads) ``DATA/admin.token``,
 listens on 127.0.0.1:``port`` (0: any free port), writes ``DATA/admin.port`` once it listens, and removes that
 file when it stops. It serves the deployment routes when given a ``DesiredStateService`` (the composition root's
-``DeploymentController``), and the identity routes on the hub's own registry, closing a removed or rotated
-identity's connections through the MQTT head.
+``DeploymentController``), the identity routes on the hub's own registry (closing a removed or rotated
+identity's connections through the MQTT head), ``/status`` (with a ``RateTracker`` sampling the store every 5 s
+for the in and out rates), the dead-letter routes and ``/metrics``.
 
 The default port is 9600, the port Azure IoT Edge's hub serves its metrics on, so scrape configurations written
 for it find ``/metrics`` where they expect it (on loopback: a collector on the gateway itself).
@@ -12,7 +13,9 @@ for it find ``/metrics`` where they expect it (on loopback: a collector on the g
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,9 +23,12 @@ from pathlib import Path
 from edgehub.core.refusals import RefusalLog
 from edgehub.hub.facade import EdgeHub
 from edgehub.runtime.admin_api import AdminApi, DesiredStateService
+from edgehub.runtime.admin_deadletters import DeadLetterAdmin, deadletter_routes
 from edgehub.runtime.admin_files import ensure_token, remove_port_file, write_port_file
 from edgehub.runtime.admin_http import AdminHttpServer, AdminLimits
 from edgehub.runtime.admin_identities import IdentityAdmin, identity_routes
+from edgehub.runtime.admin_metrics import metrics_routes
+from edgehub.runtime.admin_status import RateTracker, status_routes
 from protocol_heads.mqtt.server import MqttServer
 
 __all__ = ["DEFAULT_ADMIN_PORT", "serve_admin"]
@@ -46,9 +52,24 @@ async def serve_admin(
     refusals = RefusalLog(log)
     api = AdminApi(token=token, refusals=refusals, desired=desired)
     api.add_routes(identity_routes(IdentityAdmin(hub.identities, server.close_identity)))
+    rates = RateTracker(hub.store)
+    api.add_routes(status_routes(hub.store, hub, server, rates))
+    api.add_routes(deadletter_routes(DeadLetterAdmin(hub.store, functools.partial(_wake, hub))))
+    api.add_routes(metrics_routes(hub, server))
     async with AdminHttpServer(api, refusals=refusals, port=port, limits=limits) as http:
+        sampler = asyncio.create_task(rates.run(), name="admin.rates")
         write_port_file(data_dir, http.port)
         try:
             yield http
         finally:
             remove_port_file(data_dir, http.port)
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+
+
+def _wake(hub: EdgeHub, endpoint: str) -> None:
+    """Requeued dead letters: the endpoint's executor reads again."""
+    executor = hub.executors.get(endpoint)
+    if executor is not None:
+        executor.notify()

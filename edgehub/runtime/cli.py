@@ -36,6 +36,7 @@ from edgehub.runtime.identity_cli import identity
 from edgehub.runtime.limits_cli import limit_options
 from edgehub.runtime.linksim_cli import link_sim
 from edgehub.runtime.routes_cli import describe_routes, routes
+from edgehub.runtime.status_cli import deadletter, status
 from edgehub.runtime.store_cli import store
 from edgehub.testing.linksim import parse_duration_s, parse_rate_bps
 from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstreamSettings, TlsSettings, WireMode
@@ -56,6 +57,8 @@ main.add_command(routes)
 main.add_command(link_sim)
 main.add_command(identity)
 main.add_command(store)
+main.add_command(status)
+main.add_command(deadletter)
 
 
 def show_routes(manifest: Path) -> None:
