@@ -1,6 +1,6 @@
-"""``edgehub identity`` against ``edgehub run`` as processes (issue 17): an identity added while the hub runs
-connects within a second; one removed is disconnected within a second; the same commands work on the data
-directory once the hub has stopped."""
+"""``edgehub identity`` (and ``status``) against ``edgehub run`` as processes (issue 17): an identity added while
+the hub runs connects within a second; one removed is disconnected within a second; the same commands work on
+the data directory once the hub has stopped."""
 
 from __future__ import annotations
 
@@ -50,6 +50,11 @@ async def test_identities_added_and_removed_while_the_hub_runs_take_effect_withi
         code, out, err = await edgehub("identity", "list", "--data-dir", str(data), "--json")
         assert code == 0, err
         assert {"id": "live1", "auth": ["sas"]} in json.loads(out)["identities"]
+        code, out, err = await edgehub("status", "--json", "--data-dir", str(data))
+        assert code == 0, err
+        status = json.loads(out)
+        assert status["running"] is True  # through the admin API: a stopped hub's store knows no clients
+        assert status["connected_clients"] == 1
 
         code, out, err = await edgehub("identity", "remove", "live1", "--data-dir", str(data))
         removed_at = time.monotonic()
