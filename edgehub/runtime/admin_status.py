@@ -4,7 +4,8 @@
 what the store, the executors and the transports keep anyway):
 * per endpoint and priority: queue length (offsets past the checkpoint: expired ones not yet skipped included),
   bytes (a bounded walk of the queue's references: ``bytes_partial`` when it stopped at ``_MAX_REFS_WALKED``),
-  oldest message's age, messages in flight (running hub only), the executor's state;
+  oldest message's age, messages in flight and messages of a failed batch waiting for their retry (running hub
+  only), the executor's state;
 * per endpoint: what it holds, its dead letters (counted up to ``_MAX_DEAD_COUNTED``);
 * the upstream: each lane's connection, achieved rate, RTT (least of the last acks) and messages acked (running
   hub with an MQTT upstream);
@@ -91,6 +92,7 @@ def collect_status(
         start = cp.committed + 1
         refs = store.references(q, start, _MAX_REFS_WALKED)
         executor = hub.executors.get(q.endpoint) if hub is not None else None
+        in_flight, retrying = executor.in_flight(q.priority) if executor is not None else (None, None)
         queues.append(
             {
                 "endpoint": q.endpoint,
@@ -99,7 +101,8 @@ def collect_status(
                 "bytes": sum(r.size_bytes for r in refs),
                 "bytes_partial": len(refs) >= _MAX_REFS_WALKED,
                 "oldest_age_s": round(max(0.0, now - refs[0].enqueued_at_s), 3) if refs else None,
-                "in_flight": executor.in_flight(q.priority) if executor is not None else None,
+                "in_flight": in_flight,
+                "retrying": retrying,
                 "state": executor.state(q.priority).value if executor is not None else None,
             }
         )
@@ -175,13 +178,15 @@ def format_status(status: dict[str, Any]) -> list[str]:
         )
     if status["connected_clients"] is not None:
         lines.append(f"connected clients: {status['connected_clients']}")
-    lines.append("queues (endpoint priority: length, bytes, oldest, in flight, state):")
+    lines.append("queues (endpoint priority: length, bytes, oldest, in flight, retrying, state):")
     for q in status["queues"]:
         oldest = _duration(q["oldest_age_s"]) if q["oldest_age_s"] is not None else "-"
         in_flight = q["in_flight"] if q["in_flight"] is not None else "-"
+        retrying = q["retrying"] if q["retrying"] is not None else "-"
         size = _size(q["bytes"]) + ("+" if q["bytes_partial"] else "")
         lines.append(
-            f"  {q['endpoint']} p{q['priority']}: {q['length']}, {size}, {oldest}, {in_flight}, {q['state'] or '-'}"
+            f"  {q['endpoint']} p{q['priority']}: {q['length']}, {size}, {oldest}, {in_flight}, {retrying}, "
+            f"{q['state'] or '-'}"
         )
     for name, e in status["endpoints"].items():
         if e["dead_letters"]:
