@@ -70,6 +70,7 @@ from edgehub.hub.modules import DEFAULT_WINDOW
 from edgehub.hub.twins import DEFAULT_TWIN_LIMITS, TwinLimits
 from edgehub.manifest import EdgeHubDesired, load_desired_file
 from edgehub.routing import Router
+from edgehub.runtime.admin_api import DesiredStateService
 from edgehub.runtime.admin_runtime import serve_admin
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
 from edgehub.runtime.memory import ChurnCollector
@@ -337,12 +338,15 @@ def _lane_ids(store: Store, options: UpstreamOptions) -> list[str]:
 
 
 @contextlib.asynccontextmanager
-async def _admin(config: HubConfig, hub: EdgeHub, server: MqttServer) -> AsyncIterator[int | None]:
-    """The admin API while the hub serves (its port), unless ``config.admin_port`` is None."""
+async def _admin(
+    config: HubConfig, hub: EdgeHub, server: MqttServer, *, desired: DesiredStateService | None = None
+) -> AsyncIterator[int | None]:
+    """The admin API while the hub serves (its port), unless ``config.admin_port`` is None; ``desired`` serves
+    its deployment routes (the ``DeploymentController``; without one they answer 503)."""
     if config.admin_port is None:
         yield None
         return
-    async with serve_admin(config.data_dir, port=config.admin_port, hub=hub, server=server) as http:
+    async with serve_admin(config.data_dir, port=config.admin_port, hub=hub, server=server, desired=desired) as http:
         yield http.port
 
 
