@@ -157,11 +157,14 @@ class AdminApi:
         except UnicodeDecodeError:
             return self._refused(request, BadRequest("the path is not UTF-8", reason=RefusalReason.MALFORMED_REQUEST))
         allowed: list[str] = []
+        method = (
+            "GET" if request.method == "HEAD" else request.method
+        )  # HEAD: GET's headers (the server drops the body)
         for route in self._routes:
             params = _match(route.pattern, segments)
             if params is None:
                 continue
-            if route.method != request.method:
+            if route.method != method:
                 allowed.append(route.method)
                 continue
             if not route.public and not self._authorized(request):

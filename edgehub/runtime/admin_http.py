@@ -226,7 +226,7 @@ class AdminHttpServer:
                 response = Response.error(500, "internal_error", "the hub failed to answer; see its log")
             try:
                 async with asyncio.timeout(limits.request_timeout_s):
-                    await _write(writer, conn, response, close=False)
+                    await _write(writer, conn, response, close=False, head=request.method == "HEAD")
             except (OSError, TimeoutError):
                 return
             if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
@@ -328,7 +328,10 @@ def _peer(writer: asyncio.StreamWriter) -> str:
     return str(info)
 
 
-async def _write(writer: asyncio.StreamWriter, conn: h11.Connection, response: Response, *, close: bool) -> None:
+async def _write(
+    writer: asyncio.StreamWriter, conn: h11.Connection, response: Response, *, close: bool, head: bool = False
+) -> None:
+    """Send ``response``; the answer to a HEAD request has its headers (its length too) and no body."""
     headers = [
         ("content-type", response.content_type),
         ("content-length", str(len(response.body))),
@@ -338,7 +341,7 @@ async def _write(writer: asyncio.StreamWriter, conn: h11.Connection, response: R
         headers.append(("connection", "close"))
     data = conn.send(h11.Response(status_code=response.status, headers=headers))
     writer.write(data or b"")
-    if response.body:
+    if response.body and not head:
         writer.write(conn.send(h11.Data(data=response.body)) or b"")
     writer.write(conn.send(h11.EndOfMessage()) or b"")
     await writer.drain()

@@ -218,6 +218,19 @@ async def test_keep_alive_serves_several_requests_on_one_connection() -> None:
     assert response.count(b"HTTP/1.1 200") == 3
 
 
+async def test_head_gets_the_headers_of_get_without_a_body(caplog: pytest.LogCaptureFixture) -> None:
+    async with admin() as client:
+        request = (
+            b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        response = await raw_exchange(client.port, request)
+    head, _, rest = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert b"content-length: 20" in head  # GET's length ({"status": "alive"} and a newline) ...
+    assert rest.startswith(b"HTTP/1.1 200")  # ... and no body before the next answer
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
 def test_the_admin_api_refuses_to_listen_beyond_loopback() -> None:
     refusals = RefusalLog(logging.getLogger(LOGGER))
     api = AdminApi(token=TOKEN, refusals=refusals)
