@@ -13,6 +13,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from edgehub.core.refusals import RefusalLog
 from edgehub.runtime.admin_api import AdminApi
@@ -271,3 +273,39 @@ async def test_the_client_raises_admin_error_with_the_reason() -> None:
             await asyncio.to_thread(client.request, "PUT", "/twin/desired", {"bad": 1})
     assert info.value.status == 400
     assert json.dumps("bad") in json.dumps(info.value.detail) or "bad" in info.value.detail
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.one_of(
+            st.binary(max_size=300),
+            st.sampled_from(
+                [
+                    b"GET /health HTTP/1.1\r\n",
+                    b"PUT /twin/desired HTTP/1.1\r\n",
+                    b"HEAD /health HTTP/1.1\r\n",
+                    b"Host: x\r\n",
+                    f"Authorization: Bearer {TOKEN}\r\n".encode(),
+                    b"Content-Length: 3\r\n",
+                    b"Content-Length: -1\r\n",
+                    b"Transfer-Encoding: chunked\r\n",
+                    b"\r\n",
+                    b"3\r\nabc\r\n0\r\n\r\n",
+                    b"{}",
+                ]
+            ),
+        ),
+        max_size=8,
+    )
+)
+async def test_whatever_a_client_sends_gets_an_answer_or_a_close_and_never_a_traceback(
+    caplog: pytest.LogCaptureFixture, parts: list[bytes]
+) -> None:
+    caplog.clear()
+    async with admin(InMemoryDesiredState(), limits=AdminLimits(request_timeout_s=0.5)) as client:
+        response = await raw_exchange(client.port, b"".join(parts), close_write=True)
+        health = await asyncio.to_thread(client.raw, "GET", "/health")
+    assert response == b"" or response.startswith(b"HTTP/1.1 ")
+    assert health[0] == 200
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
