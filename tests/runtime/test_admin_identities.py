@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -14,10 +15,16 @@ import pytest
 from paho.mqtt.enums import MQTTProtocolVersion
 
 from edgehub.core import Identity
+from edgehub.hub.facade import EdgeHub
+from edgehub.routing import Router
 from edgehub.runtime.admin_client import AdminClient, identity_path
 from edgehub.runtime.admin_files import read_port, read_token
 from edgehub.runtime.admin_runtime import serve_admin
-from tests.e2e.conftest import DEV, IN1, Rig, running_hub, sas, username
+from edgehub.runtime.identity_cli import thumbprint_of
+from edgehub.store.rocks import open_rocks_store
+from edgehub.testing.certs import TestCA
+from protocol_heads.mqtt.server import MqttServer, MqttSettings
+from tests.e2e.conftest import DEV, HOST, IN1, Rig, running_hub, sas, username
 from tests.protocol_heads.mqtt.conftest import Paho
 
 ROUTES = {"devices": f"FROM /messages/* INTO BrokeredEndpoint('{IN1}')"}
@@ -181,3 +188,51 @@ async def test_rotating_an_identity_without_a_key_is_refused(tmp_path: Path) -> 
     assert status == 400
     assert "no symmetric key" in str(answer)
     assert (missing, other) == (404, 404)
+
+
+@asynccontextmanager
+async def tls_hub_with_admin(tmp_path: Path) -> AsyncIterator[tuple[AdminClient, MqttServer, TestCA]]:
+    """A hub whose TLS listener asks for client certificates and checks them against a test CA."""
+    ca = TestCA(tmp_path / "certs")
+    pair = ca.server()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(pair.cert, pair.key)
+    ctx.load_verify_locations(ca.ca_pem)
+    ctx.verify_mode = ssl.CERT_OPTIONAL
+    store = open_rocks_store(tmp_path / "store")
+    try:
+        async with (
+            EdgeHub(store=store, router=Router(ROUTES), host_name=HOST) as hub,
+            MqttServer(hub, settings=MqttSettings(tls_port=0, ssl_context=ctx, connect_timeout_s=5.0)) as server,
+            serve_admin(tmp_path, port=0, hub=hub, server=server),
+        ):
+            port, token = read_port(tmp_path), read_token(tmp_path)
+            assert port is not None
+            assert token is not None
+            yield AdminClient(port, token, timeout_s=10.0), server, ca
+    finally:
+        await store.close()
+
+
+async def cert_login(server: MqttServer, ca: TestCA, cert: Path, key: Path, *, as_identity: str) -> object:
+    client = Paho.make(as_identity)
+    client.client.tls_set(ca_certs=str(ca.ca_pem), certfile=str(cert), keyfile=str(key))
+    try:
+        return await client.connect(server.ports["tls"], user=f"{HOST}/{as_identity}/?api-version=2021-04-12")
+    finally:
+        await client.close()
+
+
+async def test_x509_identities_added_through_the_api_log_in_with_their_certificates(tmp_path: Path) -> None:
+    async with tls_hub_with_admin(tmp_path) as (client, server, ca):
+        cam1, cam2, other = ca.client("cam1"), ca.client("cam2"), ca.client("someone-else")
+        thumbprint = thumbprint_of(cam1.cert)  # as `identity add --cert-file` computes it
+        for body in ({"id": "cam1", "auth": "x509", "thumbprint": thumbprint}, {"id": "cam2", "auth": "x509-ca"}):
+            status, _ = await asyncio.to_thread(client.request, "POST", "/identities", body)
+            assert status == 200
+        by_thumbprint = await cert_login(server, ca, cam1.cert, cam1.key, as_identity="cam1")
+        ca_signed = await cert_login(server, ca, cam2.cert, cam2.key, as_identity="cam2")
+        wrong_cn = await cert_login(server, ca, other.cert, other.key, as_identity="cam2")
+    assert not getattr(by_thumbprint, "is_failure", True)
+    assert not getattr(ca_signed, "is_failure", True)
+    assert getattr(wrong_cn, "is_failure", False)
