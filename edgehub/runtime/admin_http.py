@@ -144,7 +144,14 @@ class AdminHttpServer:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> Self:
-        self._server = await asyncio.start_server(self._accepted, self._host, self._port, limit=_READ_SIZE)
+        try:
+            self._server = await asyncio.start_server(self._accepted, self._host, self._port, limit=_READ_SIZE)
+        except OSError as exc:
+            raise OSError(
+                exc.errno,
+                f"the admin API cannot listen on {self._host}:{self._port} ({exc.strerror}); "
+                "--admin-port 0 takes a free port",
+            ) from exc
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("admin.listening host=%s port=%d", self._host, self.port)
         return self

@@ -233,6 +233,14 @@ async def test_head_gets_the_headers_of_get_without_a_body(caplog: pytest.LogCap
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
 
 
+async def test_a_taken_port_is_an_os_error_that_says_what_to_do() -> None:
+    refusals = RefusalLog(logging.getLogger(LOGGER))
+    async with admin() as client:
+        with pytest.raises(OSError, match="admin API cannot listen on 127.0.0.1:.*--admin-port 0"):
+            async with AdminHttpServer(AdminApi(token=TOKEN, refusals=refusals), refusals=refusals, port=client.port):
+                pass
+
+
 def test_the_admin_api_refuses_to_listen_beyond_loopback() -> None:
     refusals = RefusalLog(logging.getLogger(LOGGER))
     api = AdminApi(token=TOKEN, refusals=refusals)
