@@ -236,7 +236,7 @@ async def test_head_gets_the_headers_of_get_without_a_body(caplog: pytest.LogCap
 async def test_a_taken_port_is_an_os_error_that_says_what_to_do() -> None:
     refusals = RefusalLog(logging.getLogger(LOGGER))
     async with admin() as client:
-        with pytest.raises(OSError, match="admin API cannot listen on 127.0.0.1:.*--admin-port 0"):
+        with pytest.raises(OSError, match=r"admin API cannot listen on 127\.0\.0\.1:.*--admin-port 0"):
             async with AdminHttpServer(AdminApi(token=TOKEN, refusals=refusals), refusals=refusals, port=client.port):
                 pass
 
