@@ -329,9 +329,11 @@ def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
 
 
 def _peer(writer: asyncio.StreamWriter) -> str:
+    """The client's address without its port: refusals are rate-limited per peer, and a client that opens a new
+    connection (a new source port) for every try must still share one budget of log lines."""
     info = writer.get_extra_info("peername")
     if isinstance(info, tuple) and len(info) >= 2:
-        return f"{info[0]}:{info[1]}"
+        return str(info[0])
     return str(info)
 
 

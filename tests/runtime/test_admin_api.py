@@ -77,7 +77,7 @@ async def test_put_desired_applies_and_reported_shows_its_version() -> None:
     assert reported["lastDesiredVersion"] == 7
     assert reported["desired"] == {"$version": 7, "routes": {"r": "FROM /* INTO $upstream"}}
     assert desired.updates[0][0] == "put"
-    assert desired.updates[0][2].startswith("admin-api 127.0.0.1:")
+    assert desired.updates[0][2] == "admin-api 127.0.0.1"
 
 
 async def test_patch_desired_is_a_json_merge_patch() -> None:
@@ -112,6 +112,18 @@ async def test_a_request_without_the_token_is_refused_and_logged(caplog: pytest.
     assert body["error"] == "bad_credentials"
     assert desired.updates == []
     assert any("refused reason=bad_credentials" in r.getMessage() for r in caplog.records)
+
+
+async def test_refusals_of_one_address_share_one_budget_of_log_lines(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="tests.budget")
+    refusals = RefusalLog(logging.getLogger("tests.budget"), burst=3)
+    api = AdminApi(token=TOKEN, refusals=refusals)
+    async with AdminHttpServer(api, refusals=refusals) as server:
+        wrong = AdminClient(server.port, "guess", timeout_s=5.0)
+        for _ in range(10):  # a new connection, so a new source port, each time
+            assert (await asyncio.to_thread(wrong.raw, "GET", "/twin/reported"))[0] == 401
+    assert refusals.total == 10
+    assert len([r for r in caplog.records if r.name == "tests.budget"]) == 3
 
 
 async def test_health_needs_no_token_and_ready_says_503_until_ready() -> None:
