@@ -25,6 +25,10 @@ from hypothesis import settings
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.peers import MosquittoPeer
 
+# Every `edgehub run` a test starts puts its admin API on a free port (DATA/admin.port says which), not on the
+# fixed default 9600: hubs of tests running side by side must not fight over one port.
+os.environ.setdefault("EDGEHUB_ADMIN_PORT", "0")
+
 settings.register_profile("edgehub", deadline=None)
 settings.register_profile("fuzz", deadline=None, max_examples=10_000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "edgehub"))

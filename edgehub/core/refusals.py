@@ -55,6 +55,12 @@ class RefusalReason(StrEnum):
     TLS_HANDSHAKE_FAILED = "tls_handshake_failed"
     NOT_READING = "not_reading"
     TOPIC_TOO_LONG = "topic_too_long"
+    # the admin API (edgehub.runtime.admin_http): HTTP requests refused before or by their handler
+    MALFORMED_REQUEST = "malformed_request"
+    REQUEST_TOO_LARGE = "request_too_large"
+    REQUEST_TIMEOUT = "request_timeout"
+    INVALID_REQUEST = "invalid_request"  # well-formed HTTP, but its JSON or its fields are not what the route takes
+    NOT_FOUND = "not_found"
 
 
 class RefusalLog:

@@ -182,6 +182,14 @@ class EndpointExecutor:
         qs = self._queues.get(QueueId(self._id, priority))
         return qs.state if qs else State.IDLE
 
+    def in_flight(self, priority: int) -> tuple[int, int]:
+        """For status: (messages of the priority's queue submitted to a pipelined endpoint and not yet settled,
+        messages of a failed batch waiting for their retry). A walk over the batches in flight."""
+        qs = self._queues.get(QueueId(self._id, priority))
+        if qs is None:
+            return 0, 0
+        return sum(len(f.items) for f in self._inflight if f.qs is qs), len(qs.pending)
+
     def _qs(self, q: QueueId) -> _QueueState:
         qs = self._queues.get(q)
         if qs is None:

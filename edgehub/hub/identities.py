@@ -106,6 +106,20 @@ class IdentityRegistry:
         await self.put(identity, replace(self.get(identity) or IdentityRecord(), key_b64=key))
         return key
 
+    def identities(self) -> list[tuple[Identity, IdentityRecord]]:
+        """Every identity with its record, in id order."""
+        out = []
+        for key, raw in self._store.metadata_items(_PREFIX):
+            out.append((Identity.parse(key[len(_PREFIX) :]), IdentityRecord(**json.loads(raw))))
+        return out
+
+    async def remove(self, identity: Identity) -> bool:
+        """Delete the identity's record (durably); False when there was none. Its twin and queued messages stay."""
+        if self.get(identity) is None:
+            return False
+        await self._store.put_metadata(_PREFIX + identity.id, None)
+        return True
+
     async def set_password(self, identity: Identity, password: bytes) -> None:
         await self.put(identity, replace(self.get(identity) or IdentityRecord(), password_hash=hash_password(password)))
 

@@ -19,6 +19,7 @@ from edgehub.hub.lanes import UpstreamOptions
 from edgehub.hub.modules import DEFAULT_WINDOW
 from edgehub.manifest import MAX_PARTITIONS, load_desired_file
 from edgehub.routing import Router
+from edgehub.runtime.admin_runtime import DEFAULT_ADMIN_PORT
 from edgehub.runtime.certs import HubCerts
 from edgehub.runtime.hub_runtime import (
     DEFAULT_HOST_NAME,
@@ -35,6 +36,7 @@ from edgehub.runtime.identity_cli import identity
 from edgehub.runtime.limits_cli import limit_options
 from edgehub.runtime.linksim_cli import link_sim
 from edgehub.runtime.routes_cli import describe_routes, routes
+from edgehub.runtime.status_cli import deadletter, status
 from edgehub.runtime.store_cli import store
 from edgehub.testing.linksim import parse_duration_s, parse_rate_bps
 from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstreamSettings, TlsSettings, WireMode
@@ -55,6 +57,8 @@ main.add_command(routes)
 main.add_command(link_sim)
 main.add_command(identity)
 main.add_command(store)
+main.add_command(status)
+main.add_command(deadletter)
 
 
 def show_routes(manifest: Path) -> None:
@@ -324,6 +328,15 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
     help="Connections not yet logged in from one source address (default 32; raise it for devices behind one NAT).",
 )
 @click.option(
+    "--admin-port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_ADMIN_PORT,
+    show_default=True,
+    envvar="EDGEHUB_ADMIN_PORT",
+    help="The admin API and /metrics on 127.0.0.1 (0: any free port; DATA/admin.port says which). "
+    "Token: DATA/admin.token.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
     default="info",
@@ -367,6 +380,7 @@ def run(
     max_connections: int | None,
     max_pending_connections: int | None,
     max_pending_per_address: int | None,
+    admin_port: int,
     log_level: str,
 ) -> None:
     """Start the hub: print the compiled routes, then serve MQTT until SIGTERM or SIGINT."""
@@ -426,6 +440,7 @@ def run(
         max_pending_connections=max_pending_connections,
         max_pending_per_address=max_pending_per_address,
         limits=limits,
+        admin_port=admin_port,
     )
     try:
         show_routes(manifest)
@@ -516,8 +531,11 @@ async def _serve(config: HubConfig) -> None:
         click.echo(f"{verb} TLS certificates in {c.ca_pem.parent}; clients trust {c.ca_pem}")
 
     def ready(ports: dict[str, int]) -> None:
+        admin = ports.pop("admin", None)
         where = ", ".join(f"{kind} {config.host}:{port}" for kind, port in sorted(ports.items()))
         click.echo(f"listening: {where}", nl=True)
+        if admin is not None:
+            click.echo(f"admin API: http://127.0.0.1:{admin} (bearer token in {config.data_dir / 'admin.token'})")
         click.echo(f"store: {config.data_dir / 'store'}; ready")
         sys.stdout.flush()
 

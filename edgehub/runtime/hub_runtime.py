@@ -31,6 +31,9 @@ lane the store still holds undelivered messages for but that the partition count
 changed) gets a transport too, so what it held still goes out; new messages never go to it, and once drained it
 is left out at the next start.
 
+The admin API (``HubConfig.admin_port``, ``edgehub run --admin-port``; ``edgehub.runtime.admin_runtime``) listens
+on 127.0.0.1 beside the MQTT head, from when the head listens until it stops.
+
 Limits (``HubConfig.limits``, ``HubLimits``; the CLI's ``--max-token-lifetime``, ``--store-quota``,
 ``--identity-share``): how far ahead a SAS token may expire (a year), the twins' sizes (``TwinLimits``), and the
 store's byte quota, by default derived at start from the free space of the store's filesystem
@@ -41,10 +44,11 @@ store's byte quota, by default derived at start from the free space of the store
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -66,6 +70,8 @@ from edgehub.hub.modules import DEFAULT_WINDOW
 from edgehub.hub.twins import DEFAULT_TWIN_LIMITS, TwinLimits
 from edgehub.manifest import EdgeHubDesired, load_desired_file
 from edgehub.routing import Router
+from edgehub.runtime.admin_api import DesiredStateService
+from edgehub.runtime.admin_runtime import serve_admin
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
 from edgehub.runtime.memory import ChurnCollector
 from edgehub.store import FsyncPolicy, Store, StoreQuota
@@ -173,6 +179,7 @@ class HubConfig:
     max_pending_connections: int | None = None
     max_pending_per_address: int | None = None
     limits: HubLimits = field(default_factory=HubLimits)
+    admin_port: int | None = None  # the admin API on 127.0.0.1 (0: any free port; None: off; the CLI: 9600)
 
 
 def raise_descriptor_limit() -> int:
@@ -330,6 +337,19 @@ def _lane_ids(store: Store, options: UpstreamOptions) -> list[str]:
     return lanes
 
 
+@contextlib.asynccontextmanager
+async def _admin(
+    config: HubConfig, hub: EdgeHub, server: MqttServer, *, desired: DesiredStateService | None = None
+) -> AsyncIterator[int | None]:
+    """The admin API while the hub serves (its port), unless ``config.admin_port`` is None; ``desired`` serves
+    its deployment routes (the ``DeploymentController``; without one they answer 503)."""
+    if config.admin_port is None:
+        yield None
+        return
+    async with serve_admin(config.data_dir, port=config.admin_port, hub=hub, server=server, desired=desired) as http:
+        yield http.port
+
+
 async def serve(
     config: HubConfig,
     *,
@@ -385,11 +405,15 @@ async def serve(
                 outbound_window=config.module_window,
                 **limits,
             )
-            async with MqttServer(hub, settings=settings) as server, asyncio.TaskGroup() as tasks:
+            async with (
+                MqttServer(hub, settings=settings) as server,
+                _admin(config, hub, server) as admin_port,
+                asyncio.TaskGroup() as tasks,
+            ):
                 collector = tasks.create_task(ChurnCollector(server.limiter).run(), name="runtime.memory")
-                log.info("runtime.ready ports=%s", server.ports)
+                log.info("runtime.ready ports=%s admin_port=%s", server.ports, admin_port)
                 if on_ready is not None:
-                    on_ready(dict(server.ports))
+                    on_ready(dict(server.ports) | ({"admin": admin_port} if admin_port is not None else {}))
                 await stop.wait()
                 log.info("runtime.stopping")
                 collector.cancel()

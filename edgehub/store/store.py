@@ -205,6 +205,12 @@ class Store:
         """(messages, bytes) held for ``endpoint`` (None: the whole store), writes in flight included."""
         return self._usage.usage(STORE_WIDE if endpoint is None else endpoint)
 
+    def ingested(self, endpoint: str | None = None, *, identity_id: str | None = None) -> tuple[int, int]:
+        """(messages, bytes) ever stored for ``endpoint`` (None: the store, each message once), or sent by
+        ``identity_id``: counters the store keeps anyway, so metrics read them instead of counting per message."""
+        key = OWNER + identity_id if identity_id is not None else STORE_WIDE if endpoint is None else endpoint
+        return self._usage.ingested(key)
+
     def identity_usage(self, identity_id: str) -> tuple[int, int]:
         """(messages, bytes) that ``identity_id``'s (``device`` or ``device/module``) messages hold in the store,
         writes in flight included; each message once, however many queues it is in."""

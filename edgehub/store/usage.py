@@ -102,6 +102,10 @@ class UsageBook:
             total_b += b
         return total_c, total_b
 
+    def ingested(self, key: str) -> tuple[int, int]:
+        """(messages, bytes) ever written under ``key`` by ingest (durable writes only; never goes down)."""
+        return self._ingest.get(key, (0, 0))
+
     def reserve(self, group_deltas: Usage, deltas: Usage) -> None:
         """Reserve ``deltas`` (in flight) and add them to the deltas of their group write."""
         inflight = self.inflight

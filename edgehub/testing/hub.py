@@ -7,6 +7,10 @@ Steering:
 * ``fail_next_ingest()`` makes the next ``ingest`` raise ``StorageIOError`` (the disk said no; nothing stored).
 * ``hold()`` makes ``ingest`` wait (messages are not durable yet) until ``release()``; ``held_groups`` tells
   how many groups wait, and ``wait_held(n)`` waits for that.
+* ``hold_logins()`` makes ``authenticate`` wait, once it has checked the credentials and before it answers,
+  until ``release_logins()``;
+  ``wait_login_held()`` waits for one to wait. ``remove_identity(identity)`` forgets an identity's secrets
+  (a revocation).
 * ``enqueue(identity, input_name, message)`` queues a message for a module input (or device-bound with
   ``input_name=None``); it goes out over the identity's link as its window allows, and is redelivered with
   ``redelivery=True`` if it was in flight when the link went away.
@@ -94,6 +98,8 @@ class InMemoryHub:
         self._ids = itertools.count(1)
         self._edge_ids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._login_gate: asyncio.Event | None = None
+        self._logins_held = 0
 
     # --- steering ----------------------------------------------------------------------------------------
 
@@ -106,6 +112,22 @@ class InMemoryHub:
         thumbprint: str | None = None,
     ) -> None:
         self._secrets[identity.id] = _Secrets(key_b64, password, thumbprint)
+
+    def remove_identity(self, identity: Identity) -> None:
+        self._secrets.pop(identity.id, None)
+
+    def hold_logins(self) -> None:
+        self._login_gate = asyncio.Event()
+
+    def release_logins(self) -> None:
+        if self._login_gate is not None:
+            self._login_gate.set()
+        self._login_gate = None
+
+    async def wait_login_held(self) -> None:
+        """Return once an ``authenticate`` waits at the gate. Bound it with ``asyncio.timeout``."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._logins_held > 0)
 
     def refuse(self, reason: RefusalReason, count: int = 1) -> None:
         self._refusals.extend([reason] * count)
@@ -168,6 +190,16 @@ class InMemoryHub:
     # --- Hub ---------------------------------------------------------------------------------------------
 
     async def authenticate(self, credentials: Credentials) -> AuthResult:
+        result = self._check(credentials)
+        gate = self._login_gate
+        if gate is not None:  # checked, not yet answered: as the real registry is while scrypt runs in a thread
+            self._logins_held += 1
+            async with self._changed:
+                self._changed.notify_all()
+            await gate.wait()
+        return result
+
+    def _check(self, credentials: Credentials) -> AuthResult:
         identity = credentials.identity
         secrets = self._secrets.get(identity.id)
         if secrets is None:

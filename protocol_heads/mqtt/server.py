@@ -14,7 +14,9 @@ Invariants:
   (``LoginThrottle``).
 * Every refusal (login, ACL, limits, protocol errors, timeouts, dropped messages) is logged through the server's
   one ``RefusalLog`` (``MqttServer.refusals``), per source address, with the client id once known.
-* One live session per identity (``_clients``): a new login takes the session over.
+* One live session per identity (``_clients``): a new login takes the session over; ``close_identity`` ends it
+  when the identity's credentials are removed or rotated (the admin API), and a login that was checking them
+  meanwhile checks them again.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class MqttServer:
         self._servers: list[asyncio.Server] = []
         self._read_buffer = memoryview(bytearray(READ_SIZE))  # every connection reads into it (see above)
         self._clients: dict[str, Session] = {}  # identity id → its live session
+        self.revocations = 0  # close_identity calls so far: a login that overlapped one checks its credentials again
         self._tasks: set[asyncio.Task[None]] = set()
         self.refusals = RefusalLog(log, clock=settings.clock)
         self.limiter = ConnectionLimiter(
@@ -108,6 +111,17 @@ class MqttServer:
     def connected(self) -> list[str]:
         """Identity ids with a live, authenticated connection."""
         return sorted(self._clients)
+
+    def close_identity(self, identity_id: str) -> int:
+        """Close the live connection of ``identity_id`` now (its credentials were removed or changed): an MQTT 5
+        client gets DISCONNECT 0x98 (administrative action), and no will is published. A login of the identity
+        in progress checks its credentials again before it registers. The connections closed (0 or 1)."""
+        self.revocations += 1
+        session = self._clients.get(identity_id)
+        if session is None:
+            return 0
+        session.revoke()
+        return 1
 
     def _start(self, client: ClientSocket) -> None:
         task = self._tg.create_task(self._run_client(client), name=f"mqtt.client {client.peer}")

@@ -10,7 +10,8 @@ Invariants:
   arrival order because ``ServerConnection.settle_many`` orders them, however the groups finish.
 * A delivery's ack is settled in one place (``_delivered``), whichever way the read that carried it was decoded.
 * One live connection per identity: a new one takes the session over and the old one is closed (MQTT 5: 0x8E);
-  the hub is told with ``Hub.connect`` and the old link's deliveries come again on the new link.
+  the hub is told with ``Hub.connect`` and the old link's deliveries come again on the new link. An identity
+  whose credentials are removed or rotated is closed at once (``revoke``; MQTT 5: 0x98, no will).
 * A refused message gets MQTT 5's reason (``REJECT_REASONS``) and the hub's detail as Reason String; a 3.1.1
   client is disconnected instead.
 * A disposed session holds nothing that leads back to its socket or its link (``dispose``), so reference
@@ -43,7 +44,7 @@ from edgehub.core import (
     TwinError,
 )
 from edgehub.core.refusals import RefusalReason
-from edgehub.hub import Credentials, Delivery, Rejected
+from edgehub.hub import AuthResult, Credentials, Delivery, Rejected
 from protocol_heads.mqtt.caches import BudgetDict
 from protocol_heads.mqtt.connection import PeerPacketTooLarge, ServerConnection
 from protocol_heads.mqtt.events import (
@@ -100,6 +101,7 @@ _LOGIN_REFUSALS: Mapping[int, RefusalReason] = {
     ReasonCode.CLIENT_IDENTIFIER_NOT_VALID: RefusalReason.BAD_CLIENT_ID,
     ReasonCode.BAD_USERNAME_OR_PASSWORD: RefusalReason.BAD_USERNAME,
 }
+_LOGIN_ATTEMPTS = 3  # authentications of one login while revocations overlap it (admin actions: rare)
 _ENTRY_OVERHEAD = 512  # a telemetry cache entry's two property maps and tuple, beside its topic's text
 
 
@@ -268,7 +270,7 @@ class Session:
         thumbprint, cn, verified = self.sock.peer_certificate()
         creds = Credentials(claimed, c.username, c.password, thumbprint, cn, verified)
         try:
-            result = await self.hub.authenticate(creds)
+            result = await self._login(creds)
         except AuthenticationError as exc:
             return self._refuse(keys, ReasonCode.NOT_AUTHORIZED, "authentication failed", c, detail=exc)
         if result.identity != claimed:
@@ -291,6 +293,18 @@ class Session:
         log.info("mqtt.connected client=%s level=%d auth=%s", self.identity, c.protocol_level, self.auth_method)
         self.hub.link_ready(self.identity, self.link)
         return pipelined
+
+    async def _login(self, creds: Credentials) -> AuthResult:
+        """``hub.authenticate``, once more when an identity's credentials were revoked while it ran
+        (``MqttServer.close_identity``): a login that checked a key just removed must not register after the
+        removal closed the identity's connections. Nothing awaits between the last check and registering."""
+        server = self.server
+        for _ in range(_LOGIN_ATTEMPTS):
+            seen = server.revocations
+            result = await self.hub.authenticate(creds)
+            if server.revocations == seen:
+                return result
+        raise AuthenticationError(f"the credentials of {creds.identity} changed during login")
 
     def _refuse(
         self, keys: tuple[str, str], reason: int, text: str, c: Connect, *, detail: object = None
@@ -317,6 +331,14 @@ class Session:
         """A newer connection of the same identity won: say so and close."""
         self.conn.close(ReasonCode.SESSION_TAKEN_OVER)
         self.clean_exit = True  # a takeover does not publish the will [MQTT-3.1.4-3 notwithstanding, as IoT Hub]
+        self.sock.finish()
+        self.sock.close()
+
+    def revoke(self) -> None:
+        """The identity's credentials were removed or rotated: close now, without the will."""
+        log.info("mqtt.identity_revoked client=%s", self.identity)
+        self.conn.close(ReasonCode.ADMINISTRATIVE_ACTION)
+        self.clean_exit = True
         self.sock.finish()
         self.sock.close()
 

@@ -1,0 +1,147 @@
+"""Prometheus metrics on the admin port (``GET /metrics``, bearer token), under Azure IoT Edge's hub metric
+names where one means the same, and ``edgehub_``-prefixed names of our own for the rest (README, "Metrics").
+
+Why prometheus-client: it is the reference implementation of the exposition format (escaping, ``# TYPE`` lines,
+counters' ``_total`` and summaries' ``_count``/``_sum``), pure Python, with no dependencies; writing the text
+format by hand would be a second, untested copy of it.
+
+Nothing is counted per message for metrics: ``HubCollector`` is a custom collector that reads, at scrape time,
+the counters the hub keeps anyway (the store's durable ingest and removal counters, the queues' offsets and
+checkpoints, the transports' status, the MQTT head's connection table, the duplicate window's count). So a
+scrape costs a walk over the queues and identities, and the per-message path costs nothing more. The
+collector's registry is the hub's own (not prometheus-client's global one), so two hubs in one process (tests)
+never mix.
+
+Semantics worth knowing: ``edgehub_messages_received_total`` counts messages stored (durable) per sending
+identity; a message no route takes is acknowledged but not stored, and not counted. Counters kept in the store
+(received, removed) survive restarts, as the data they count does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from edgehub.hub.facade import EdgeHub
+from edgehub.runtime.admin_api import RouteHandler
+from edgehub.runtime.admin_http import Request, Response
+from edgehub.store import RemovalReason
+from protocol_heads.mqtt.server import MqttServer
+
+__all__ = ["AZURE_NAMES", "HubCollector", "metrics_routes"]
+
+# Our store's removal reasons under the reasons of Azure's edgehub_messages_dropped_total (ours where it has none).
+_DROP_REASONS = {RemovalReason.TTL: "ttl_expiry", RemovalReason.OVERFLOW: "overflow"}
+
+# The names we share with Azure IoT Edge's hub (its doc/BuiltInMetrics.md), and what we put under each.
+AZURE_NAMES = {
+    "edgehub_messages_received_total": "messages stored from a client, per identity (id)",
+    "edgehub_messages_sent_total": "messages acknowledged upstream, per lane (to)",
+    "edgehub_queue_length": "undelivered messages per endpoint and priority",
+    "edgehub_messages_dropped_total": "messages removed undelivered, per reason (ttl_expiry, overflow, duplicate)",
+    "edgehub_message_size_bytes": "size of messages from clients, per identity (summary: _count and _sum)",
+    "edgehub_connected_clients": "clients logged in now",
+}
+
+
+class HubCollector(Collector):
+    """Reads the hub's counters at scrape time (module docstring)."""
+
+    def __init__(self, hub: EdgeHub, server: MqttServer | None = None) -> None:
+        self._hub = hub
+        self._server = server
+
+    def collect(self) -> Iterator[Metric]:
+        hub, store = self._hub, self._hub.store
+        received = CounterMetricFamily(
+            "edgehub_messages_received", "Messages stored from clients (durable)", labels=["id"]
+        )
+        sizes = SummaryMetricFamily("edgehub_message_size_bytes", "Size of messages from clients", labels=["id"])
+        for identity, _ in hub.identities.identities():
+            count, size = store.ingested(identity_id=identity.id)
+            if count:
+                received.add_metric([identity.id], count)
+                sizes.add_metric([identity.id], count_value=count, sum_value=size)
+        yield received
+        yield sizes
+
+        queue_length = GaugeMetricFamily(
+            "edgehub_queue_length", "Undelivered messages per endpoint and priority", labels=["endpoint", "priority"]
+        )
+        for q in store.queues():
+            pending = max(0, store.end_offset(q) - store.checkpoint(q).committed - 1)
+            queue_length.add_metric([q.endpoint, str(q.priority)], pending)
+        yield queue_length
+
+        dropped = CounterMetricFamily(
+            "edgehub_messages_dropped", "Messages removed before delivery, by reason", labels=["reason"]
+        )
+        for reason, name in _DROP_REASONS.items():
+            dropped.add_metric([name], store.removed.get(reason, 0))
+        dropped.add_metric(["duplicate"], hub.duplicates_dropped)
+        yield dropped
+
+        removed = CounterMetricFamily(
+            "edgehub_store_removed", "References removed from the store's queues, by reason", labels=["reason"]
+        )
+        for reason in RemovalReason:
+            removed.add_metric([reason.value], store.removed.get(reason, 0))
+        yield removed
+
+        held, held_bytes = store.usage(None)
+        yield GaugeMetricFamily("edgehub_store_messages", "Messages held in the store", value=held)
+        yield GaugeMetricFamily("edgehub_store_bytes", "Bytes held in the store (charged sizes)", value=held_bytes)
+        quota = store.store_quota.max_bytes
+        if quota is not None:
+            yield GaugeMetricFamily("edgehub_store_quota_bytes", "The store's byte quota", value=quota)
+        yield CounterMetricFamily(
+            "edgehub_store_ingested_bytes", "Bytes ever stored (charged sizes)", value=store.ingested()[1]
+        )
+
+        if self._server is not None:
+            yield GaugeMetricFamily(
+                "edgehub_connected_clients", "Clients logged in now", value=len(self._server.connected)
+            )
+            yield CounterMetricFamily(
+                "edgehub_refusals",
+                "Refusals of the MQTT head (logins, limits, packets)",
+                value=self._server.refusals.total,
+            )
+        yield from self._uplink()
+
+    def _uplink(self) -> Iterator[Metric]:
+        sent = CounterMetricFamily("edgehub_messages_sent", "Messages sent upstream and acknowledged", labels=["to"])
+        connected = GaugeMetricFamily("edgehub_upstream_connected", "1 while the lane's link is up", labels=["lane"])
+        rate = GaugeMetricFamily("edgehub_upstream_rate_bps", "Achieved upstream rate, bits/s", labels=["lane"])
+        rtt = GaugeMetricFamily("edgehub_upstream_rtt_seconds", "Least PUBLISH-to-PUBACK time lately", labels=["lane"])
+        inflight = GaugeMetricFamily("edgehub_upstream_inflight_bytes", "Unacknowledged bytes", labels=["lane"])
+        wire = CounterMetricFamily("edgehub_upstream_wire_bytes", "PUBLISH bytes acknowledged", labels=["lane"])
+        connects = CounterMetricFamily("edgehub_upstream_connects", "Successful connects", labels=["lane"])
+        for lane in self._hub.upstream_status().lanes:
+            t = lane.transport
+            if t is None:
+                continue
+            name = [lane.endpoint_id]
+            sent.add_metric(name, t.messages_acked)
+            connected.add_metric(name, 1 if t.connected else 0)
+            rate.add_metric(name, t.achieved_bps)
+            if t.rtt_min_s is not None:
+                rtt.add_metric(name, t.rtt_min_s)
+            inflight.add_metric(name, t.inflight_bytes)
+            wire.add_metric(name, t.wire_bytes_acked)
+            connects.add_metric(name, t.connects)
+        yield from (sent, connected, rate, rtt, inflight, wire, connects)
+
+
+def metrics_routes(hub: EdgeHub, server: MqttServer | None = None) -> list[tuple[str, str, RouteHandler, bool]]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(HubCollector(hub, server))
+
+    async def metrics(request: Request, params: tuple[str, ...]) -> Response:
+        return Response(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+
+    return [("GET", "/metrics", metrics, False)]
