@@ -20,6 +20,7 @@ from edgehub.hub.modules import DEFAULT_WINDOW
 from edgehub.manifest import MAX_PARTITIONS, load_desired_file
 from edgehub.routing import Router
 from edgehub.runtime.certs import HubCerts
+from edgehub.runtime.firstrun import connect_help, default_landing, edgehub_command, sas_token
 from edgehub.runtime.hub_runtime import (
     DEFAULT_HOST_NAME,
     HubConfig,
@@ -55,6 +56,7 @@ main.add_command(routes)
 main.add_command(link_sim)
 main.add_command(identity)
 main.add_command(store)
+main.add_command(sas_token)
 
 
 def show_routes(manifest: Path) -> None:
@@ -151,7 +153,10 @@ def _upload_settings(url: str, client_id: str) -> UploadUpstreamSettings:
         if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
     ]
     if given:
-        raise click.UsageError(f"{', '.join(given)} set up the MQTT transport; they do not apply to --upstream-upload")
+        raise click.UsageError(
+            f"{', '.join(given)} set up the MQTT transport; they do not apply to --upstream-upload "
+            "(the default without --upstream-mqtt)"
+        )
     try:
         settings = UploadUpstreamSettings(url=url, hub_id=client_id.replace("/", "-"))
     except ValueError as exc:
@@ -209,6 +214,13 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
     metavar="URL",
     help="Land $upstream as segment files in this folder or fsspec URL (file:///data/landing; s3://bucket/prefix "
     "with s3fs installed). Not with --upstream-mqtt.",
+)
+@click.option(
+    "--no-upstream",
+    is_flag=True,
+    default=False,
+    help="Keep $upstream queued in the store (no transport). Default without --upstream-mqtt/--upstream-upload: "
+    "upload to DATA_DIR/landing.",
 )
 @click.option(
     "--upstream-client-id",
@@ -343,6 +355,7 @@ def run(
     event_loop: str,
     upstream_mqtt: str | None,
     upstream_upload: str | None,
+    no_upstream: bool,
     upstream_client_id: str,
     upstream_wire: str | None,
     upstream_protocol: str,
@@ -373,6 +386,10 @@ def run(
     upstream: MqttUpstreamSettings | UploadUpstreamSettings | None = None
     if upstream_mqtt is not None and upstream_upload is not None:
         raise click.UsageError("--upstream-mqtt and --upstream-upload are two transports for $upstream: give one")
+    if no_upstream and (upstream_mqtt is not None or upstream_upload is not None):
+        raise click.UsageError("--no-upstream keeps $upstream queued: not with --upstream-mqtt or --upstream-upload")
+    if upstream_mqtt is None and not no_upstream and upstream_upload is None:
+        upstream_upload = str(default_landing(data_dir))  # the first run shows the whole path (firstrun.py)
     if upstream_upload is not None:
         upstream = _upload_settings(upstream_upload, upstream_client_id)
     elif upstream_mqtt is not None:
@@ -511,14 +528,35 @@ async def _serve(config: HubConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
+    ca_pems: list[Path] = []
+
     def certs(c: HubCerts) -> None:
         verb = "created" if c.created else "using"
         click.echo(f"{verb} TLS certificates in {c.ca_pem.parent}; clients trust {c.ca_pem}")
+        ca_pems.append(c.ca_pem)
 
     def ready(ports: dict[str, int]) -> None:
         where = ", ".join(f"{kind} {config.host}:{port}" for kind, port in sorted(ports.items()))
         click.echo(f"listening: {where}", nl=True)
         click.echo(f"store: {config.data_dir / 'store'}; ready")
+        upstream = config.upstream
+        target = (
+            f"lands in {upstream.url} (make ingest turns it into tables)"
+            if isinstance(upstream, UploadUpstreamSettings)
+            else f"mqtt {upstream.host}:{upstream.port}"
+            if upstream is not None
+            else "stays queued in the store (--no-upstream)"
+        )
+        help_lines = connect_help(
+            ports=ports,
+            data_dir=config.data_dir,
+            ca_pem=ca_pems[0],
+            host_name=config.host_name,
+            upstream=target,
+            edgehub=edgehub_command(),
+        )
+        for line in help_lines:
+            click.echo(line)
         sys.stdout.flush()
 
     await serve(config, stop=stop, on_certs=certs, on_ready=ready)

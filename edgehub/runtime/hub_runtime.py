@@ -13,7 +13,8 @@ start (the CLI exits 1 with that message, no traceback).
 ``edgehub run --upstream-mqtt``), an ``MqttUpstream`` transport delivers it; when it names a landing zone
 (``UploadUpstreamSettings``, ``edgehub run --upstream-upload``), an ``UploadTransport`` writes one segment file per
 batch there through a ``LandingZone`` (fsspec: a folder, or s3/abfs/... with the plugin installed); otherwise
-messages routed there stay queued in the store (they survive restarts and go out once an upstream is configured).
+messages routed there stay queued in the store (they survive restarts and go out once an upstream is configured;
+``edgehub run`` uploads to ``DATA_DIR/landing`` unless told otherwise, ``edgehub.runtime.firstrun``).
 
 How the transport uses its link (``wireMode``, ``maxUplinkBps``, ``maxBatchBytes``, ``lingerMs``,
 ``maxInflightBytes``, ``linkRateBps``, ``linkRttMs``, ``compression``) comes from the manifest's ``upstream``
