@@ -1,5 +1,6 @@
 # edgehub: the two commands of the README, and the steps they stand on.
-#   make run    set up .venv and start the hub on its embedded defaults
+#   make run    set up .venv and start the hub on its embedded defaults ($upstream lands in ./data/landing)
+#   make ingest run the Spark job once over ./data/landing into ./data/lake and print what the tables hold
 #   make test   set up .venv (and the Debian packages the tests need, and the Azure IoT device SDK's own venv),
 #               then lint, type-check, check the layer contracts and run the whole suite
 # To add a Python dependency: pyproject.toml. To add a Debian package: APT_PACKAGES below. Nothing else.
@@ -19,10 +20,15 @@ SDK_VENV    := .venv-azure-sdk
 SDK_STAMP   := $(SDK_VENV)/.installed
 SDK_PACKAGE := azure-iot-device>=2.12,<3
 
-.PHONY: run test venv sdk-venv apt lint typecheck contracts pytest bench clean
+DATA        ?= data
+
+.PHONY: run ingest test venv sdk-venv apt lint typecheck contracts pytest bench clean
 
 run: $(STAMP)
-	$(BIN)/edgehub run
+	$(BIN)/edgehub run --data-dir $(DATA)
+
+ingest: $(STAMP)
+	$(BIN)/python -m spark_upload.report --landing $(DATA)/landing --lake $(DATA)/lake --checkpoint $(DATA)/checkpoint
 
 test: apt $(STAMP) lint typecheck contracts pytest
 
