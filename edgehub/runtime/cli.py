@@ -19,6 +19,7 @@ from edgehub.hub.lanes import UpstreamOptions
 from edgehub.hub.modules import DEFAULT_WINDOW
 from edgehub.manifest import MAX_PARTITIONS, load_desired_file
 from edgehub.routing import Router
+from edgehub.runtime.capacity_cli import capacity
 from edgehub.runtime.certs import HubCerts
 from edgehub.runtime.firstrun import connect_help, default_landing, edgehub_command, sas_token
 from edgehub.runtime.hub_runtime import (
@@ -57,6 +58,7 @@ main.add_command(link_sim)
 main.add_command(identity)
 main.add_command(store)
 main.add_command(sas_token)
+main.add_command(capacity)
 
 
 def show_routes(manifest: Path) -> None:
