@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import logging
 import signal
 import sys
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from edgehub.runtime.hub_runtime import (
 from edgehub.runtime.identity_cli import identity
 from edgehub.runtime.limits_cli import limit_options
 from edgehub.runtime.linksim_cli import link_sim
+from edgehub.runtime.logs import LogFormat, configure_logging
 from edgehub.runtime.routes_cli import describe_routes, routes
 from edgehub.runtime.store_cli import store
 from edgehub.testing.linksim import parse_duration_s, parse_rate_bps
@@ -344,6 +344,14 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
     show_default=True,
     help="Least level logged. INFO shows every refusal (rate-limited per peer) and each connection.",
 )
+@click.option(
+    "--log-format",
+    type=click.Choice([f.value for f in LogFormat]),
+    default=LogFormat.TEXT.value,
+    show_default=True,
+    help="text for a terminal; json: one object per line (ts, level, logger, event, message, key=value fields) "
+    "for journald and log shippers.",
+)
 def run(
     limits: HubLimits,
     manifest: Path,
@@ -383,6 +391,7 @@ def run(
     max_pending_connections: int | None,
     max_pending_per_address: int | None,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Start the hub: print the compiled routes, then serve MQTT until SIGTERM or SIGINT."""
     upstream: MqttUpstreamSettings | UploadUpstreamSettings | None = None
@@ -458,7 +467,7 @@ def run(
     except ConfigurationError as exc:
         click.echo(str(exc), err=True)
         raise SystemExit(1) from None
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(log_level, LogFormat(log_format))
     tune_gc()
     try:
         loop_name, factory = loop_factory(event_loop)
