@@ -20,7 +20,7 @@ from edgehub.manifest import MAX_PARTITIONS, load_desired_file
 from edgehub.routing import Router
 from edgehub.runtime.capacity_cli import capacity
 from edgehub.runtime.certs import HubCerts
-from edgehub.runtime.firstrun import connect_help, default_landing, edgehub_command, sas_token
+from edgehub.runtime.firstrun import connect_help_for, default_landing, edgehub_command, sas_token
 from edgehub.runtime.hub_runtime import (
     DEFAULT_HOST_NAME,
     HubConfig,
@@ -37,6 +37,7 @@ from edgehub.runtime.limits_cli import limit_options
 from edgehub.runtime.linksim_cli import link_sim
 from edgehub.runtime.logs import LogFormat, configure_logging
 from edgehub.runtime.routes_cli import describe_routes, routes
+from edgehub.runtime.sdnotify import SystemdNotifier
 from edgehub.runtime.store_cli import store
 from edgehub.testing.linksim import parse_duration_s, parse_rate_bps
 from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstreamSettings, TlsSettings, WireMode
@@ -536,8 +537,15 @@ def _start_failures(exc: Exception) -> list[str] | None:
 async def _serve(config: HubConfig) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    systemd = SystemdNotifier.from_environment()  # READY=1, WATCHDOG=1, STOPPING=1 under Type=notify
+
+    def stopping() -> None:
+        if not stop.is_set():
+            systemd.stopping()
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopping)
 
     ca_pems: list[Path] = []
 
@@ -550,24 +558,11 @@ async def _serve(config: HubConfig) -> None:
         where = ", ".join(f"{kind} {config.host}:{port}" for kind, port in sorted(ports.items()))
         click.echo(f"listening: {where}", nl=True)
         click.echo(f"store: {config.data_dir / 'store'}; ready")
-        upstream = config.upstream
-        target = (
-            f"lands in {upstream.url} (make ingest turns it into tables)"
-            if isinstance(upstream, UploadUpstreamSettings)
-            else f"mqtt {upstream.host}:{upstream.port}"
-            if upstream is not None
-            else "stays queued in the store (--no-upstream)"
-        )
-        help_lines = connect_help(
-            ports=ports,
-            data_dir=config.data_dir,
-            ca_pem=ca_pems[0],
-            host_name=config.host_name,
-            upstream=target,
-            edgehub=edgehub_command(),
-        )
+        help_lines = connect_help_for(config, ports, ca_pems[0], edgehub=edgehub_command())
         for line in help_lines:
             click.echo(line)
         sys.stdout.flush()
+        systemd.ready(f"listening: {where}")
 
-    await serve(config, stop=stop, on_certs=certs, on_ready=ready)
+    async with systemd.watchdog():
+        await serve(config, stop=stop, on_certs=certs, on_ready=ready)

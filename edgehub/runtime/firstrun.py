@@ -25,9 +25,10 @@ from pathlib import Path
 import click
 
 from edgehub.core.sas import ConnectionString
+from edgehub.runtime.hub_runtime import HubConfig, UploadUpstreamSettings
 from edgehub.testing.linksim import parse_duration_s
 
-__all__ = ["DEMO_DEVICE", "connect_help", "default_landing", "edgehub_command", "sas_token"]
+__all__ = ["DEMO_DEVICE", "connect_help", "connect_help_for", "default_landing", "edgehub_command", "sas_token"]
 
 DEMO_DEVICE = "dev1"
 API_VERSION = "2021-04-12"
@@ -96,6 +97,25 @@ def connect_help(
         f"     {' '.join(paho)}",
         f"  $upstream: {upstream}",
     ]
+
+
+def connect_help_for(config: HubConfig, ports: dict[str, int], ca_pem: Path, *, edgehub: str) -> list[str]:
+    """``connect_help`` for a hub serving ``config`` on ``ports``."""
+    upstream = config.upstream
+    if isinstance(upstream, UploadUpstreamSettings):
+        target = f"lands in {upstream.url} (make ingest turns it into tables)"
+    elif upstream is not None:
+        target = f"mqtt {upstream.host}:{upstream.port}"
+    else:
+        target = "stays queued in the store (--no-upstream)"
+    return connect_help(
+        ports=ports,
+        data_dir=config.data_dir,
+        ca_pem=ca_pem,
+        host_name=config.host_name,
+        upstream=target,
+        edgehub=edgehub,
+    )
 
 
 @click.command("sas-token")
