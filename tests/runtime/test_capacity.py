@@ -76,7 +76,9 @@ def test_plan_refuses_a_quantity_that_is_not_positive(kwargs: dict[str, float], 
         plan(overhead=10, wire=100, **args)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("size", "overhead"), [(100, 160), (512, 160), (768, 163), (2048, 174), (4096, 189), (65_536, 189)])
+@pytest.mark.parametrize(
+    ("size", "overhead"), [(100, 160), (512, 160), (768, 163), (2048, 174), (4096, 189), (65_536, 189)]
+)
 def test_the_overhead_is_the_measured_table_interpolated_and_flat_outside_it(size: int, overhead: int) -> None:
     assert overhead_bytes(size) == overhead
 
