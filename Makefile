@@ -1,6 +1,7 @@
 # edgehub: the two commands of the README, and the steps they stand on.
 #   make run    set up .venv and start the hub on its embedded defaults ($upstream lands in ./data/landing)
 #   make ingest run the Spark job once over ./data/landing into ./data/lake and print what the tables hold
+#   make demo   devices -> hub -> 64 kbit/s link with a 60 s outage -> landing -> Spark; a table and demo-out/demo.png
 #   make test   set up .venv (and the Debian packages the tests need, and the Azure IoT device SDK's own venv),
 #               then lint, type-check, check the layer contracts and run the whole suite
 # To add a Python dependency: pyproject.toml. To add a Debian package: APT_PACKAGES below. Nothing else.
@@ -18,17 +19,26 @@ PYTEST_ARGS ?=
 # and edgehub uses 2.x, so it has a venv of its own, which the tests run as a subprocess.
 SDK_VENV    := .venv-azure-sdk
 SDK_STAMP   := $(SDK_VENV)/.installed
+DEMO_STAMP  := $(VENV)/.installed-demo
 SDK_PACKAGE := azure-iot-device>=2.12,<3
 
 DATA        ?= data
 
-.PHONY: run ingest test venv sdk-venv apt lint typecheck contracts pytest bench clean
+.PHONY: run ingest demo test venv sdk-venv apt lint typecheck contracts pytest bench clean
 
 run: $(STAMP)
 	$(BIN)/edgehub run --data-dir $(DATA)
 
 ingest: $(STAMP)
 	$(BIN)/python -m spark_upload.report --landing $(DATA)/landing --lake $(DATA)/lake --checkpoint $(DATA)/checkpoint
+
+# Mosquitto plays the cloud broker (apt); matplotlib draws the PNG (the `demo` extra).
+demo: apt $(DEMO_STAMP)
+	$(BIN)/python -m bench.demo --out demo-out
+
+$(DEMO_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS),demo]'
+	touch $(DEMO_STAMP)
 
 test: apt $(STAMP) lint typecheck contracts pytest
 

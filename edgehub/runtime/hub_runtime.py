@@ -337,7 +337,10 @@ async def serve(
     stop: asyncio.Event,
     on_certs: Callable[[HubCerts], None] | None = None,
     on_ready: Callable[[dict[str, int]], None] | None = None,
+    on_hub: Callable[[EdgeHub], None] | None = None,
 ) -> None:
+    """Run the hub until ``stop`` is set (see the module docstring). ``on_certs``, ``on_ready`` (the ports) and
+    ``on_hub`` (the running facade, for a tool that watches its queues: ``bench.demo``) are called on the way up."""
     desired = load_desired_file(config.manifest)
     raise_descriptor_limit()
     router = Router(desired.route_specs())
@@ -368,6 +371,8 @@ async def serve(
             max_token_lifetime_s=config.limits.max_token_lifetime_s,
             twin_limits=config.limits.twin,
         ) as hub:
+            if on_hub is not None:
+                on_hub(hub)
             limits: dict[str, Any] = {
                 name: value
                 for name in (
