@@ -10,7 +10,7 @@ PYTHON      ?= $(shell command -v python3.11 || command -v python3)
 VENV        := .venv
 BIN         := $(VENV)/bin
 STAMP       := $(VENV)/.installed
-EXTRAS      := dev,spark
+EXTRAS      := dev,spark,demo
 # Debian packages the tests need: Mosquitto (the peer broker and its clients), iproute2 (tc, netns),
 # and what python-qpid-proton's build needs when the AMQP head lands.
 APT_PACKAGES := mosquitto mosquitto-clients iproute2 openssl
@@ -19,7 +19,6 @@ PYTEST_ARGS ?=
 # and edgehub uses 2.x, so it has a venv of its own, which the tests run as a subprocess.
 SDK_VENV    := .venv-azure-sdk
 SDK_STAMP   := $(SDK_VENV)/.installed
-DEMO_STAMP  := $(VENV)/.installed-demo
 SDK_PACKAGE := azure-iot-device>=2.12,<3
 
 DATA        ?= data
@@ -32,13 +31,9 @@ run: $(STAMP)
 ingest: $(STAMP)
 	$(BIN)/python -m spark_upload.report --landing $(DATA)/landing --lake $(DATA)/lake --checkpoint $(DATA)/checkpoint
 
-# Mosquitto plays the cloud broker (apt); matplotlib draws the PNG (the `demo` extra).
-demo: apt $(DEMO_STAMP)
+# Mosquitto plays the cloud broker (apt); matplotlib draws the PNG (the `demo` extra, in EXTRAS).
+demo: apt $(STAMP)
 	$(BIN)/python -m bench.demo --out demo-out
-
-$(DEMO_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS),demo]'
-	touch $(DEMO_STAMP)
 
 test: apt $(STAMP) lint typecheck contracts pytest
 
