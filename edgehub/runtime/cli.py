@@ -45,7 +45,9 @@ from edgehub.upstream.segment import Codec
 
 __all__ = ["DEFAULT_MANIFEST", "main"]
 
-DEFAULT_MANIFEST = Path(__file__).resolve().parents[2] / "deployment" / "examples" / "default.json"
+# Shipped inside the package, so an installed edgehub (a wheel, a container) has it too; deployment/examples/
+# default.json is the same file for readers of the repository (tests/runtime/test_firstrun.py keeps them equal).
+DEFAULT_MANIFEST = Path(__file__).resolve().parent / "default_manifest.json"
 
 
 @click.group()

@@ -3,6 +3,7 @@ when no upstream flag is given."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ from click.testing import CliRunner
 
 from edgehub.core import SystemClock
 from edgehub.core.sas import ConnectionString, verify_sas_token
-from edgehub.runtime.cli import main
+from edgehub.runtime.cli import DEFAULT_MANIFEST, main
 from edgehub.runtime.firstrun import connect_help, edgehub_command
 
 CS = "HostName=localhost;DeviceId=dev1;SharedAccessKey=cG9FbHdUZVR5SzV2czV3djg2SlFvUDhpMy9Gak1sQjU=;GatewayHostName=h"
@@ -55,6 +56,12 @@ def test_connect_help_over_plain_mqtt_has_no_ca_file_and_names_the_port() -> Non
     assert "-h gw.local -p 1883" in text
     assert "'gw.local/dev1/?api-version=2021-04-12'" in text
     assert connect_help(ports={}, data_dir=Path("d"), ca_pem=Path("c"), host_name="h", upstream="u") == []
+
+
+def test_the_embedded_default_manifest_is_the_example_in_deployment() -> None:
+    example = Path(__file__).resolve().parents[2] / "deployment" / "examples" / "default.json"
+    assert DEFAULT_MANIFEST.parent.name == "runtime"  # in the package, so an installed edgehub has it
+    assert json.loads(DEFAULT_MANIFEST.read_text()) == json.loads(example.read_text())
 
 
 def test_printed_commands_run_the_edgehub_that_was_started() -> None:
