@@ -1,5 +1,7 @@
 # edgehub: the two commands of the README, and the steps they stand on.
-#   make run    set up .venv and start the hub on its embedded defaults
+#   make run    set up .venv and start the hub on its embedded defaults ($upstream lands in ./data/landing)
+#   make ingest run the Spark job once over ./data/landing into ./data/lake and print what the tables hold
+#   make demo   devices -> hub -> 64 kbit/s link with a 60 s outage -> landing -> Spark; a table and demo-out/demo.png
 #   make test   set up .venv (and the Debian packages the tests need, and the Azure IoT device SDK's own venv),
 #               then lint, type-check, check the layer contracts and run the whole suite
 # To add a Python dependency: pyproject.toml. To add a Debian package: APT_PACKAGES below. Nothing else.
@@ -8,7 +10,7 @@ PYTHON      ?= $(shell command -v python3.11 || command -v python3)
 VENV        := .venv
 BIN         := $(VENV)/bin
 STAMP       := $(VENV)/.installed
-EXTRAS      := dev,spark
+EXTRAS      := dev,spark,demo
 # Debian packages the tests need: Mosquitto (the peer broker and its clients), iproute2 (tc, netns),
 # and what python-qpid-proton's build needs when the AMQP head lands.
 APT_PACKAGES := mosquitto mosquitto-clients iproute2 openssl
@@ -19,10 +21,19 @@ SDK_VENV    := .venv-azure-sdk
 SDK_STAMP   := $(SDK_VENV)/.installed
 SDK_PACKAGE := azure-iot-device>=2.12,<3
 
-.PHONY: run test venv sdk-venv apt lint typecheck contracts pytest bench clean
+DATA        ?= data
+
+.PHONY: run ingest demo test venv sdk-venv apt lint typecheck contracts pytest bench clean
 
 run: $(STAMP)
-	$(BIN)/edgehub run
+	$(BIN)/edgehub run --data-dir $(DATA)
+
+ingest: $(STAMP)
+	$(BIN)/python -m spark_upload.report --landing $(DATA)/landing --lake $(DATA)/lake --checkpoint $(DATA)/checkpoint
+
+# Mosquitto plays the cloud broker (apt); matplotlib draws the PNG (the `demo` extra, in EXTRAS).
+demo: apt $(STAMP)
+	$(BIN)/python -m bench.demo --out demo-out
 
 test: apt $(STAMP) lint typecheck contracts pytest
 

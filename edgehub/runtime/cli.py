@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import logging
 import signal
 import sys
 from collections.abc import Callable
@@ -20,7 +19,9 @@ from edgehub.hub.modules import DEFAULT_WINDOW
 from edgehub.manifest import MAX_PARTITIONS, load_desired_file
 from edgehub.routing import Router
 from edgehub.runtime.admin_runtime import DEFAULT_ADMIN_PORT
+from edgehub.runtime.capacity_cli import capacity
 from edgehub.runtime.certs import HubCerts
+from edgehub.runtime.firstrun import connect_help_for, default_landing, edgehub_command, sas_token
 from edgehub.runtime.hub_runtime import (
     DEFAULT_HOST_NAME,
     HubConfig,
@@ -35,8 +36,10 @@ from edgehub.runtime.hub_runtime import (
 from edgehub.runtime.identity_cli import identity
 from edgehub.runtime.limits_cli import limit_options
 from edgehub.runtime.linksim_cli import link_sim
+from edgehub.runtime.logs import LogFormat, configure_logging
 from edgehub.runtime.routes_cli import describe_routes, routes
 from edgehub.runtime.status_cli import deadletter, status
+from edgehub.runtime.sdnotify import SystemdNotifier
 from edgehub.runtime.store_cli import store
 from edgehub.testing.linksim import parse_duration_s, parse_rate_bps
 from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstreamSettings, TlsSettings, WireMode
@@ -44,7 +47,9 @@ from edgehub.upstream.segment import Codec
 
 __all__ = ["DEFAULT_MANIFEST", "main"]
 
-DEFAULT_MANIFEST = Path(__file__).resolve().parents[2] / "deployment" / "examples" / "default.json"
+# Shipped inside the package, so an installed edgehub (a wheel, a container) has it too; deployment/examples/
+# default.json is the same file for readers of the repository (tests/runtime/test_firstrun.py keeps them equal).
+DEFAULT_MANIFEST = Path(__file__).resolve().parent / "default_manifest.json"
 
 
 @click.group()
@@ -59,6 +64,8 @@ main.add_command(identity)
 main.add_command(store)
 main.add_command(status)
 main.add_command(deadletter)
+main.add_command(sas_token)
+main.add_command(capacity)
 
 
 def show_routes(manifest: Path) -> None:
@@ -155,7 +162,10 @@ def _upload_settings(url: str, client_id: str) -> UploadUpstreamSettings:
         if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE
     ]
     if given:
-        raise click.UsageError(f"{', '.join(given)} set up the MQTT transport; they do not apply to --upstream-upload")
+        raise click.UsageError(
+            f"{', '.join(given)} set up the MQTT transport; they do not apply to --upstream-upload "
+            "(the default without --upstream-mqtt)"
+        )
     try:
         settings = UploadUpstreamSettings(url=url, hub_id=client_id.replace("/", "-"))
     except ValueError as exc:
@@ -213,6 +223,13 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
     metavar="URL",
     help="Land $upstream as segment files in this folder or fsspec URL (file:///data/landing; s3://bucket/prefix "
     "with s3fs installed). Not with --upstream-mqtt.",
+)
+@click.option(
+    "--no-upstream",
+    is_flag=True,
+    default=False,
+    help="Keep $upstream queued in the store (no transport). Default without --upstream-mqtt/--upstream-upload: "
+    "upload to DATA_DIR/landing.",
 )
 @click.option(
     "--upstream-client-id",
@@ -343,6 +360,14 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
     show_default=True,
     help="Least level logged. INFO shows every refusal (rate-limited per peer) and each connection.",
 )
+@click.option(
+    "--log-format",
+    type=click.Choice([f.value for f in LogFormat]),
+    default=LogFormat.TEXT.value,
+    show_default=True,
+    help="text for a terminal; json: one object per line (ts, level, logger, event, message, key=value fields) "
+    "for journald and log shippers.",
+)
 def run(
     limits: HubLimits,
     manifest: Path,
@@ -356,6 +381,7 @@ def run(
     event_loop: str,
     upstream_mqtt: str | None,
     upstream_upload: str | None,
+    no_upstream: bool,
     upstream_client_id: str,
     upstream_wire: str | None,
     upstream_protocol: str,
@@ -382,11 +408,16 @@ def run(
     max_pending_per_address: int | None,
     admin_port: int,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Start the hub: print the compiled routes, then serve MQTT until SIGTERM or SIGINT."""
     upstream: MqttUpstreamSettings | UploadUpstreamSettings | None = None
     if upstream_mqtt is not None and upstream_upload is not None:
         raise click.UsageError("--upstream-mqtt and --upstream-upload are two transports for $upstream: give one")
+    if no_upstream and (upstream_mqtt is not None or upstream_upload is not None):
+        raise click.UsageError("--no-upstream keeps $upstream queued: not with --upstream-mqtt or --upstream-upload")
+    if upstream_mqtt is None and not no_upstream and upstream_upload is None:
+        upstream_upload = str(default_landing(data_dir))  # the first run shows the whole path (firstrun.py)
     if upstream_upload is not None:
         upstream = _upload_settings(upstream_upload, upstream_client_id)
     elif upstream_mqtt is not None:
@@ -454,7 +485,7 @@ def run(
     except ConfigurationError as exc:
         click.echo(str(exc), err=True)
         raise SystemExit(1) from None
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(log_level, LogFormat(log_format))
     tune_gc()
     try:
         loop_name, factory = loop_factory(event_loop)
@@ -523,12 +554,22 @@ def _start_failures(exc: Exception) -> list[str] | None:
 async def _serve(config: HubConfig) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    systemd = SystemdNotifier.from_environment()  # READY=1, WATCHDOG=1, STOPPING=1 under Type=notify
+
+    def stopping() -> None:
+        if not stop.is_set():
+            systemd.stopping()
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopping)
+
+    ca_pems: list[Path] = []
 
     def certs(c: HubCerts) -> None:
         verb = "created" if c.created else "using"
         click.echo(f"{verb} TLS certificates in {c.ca_pem.parent}; clients trust {c.ca_pem}")
+        ca_pems.append(c.ca_pem)
 
     def ready(ports: dict[str, int]) -> None:
         admin = ports.pop("admin", None)
@@ -537,6 +578,11 @@ async def _serve(config: HubConfig) -> None:
         if admin is not None:
             click.echo(f"admin API: http://127.0.0.1:{admin} (bearer token in {config.data_dir / 'admin.token'})")
         click.echo(f"store: {config.data_dir / 'store'}; ready")
+        help_lines = connect_help_for(config, ports, ca_pems[0], edgehub=edgehub_command())
+        for line in help_lines:
+            click.echo(line)
         sys.stdout.flush()
+        systemd.ready(f"listening: {where}")
 
-    await serve(config, stop=stop, on_certs=certs, on_ready=ready)
+    async with systemd.watchdog():
+        await serve(config, stop=stop, on_certs=certs, on_ready=ready)

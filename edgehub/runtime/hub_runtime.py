@@ -13,7 +13,8 @@ start (the CLI exits 1 with that message, no traceback).
 ``edgehub run --upstream-mqtt``), an ``MqttUpstream`` transport delivers it; when it names a landing zone
 (``UploadUpstreamSettings``, ``edgehub run --upstream-upload``), an ``UploadTransport`` writes one segment file per
 batch there through a ``LandingZone`` (fsspec: a folder, or s3/abfs/... with the plugin installed); otherwise
-messages routed there stay queued in the store (they survive restarts and go out once an upstream is configured).
+messages routed there stay queued in the store (they survive restarts and go out once an upstream is configured;
+``edgehub run`` uploads to ``DATA_DIR/landing`` unless told otherwise, ``edgehub.runtime.firstrun``).
 
 How the transport uses its link (``wireMode``, ``maxUplinkBps``, ``maxBatchBytes``, ``lingerMs``,
 ``maxInflightBytes``, ``linkRateBps``, ``linkRttMs``, ``compression``) comes from the manifest's ``upstream``
@@ -356,7 +357,10 @@ async def serve(
     stop: asyncio.Event,
     on_certs: Callable[[HubCerts], None] | None = None,
     on_ready: Callable[[dict[str, int]], None] | None = None,
+    on_hub: Callable[[EdgeHub], None] | None = None,
 ) -> None:
+    """Run the hub until ``stop`` is set (see the module docstring). ``on_certs``, ``on_ready`` (the ports) and
+    ``on_hub`` (the running facade, for a tool that watches its queues: ``bench.demo``) are called on the way up."""
     desired = load_desired_file(config.manifest)
     raise_descriptor_limit()
     router = Router(desired.route_specs())
@@ -387,6 +391,8 @@ async def serve(
             max_token_lifetime_s=config.limits.max_token_lifetime_s,
             twin_limits=config.limits.twin,
         ) as hub:
+            if on_hub is not None:
+                on_hub(hub)
             limits: dict[str, Any] = {
                 name: value
                 for name in (

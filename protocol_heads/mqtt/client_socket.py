@@ -436,6 +436,10 @@ class ClientSocket(asyncio.BufferedProtocol):
         finally:
             # Also when cancelled (server shutdown): the socket never outlives its client task.
             self.session.cancel()
+            if self.server.stopping and self.client_id is not None:
+                # After the acks of what it sent (session.close let those writes finish): an MQTT 5 client
+                # learns the server is going away (DISCONNECT 0x8B), not just that the socket closed.
+                self.conn.close(ReasonCode.SERVER_SHUTTING_DOWN, reason="server shutting down")
             self.finish()
             self.close()
             # The buffers go now, not when the socket is gone (a TLS goodbye may take _TLS_SHUTDOWN_S).

@@ -70,6 +70,8 @@ class MqttServer:
             clock=settings.clock,
         )
 
+    stopping = False  # set when the server begins to stop: no more accepts, clients finishing
+
     async def __aenter__(self) -> Self:
         await self._tg.__aenter__()
         s = self.settings
@@ -99,6 +101,7 @@ class MqttServer:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        self.stopping = True  # each client's cleanup then tells an MQTT 5 client why it is closed (0x8B)
         for srv in self._servers:
             srv.close()
         for task in list(self._tasks):

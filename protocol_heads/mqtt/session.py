@@ -35,6 +35,7 @@ from edgehub.core import (
     EdgeHubError,
     FailureKind,
     Identity,
+    IngestRejected,
     InvalidMessageError,
     LocalProtocolError,
     Message,
@@ -533,15 +534,22 @@ class Session:
             return
         will = c.will
         if not self.settings.acl.may_publish(identity, will.topic):
+            # A will the client may not publish is refused like its PUBLISH would be: one line, rate-limited.
+            self.sock.refused(RefusalReason.NOT_AUTHORIZED, client=identity.id, will=shown(will.topic))
             return
         try:
             msg = message_from_publish(
                 identity, will.topic, will.payload, auth_method=self.auth_method, now_s=self.settings.clock.time()
             )
-            await self.hub.ingest(identity, [msg])
-            log.info("mqtt.will_published client=%s topic=%s", identity, will.topic)
-        except EdgeHubError as exc:
+            [outcome] = await self.hub.ingest(identity, [msg])
+        except IngestRejected as exc:  # a topic the hub cannot take
+            self.sock.refused(exc.reason, client=identity.id, will=shown(will.topic), detail=shown(str(exc), 200))
+            return
+        except EdgeHubError as exc:  # the store failed: not the client's doing
             log.info("mqtt.will_dropped client=%s detail=%s", identity, exc)
+            return
+        if not isinstance(outcome, Rejected):  # a refusal the hub made it has logged itself
+            log.info("mqtt.will_published client=%s topic=%s", identity, will.topic)
 
     async def close(self) -> None:
         """The connection has ended: let the groups in flight finish, then leave the hub (and publish the will)."""

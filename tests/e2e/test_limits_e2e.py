@@ -47,7 +47,8 @@ async def test_edgehub_run_enforces_its_token_lifetime_and_identity_share_flags(
     manifest.write_text(json.dumps(ROUTES))
     noisy_cs = await identity_add(data, "noisy")
     quiet_cs = await identity_add(data, "quiet")
-    flags = ("--max-token-lifetime", "1h", "--store-quota", "40000", "--identity-share", "25%")
+    # --no-upstream: the messages stay in the store, so the quota fills (the default would upload them)
+    flags = ("--max-token-lifetime", "1h", "--store-quota", "40000", "--identity-share", "25%", "--no-upstream")
     proc, port, _ = await start(data, manifest, *flags)
     ca = data / "certs" / "ca.pem"
     now = int(time.time())
