@@ -38,8 +38,8 @@ from edgehub.runtime.limits_cli import limit_options
 from edgehub.runtime.linksim_cli import link_sim
 from edgehub.runtime.logs import LogFormat, configure_logging
 from edgehub.runtime.routes_cli import describe_routes, routes
-from edgehub.runtime.status_cli import deadletter, status
 from edgehub.runtime.sdnotify import SystemdNotifier
+from edgehub.runtime.status_cli import deadletter, status
 from edgehub.runtime.store_cli import store
 from edgehub.testing.linksim import parse_duration_s, parse_rate_bps
 from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstreamSettings, TlsSettings, WireMode
