@@ -55,6 +55,10 @@ class RefusalReason(StrEnum):
     TLS_HANDSHAKE_FAILED = "tls_handshake_failed"
     NOT_READING = "not_reading"
     TOPIC_TOO_LONG = "topic_too_long"
+    DEVICE_QUEUE_FULL = "device_queue_full"  # a device's cloud-to-device queue holds its most messages
+    UNKNOWN_DEVICE = "unknown_device"  # a cloud-to-device message or method call for an identity the hub lacks
+    METHOD_INVALID = "method_invalid"  # a direct method call with a bad name, payload or timeout
+    TOO_MANY_CALLS = "too_many_calls"  # pending direct method calls at their bound (per connection, hub-wide)
 
 
 class RefusalLog:

@@ -9,7 +9,9 @@ A head, for each connected client:
    the acks freed: ``delivered`` alone sends nothing);
 3. ``ingest(identity, messages)`` for every group of messages that arrived in one read, and acks each message
    only as its outcome says;
-4. ``disconnect(identity, link)`` when the connection ends (a link that is no longer the registered one, after a
+4. a link that can also carry direct method calls implements ``edgehub.hub.methods.MethodLink``
+   (``send_method_request``); the head hands each answer to ``method_response``;
+5. ``disconnect(identity, link)`` when the connection ends (a link that is no longer the registered one, after a
    session takeover, is ignored).
 
 Guarantees the implementations give:
@@ -150,6 +152,11 @@ class Hub(Protocol):
     def link_ready(self, identity: Identity, link: ClientLink) -> None:
         """The link's window has room again (deliveries were acknowledged): the hub sends what fits. Call it
         once after the ``delivered`` calls of the acks read together."""
+        ...
+
+    def method_response(self, identity: Identity, rid: str, status: int, payload: bytes) -> bool:
+        """``identity`` answered direct method request ``rid`` with ``status`` and ``payload``. False when no call
+        sent to it waits for that answer (refused and logged by the hub; never taken as telemetry)."""
         ...
 
     async def get_twin(self, identity: Identity) -> Mapping[str, Any]:

@@ -97,6 +97,17 @@ class IdentityRegistry:
             return None
         return IdentityRecord(**json.loads(raw))
 
+    def device_ids(self, limit: int = 10_000) -> list[str]:
+        """The device ids of the known identities (a module's device once), at most ``limit``, in order."""
+        out: dict[str, None] = {}
+        for key, _ in self._store.metadata_items(_PREFIX):
+            device = key[len(_PREFIX) :].partition("/")[0]
+            if device and device not in out:
+                out[device] = None
+                if len(out) >= limit:
+                    break
+        return list(out)
+
     async def put(self, identity: Identity, record: IdentityRecord) -> None:
         await self._store.put_metadata(_PREFIX + identity.id, json.dumps(asdict(record)).encode())
 

@@ -86,12 +86,19 @@ def _settle(p: _Pending, outcome: _Outcome) -> None:
             batch.future.set_result(None)
 
 
+def _module_key(identity: Identity) -> str:
+    assert identity.module_id is not None
+    return identity.module_id
+
+
 class ModuleMailboxes:
     """Per-module mailboxes: which link a module is on, and the deliveries waiting for it or in flight."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: Callable[[Identity], str] = _module_key) -> None:
         self._boxes: dict[str, _Mailbox] = {}
         self._ids = itertools.count(1)
+        # Whose mailbox a connection is: the module id here; the device id for device-bound messages (c2d.py).
+        self._key = key
 
     def _box(self, module_id: str) -> _Mailbox:
         box = self._boxes.get(module_id)
@@ -111,8 +118,7 @@ class ModuleMailboxes:
 
     # -- called by the hub facade for the heads --------------------------------------------------------------
     def connect(self, identity: Identity, link: ClientLink) -> None:
-        assert identity.module_id is not None
-        box = self._box(identity.module_id)
+        box = self._box(self._key(identity))
         if box.link is not None and box.link is not link:
             self._fail_inflight(box)  # the old link's deliveries come again, as redeliveries
         box.link = link
@@ -121,8 +127,7 @@ class ModuleMailboxes:
         self._pump(box)
 
     def disconnect(self, identity: Identity, link: ClientLink) -> None:
-        assert identity.module_id is not None
-        box = self._boxes.get(identity.module_id)
+        box = self._boxes.get(self._key(identity))
         if box is None or box.link is not link:
             return
         box.link = None
@@ -133,8 +138,7 @@ class ModuleMailboxes:
             callback()
 
     def delivered(self, identity: Identity, delivery_id: int, ok: bool) -> None:
-        assert identity.module_id is not None
-        box = self._boxes.get(identity.module_id)
+        box = self._boxes.get(self._key(identity))
         if box is None:
             return
         p = box.inflight.pop(delivery_id, None)
@@ -144,15 +148,16 @@ class ModuleMailboxes:
         # freed is filled then, in one go (one write for all of it), not one delivery per ack.
 
     def link_ready(self, identity: Identity, link: ClientLink) -> None:
-        assert identity.module_id is not None
-        box = self._boxes.get(identity.module_id)
+        box = self._boxes.get(self._key(identity))
         if box is not None and box.link is link:
             self._pump(box)
 
     # -- called by module endpoints -------------------------------------------------------------------------
     async def deliver(
-        self, module_id: str, input_name: str, batch: Sequence[QueuedMessage], endpoint_id: str
+        self, module_id: str, input_name: str | None, batch: Sequence[QueuedMessage], endpoint_id: str
     ) -> SendResult:
+        """Deliver ``batch`` to the client whose mailbox is ``module_id`` (a device id for device-bound messages,
+        ``input_name`` None) and wait until each is settled."""
         box = self._box(module_id)
         if box.link is None:
             return SendResult.all_failed(batch, FailureKind.TRANSIENT, f"module {module_id} is not connected")

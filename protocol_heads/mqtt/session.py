@@ -63,8 +63,10 @@ from protocol_heads.mqtt.iothub import (
     device_bound_topic,
     is_method_response,
     message_from_publish,
+    method_request_topic,
     module_input_topic,
     parse_client_id,
+    parse_method_response,
     parse_twin_request,
     topic_matches,
     twin_response_topic,
@@ -157,6 +159,21 @@ class _Link:
         self.pending[packet_id] = delivery.delivery_id
         # The hub sends a window of deliveries at a time: one write for all of them, not a syscall each.
         session.sock.schedule_flush()
+
+    def send_method_request(self, rid: str, name: str, payload: bytes) -> bool:
+        """``edgehub.hub.methods.MethodLink``: the call as QoS 0 (as IoT Hub sends them), if the client listens."""
+        session = self._session
+        if session is None or session.conn.closed:
+            return False
+        topic = method_request_topic(name, rid)
+        if not any(topic_matches(f, topic) for f in session.subscriptions):
+            return False  # IoT Hub answers 404 for a device that has not subscribed to its methods
+        try:
+            session.conn.send_message(topic, payload, qos=0)
+        except (PeerPacketTooLarge, LocalProtocolError):
+            return False
+        session.sock.schedule_flush()
+        return True
 
 
 class Session:
@@ -409,6 +426,9 @@ class Session:
                     await self._on_twin(identity, twin, p)
                     settle.append((event.ticket, None, 0, None))
                     continue
+                if is_method_response(p.topic):  # an answer to a direct method call: never a message
+                    settle.append((event.ticket, None, *self._on_method_response(identity, p)))
+                    continue
                 refusal = self._publish_refusal(identity, p.topic)
                 if refusal is not None:
                     settle.append((event.ticket, None, *refusal))
@@ -457,14 +477,20 @@ class Session:
         if len(topic) > limit:
             self.sock.refused(RefusalReason.TOPIC_TOO_LONG, length=len(topic), limit=limit)
             return ReasonCode.TOPIC_NAME_INVALID, f"topic name over {limit} characters"
-        if is_method_response(topic):
-            # Direct methods are not offered yet, so no call is ever pending: never route an answer as telemetry.
-            self.sock.refused(RefusalReason.NO_PENDING_CALL, topic=shown(topic))
-            return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "no direct method call is pending"
         if not self.settings.acl.may_publish(identity, topic):
             self.sock.refused(RefusalReason.NOT_AUTHORIZED, topic=shown(topic))
             return ReasonCode.NOT_AUTHORIZED, "not authorized to publish on this topic"
         return None
+
+    def _on_method_response(self, identity: Identity, p: Publish) -> tuple[int, str | None]:
+        """Hand a method answer to the hub: the PUBACK's reason code and Reason String (an answer no call waits
+        for is refused, by the hub's refusal log)."""
+        answer = parse_method_response(p.topic) if len(p.topic) <= self.settings.max_topic_length else None
+        if answer is None:
+            self.sock.refused(RefusalReason.NO_PENDING_CALL, topic=shown(p.topic))
+        elif self.hub.method_response(identity, answer[1], answer[0], p.payload):
+            return 0, None
+        return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "no direct method call is pending"
 
     def _message(
         self,
