@@ -135,8 +135,8 @@ def _endpoint(text: str, sink: ast.SystemSink | ast.FunctionSink, problems: list
             Problem(
                 span.line,
                 span.column,
-                'BrokeredEndpoint needs "/modules/{module}/inputs/{input}" or "/devices/{device}/messages/devicebound", '
-                f"not {sink.argument!r}",
+                'BrokeredEndpoint needs "/modules/{module}/inputs/{input}" or '
+                f'"/devices/{{device}}/messages/devicebound", not {sink.argument!r}',
                 span.length,
             )
         )
