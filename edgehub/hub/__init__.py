@@ -156,7 +156,7 @@ class Hub(Protocol):
 
     def method_response(self, identity: Identity, rid: str, status: int, payload: bytes) -> bool:
         """``identity`` answered direct method request ``rid`` with ``status`` and ``payload``. False when no call
-        sent to it waits for that answer (refused and logged by the hub; never taken as telemetry)."""
+        sent to it waits for that answer (the head refuses the PUBLISH and logs it; never taken as telemetry)."""
         ...
 
     async def get_twin(self, identity: Identity) -> Mapping[str, Any]:

@@ -189,13 +189,12 @@ class MethodDispatcher:
         return result
 
     def respond(self, identity: Identity, rid: str, status: int, payload: bytes) -> bool:
-        """The answer ``identity`` sent for request ``rid``; False (refused and logged) unless a call sent to
-        that identity's current link is waiting for it."""
+        """The answer ``identity`` sent for request ``rid``; False (the head refuses and logs it) unless a call
+        sent to that identity's current link is waiting for it."""
         call = self._calls.get(rid)
         target = self._targets.get(identity.id)
         if call is None or call.target != identity or target is None or call.link is not target.link:
-            self._refusals.refused(RefusalReason.NO_PENDING_CALL, peer=identity.id, client=identity.id, rid=rid[:64])
-            return False
+            return False  # the head refuses the answer and logs it, with the peer's address
         if len(payload) > self.limits.max_payload_bytes:
             why = f"response payload of {len(payload)} bytes is over {self.limits.max_payload_bytes}"
             result = self._refuse(RefusalReason.METHOD_INVALID, MethodErrorCode.BAD_FORMAT, identity.id, identity, why)

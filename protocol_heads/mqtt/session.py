@@ -124,7 +124,7 @@ class _Link:
         if session is None:
             return 0
         conn = session.conn
-        return 0 if conn.closed else conn.window_free
+        return 0 if conn.closed or not session.listening else conn.window_free
 
     def send(self, delivery: Delivery) -> None:
         session = self._session
@@ -191,6 +191,9 @@ class Session:
         self.subscriptions: set[str] = set()
         self.registered = False
         self.clean_exit = False
+        # Deliveries may go out: a module's at once (its inputs), a device's once it subscribed to its device-bound
+        # topic (IoT Hub sends cloud-to-device messages only then; the Azure SDK subscribes after connecting).
+        self.listening = True
         # topic -> (system, application properties) of a telemetry PUBLISH without MQTT 5 properties that the
         # ACL allowed: the same topic gives the same properties, so later ones skip parsing and checking it.
         # Bounded in bytes; only topics the ACL allowed and that made a message are kept.
@@ -296,6 +299,7 @@ class Session:
         self.sock.authenticated(result.identity.id)
         self.identity = result.identity
         self.auth_method = result.auth_method
+        self.listening = result.identity.module_id is not None
         old = self.server._clients.get(self.identity.id)
         if old is not None:
             log.info("mqtt.session_takeover client=%s", self.identity)
@@ -384,6 +388,15 @@ class Session:
                 self.sock.refused(RefusalReason.NOT_AUTHORIZED, subscribe=shown(f))
                 codes.append(ReasonCode.NOT_AUTHORIZED)
         self.conn.answer_subscribe(event.subscribe.packet_id, codes)
+        if not self.listening and any(topic_matches(f, self._devicebound) for f in self.subscriptions):
+            self.listening = True
+            self.hub.link_ready(self.identity, self.link)  # what waited for the device goes out now
+
+    @property
+    def _devicebound(self) -> str:
+        """A device-bound topic of this device: a subscription that matches it receives its messages."""
+        assert self.identity is not None
+        return f"devices/{self.identity.device_id}/messages/devicebound/x"
 
     def _on_unsubscribe(self, event: UnsubscribeRequested) -> None:
         codes: list[int] = []
@@ -484,12 +497,11 @@ class Session:
 
     def _on_method_response(self, identity: Identity, p: Publish) -> tuple[int, str | None]:
         """Hand a method answer to the hub: the PUBACK's reason code and Reason String (an answer no call waits
-        for is refused, by the hub's refusal log)."""
+        for is refused and logged here)."""
         answer = parse_method_response(p.topic) if len(p.topic) <= self.settings.max_topic_length else None
-        if answer is None:
-            self.sock.refused(RefusalReason.NO_PENDING_CALL, topic=shown(p.topic))
-        elif self.hub.method_response(identity, answer[1], answer[0], p.payload):
+        if answer is not None and self.hub.method_response(identity, answer[1], answer[0], p.payload):
             return 0, None
+        self.sock.refused(RefusalReason.NO_PENDING_CALL, topic=shown(p.topic))
         return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "no direct method call is pending"
 
     def _message(
