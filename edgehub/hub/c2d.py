@@ -123,6 +123,8 @@ class CloudToDevice:
         self._known = known
         self._max_batch = max_batch
         self._lock = asyncio.Lock()  # the per-device bound is checked and taken one message at a time
+        self.accepted = 0  # messages the upstream handed in that are durable (since start)
+        self._changed = asyncio.Event()
 
     def endpoint(self, endpoint_id: str) -> DeviceEndpoint | None:
         if parse_device_endpoint(endpoint_id) is None:
@@ -170,8 +172,16 @@ class CloudToDevice:
             await durable
         if not receipt.refs:
             raise QuotaExceededError(f"the store dropped the message for {device_id} (its overflow policy)")
-        log.info("c2d.accepted device=%s ttl_s=%s", device_id, result.ttl_s)
+        self.accepted += 1
+        self._changed.set()
+        log.info("c2d.accepted device=%s ttl_s=%s accepted=%d", device_id, result.ttl_s, self.accepted)
         return endpoint
+
+    async def wait_accepted(self, count: int) -> None:
+        """Return once ``accepted`` reached ``count`` (for tools and tests; bound it with ``asyncio.timeout``)."""
+        while self.accepted < count:
+            self._changed.clear()
+            await self._changed.wait()
 
     def has_queued(self, device_id: str) -> bool:
         return self.store.usage(device_endpoint(device_id))[0] > 0
