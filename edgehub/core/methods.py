@@ -9,17 +9,23 @@ IoT Hub's rules, kept here in one place (https://learn.microsoft.com/azure/iot-h
   A target whose connection closes while the call waits is answered 404 (404104, DeviceConnectionClosedRemotely);
   a call the hub refuses for its bounds 429 (429002, throttled) and a malformed one 400 (400004, bad format).
 
+Addressed calls (``parse_addressed_call``): where one connection speaks for many identities (the upstream's, or a
+module's calling others), ``$iothub/{d}[/{m}]/methods/POST/{name}/?$rid={rid}[&$timeout={s}]`` names the target,
+and the answer goes to ``$iothub/{d}[/{m}]/methods/res/{status}/?$rid={rid}``.
+
 Methods are never stored: a call is live or it fails. Standard library only, like all of ``edgehub.core``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import IntEnum
 from typing import Protocol
+from urllib.parse import parse_qsl, unquote
 
 from edgehub.core.identity import Identity
 from edgehub.core.message import Message
@@ -30,6 +36,7 @@ __all__ = [
     "MAX_METHOD_PAYLOAD_BYTES",
     "MAX_METHOD_TIMEOUT_S",
     "MIN_METHOD_TIMEOUT_S",
+    "AddressedCall",
     "CloudCommands",
     "MethodCall",
     "MethodErrorCode",
@@ -37,6 +44,7 @@ __all__ = [
     "error_payload",
     "method_error",
     "method_name_problem",
+    "parse_addressed_call",
 ]
 
 DEFAULT_METHOD_TIMEOUT_S = 30.0
@@ -113,6 +121,52 @@ def method_name_problem(name: str) -> str | None:
     if not name.isascii() or not name.isprintable() or any(c in _NAME_FORBIDDEN for c in name):
         return "method name holds a character IoT Hub does not allow"
     return None
+
+
+# An addressed call: one connection (the upstream's, a module's) speaks for many identities, so the topic names
+# the target; the form is Azure IoT Edge's MQTT broker bridge's. A level may not start with "$" (no "$iothub").
+_SEG = r"([^/#+$][^/#+]*)"
+_CALL = re.compile(rf"^\$iothub/{_SEG}(?:/{_SEG})?/methods/POST/([^/]+)/\?(.*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class AddressedCall:
+    """A call on an addressed topic: its target, the call (a bad ``$timeout`` is None) and the answer's topic
+    prefix ``$iothub/{d}[/{m}]``."""
+
+    target: Identity
+    name: str
+    rid: str
+    timeout_s: float | None
+    base: str
+
+    def response_topic(self, status: int) -> str:
+        """``$iothub/{d}[/{m}]/methods/res/{status}/?$rid={rid}``: where the answer goes."""
+        return f"{self.base}/methods/res/{status}/?$rid={self.rid}"
+
+
+def parse_addressed_call(topic: str) -> AddressedCall | None:
+    """The call a ``$iothub/{d}[/{m}]/methods/POST/{name}/?$rid=...`` topic makes; None for any other topic, or one
+    without a ``$rid`` or with a target that is no identity."""
+    m = _CALL.match(topic)
+    if m is None:
+        return None
+    device, module, name, query = m.groups()
+    params = dict(parse_qsl(query, keep_blank_values=True))
+    rid = params.get("$rid", "")
+    try:
+        target = Identity.parse(f"{device}/{module}" if module else device)
+    except ValueError:
+        return None
+    if not rid or len(rid) > 128:
+        return None
+    timeout_s: float | None
+    try:
+        timeout_s = float(params.get("$timeout") or DEFAULT_METHOD_TIMEOUT_S)
+    except ValueError:
+        timeout_s = None
+    base = f"$iothub/{device}/{module}" if module else f"$iothub/{device}"
+    return AddressedCall(target, unquote(name), rid, timeout_s, base)
 
 
 class CloudCommands(Protocol):

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import msgspec
 
 from edgehub.core import Identity, Message
+from edgehub.core.methods import MethodCall, MethodResult
 from edgehub.core.refusals import RefusalReason
 from edgehub.hub.admission import Cap, ConnectionLimiter, Ticket
 from edgehub.hub.throttle import LoginThrottle
@@ -152,6 +153,11 @@ class Hub(Protocol):
     def link_ready(self, identity: Identity, link: ClientLink) -> None:
         """The link's window has room again (deliveries were acknowledged): the hub sends what fits. Call it
         once after the ``delivered`` calls of the acks read together."""
+        ...
+
+    async def invoke_method(self, caller: str, target: Identity, call: MethodCall) -> MethodResult:
+        """Relay a direct method call from ``caller`` (an identity id, or ``$upstream``) to the connected
+        ``target`` and return its answer, or IoT Hub's 4xx/5xx; never raises for what the caller sent."""
         ...
 
     def method_response(self, identity: Identity, rid: str, status: int, payload: bytes) -> bool:

@@ -8,8 +8,9 @@ Topics (one upstream connection serves every identity behind the hub, so each to
   ``max_devices``), when each connection is made, as a child hub subscribes for the devices behind it.
 * ``$iothub/{d}/methods/POST/{name}/?$rid={rid}[&$timeout={s}]`` (a device) and
   ``$iothub/{d}/{m}/methods/POST/{name}/?$rid=...`` (a module): a direct method call, the identity in the topic
-  as Azure IoT Edge's MQTT broker bridge writes it; ``$timeout`` in seconds, 30 when absent. Its answer goes
+  (``edgehub.core.methods.parse_addressed_call``); ``$timeout`` in seconds, 30 when absent. Its answer goes
   out on ``$iothub/{d}[/{m}]/methods/res/{status}/?$rid={rid}`` with the target's payload, or IoT Hub's error.
+  A call without a ``$rid`` cannot be answered: it is logged and dropped.
 
 Invariants:
 * a device-bound message is acknowledged (PUBACK, paho's manual ack) only once the hub has it durably, or has
@@ -27,10 +28,17 @@ import logging
 import re
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import unquote
 
-from edgehub.core import Clock, EdgeHubError, Identity, IngestRejected, Message, StoreError, SystemProperty
-from edgehub.core.methods import DEFAULT_METHOD_TIMEOUT_S, CloudCommands, MethodCall, MethodErrorCode, method_error
+from edgehub.core import Clock, EdgeHubError, IngestRejected, Message, StoreError, SystemProperty
+from edgehub.core.methods import (
+    AddressedCall,
+    CloudCommands,
+    MethodCall,
+    MethodErrorCode,
+    method_error,
+    parse_addressed_call,
+)
 from edgehub.core.property_bag import BAG_KEYS
 from edgehub.core.refusals import RefusalLog, RefusalReason
 
@@ -40,7 +48,6 @@ log = logging.getLogger(__name__)
 
 _SEG = r"([^/#+$][^/#+]*)"
 _DEVICEBOUND = re.compile(rf"^devices/{_SEG}/messages/devicebound(?:/(.*))?$")
-_METHOD = re.compile(rf"^\$iothub/{_SEG}(?:/{_SEG})?/methods/POST/([^/]+)/\?(.*)$")
 _SUBSCRIBE_CHUNK = 100  # filters per SUBSCRIBE packet
 
 
@@ -120,9 +127,9 @@ class CloudSide:
             self._spawn(self._c2d(m, ack, match.group(1), match.group(2) or ""), f"upstream.c2d {match.group(1)}")
             return
         ack()  # a call is live or it fails: nothing to keep, nothing to send again
-        match = _METHOD.match(m.topic)
-        if match is not None:
-            self._method(m, match)
+        call = parse_addressed_call(m.topic)
+        if call is not None:
+            self._method(m, call)
             return
         self._refusals.refused(RefusalReason.TOPIC_INVALID, peer="$upstream", topic=m.topic[:128])
 
@@ -143,38 +150,27 @@ class CloudSide:
             log.warning("upstream.c2d_failed device=%s detail=%s", device_id, exc)
         ack()
 
-    def _method(self, m: CloudMessage, match: re.Match[str]) -> None:
-        device, module, name, query = match.groups()
-        params = dict(parse_qsl(query, keep_blank_values=True))
-        rid = params.get("$rid", "")[:128]
-        base = f"$iothub/{device}/{module}" if module else f"$iothub/{device}"
-        if not rid:
-            self._refusals.refused(RefusalReason.METHOD_INVALID, peer="$upstream", topic=m.topic[:128], why="no $rid")
-            return
-        try:
-            timeout_s = float(params.get("$timeout") or DEFAULT_METHOD_TIMEOUT_S)
-            target = Identity.parse(f"{device}/{module}" if module else device)
-        except ValueError:
-            self._answer(base, rid, MethodErrorCode.BAD_FORMAT, "bad $timeout or target")
-            return
-        if self._calls >= self._max_calls:
-            self._answer(base, rid, MethodErrorCode.THROTTLED, f"{self._calls} calls in progress")
-            return
-        self._calls += 1
-        call = MethodCall(unquote(name), m.payload, timeout_s)
-        self._spawn(self._invoke(base, rid, target, call), f"upstream.method {target}")
+    def _method(self, m: CloudMessage, call: AddressedCall) -> None:
+        if call.timeout_s is None:
+            self._answer(call, MethodErrorCode.BAD_FORMAT, "$timeout is not a number")
+        elif self._calls >= self._max_calls:
+            self._answer(call, MethodErrorCode.THROTTLED, f"{self._calls} calls in progress")
+        else:
+            self._calls += 1
+            method = MethodCall(call.name, m.payload, call.timeout_s)
+            self._spawn(self._invoke(call, method), f"upstream.method {call.target}")
 
-    async def _invoke(self, base: str, rid: str, target: Identity, call: MethodCall) -> None:
+    async def _invoke(self, call: AddressedCall, method: MethodCall) -> None:
         try:
-            result = await self.commands.invoke_method("$upstream", target, call)
+            result = await self.commands.invoke_method("$upstream", call.target, method)
         finally:
             self._calls -= 1
-        self._publish(f"{base}/methods/res/{result.status}/?$rid={rid}", result.payload)
+        self._publish(call.response_topic(result.status), result.payload)
 
-    def _answer(self, base: str, rid: str, code: MethodErrorCode, why: str) -> None:
-        self._refusals.refused(RefusalReason.METHOD_INVALID, peer="$upstream", rid=rid, why=json.dumps(why))
+    def _answer(self, call: AddressedCall, code: MethodErrorCode, why: str) -> None:
+        self._refusals.refused(RefusalReason.METHOD_INVALID, peer="$upstream", rid=call.rid, why=json.dumps(why))
         result = method_error(code, detail=why, now_s=self._clock.time())
-        self._publish(f"{base}/methods/res/{result.status}/?$rid={rid}", result.payload)
+        self._publish(call.response_topic(result.status), result.payload)
 
     async def close(self) -> None:
         """Cancel what is in progress (an unacknowledged device-bound message comes again from the broker)."""

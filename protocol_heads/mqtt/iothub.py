@@ -412,7 +412,9 @@ def _own_subscriptions(identity: Identity) -> list[str]:
     common = ["$iothub/twin/res/#", "$iothub/twin/PATCH/properties/desired/#", "$iothub/methods/POST/#"]
     if identity.module_id is None:
         return [f"devices/{identity.device_id}/messages/devicebound/#", *common]
-    return [f"devices/{identity.device_id}/modules/{identity.module_id}/#", *common]
+    # A module may call methods (protocol_heads.mqtt.methods) and receives the answers on these.
+    answers = ["$iothub/+/methods/res/#", "$iothub/+/+/methods/res/#"]
+    return [f"devices/{identity.device_id}/modules/{identity.module_id}/#", *common, *answers]
 
 
 # --- messages ----------------------------------------------------------------------------------------------------

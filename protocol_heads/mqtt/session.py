@@ -42,6 +42,7 @@ from edgehub.core import (
     SystemProperty,
     TwinError,
 )
+from edgehub.core.methods import parse_addressed_call
 from edgehub.core.refusals import RefusalReason
 from edgehub.hub import Credentials, Delivery, Rejected
 from protocol_heads.mqtt.caches import BudgetDict
@@ -66,12 +67,12 @@ from protocol_heads.mqtt.iothub import (
     method_request_topic,
     module_input_topic,
     parse_client_id,
-    parse_method_response,
     parse_twin_request,
     topic_matches,
     twin_response_topic,
     username_identity,
 )
+from protocol_heads.mqtt.methods import ModuleCalls, answer_call
 from protocol_heads.mqtt.packets import MQTT_50, NO_PROPERTIES, Connect, Properties, PropertyId, Publish, ReasonCode
 
 if TYPE_CHECKING:
@@ -202,6 +203,7 @@ class Session:
         )
         self._loop = asyncio.get_running_loop()
         self._tasks: set[asyncio.Task[None]] = set()  # the ingest groups in flight
+        self.calls = ModuleCalls(self.hub, now=self.settings.clock.time)  # the direct method calls it made
         # Refill the delivery window once a quarter of it is free: a client acks a few messages per read, and
         # refilling two or three slots at a time cost a socket write each; the rest is still in flight, so the
         # client never waits for it, and a window that drains completely is always refilled.
@@ -388,15 +390,10 @@ class Session:
                 self.sock.refused(RefusalReason.NOT_AUTHORIZED, subscribe=shown(f))
                 codes.append(ReasonCode.NOT_AUTHORIZED)
         self.conn.answer_subscribe(event.subscribe.packet_id, codes)
-        if not self.listening and any(topic_matches(f, self._devicebound) for f in self.subscriptions):
+        devicebound = f"devices/{self.identity.device_id}/messages/devicebound/x"  # one of its device-bound topics
+        if not self.listening and any(topic_matches(f, devicebound) for f in self.subscriptions):
             self.listening = True
             self.hub.link_ready(self.identity, self.link)  # what waited for the device goes out now
-
-    @property
-    def _devicebound(self) -> str:
-        """A device-bound topic of this device: a subscription that matches it receives its messages."""
-        assert self.identity is not None
-        return f"devices/{self.identity.device_id}/messages/devicebound/x"
 
     def _on_unsubscribe(self, event: UnsubscribeRequested) -> None:
         codes: list[int] = []
@@ -439,9 +436,11 @@ class Session:
                     await self._on_twin(identity, twin, p)
                     settle.append((event.ticket, None, 0, None))
                     continue
-                if is_method_response(p.topic):  # an answer to a direct method call: never a message
-                    settle.append((event.ticket, None, *self._on_method_response(identity, p)))
-                    continue
+                if p.topic.startswith("$iothub/") and len(p.topic) <= self.settings.max_topic_length:
+                    answer = self._on_method(identity, p)  # a method call or answer: never a message
+                    if answer is not None:
+                        settle.append((event.ticket, None, *answer))
+                        continue
                 refusal = self._publish_refusal(identity, p.topic)
                 if refusal is not None:
                     settle.append((event.ticket, None, *refusal))
@@ -495,14 +494,22 @@ class Session:
             return ReasonCode.NOT_AUTHORIZED, "not authorized to publish on this topic"
         return None
 
-    def _on_method_response(self, identity: Identity, p: Publish) -> tuple[int, str | None]:
-        """Hand a method answer to the hub: the PUBACK's reason code and Reason String (an answer no call waits
-        for is refused and logged here)."""
-        answer = parse_method_response(p.topic) if len(p.topic) <= self.settings.max_topic_length else None
-        if answer is not None and self.hub.method_response(identity, answer[1], answer[0], p.payload):
-            return 0, None
-        self.sock.refused(RefusalReason.NO_PENDING_CALL, topic=shown(p.topic))
-        return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "no direct method call is pending"
+    def _on_method(self, identity: Identity, p: Publish) -> tuple[int, str | None] | None:
+        """A method answer (to the hub) or a module's call (``methods.py``): the PUBACK's reason code and Reason
+        String; None for any other topic. A refusal is logged here."""
+        if is_method_response(p.topic):
+            if answer_call(self.hub, identity, p.topic, p.payload):
+                return 0, None
+            self.sock.refused(RefusalReason.NO_PENDING_CALL, topic=shown(p.topic))
+            return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "no direct method call is pending"
+        call = parse_addressed_call(p.topic)
+        if call is None:
+            return None
+        if identity.module_id is None:  # devices do not call methods (IoT Hub)
+            self.sock.refused(RefusalReason.NOT_AUTHORIZED, topic=shown(p.topic))
+            return ReasonCode.NOT_AUTHORIZED, "only modules may call direct methods"
+        self.calls.start(identity, call, p.payload, self._respond)
+        return 0, None
 
     def _message(
         self,
@@ -542,6 +549,7 @@ class Session:
         if self.conn.closed or not any(topic_matches(f, topic) for f in self.subscriptions):
             return
         self.conn.send_message(topic, payload, qos=0)
+        self.sock.schedule_flush()  # an answer made outside a read (a method call's) goes out too
 
     async def _publish_will(self, identity: Identity) -> None:
         c = self.conn.connect
@@ -561,6 +569,7 @@ class Session:
 
     async def close(self) -> None:
         """The connection has ended: let the groups in flight finish, then leave the hub (and publish the will)."""
+        self.calls.cancel()
         for task in list(self._tasks):
             if not task.done():
                 # Let stores finish: the message may be durable; its ack just cannot go out any more.
@@ -575,6 +584,7 @@ class Session:
 
     def cancel(self) -> None:
         """Cancel the groups still in flight (server shutdown)."""
+        self.calls.cancel()
         for task in list(self._tasks):
             task.cancel()
 

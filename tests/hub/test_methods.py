@@ -6,6 +6,7 @@ silent one 504, and every bound answers with IoT Hub's status at once."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,6 +28,8 @@ from tests.protocol_heads.mqtt.conftest import DEV, DEVICE_KEY, HOST, MOD, MODUL
 pytestmark = [pytest.mark.timeout(60)]
 
 METHODS = "$iothub/methods/POST/#"
+SENSOR = Identity.parse("dev1/sensor")
+SENSOR_KEY = base64.b64encode(b"module key for dev1/sensor.....").decode()
 LIMITS = MethodLimits(min_timeout_s=0.1, max_timeout_s=20.0, max_pending_per_connection=2, max_payload_bytes=1000)
 
 
@@ -38,6 +41,7 @@ async def served(data: Path) -> AsyncIterator[tuple[EdgeHub, MqttServer, Store]]
         async with EdgeHub(store=store, router=router, host_name=HOST, method_limits=LIMITS) as hub:
             await hub.identities.add_symmetric_key(DEV, DEVICE_KEY)
             await hub.identities.add_symmetric_key(MOD, MODULE_KEY)
+            await hub.identities.add_symmetric_key(SENSOR, SENSOR_KEY)
             async with MqttServer(hub, settings=MqttSettings(tcp_port=0, tls_port=None)) as server:
                 yield hub, server, store
     finally:
@@ -189,3 +193,42 @@ async def test_an_answer_from_another_client_than_the_target_is_refused(tmp_path
             assert await call == MethodResult(200, b"real")
         await other.close()
         await dev.close()
+
+
+async def test_a_module_calls_another_module_over_mqtt_and_gets_the_answer_on_its_response_topic(
+    tmp_path: Path,
+) -> None:
+    async with served(tmp_path) as (hub, server, store):
+        callee = await target(hub, server, MOD, MODULE_KEY)
+        caller = await target(hub, server, SENSOR, SENSOR_KEY, listen=False)
+        caller.client.subscribe("$iothub/+/+/methods/res/#", qos=0)
+        async with asyncio.timeout(10):
+            assert await caller.subscribes.get() == [0]
+            sent = caller.publish("$iothub/dev1/filter/methods/POST/getTemp/?$rid=r1&$timeout=5", b'{"unit": "C"}')
+            assert await caller.publishes.get() == (sent, 0)
+            request = await callee.messages.get()
+            assert request.topic.startswith("$iothub/methods/POST/getTemp/?$rid=")
+            assert request.payload == b'{"unit": "C"}'
+            callee.publish(f"$iothub/methods/res/200/?$rid={rid_of(request.topic)}", b"21.5", qos=0)
+            answer = await caller.messages.get()
+            assert answer.topic == "$iothub/dev1/filter/methods/res/200/?$rid=r1"
+            assert answer.payload == b"21.5"
+            # A call to a module that is not connected: 404 on the same topic, at once.
+            caller.publish("$iothub/dev1/absent/methods/POST/getTemp/?$rid=r2&$timeout=5", b"{}", qos=0)
+            away = await caller.messages.get()
+        assert away.topic == "$iothub/dev1/absent/methods/res/404/?$rid=r2"
+        assert store.usage("$upstream") == (0, 0)  # neither call nor answer was routed
+        await caller.close()
+        await callee.close()
+
+
+async def test_a_device_may_not_call_a_method(tmp_path: Path) -> None:
+    async with served(tmp_path) as (hub, server, _):
+        callee = await target(hub, server, MOD, MODULE_KEY)
+        dev = await target(hub, server, listen=False, protocol=MQTTProtocolVersion.MQTTv5)
+        sent = dev.publish("$iothub/dev1/filter/methods/POST/getTemp/?$rid=r1", b"{}")
+        async with asyncio.timeout(10):
+            assert await dev.publishes.get() == (sent, 0x87)  # not authorized
+        assert callee.messages.empty()
+        await dev.close()
+        await callee.close()
