@@ -156,8 +156,9 @@ class CloudToDevice:
             raise MessageTooLargeError(f"{size} bytes for {device_id}; at most {self.limits.max_message_bytes}")
         endpoint = device_endpoint(device_id)
         if _TO not in message.system_properties:
-            # IoT Hub tells the device where the message went (the SDK shows it as ``to``).
-            message = Message(message.body, message.properties, {**message.system_properties, _TO: endpoint})
+            # IoT Hub tells the device where the message went, in its own spelling (the SDK shows it as ``to``).
+            to = f"/devices/{device_id}/messages/deviceBound"
+            message = Message(message.body, message.properties, {**message.system_properties, _TO: to})
         result = RouteResult(endpoint, self.limits.priority, self.ttl_s(message))
         async with self._lock:
             held, _ = self.store.usage(endpoint)

@@ -152,9 +152,10 @@ class CloudSide:
 
     def _method(self, m: CloudMessage, call: AddressedCall) -> None:
         if call.timeout_s is None:
-            self._answer(call, MethodErrorCode.BAD_FORMAT, "$timeout is not a number")
+            self._answer(call, MethodErrorCode.BAD_FORMAT, RefusalReason.METHOD_INVALID, "$timeout is not a number")
         elif self._calls >= self._max_calls:
-            self._answer(call, MethodErrorCode.THROTTLED, f"{self._calls} calls in progress")
+            why = f"{self._calls} calls in progress"
+            self._answer(call, MethodErrorCode.THROTTLED, RefusalReason.TOO_MANY_CALLS, why)
         else:
             self._calls += 1
             method = MethodCall(call.name, m.payload, call.timeout_s)
@@ -167,8 +168,8 @@ class CloudSide:
             self._calls -= 1
         self._publish(call.response_topic(result.status), result.payload)
 
-    def _answer(self, call: AddressedCall, code: MethodErrorCode, why: str) -> None:
-        self._refusals.refused(RefusalReason.METHOD_INVALID, peer="$upstream", rid=call.rid, why=json.dumps(why))
+    def _answer(self, call: AddressedCall, code: MethodErrorCode, reason: RefusalReason, why: str) -> None:
+        self._refusals.refused(reason, peer="$upstream", rid=call.rid, why=json.dumps(why))
         result = method_error(code, detail=why, now_s=self._clock.time())
         self._publish(call.response_topic(result.status), result.payload)
 

@@ -94,7 +94,7 @@ async def test_a_message_sent_while_the_device_was_away_reaches_it_after_a_resta
         assert first["$.mid"] == "m1"
         assert first["cmd"] == "on"
         assert first["note"] == "a b&c"
-        assert first["$.to"] == DEVICEBOUND  # IoT Hub tells the device where the message was sent
+        assert first["$.to"] == "/devices/dev1/messages/deviceBound"  # where it was sent, as IoT Hub says it
         [queue] = store.queues(DEVICEBOUND)
         async with asyncio.timeout(10):  # the device's PUBACKs are the checkpoint
             await hub.executors[DEVICEBOUND].wait_for(lambda: store.checkpoint(queue).committed >= 1)
