@@ -3,8 +3,10 @@
 A head, for each connected client:
 1. ``authenticate(credentials)`` → an ``AuthResult`` (or ``AuthenticationError``);
 2. ``connect(identity, link, clean_session=...)`` registers the client as the delivery target of its module
-   inputs (and, later, device-bound messages); the hub then calls ``link.send(delivery)`` whenever
-   ``link.window_free`` allows, and the head answers each with ``delivered(identity, delivery_id, ok)`` and,
+   inputs (a device: of its device-bound messages) and of its direct method calls; the hub then calls
+   ``link.send(delivery)`` whenever ``link.window_free`` allows (a head may keep it 0 until the client listens:
+   the MQTT head does for a device until it subscribed to its device-bound topic), and the head answers each
+   with ``delivered(identity, delivery_id, ok)`` and,
    after the acks it read together, one ``link_ready(identity, link)`` (that is when the hub fills the window
    the acks freed: ``delivered`` alone sends nothing);
 3. ``ingest(identity, messages)`` for every group of messages that arrived in one read, and acks each message
