@@ -168,3 +168,15 @@ async def test_a_route_whose_sink_names_a_device_delivers_a_module_output_to_tha
         assert bag(got.topic)["$.cmid"] == "filter"
         await module.close()
         await dev.close()
+
+
+async def test_the_devices_the_hub_serves_are_each_device_once_with_its_modules_device_among_them() -> None:
+    store = Store.in_memory()
+    try:
+        registry = EdgeHub(store=store, router=Router({}), host_name=HOST).identities
+        for identity in ("edge/filter", "edge-x", "edge", "edge/sensor", "dev1"):
+            await registry.add_symmetric_key(Identity.parse(identity))
+        assert registry.device_ids() == ["dev1", "edge", "edge-x"]
+        assert registry.device_ids(limit=2) == ["dev1", "edge"]
+    finally:
+        await store.close()
