@@ -1,4 +1,6 @@
-"""Direct method calls a module makes over MQTT, to another module or a device behind the hub (as Azure IoT
+"""The MQTT head's direct-method PUBLISHes (``ModuleCalls.on_publish``): a client's answer to a call the hub
+sent it (``$iothub/methods/res/{status}/?$rid=``, handed to the hub, refused when no call waits for it), and the
+direct method calls a module makes over MQTT, to another module or a device behind the hub (as Azure IoT
 Edge's hub relays them), on the same addressed topics the upstream's cloud side uses:
 
 * the module publishes ``$iothub/{d}/methods/POST/{name}/?$rid={rid}[&$timeout={s}]`` (a device) or
@@ -19,15 +21,18 @@ import logging
 from collections.abc import Callable
 
 from edgehub.core import Identity
-from edgehub.core.methods import AddressedCall, MethodCall, MethodErrorCode, method_error
+from edgehub.core.methods import AddressedCall, MethodCall, MethodErrorCode, method_error, parse_addressed_call
+from edgehub.core.refusals import RefusalReason
 from edgehub.hub import Hub
-from protocol_heads.mqtt.iothub import parse_method_response
+from protocol_heads.mqtt.iothub import is_method_response, parse_method_response
+from protocol_heads.mqtt.packets import ReasonCode
 
 __all__ = ["ModuleCalls", "answer_call"]
 
 log = logging.getLogger(__name__)
 
 _Respond = Callable[[str, bytes], None]  # sends (topic, payload) to the caller
+_Refused = Callable[..., None]  # the socket's refusal log: (reason, **detail)
 
 
 def answer_call(hub: Hub, identity: Identity, topic: str, payload: bytes) -> bool:
@@ -46,9 +51,26 @@ class ModuleCalls:
         self._now = now
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def start(
-        self, caller: Identity, call: AddressedCall, payload: bytes, respond: Callable[[str, bytes], None]
-    ) -> None:
+    def on_publish(
+        self, identity: Identity, topic: str, payload: bytes, respond: _Respond, refused: _Refused
+    ) -> tuple[int, str | None] | None:
+        """A PUBLISH on a ``$iothub/`` topic: a method answer (to the hub) or a module's call. The PUBACK's reason
+        code and Reason String; None for any other topic. A refusal is logged through ``refused``."""
+        if is_method_response(topic):
+            if answer_call(self._hub, identity, topic, payload):
+                return 0, None
+            refused(RefusalReason.NO_PENDING_CALL, topic=repr(topic[:128]))
+            return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "no direct method call is pending"
+        call = parse_addressed_call(topic)
+        if call is None:
+            return None
+        if identity.module_id is None:  # devices do not call methods (IoT Hub)
+            refused(RefusalReason.NOT_AUTHORIZED, topic=repr(topic[:128]))
+            return ReasonCode.NOT_AUTHORIZED, "only modules may call direct methods"
+        self.start(identity, call, payload, respond)
+        return 0, None
+
+    def start(self, caller: Identity, call: AddressedCall, payload: bytes, respond: _Respond) -> None:
         if call.timeout_s is None:
             result = method_error(MethodErrorCode.BAD_FORMAT, detail="$timeout is not a number", now_s=self._now())
             respond(call.response_topic(result.status), result.payload)

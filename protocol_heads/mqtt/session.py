@@ -42,7 +42,6 @@ from edgehub.core import (
     SystemProperty,
     TwinError,
 )
-from edgehub.core.methods import parse_addressed_call
 from edgehub.core.refusals import RefusalReason
 from edgehub.hub import Credentials, Delivery, Rejected
 from protocol_heads.mqtt.caches import BudgetDict
@@ -62,7 +61,6 @@ from protocol_heads.mqtt.iothub import (
     TwinRequest,
     delivery_user_properties,
     device_bound_topic,
-    is_method_response,
     message_from_publish,
     method_request_topic,
     module_input_topic,
@@ -72,7 +70,7 @@ from protocol_heads.mqtt.iothub import (
     twin_response_topic,
     username_identity,
 )
-from protocol_heads.mqtt.methods import ModuleCalls, answer_call
+from protocol_heads.mqtt.methods import ModuleCalls
 from protocol_heads.mqtt.packets import MQTT_50, NO_PROPERTIES, Connect, Properties, PropertyId, Publish, ReasonCode
 
 if TYPE_CHECKING:
@@ -437,7 +435,8 @@ class Session:
                     settle.append((event.ticket, None, 0, None))
                     continue
                 if p.topic.startswith("$iothub/") and len(p.topic) <= self.settings.max_topic_length:
-                    answer = self._on_method(identity, p)  # a method call or answer: never a message
+                    # A method call or answer (methods.py): never a message.
+                    answer = self.calls.on_publish(identity, p.topic, p.payload, self._respond, self.sock.refused)
                     if answer is not None:
                         settle.append((event.ticket, None, *answer))
                         continue
@@ -493,23 +492,6 @@ class Session:
             self.sock.refused(RefusalReason.NOT_AUTHORIZED, topic=shown(topic))
             return ReasonCode.NOT_AUTHORIZED, "not authorized to publish on this topic"
         return None
-
-    def _on_method(self, identity: Identity, p: Publish) -> tuple[int, str | None] | None:
-        """A method answer (to the hub) or a module's call (``methods.py``): the PUBACK's reason code and Reason
-        String; None for any other topic. A refusal is logged here."""
-        if is_method_response(p.topic):
-            if answer_call(self.hub, identity, p.topic, p.payload):
-                return 0, None
-            self.sock.refused(RefusalReason.NO_PENDING_CALL, topic=shown(p.topic))
-            return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "no direct method call is pending"
-        call = parse_addressed_call(p.topic)
-        if call is None:
-            return None
-        if identity.module_id is None:  # devices do not call methods (IoT Hub)
-            self.sock.refused(RefusalReason.NOT_AUTHORIZED, topic=shown(p.topic))
-            return ReasonCode.NOT_AUTHORIZED, "only modules may call direct methods"
-        self.calls.start(identity, call, p.payload, self._respond)
-        return 0, None
 
     def _message(
         self,
