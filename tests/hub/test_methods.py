@@ -34,11 +34,11 @@ LIMITS = MethodLimits(min_timeout_s=0.1, max_timeout_s=20.0, max_pending_per_con
 
 
 @asynccontextmanager
-async def served(data: Path) -> AsyncIterator[tuple[EdgeHub, MqttServer, Store]]:
+async def served(data: Path, limits: MethodLimits = LIMITS) -> AsyncIterator[tuple[EdgeHub, MqttServer, Store]]:
     store = open_rocks_store(data / "store")
     try:
         router = Router({"telemetry": "FROM /messages/* INTO $upstream"})
-        async with EdgeHub(store=store, router=router, host_name=HOST, method_limits=LIMITS) as hub:
+        async with EdgeHub(store=store, router=router, host_name=HOST, method_limits=limits) as hub:
             await hub.identities.add_symmetric_key(DEV, DEVICE_KEY)
             await hub.identities.add_symmetric_key(MOD, MODULE_KEY)
             await hub.identities.add_symmetric_key(SENSOR, SENSOR_KEY)
@@ -232,3 +232,20 @@ async def test_a_device_may_not_call_a_method(tmp_path: Path) -> None:
         assert callee.messages.empty()
         await dev.close()
         await callee.close()
+
+
+async def test_the_hub_wide_bound_on_pending_calls_holds_across_targets(tmp_path: Path) -> None:
+    limits = MethodLimits(min_timeout_s=0.1, max_pending=1)
+    async with served(tmp_path, limits) as (hub, server, _):
+        dev = await target(hub, server)
+        mod = await target(hub, server, MOD, MODULE_KEY)
+        first = asyncio.ensure_future(hub.invoke_method(UPSTREAM_CALLER, DEV, MethodCall("m", b"{}", 15)))
+        async with asyncio.timeout(10):
+            request = await dev.messages.get()
+            other = await hub.invoke_method(UPSTREAM_CALLER, MOD, MethodCall("m", b"{}", 15))
+            assert other.status == 429  # another target, but the hub holds its one pending call
+            dev.publish(f"$iothub/methods/res/200/?$rid={rid_of(request.topic)}", b"{}", qos=0)
+            assert (await first).status == 200
+        assert mod.messages.empty()
+        await mod.close()
+        await dev.close()
