@@ -45,6 +45,7 @@ __all__ = [
     "method_error",
     "method_name_problem",
     "parse_addressed_call",
+    "parse_addressed_response",
 ]
 
 DEFAULT_METHOD_TIMEOUT_S = 30.0
@@ -167,6 +168,26 @@ def parse_addressed_call(topic: str) -> AddressedCall | None:
         timeout_s = None
     base = f"$iothub/{device}/{module}" if module else f"$iothub/{device}"
     return AddressedCall(target, unquote(name), rid, timeout_s, base)
+
+
+_RESPONSE = re.compile(rf"^\$iothub/{_SEG}(?:/{_SEG})?/methods/res/(\d{{1,6}})/\?(.*)$")
+
+
+def parse_addressed_response(topic: str) -> tuple[Identity, int, str] | None:
+    """``(target, status, rid)`` of ``$iothub/{d}[/{m}]/methods/res/{status}/?$rid={rid}`` (an answer a child hub
+    relays for an identity behind it); None for any other topic."""
+    m = _RESPONSE.match(topic)
+    if m is None:
+        return None
+    device, module, status, query = m.groups()
+    rid = dict(parse_qsl(query, keep_blank_values=True)).get("$rid", "")
+    if not rid or len(rid) > 128:
+        return None
+    try:
+        target = Identity.parse(f"{device}/{module}" if module else device)
+    except ValueError:
+        return None
+    return target, int(status), rid
 
 
 class CloudCommands(Protocol):

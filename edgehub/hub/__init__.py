@@ -157,6 +157,11 @@ class Hub(Protocol):
         once after the ``delivered`` calls of the acks read together."""
         ...
 
+    def is_parent(self, parent: Identity, child: Identity) -> bool:
+        """Whether ``child`` (a device, or a module of one) sits behind the device ``parent`` (a child hub), which may
+        then take its device-bound messages and method calls on its behalf."""
+        ...
+
     async def invoke_method(self, caller: str, target: Identity, call: MethodCall) -> MethodResult:
         """Relay a direct method call from ``caller`` (an identity id, or ``$upstream``) to the connected
         ``target`` and return its answer, or IoT Hub's 4xx/5xx; never raises for what the caller sent."""

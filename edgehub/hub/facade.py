@@ -402,6 +402,9 @@ class EdgeHub:
             raise
         await self._notify((endpoint,))
 
+    def is_parent(self, parent: Identity, child: Identity) -> bool:
+        return parent.module_id is None and self.identities.is_parent(parent, child)
+
     async def invoke_method(self, caller: str, target: Identity, call: MethodCall) -> MethodResult:
         """Relay a direct method call to ``target`` (``edgehub.hub.methods``); IoT Hub's answer, never raises."""
         return await self.methods.invoke(caller, target, call)

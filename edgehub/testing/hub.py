@@ -269,6 +269,9 @@ class InMemoryHub:
         if box is not None and box.link is link:
             self._pump(box)
 
+    def is_parent(self, parent: Identity, child: Identity) -> bool:
+        return False  # no gateways behind this hub
+
     async def invoke_method(self, caller: str, target: Identity, call: MethodCall) -> MethodResult:
         return await self.methods.invoke(caller, target, call)
 

@@ -21,7 +21,14 @@ import logging
 from collections.abc import Callable
 
 from edgehub.core import Identity
-from edgehub.core.methods import AddressedCall, MethodCall, MethodErrorCode, method_error, parse_addressed_call
+from edgehub.core.methods import (
+    AddressedCall,
+    MethodCall,
+    MethodErrorCode,
+    method_error,
+    parse_addressed_call,
+    parse_addressed_response,
+)
 from edgehub.core.refusals import RefusalReason
 from edgehub.hub import Hub
 from protocol_heads.mqtt.iothub import is_method_response, parse_method_response
@@ -58,6 +65,13 @@ class ModuleCalls:
         code and Reason String; None for any other topic. A refusal is logged through ``refused``."""
         if is_method_response(topic):
             if answer_call(self._hub, identity, topic, payload):
+                return 0, None
+            refused(RefusalReason.NO_PENDING_CALL, topic=repr(topic[:128]))
+            return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "no direct method call is pending"
+        relayed = parse_addressed_response(topic)  # a child hub answers for a device behind it (children.py)
+        if relayed is not None:
+            target, status, rid = relayed
+            if self._hub.is_parent(identity, target) and self._hub.method_response(target, rid, status, payload):
                 return 0, None
             refused(RefusalReason.NO_PENDING_CALL, topic=repr(topic[:128]))
             return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "no direct method call is pending"

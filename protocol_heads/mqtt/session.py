@@ -45,6 +45,7 @@ from edgehub.core import (
 from edgehub.core.refusals import RefusalReason
 from edgehub.hub import Credentials, Delivery, Rejected
 from protocol_heads.mqtt.caches import BudgetDict
+from protocol_heads.mqtt.children import Children
 from protocol_heads.mqtt.connection import PeerPacketTooLarge, ServerConnection
 from protocol_heads.mqtt.events import (
     ConnectRequested,
@@ -202,6 +203,7 @@ class Session:
         self._loop = asyncio.get_running_loop()
         self._tasks: set[asyncio.Task[None]] = set()  # the ingest groups in flight
         self.calls = ModuleCalls(self.hub, now=self.settings.clock.time)  # the direct method calls it made
+        self.children = Children()  # the devices behind it, when it is a child hub
         # Refill the delivery window once a quarter of it is free: a client acks a few messages per read, and
         # refilling two or three slots at a time cost a socket write each; the rest is still in flight, so the
         # client never waits for it, and a window that drains completely is always refilled.
@@ -258,8 +260,11 @@ class Session:
             if delivery_id is not None:
                 delivered(identity, delivery_id, packet_id not in refused)
                 acked = True
+            elif self.children.links and self.children.acked(self.hub, packet_id, packet_id not in refused):
+                acked = True  # a delivery for a device behind this child hub (children.py)
         if acked and self.link.window_free >= self._refill_at:
             self.hub.link_ready(identity, self.link)
+            self.children.refill(self.hub)
 
     async def _authenticate(self, c: Connect) -> list[Event] | None:
         # Throttled per source address and per claimed client id (a key of 128 characters at most).
@@ -381,7 +386,7 @@ class Session:
             elif f not in self.subscriptions and len(self.subscriptions) >= s.max_subscriptions:
                 self.sock.refused(RefusalReason.TOO_MANY_SUBSCRIPTIONS, filter=shown(f), limit=s.max_subscriptions)
                 codes.append(ReasonCode.QUOTA_EXCEEDED)
-            elif s.acl.may_subscribe(self.identity, f):
+            elif s.acl.may_subscribe(self.identity, f) or self._stands_in(f):
                 self.subscriptions.add(f)
                 codes.append(min(sub.qos, 1))
             else:
@@ -392,6 +397,16 @@ class Session:
         if not self.listening and any(topic_matches(f, devicebound) for f in self.subscriptions):
             self.listening = True
             self.hub.link_ready(self.identity, self.link)  # what waited for the device goes out now
+
+    def _stands_in(self, topic_filter: str) -> bool:
+        """A child hub subscribing for a device behind it (children.py): granted, and the device connected."""
+        assert self.identity is not None
+        child = Children.child_of(self.hub, self.identity, topic_filter)
+        if child is not None:
+            task = self._loop.create_task(self.children.subscribed(self, child, topic_filter), name="mqtt.child")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return child is not None
 
     def _on_unsubscribe(self, event: UnsubscribeRequested) -> None:
         codes: list[int] = []
@@ -562,6 +577,7 @@ class Session:
             del self.server._clients[identity.id]
         if identity is not None and self.registered:
             await self._publish_will(identity)
+            await self.children.close(self.hub)
             await self.hub.disconnect(identity, self.link)
 
     def cancel(self) -> None:
