@@ -384,7 +384,9 @@ class Acl:
 
     Built in: a device publishes only to its own telemetry and twin topics (and method responses); a module
     only to its own. A device subscribes to its own device-bound, twin and method topics; a module to its own
-    inputs (``devices/{d}/modules/{m}/inputs/#`` or ``devices/{d}/modules/{m}/#``), twin and method topics.
+    inputs (``devices/{d}/modules/{m}/inputs/#`` or ``devices/{d}/modules/{m}/#``), twin and method topics, and
+    the answers to the methods it calls. (A child hub's subscriptions for the devices behind it are not the ACL's:
+    the hub's identities decide them, ``children.py``; the method PUBLISHes are ``methods.py``'s.)
     ``publish_grants``/``subscribe_grants`` add plain MQTT topic filters per identity id (``d`` or ``d/m``).
     """
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from paho.mqtt.enums import MQTTProtocolVersion
 
 from edgehub.core import Identity, Message
 from edgehub.core.endpoints import device_endpoint
@@ -129,3 +130,17 @@ async def test_a_method_the_parent_relays_is_answered_by_the_device_behind_the_c
         async with asyncio.timeout(1):
             assert (await pair.parent.invoke_method(UPSTREAM_CALLER, OTHER, call)).status == 404
         await dev.close()
+
+
+async def test_a_gateway_may_stand_in_only_for_the_devices_behind_it(tmp_path: Path) -> None:
+    async with nested(tmp_path) as pair:
+        parent_port = pair.upstream.settings.port
+        await pair.upstream.close()  # the real child hub leaves; a hand-driven "gw" takes its place
+        gw = Paho.make("gw", protocol=MQTTProtocolVersion.MQTTv5)
+        assert await gw.connect(parent_port, user="gw", password="gw-secret") == 0
+        gw.client.subscribe([("devices/dev-y/messages/devicebound/#", 1), ("devices/dev-x/messages/devicebound/#", 1)])
+        async with asyncio.timeout(10):
+            assert await gw.subscribes.get() == [0x87, 1]  # dev-y is behind no one: not authorized
+            forged = gw.publish("$iothub/dev-y/methods/res/200/?$rid=1", b"{}")
+            assert await gw.publishes.get() == (forged, 0x83)  # no call of its own to answer for dev-y
+        await gw.close()
