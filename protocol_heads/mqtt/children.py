@@ -15,6 +15,7 @@ reached this way (their filters are granted, nothing is connected for them).
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import TYPE_CHECKING
 
@@ -85,6 +86,18 @@ class Children:
 
     def __init__(self) -> None:
         self.links: dict[str, ChildLink] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def stand_in(self, session: Session, topic_filter: str) -> bool:
+        """Whether ``topic_filter`` is ``session``'s (a child hub's) for a device behind it; if so, the device is
+        connected to the hub through this connection (in a task: the SUBACK does not wait for it)."""
+        assert session.identity is not None
+        child = self.child_of(session.hub, session.identity, topic_filter)
+        if child is not None:
+            task = asyncio.get_running_loop().create_task(self.subscribed(session, child, topic_filter))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return child is not None
 
     @staticmethod
     def child_of(hub: Hub, parent: Identity, topic_filter: str) -> Identity | None:
@@ -121,7 +134,14 @@ class Children:
         for link in self.links.values():
             hub.link_ready(link.child, link)
 
+    def dispose(self) -> None:
+        """Let go of the connection (also when ``close`` never ran: the hub may still hold a link)."""
+        for link in self.links.values():
+            link._session = None
+        self.links.clear()
+
     async def close(self, hub: Hub) -> None:
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # connects under way finish, then all leave
         links, self.links = list(self.links.values()), {}
         for link in links:
             await hub.disconnect(link.child, link)

@@ -383,10 +383,14 @@ class Session:
             if len(f) > s.max_filter_length or len(f.encode()) > s.max_filter_length:
                 self.sock.refused(RefusalReason.FILTER_TOO_LONG, length=len(f.encode()), limit=s.max_filter_length)
                 codes.append(ReasonCode.TOPIC_FILTER_INVALID)
-            elif f not in self.subscriptions and len(self.subscriptions) >= s.max_subscriptions:
+            elif (  # a gateway's filters for the devices behind it are bounded by the identities, not counted here
+                f not in self.subscriptions
+                and len(self.subscriptions) >= s.max_subscriptions
+                and Children.child_of(self.hub, self.identity, f) is None
+            ):
                 self.sock.refused(RefusalReason.TOO_MANY_SUBSCRIPTIONS, filter=shown(f), limit=s.max_subscriptions)
                 codes.append(ReasonCode.QUOTA_EXCEEDED)
-            elif s.acl.may_subscribe(self.identity, f) or self._stands_in(f):
+            elif s.acl.may_subscribe(self.identity, f) or self.children.stand_in(self, f):
                 self.subscriptions.add(f)
                 codes.append(min(sub.qos, 1))
             else:
@@ -397,16 +401,6 @@ class Session:
         if not self.listening and any(topic_matches(f, devicebound) for f in self.subscriptions):
             self.listening = True
             self.hub.link_ready(self.identity, self.link)  # what waited for the device goes out now
-
-    def _stands_in(self, topic_filter: str) -> bool:
-        """A child hub subscribing for a device behind it (children.py): granted, and the device connected."""
-        assert self.identity is not None
-        child = Children.child_of(self.hub, self.identity, topic_filter)
-        if child is not None:
-            task = self._loop.create_task(self.children.subscribed(self, child, topic_filter), name="mqtt.child")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        return child is not None
 
     def _on_unsubscribe(self, event: UnsubscribeRequested) -> None:
         codes: list[int] = []
@@ -589,6 +583,7 @@ class Session:
     def dispose(self) -> None:
         """Let go of everything that could lead back to this connection (see ``ClientSocket.dispose``)."""
         self.link._session = None  # the hub may hold the link a while longer; it no longer holds this session
+        self.children.dispose()  # the same for the links of the devices behind it
         self._tasks.clear()
         self._telemetry.clear()
         del self.sock

@@ -144,3 +144,18 @@ async def test_a_gateway_may_stand_in_only_for_the_devices_behind_it(tmp_path: P
             forged = gw.publish("$iothub/dev-y/methods/res/200/?$rid=1", b"{}")
             assert await gw.publishes.get() == (forged, 0x83)  # no call of its own to answer for dev-y
         await gw.close()
+
+
+async def test_a_gateways_filters_for_its_devices_do_not_count_against_its_subscription_limit(tmp_path: Path) -> None:
+    async with nested(tmp_path) as pair:
+        parent_port = pair.upstream.settings.port
+        await pair.upstream.close()
+        gw = Paho.make("gw")
+        assert await gw.connect(parent_port, user="gw", password="gw-secret") == 0
+        own = [(f"$iothub/twin/res/{i}/#", 0) for i in range(64)]  # its own filters, up to the head's default limit
+        gw.client.subscribe(own)
+        async with asyncio.timeout(10):
+            assert await gw.subscribes.get() == [0] * 64
+            gw.client.subscribe([("$iothub/twin/res/x/#", 0), ("devices/dev-x/messages/devicebound/#", 1)])
+            assert await gw.subscribes.get() == [0x80, 1]  # one more of its own is refused; dev-x's is not
+        await gw.close()
