@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -40,8 +40,7 @@ from edgehub.core import (
 )
 from edgehub.core.endpoints import device_endpoint, parse_device_endpoint
 from edgehub.core.refusals import RefusalReason
-from edgehub.delivery import QueuedMessage, SendResult
-from edgehub.hub.modules import DEFAULT_MAX_BATCH, ModuleMailboxes
+from edgehub.hub.modules import DEFAULT_MAX_BATCH, MailboxEndpoint, ModuleMailboxes
 from edgehub.store import Store
 
 __all__ = ["C2dLimits", "CloudToDevice", "DeviceEndpoint"]
@@ -71,39 +70,15 @@ def _device_key(identity: Identity) -> str:
     return identity.device_id
 
 
-class DeviceEndpoint:
+class DeviceEndpoint(MailboxEndpoint):
     """The ``delivery.Endpoint`` for ``/devices/{d}/messages/devicebound``: a batch to the device's connection."""
 
     def __init__(self, endpoint_id: str, mailboxes: ModuleMailboxes, *, max_batch: int = DEFAULT_MAX_BATCH) -> None:
         device = parse_device_endpoint(endpoint_id)
         if device is None:
             raise ValueError(f"{endpoint_id!r} is not /devices/{{d}}/messages/devicebound")
-        if max_batch < 1:
-            raise ValueError("max_batch must be >= 1")
-        self._id = endpoint_id
         self.device_id = device
-        self._mailboxes = mailboxes
-        self._max_batch = max_batch
-
-    @property
-    def endpoint_id(self) -> str:
-        return self._id
-
-    @property
-    def max_batch_messages(self) -> int:
-        return self._max_batch
-
-    def bind(self, on_reachable: Callable[[], None]) -> None:
-        self._mailboxes.watch(self.device_id, on_reachable)
-
-    def bind_unreachable(self, on_unreachable: Callable[[], None]) -> None:
-        self._mailboxes.watch_unreachable(self.device_id, on_unreachable)
-
-    async def send(self, batch: Sequence[QueuedMessage]) -> SendResult:
-        return await self._mailboxes.deliver(self.device_id, None, batch, self._id)
-
-    async def close(self) -> None:
-        return None
+        super().__init__(endpoint_id, mailboxes, device, None, max_batch=max_batch)
 
 
 class CloudToDevice:

@@ -34,7 +34,7 @@ from edgehub.core.endpoints import parse_module_endpoint
 from edgehub.delivery import QueuedMessage, SendResult
 from edgehub.hub import ClientLink, Delivery
 
-__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WINDOW", "ModuleEndpoint", "ModuleMailboxes"]
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WINDOW", "MailboxEndpoint", "ModuleEndpoint", "ModuleMailboxes"]
 
 log = logging.getLogger(__name__)
 
@@ -218,17 +218,18 @@ class ModuleMailboxes:
             free -= 1
 
 
-class ModuleEndpoint:
-    """The ``delivery.Endpoint`` for ``/modules/{m}/inputs/{i}``; see the module docstring."""
+class MailboxEndpoint:
+    """A ``delivery.Endpoint`` that hands its batches to one mailbox (``key``: a module id, or a device id for
+    device-bound messages, ``input_name`` None), as ``ModuleEndpoint`` and ``c2d.DeviceEndpoint`` name it."""
 
-    def __init__(self, endpoint_id: str, mailboxes: ModuleMailboxes, *, max_batch: int = DEFAULT_MAX_BATCH) -> None:
-        parsed = parse_module_endpoint(endpoint_id)
-        if parsed is None:
-            raise ValueError(f"{endpoint_id!r} is not /modules/{{m}}/inputs/{{i}}")
+    def __init__(
+        self, endpoint_id: str, mailboxes: ModuleMailboxes, key: str, input_name: str | None, *, max_batch: int
+    ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self._id = endpoint_id
-        self.module_id, self.input_name = parsed
+        self._key = key
+        self._input_name = input_name
         self._mailboxes = mailboxes
         self._max_batch = max_batch
 
@@ -241,13 +242,24 @@ class ModuleEndpoint:
         return self._max_batch
 
     def bind(self, on_reachable: Callable[[], None]) -> None:
-        self._mailboxes.watch(self.module_id, on_reachable)
+        self._mailboxes.watch(self._key, on_reachable)
 
     def bind_unreachable(self, on_unreachable: Callable[[], None]) -> None:
-        self._mailboxes.watch_unreachable(self.module_id, on_unreachable)
+        self._mailboxes.watch_unreachable(self._key, on_unreachable)
 
     async def send(self, batch: Sequence[QueuedMessage]) -> SendResult:
-        return await self._mailboxes.deliver(self.module_id, self.input_name, batch, self._id)
+        return await self._mailboxes.deliver(self._key, self._input_name, batch, self._id)
 
     async def close(self) -> None:
         return None
+
+
+class ModuleEndpoint(MailboxEndpoint):
+    """The ``delivery.Endpoint`` for ``/modules/{m}/inputs/{i}``; see the module docstring."""
+
+    def __init__(self, endpoint_id: str, mailboxes: ModuleMailboxes, *, max_batch: int = DEFAULT_MAX_BATCH) -> None:
+        parsed = parse_module_endpoint(endpoint_id)
+        if parsed is None:
+            raise ValueError(f"{endpoint_id!r} is not /modules/{{m}}/inputs/{{i}}")
+        self.module_id, self.input_name = parsed
+        super().__init__(endpoint_id, mailboxes, self.module_id, self.input_name, max_batch=max_batch)
