@@ -262,7 +262,8 @@ class Session:
                 acked = True
             elif self.children.links and self.children.acked(self.hub, packet_id, packet_id not in refused):
                 acked = True  # a delivery for a device behind this child hub (children.py)
-        if acked and self.link.window_free >= self._refill_at:
+        # The connection's window, not the link's: a child hub's own link may not listen while its devices' do.
+        if acked and self.conn.window_free >= self._refill_at:
             self.hub.link_ready(identity, self.link)
             self.children.refill(self.hub)
 

@@ -159,3 +159,14 @@ async def test_a_gateways_filters_for_its_devices_do_not_count_against_its_subsc
             gw.client.subscribe([("$iothub/twin/res/x/#", 0), ("devices/dev-x/messages/devicebound/#", 1)])
             assert await gw.subscribes.get() == [0x80, 1]  # one more of its own is refused; dev-x's is not
         await gw.close()
+
+
+async def test_more_messages_than_one_window_all_reach_the_device_behind_the_child(tmp_path: Path) -> None:
+    async with nested(tmp_path) as pair:
+        dev = await device_on_child(pair)
+        for n in range(40):  # more than the head's outbound window (16) of the child hub's connection, twice over
+            await pair.parent.cloud_to_device("dev-x", Message(f"m{n}".encode(), {}, {"messageId": f"m{n}"}))
+        async with asyncio.timeout(20):
+            got = [(await dev.messages.get()).payload for _ in range(40)]
+        assert got == [f"m{n}".encode() for n in range(40)]
+        await dev.close()
