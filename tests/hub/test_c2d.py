@@ -180,3 +180,15 @@ async def test_the_devices_the_hub_serves_are_each_device_once_with_its_modules_
         assert registry.device_ids(limit=2) == ["dev1", "edge"]
     finally:
         await store.close()
+
+
+async def test_more_messages_than_one_window_all_reach_the_device_in_order(tmp_path: Path) -> None:
+    async with served(tmp_path) as (hub, server, _):
+        for n in range(40):  # more than the head's outbound window (16), twice over
+            await hub.cloud_to_device("dev1", c2d(f"m{n}".encode()))
+        dev = await device(server, now=hub.clock.time())
+        await subscribed(dev)
+        async with asyncio.timeout(20):
+            got = [(await dev.messages.get()).payload for _ in range(40)]
+        assert got == [f"m{n}".encode() for n in range(40)]
+        await dev.close()
