@@ -13,6 +13,7 @@ Invariants:
   300 s), the name, the calls pending on one target connection and from one caller
   (``max_pending_per_connection``) and hub-wide (``max_pending``). A call over a bound is answered 400 or 429,
   logged through the refusal log, and costs nothing else;
+* a module behind a child hub is reached through the link that stands in for its device (``relays_modules``);
 * an answer counts only from the connection the request went to, for a call still pending: anything else is
   refused (``respond`` says False), so a client cannot answer a call it was never sent, and an answer is never
   taken for telemetry.
@@ -50,9 +51,15 @@ UPSTREAM_CALLER = "$upstream"
 class MethodLink(Protocol):
     """A client link that can carry method requests (a head's ``ClientLink`` implements both)."""
 
-    def send_method_request(self, rid: str, name: str, payload: bytes) -> bool:
-        """Send the request to the client without blocking; False when the client does not listen for method
-        calls (it has not subscribed to them) or is gone."""
+    @property
+    def relays_modules(self) -> bool:
+        """The link stands in for a device behind a child hub, and so for that device's modules too."""
+        ...
+
+    def send_method_request(self, rid: str, name: str, payload: bytes, target: Identity) -> bool:
+        """Send the request for ``target`` (the link's own identity, or a module it relays for) to the client
+        without blocking; False when the client does not listen for method calls (it has not subscribed to them)
+        or is gone."""
         ...
 
 
@@ -125,6 +132,15 @@ class MethodDispatcher:
                 call.future.set_result(method_error(code, now_s=self._clock.time()))
         target.pending.clear()
 
+    def _target(self, identity: Identity) -> _Target | None:
+        """The link calls for ``identity`` go to: its own, or for a module behind a child hub its device's."""
+        entry = self._targets.get(identity.id)
+        if entry is None and identity.module_id is not None:
+            gateway = self._targets.get(identity.device_id)
+            if gateway is not None and gateway.link.relays_modules:
+                return gateway
+        return entry
+
     # -- calls --------------------------------------------------------------------------------------------
     def _refuse(
         self, reason: RefusalReason, code: MethodErrorCode, caller: str, target: Identity, why: str
@@ -148,7 +164,7 @@ class MethodDispatcher:
         problem = self._problem(call)
         if problem is not None:
             return self._refuse(RefusalReason.METHOD_INVALID, MethodErrorCode.BAD_FORMAT, caller, target, problem)
-        entry = self._targets.get(target.id)
+        entry = self._target(target)
         if entry is None:
             log.info("method.not_online caller=%s target=%s method=%s", caller, target, call.name)
             return method_error(MethodErrorCode.DEVICE_NOT_ONLINE, now_s=self._clock.time())
@@ -162,7 +178,7 @@ class MethodDispatcher:
             why = f"pending calls at their bound ({len(self._calls)} hub-wide, {len(entry.pending)} on the target)"
             return self._refuse(RefusalReason.TOO_MANY_CALLS, MethodErrorCode.THROTTLED, caller, target, why)
         rid = format(next(self._rids), "x")
-        if not entry.link.send_method_request(rid, call.name, call.payload):
+        if not entry.link.send_method_request(rid, call.name, call.payload, target):
             log.info("method.not_listening caller=%s target=%s method=%s", caller, target, call.name)
             return method_error(MethodErrorCode.DEVICE_NOT_ONLINE, now_s=self._clock.time())
         future: asyncio.Future[MethodResult] = asyncio.get_running_loop().create_future()
@@ -192,7 +208,7 @@ class MethodDispatcher:
         """The answer ``identity`` sent for request ``rid``; False (the head refuses and logs it) unless a call
         sent to that identity's current link is waiting for it."""
         call = self._calls.get(rid)
-        target = self._targets.get(identity.id)
+        target = self._target(identity)
         if call is None or call.target != identity or target is None or call.link is not target.link:
             return False  # the head refuses the answer and logs it, with the peer's address
         if len(payload) > self.limits.max_payload_bytes:

@@ -10,7 +10,8 @@ Invariants: a connection stands in only for devices behind its own identity, onl
 device-bound messages go out only after the device-bound filter (a method filter alone carries calls only); the
 bag alone carries the properties (no MQTT 5 properties); everything it stood in for is disconnected from the hub
 when the connection ends, and a disposed link holds nothing of the connection. Modules behind a child hub are not
-reached this way (their filters are granted, nothing is connected for them).
+connected: their method calls go through their device's link (``relays_modules``), on
+``$iothub/{d}/{m}/methods/POST/...``; nothing device-bound is ever for a module.
 """
 
 from __future__ import annotations
@@ -66,11 +67,13 @@ class ChildLink:
         self.pending[packet_id] = delivery.delivery_id
         session.sock.schedule_flush()
 
-    def send_method_request(self, rid: str, name: str, payload: bytes) -> bool:
+    relays_modules = True  # the device's modules are behind the child hub too
+
+    def send_method_request(self, rid: str, name: str, payload: bytes, target: Identity) -> bool:
         session = self._session
         if session is None or session.conn.closed:
             return False
-        topic = f"$iothub/{self.child.id}/methods/POST/{name}/?$rid={rid}"
+        topic = f"$iothub/{target.id}/methods/POST/{name}/?$rid={rid}"  # the device, or one of its modules
         if not any(topic_matches(f, topic) for f in session.subscriptions):
             return False
         try:

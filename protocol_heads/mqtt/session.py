@@ -160,7 +160,9 @@ class _Link:
         # The hub sends a window of deliveries at a time: one write for all of them, not a syscall each.
         session.sock.schedule_flush()
 
-    def send_method_request(self, rid: str, name: str, payload: bytes) -> bool:
+    relays_modules = False  # edgehub.hub.methods.MethodLink: it is the client's own link
+
+    def send_method_request(self, rid: str, name: str, payload: bytes, target: Identity) -> bool:
         """``edgehub.hub.methods.MethodLink``: the call as QoS 0 (as IoT Hub sends them), if the client listens."""
         session = self._session
         if session is None or session.conn.closed:

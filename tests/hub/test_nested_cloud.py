@@ -34,6 +34,8 @@ pytestmark = [pytest.mark.timeout(60)]
 GW = Identity.parse("gw")
 DEV = Identity.parse("dev-x")
 OTHER = Identity.parse("dev-y")  # a device of the parent, behind no one
+EDGE_C = Identity.parse("edge-c")  # the child's own edge device, whose module runs on the child
+FILTER = Identity.parse("edge-c/filter")
 KEY = base64.b64encode(b"key of dev-x, thirty-two bytes!!").decode()
 
 
@@ -62,9 +64,10 @@ async def nested(tmp_path: Path) -> AsyncIterator[Pair]:
     async with AsyncExitStack() as stack:
         parent, parent_server, parent_store = await hub(stack, tmp_path / "parent")
         await parent.identities.set_password(GW, b"gw-secret")
-        for device in (DEV, OTHER):
+        for device in (DEV, OTHER, EDGE_C):
             await parent.identities.add_symmetric_key(device, KEY)
         await parent.identities.set_parent(DEV, GW)
+        await parent.identities.set_parent(EDGE_C, GW)
         settings = MqttUpstreamSettings(
             host="127.0.0.1",
             port=parent_server.ports["tcp"],
@@ -79,6 +82,7 @@ async def nested(tmp_path: Path) -> AsyncIterator[Pair]:
         child, child_server, _ = await hub(stack, tmp_path / "child", endpoints=[upstream])
         await child.identities.add_symmetric_key(DEV, KEY)
         await child.identities.add_symmetric_key(OTHER, KEY)  # the child asks for it too; the parent says no
+        await child.identities.add_symmetric_key(FILTER, KEY)
         await upstream.start()
         async with asyncio.timeout(10):
             await upstream.wait_connected()
@@ -170,3 +174,27 @@ async def test_more_messages_than_one_window_all_reach_the_device_behind_the_chi
             got = [(await dev.messages.get()).payload for _ in range(40)]
         assert got == [f"m{n}".encode() for n in range(40)]
         await dev.close()
+
+
+async def test_a_method_the_parent_relays_to_a_module_behind_the_child_is_answered(tmp_path: Path) -> None:
+    async with nested(tmp_path) as pair:
+        module = Paho.make(FILTER.id)
+        token = sas_password(FILTER, KEY, expiry_s=int(pair.child.clock.time()) + 3600)
+        assert await module.connect(pair.child_server.ports["tcp"], user=username(FILTER), password=token) == 0
+        module.client.subscribe("$iothub/methods/POST/#", qos=0)
+        async with asyncio.timeout(10):
+            assert await module.subscribes.get() == [0]
+            answer = asyncio.ensure_future(
+                pair.parent.invoke_method(UPSTREAM_CALLER, FILTER, MethodCall("setRate", b'{"hz": 2}', 10))
+            )
+            request = await module.messages.get()
+            assert request.topic.startswith("$iothub/methods/POST/setRate/?$rid=")
+            module.publish(f"$iothub/methods/res/200/?$rid={request.topic.rpartition('=')[2]}", b'{"ok": 1}', qos=0)
+            assert await answer == MethodResult(200, b'{"ok": 1}')
+        # A module of a device behind no one is not reached through anyone's link.
+        async with asyncio.timeout(1):
+            away = await pair.parent.invoke_method(
+                UPSTREAM_CALLER, Identity.parse("dev-y/m"), MethodCall("x", b"{}", 5)
+            )
+        assert away.status == 404
+        await module.close()
