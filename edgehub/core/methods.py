@@ -125,7 +125,8 @@ def method_name_problem(name: str) -> str | None:
 
 
 # An addressed call: one connection (the upstream's, a module's) speaks for many identities, so the topic names
-# the target; the form is Azure IoT Edge's MQTT broker bridge's. A level may not start with "$" (no "$iothub").
+# the target (this hub's form: IoT Hub has none, as it has one connection per identity). A level may not start
+# with "$" (no "$iothub").
 _SEG = r"([^/#+$][^/#+]*)"
 _CALL = re.compile(rf"^\$iothub/{_SEG}(?:/{_SEG})?/methods/POST/([^/]+)/\?(.*)$")
 
