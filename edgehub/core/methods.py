@@ -5,7 +5,8 @@ IoT Hub's rules, kept here in one place (https://learn.microsoft.com/azure/iot-h
 * a method call waits ``responseTimeoutInSeconds`` for its answer, 5 to 300 s, 30 by default;
 * request and response payloads are JSON documents of at most 128 KB;
 * a target that is not connected is answered 404 (error code 404103, DeviceNotOnline), one that does not answer
-  in time 504 (504101, GatewayTimeout); the body of such an answer is IoT Hub's error JSON (``error_payload``).
+  in time 504 (504101, GatewayTimeout); the body of such an answer is a JSON error with IoT Hub's fields
+  (``error_payload``).
   A target whose connection closes while the call waits is answered 404 (404104, DeviceConnectionClosedRemotely);
   a call the hub refuses for its bounds 429 (429002, throttled) and a malformed one 400 (400004, bad format).
 
