@@ -7,6 +7,9 @@ these spellings, and core is the one layer every one of them may import.
 * ``$upstream`` (``UPSTREAM_ENDPOINT``): the upstream, as a route's ``INTO $upstream`` names it.
 * A module input: ``/modules/{module}/inputs/{input}`` (``module_endpoint``, ``parse_module_endpoint``), as a
   route's ``INTO BrokeredEndpoint("...")`` names it. Module and input are non-empty and hold no ``/``.
+* A device's cloud-to-device queue: ``/devices/{device}/messages/devicebound`` (``device_endpoint``,
+  ``parse_device_endpoint``), as IoT Hub's topic for it reads; a route's ``INTO BrokeredEndpoint("...")`` may name
+  it, and messages for the device from the upstream go there. The device id is non-empty and holds no ``/``.
 * Upstream lanes (issue 5): with ``partitions`` N > 1 the upstream is N lanes, each its own endpoint (so its own
   queues, checkpoints and executor): ``$upstream/0`` … ``$upstream/{N-1}`` (``upstream_lane_id``,
   ``parse_upstream_lane_id``). With one partition the lane is ``$upstream`` itself, so a hub that never turned
@@ -23,10 +26,12 @@ from __future__ import annotations
 __all__ = [
     "UPSTREAM_ENDPOINT",
     "UPSTREAM_LANE",
+    "device_endpoint",
     "is_upstream_endpoint",
     "lane_name",
     "lane_name_of",
     "module_endpoint",
+    "parse_device_endpoint",
     "parse_module_endpoint",
     "parse_upstream_lane_id",
     "upstream_lane_id",
@@ -37,6 +42,8 @@ UPSTREAM_LANE = "upstream"
 
 _MODULES = "modules"
 _INPUTS = "inputs"
+_DEVICES = "devices"
+_DEVICEBOUND = ("messages", "devicebound")
 
 
 def module_endpoint(module_id: str, input_name: str) -> str:
@@ -52,6 +59,21 @@ def parse_module_endpoint(endpoint_id: str) -> tuple[str, str] | None:
     parts = endpoint_id.split("/")
     if len(parts) == 5 and parts[0] == "" and parts[1] == _MODULES and parts[3] == _INPUTS and parts[2] and parts[4]:
         return parts[2], parts[4]
+    return None
+
+
+def device_endpoint(device_id: str) -> str:
+    """``/devices/{device_id}/messages/devicebound``; ``ValueError`` for an empty id or one with a ``/``."""
+    if not device_id or "/" in device_id:
+        raise ValueError(f"device id {device_id!r} cannot be part of a device endpoint id (empty, or holds '/')")
+    return f"/{_DEVICES}/{device_id}/{_DEVICEBOUND[0]}/{_DEVICEBOUND[1]}"
+
+
+def parse_device_endpoint(endpoint_id: str) -> str | None:
+    """``/devices/{d}/messages/devicebound`` → ``d``; anything else → None."""
+    parts = endpoint_id.split("/")
+    if len(parts) == 5 and parts[0] == "" and parts[1] == _DEVICES and parts[2] and tuple(parts[3:]) == _DEVICEBOUND:
+        return parts[2]
     return None
 
 

@@ -61,6 +61,10 @@ class RefusalReason(StrEnum):
     REQUEST_TIMEOUT = "request_timeout"
     INVALID_REQUEST = "invalid_request"  # well-formed HTTP, but its JSON or its fields are not what the route takes
     NOT_FOUND = "not_found"
+    DEVICE_QUEUE_FULL = "device_queue_full"  # a device's cloud-to-device queue holds its most messages
+    UNKNOWN_DEVICE = "unknown_device"  # a cloud-to-device message or method call for an identity the hub lacks
+    METHOD_INVALID = "method_invalid"  # a direct method call with a bad name, payload or timeout
+    TOO_MANY_CALLS = "too_many_calls"  # pending direct method calls at their bound (per connection, hub-wide)
 
 
 class RefusalLog:

@@ -3,13 +3,17 @@
 A head, for each connected client:
 1. ``authenticate(credentials)`` → an ``AuthResult`` (or ``AuthenticationError``);
 2. ``connect(identity, link, clean_session=...)`` registers the client as the delivery target of its module
-   inputs (and, later, device-bound messages); the hub then calls ``link.send(delivery)`` whenever
-   ``link.window_free`` allows, and the head answers each with ``delivered(identity, delivery_id, ok)`` and,
+   inputs (a device: of its device-bound messages) and of its direct method calls; the hub then calls
+   ``link.send(delivery)`` whenever ``link.window_free`` allows (a head may keep it 0 until the client listens:
+   the MQTT head does for a device until it subscribed to its device-bound topic), and the head answers each
+   with ``delivered(identity, delivery_id, ok)`` and,
    after the acks it read together, one ``link_ready(identity, link)`` (that is when the hub fills the window
    the acks freed: ``delivered`` alone sends nothing);
 3. ``ingest(identity, messages)`` for every group of messages that arrived in one read, and acks each message
    only as its outcome says;
-4. ``disconnect(identity, link)`` when the connection ends (a link that is no longer the registered one, after a
+4. a link that can also carry direct method calls implements ``edgehub.hub.methods.MethodLink``
+   (``send_method_request``); the head hands each answer to ``method_response``;
+5. ``disconnect(identity, link)`` when the connection ends (a link that is no longer the registered one, after a
    session takeover, is ignored).
 
 Guarantees the implementations give:
@@ -35,6 +39,7 @@ from typing import Any, Protocol
 import msgspec
 
 from edgehub.core import Identity, Message
+from edgehub.core.methods import MethodCall, MethodResult
 from edgehub.core.refusals import RefusalReason
 from edgehub.hub.admission import Cap, ConnectionLimiter, Ticket
 from edgehub.hub.throttle import LoginThrottle
@@ -150,6 +155,21 @@ class Hub(Protocol):
     def link_ready(self, identity: Identity, link: ClientLink) -> None:
         """The link's window has room again (deliveries were acknowledged): the hub sends what fits. Call it
         once after the ``delivered`` calls of the acks read together."""
+        ...
+
+    def is_parent(self, parent: Identity, child: Identity) -> bool:
+        """Whether ``child`` (a device, or a module of one) sits behind the device ``parent`` (a child hub), which may
+        then take its device-bound messages and method calls on its behalf."""
+        ...
+
+    async def invoke_method(self, caller: str, target: Identity, call: MethodCall) -> MethodResult:
+        """Relay a direct method call from ``caller`` (an identity id, or ``$upstream``) to the connected
+        ``target`` and return its answer, or IoT Hub's 4xx/5xx; never raises for what the caller sent."""
+        ...
+
+    def method_response(self, identity: Identity, rid: str, status: int, payload: bytes) -> bool:
+        """``identity`` answered direct method request ``rid`` with ``status`` and ``payload``. False when no call
+        sent to it waits for that answer (the head refuses the PUBLISH and logs it; never taken as telemetry)."""
         ...
 
     async def get_twin(self, identity: Identity) -> Mapping[str, Any]:

@@ -29,6 +29,10 @@ Invariants:
   (``edgehub.hub.twins``); a reported patch (raw bytes from a head, or a ``Mapping``) is checked against
   ``twin_limits``, merged (JSON merge patch) and written durably before its new version is returned, or refused
   with ``TwinError`` (IoT Hub's status) and nothing changed;
+* cloud-to-device messages (``edgehub.hub.c2d``) and direct methods (``edgehub.hub.methods``) live in their own
+  modules; the facade only hands them the links (``connect``/``disconnect``) and the calls: ``cloud_to_device``
+  and ``invoke_method`` (``edgehub.core.methods.CloudCommands``, for the upstream and for modules) and
+  ``method_response`` (for the heads);
 * every refusal the hub makes (ingest, twins) is logged through ``refusals`` (a ``RefusalLog``: rate-limited
   per identity), so a device flooding refused messages cannot flood the log.
 """
@@ -55,13 +59,16 @@ from edgehub.core import (
     TwinError,
 )
 from edgehub.core.endpoints import parse_module_endpoint
+from edgehub.core.methods import MethodCall, MethodResult
 from edgehub.core.refusals import RefusalLog
 from edgehub.core.sas import DEFAULT_MAX_TOKEN_LIFETIME_S
 from edgehub.delivery import Endpoint, EndpointExecutor, ExecutorSettings
 from edgehub.hub import AuthResult, ClientLink, Credentials, IngestOutcome, Rejected, SessionInfo, Stored
+from edgehub.hub.c2d import C2dLimits, CloudToDevice
 from edgehub.hub.dedup import Claim, DuplicateWindow
 from edgehub.hub.identities import IdentityRegistry
 from edgehub.hub.lanes import UpstreamLanes, UpstreamLanesStatus, UpstreamOptions, check_partition_properties
+from edgehub.hub.methods import MethodDispatcher, MethodLimits
 from edgehub.hub.modules import DEFAULT_MAX_BATCH, ModuleEndpoint, ModuleMailboxes
 from edgehub.hub.stamps import Stamper
 from edgehub.hub.twins import DEFAULT_TWIN_LIMITS, TwinLimits, TwinStore, check_patch, parse_reported_patch
@@ -95,6 +102,8 @@ class EdgeHub:
         max_token_lifetime_s: float | None = DEFAULT_MAX_TOKEN_LIFETIME_S,
         twin_limits: TwinLimits = DEFAULT_TWIN_LIMITS,
         refusals: RefusalLog | None = None,
+        c2d_limits: C2dLimits | None = None,
+        method_limits: MethodLimits | None = None,
     ) -> None:
         self.store = store
         self.router = router
@@ -114,6 +123,10 @@ class EdgeHub:
         self.twins = TwinStore(store, twin_limits)
         self._twin_lock = asyncio.Lock()  # a patch is merged and written: one at a time, so none is lost
         self.refusals = refusals or RefusalLog(log, clock=self.clock)
+        self.c2d = CloudToDevice(
+            store, known=lambda i: self.identities.get(i) is not None, limits=c2d_limits, max_batch=module_batch
+        )
+        self.methods = MethodDispatcher(clock=self.clock, refusals=self.refusals, limits=method_limits)
         self.upstream = upstream or UpstreamOptions()
         self.lanes = UpstreamLanes(
             self.upstream, store=store, endpoint_of=self._given.get, executor_of=self.executors.get
@@ -159,7 +172,7 @@ class EdgeHub:
             return given
         if parse_module_endpoint(endpoint_id) is not None:
             return ModuleEndpoint(endpoint_id, self.modules, max_batch=self._batch)
-        return None
+        return self.c2d.endpoint(endpoint_id)
 
     async def _ensure_executor(self, endpoint_id: str) -> None:
         if endpoint_id in self.executors or self._stack is None:
@@ -334,8 +347,11 @@ class EdgeHub:
 
     # -- Hub: links -----------------------------------------------------------------------------------------
     async def connect(self, identity: Identity, link: ClientLink, *, clean_session: bool) -> SessionInfo:
+        self.methods.connect(identity, link)
         if identity.module_id is None:
-            return SessionInfo(session_present=False)  # device-bound messages: not yet (C2D is a later issue)
+            self.c2d.mailboxes.connect(identity, link)
+            log.info("hub.device_connected identity=%s", identity)
+            return SessionInfo(session_present=not clean_session and self.c2d.has_queued(identity.device_id))
         self.modules.connect(identity, link)
         log.info("hub.module_connected identity=%s", identity)
         # Queued module messages belong to the module, not to the MQTT session: they are kept across clean
@@ -352,17 +368,50 @@ class EdgeHub:
         return False
 
     async def disconnect(self, identity: Identity, link: ClientLink) -> None:
+        self.methods.disconnect(identity, link)
         if identity.module_id is not None:
             self.modules.disconnect(identity, link)
             log.info("hub.module_disconnected identity=%s", identity)
+        else:
+            self.c2d.mailboxes.disconnect(identity, link)
+            log.info("hub.device_disconnected identity=%s", identity)
 
     def delivered(self, identity: Identity, delivery_id: int, ok: bool) -> None:
         if identity.module_id is not None:
             self.modules.delivered(identity, delivery_id, ok)
+        else:
+            self.c2d.mailboxes.delivered(identity, delivery_id, ok)
 
     def link_ready(self, identity: Identity, link: ClientLink) -> None:
         if identity.module_id is not None:
             self.modules.link_ready(identity, link)
+        else:
+            self.c2d.mailboxes.link_ready(identity, link)
+
+    # -- cloud-to-device messages and direct methods (edgehub.core.methods.CloudCommands) -------------------
+    def device_ids(self) -> list[str]:
+        return self.identities.device_ids()
+
+    async def cloud_to_device(self, device_id: str, message: Message) -> None:
+        """Store ``message`` for ``device_id`` (``edgehub.hub.c2d``); raises ``IngestRejected`` (logged)."""
+        [stamped] = self._stamper.stamp_group([message], {})
+        try:
+            endpoint = await self.c2d.accept(device_id, stamped)
+        except IngestRejected as exc:
+            self.refusals.refused(exc.reason, peer="$upstream", client=device_id[:128], detail=exc)
+            raise
+        await self._notify((endpoint,))
+
+    def is_parent(self, parent: Identity, child: Identity) -> bool:
+        return parent.module_id is None and self.identities.is_parent(parent, child)
+
+    async def invoke_method(self, caller: str, target: Identity, call: MethodCall) -> MethodResult:
+        """Relay a direct method call to ``target`` (``edgehub.hub.methods``); IoT Hub's answer, never raises."""
+        return await self.methods.invoke(caller, target, call)
+
+    def method_response(self, identity: Identity, rid: str, status: int, payload: bytes) -> bool:
+        """A head got ``identity``'s answer to request ``rid``; False when no call waits for it (refused)."""
+        return self.methods.respond(identity, rid, status, payload)
 
     # -- Hub: twins -----------------------------------------------------------------------------------------
     @property

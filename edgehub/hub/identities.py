@@ -71,6 +71,9 @@ class IdentityRecord:
     password_hash: str | None = None
     thumbprint: str | None = None
     x509_ca: bool = False
+    # The device that stands between this one and the hub (a child hub, logged in as that device): it may take
+    # this device's cloud-to-device messages and method calls for it (protocol_heads.mqtt.children).
+    parent: str | None = None
 
 
 class IdentityRegistry:
@@ -96,6 +99,17 @@ class IdentityRegistry:
         if raw is None:
             return None
         return IdentityRecord(**json.loads(raw))
+
+    def device_ids(self, limit: int = 10_000) -> list[str]:
+        """The device ids of the known identities (a module's device once), at most ``limit``, in order."""
+        out: dict[str, None] = {}
+        for key, _ in self._store.metadata_items(_PREFIX):
+            device = key[len(_PREFIX) :].partition("/")[0]
+            if device and device not in out:
+                out[device] = None
+                if len(out) >= limit:
+                    break
+        return list(out)
 
     async def put(self, identity: Identity, record: IdentityRecord) -> None:
         await self._store.put_metadata(_PREFIX + identity.id, json.dumps(asdict(record)).encode())
@@ -125,6 +139,18 @@ class IdentityRegistry:
 
     async def set_thumbprint(self, identity: Identity, thumbprint: str) -> None:
         await self.put(identity, replace(self.get(identity) or IdentityRecord(), thumbprint=thumbprint.lower()))
+
+    async def set_parent(self, identity: Identity, parent: Identity | None) -> None:
+        """Make ``parent`` (a device; None: none) the gateway ``identity`` is behind."""
+        if parent is not None and parent.module_id is not None:
+            raise ValueError(f"a parent is a device, not the module {parent}")
+        value = parent.id if parent is not None else None
+        await self.put(identity, replace(self.get(identity) or IdentityRecord(), parent=value))
+
+    def is_parent(self, parent: Identity, child: Identity) -> bool:
+        """Whether ``child`` (a device, or a module of one) is behind ``parent``."""
+        record = self.get(Identity.parse(child.device_id))
+        return record is not None and record.parent is not None and record.parent == parent.id
 
     async def allow_ca_signed(self, identity: Identity) -> None:
         await self.put(identity, replace(self.get(identity) or IdentityRecord(), x509_ca=True))

@@ -34,7 +34,7 @@ from edgehub.core.endpoints import parse_module_endpoint
 from edgehub.delivery import QueuedMessage, SendResult
 from edgehub.hub import ClientLink, Delivery
 
-__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WINDOW", "ModuleEndpoint", "ModuleMailboxes"]
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WINDOW", "MailboxEndpoint", "ModuleEndpoint", "ModuleMailboxes"]
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +86,19 @@ def _settle(p: _Pending, outcome: _Outcome) -> None:
             batch.future.set_result(None)
 
 
+def _module_key(identity: Identity) -> str:
+    assert identity.module_id is not None
+    return identity.module_id
+
+
 class ModuleMailboxes:
     """Per-module mailboxes: which link a module is on, and the deliveries waiting for it or in flight."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: Callable[[Identity], str] = _module_key) -> None:
         self._boxes: dict[str, _Mailbox] = {}
         self._ids = itertools.count(1)
+        # Whose mailbox a connection is: the module id here; the device id for device-bound messages (c2d.py).
+        self._key = key
 
     def _box(self, module_id: str) -> _Mailbox:
         box = self._boxes.get(module_id)
@@ -111,8 +118,7 @@ class ModuleMailboxes:
 
     # -- called by the hub facade for the heads --------------------------------------------------------------
     def connect(self, identity: Identity, link: ClientLink) -> None:
-        assert identity.module_id is not None
-        box = self._box(identity.module_id)
+        box = self._box(self._key(identity))
         if box.link is not None and box.link is not link:
             self._fail_inflight(box)  # the old link's deliveries come again, as redeliveries
         box.link = link
@@ -121,8 +127,7 @@ class ModuleMailboxes:
         self._pump(box)
 
     def disconnect(self, identity: Identity, link: ClientLink) -> None:
-        assert identity.module_id is not None
-        box = self._boxes.get(identity.module_id)
+        box = self._boxes.get(self._key(identity))
         if box is None or box.link is not link:
             return
         box.link = None
@@ -133,8 +138,7 @@ class ModuleMailboxes:
             callback()
 
     def delivered(self, identity: Identity, delivery_id: int, ok: bool) -> None:
-        assert identity.module_id is not None
-        box = self._boxes.get(identity.module_id)
+        box = self._boxes.get(self._key(identity))
         if box is None:
             return
         p = box.inflight.pop(delivery_id, None)
@@ -144,15 +148,16 @@ class ModuleMailboxes:
         # freed is filled then, in one go (one write for all of it), not one delivery per ack.
 
     def link_ready(self, identity: Identity, link: ClientLink) -> None:
-        assert identity.module_id is not None
-        box = self._boxes.get(identity.module_id)
+        box = self._boxes.get(self._key(identity))
         if box is not None and box.link is link:
             self._pump(box)
 
     # -- called by module endpoints -------------------------------------------------------------------------
     async def deliver(
-        self, module_id: str, input_name: str, batch: Sequence[QueuedMessage], endpoint_id: str
+        self, module_id: str, input_name: str | None, batch: Sequence[QueuedMessage], endpoint_id: str
     ) -> SendResult:
+        """Deliver ``batch`` to the client whose mailbox is ``module_id`` (a device id for device-bound messages,
+        ``input_name`` None) and wait until each is settled."""
         box = self._box(module_id)
         if box.link is None:
             return SendResult.all_failed(batch, FailureKind.TRANSIENT, f"module {module_id} is not connected")
@@ -213,17 +218,18 @@ class ModuleMailboxes:
             free -= 1
 
 
-class ModuleEndpoint:
-    """The ``delivery.Endpoint`` for ``/modules/{m}/inputs/{i}``; see the module docstring."""
+class MailboxEndpoint:
+    """A ``delivery.Endpoint`` that hands its batches to one mailbox (``key``: a module id, or a device id for
+    device-bound messages, ``input_name`` None), as ``ModuleEndpoint`` and ``c2d.DeviceEndpoint`` name it."""
 
-    def __init__(self, endpoint_id: str, mailboxes: ModuleMailboxes, *, max_batch: int = DEFAULT_MAX_BATCH) -> None:
-        parsed = parse_module_endpoint(endpoint_id)
-        if parsed is None:
-            raise ValueError(f"{endpoint_id!r} is not /modules/{{m}}/inputs/{{i}}")
+    def __init__(
+        self, endpoint_id: str, mailboxes: ModuleMailboxes, key: str, input_name: str | None, *, max_batch: int
+    ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self._id = endpoint_id
-        self.module_id, self.input_name = parsed
+        self._key = key
+        self._input_name = input_name
         self._mailboxes = mailboxes
         self._max_batch = max_batch
 
@@ -236,13 +242,24 @@ class ModuleEndpoint:
         return self._max_batch
 
     def bind(self, on_reachable: Callable[[], None]) -> None:
-        self._mailboxes.watch(self.module_id, on_reachable)
+        self._mailboxes.watch(self._key, on_reachable)
 
     def bind_unreachable(self, on_unreachable: Callable[[], None]) -> None:
-        self._mailboxes.watch_unreachable(self.module_id, on_unreachable)
+        self._mailboxes.watch_unreachable(self._key, on_unreachable)
 
     async def send(self, batch: Sequence[QueuedMessage]) -> SendResult:
-        return await self._mailboxes.deliver(self.module_id, self.input_name, batch, self._id)
+        return await self._mailboxes.deliver(self._key, self._input_name, batch, self._id)
 
     async def close(self) -> None:
         return None
+
+
+class ModuleEndpoint(MailboxEndpoint):
+    """The ``delivery.Endpoint`` for ``/modules/{m}/inputs/{i}``; see the module docstring."""
+
+    def __init__(self, endpoint_id: str, mailboxes: ModuleMailboxes, *, max_batch: int = DEFAULT_MAX_BATCH) -> None:
+        parsed = parse_module_endpoint(endpoint_id)
+        if parsed is None:
+            raise ValueError(f"{endpoint_id!r} is not /modules/{{m}}/inputs/{{i}}")
+        self.module_id, self.input_name = parsed
+        super().__init__(endpoint_id, mailboxes, self.module_id, self.input_name, max_batch=max_batch)

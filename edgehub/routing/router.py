@@ -6,6 +6,7 @@ executor and the heads (spelled, built and parsed in ``edgehub.core.endpoints``)
 * ``$upstream`` (any case) → ``"$upstream"``
 * ``BrokeredEndpoint("/modules/{m}/inputs/{i}")`` (function name in any case, either quotes) →
   ``"/modules/{m}/inputs/{i}"``
+* ``BrokeredEndpoint("/devices/{d}/messages/devicebound")`` → that id: device ``d``'s cloud-to-device queue
 
 Source matching: the route's source is trimmed, loses one trailing ``*`` and then one trailing ``/``; it matches
 a message whose source, compared case-insensitively and both ending in ``/``, starts with it.
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgehub.core import DEFAULT_PRIORITY, Message, RouteResult
-from edgehub.core.endpoints import UPSTREAM_ENDPOINT, parse_module_endpoint
+from edgehub.core.endpoints import UPSTREAM_ENDPOINT, parse_device_endpoint, parse_module_endpoint
 from edgehub.routing import ast
 from edgehub.routing.compiler import CompiledExpr, EvalContext, Tri, compile_expr, to_tri
 from edgehub.routing.errors import Problem, RouteCompileError, RouteError
@@ -126,13 +127,16 @@ def _endpoint(text: str, sink: ast.SystemSink | ast.FunctionSink, problems: list
                 span.length,
             )
         )
-    elif parse_module_endpoint(sink.argument) is None or not _is_unicode(sink.argument):
+    elif (
+        parse_module_endpoint(sink.argument) is None and parse_device_endpoint(sink.argument) is None
+    ) or not _is_unicode(sink.argument):
         # A \uD800 escape gives a lone surrogate: a module and input that no UTF-8 store or topic can name.
         problems.append(
             Problem(
                 span.line,
                 span.column,
-                f'BrokeredEndpoint needs "/modules/{{module}}/inputs/{{input}}", not {sink.argument!r}',
+                'BrokeredEndpoint needs "/modules/{module}/inputs/{input}" or '
+                f'"/devices/{{device}}/messages/devicebound", not {sink.argument!r}',
                 span.length,
             )
         )

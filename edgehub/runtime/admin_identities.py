@@ -59,13 +59,15 @@ class IdentitySpec:
     key_b64: str | None = None
     thumbprint: str | None = None
     password: str | None = None
+    parent: Identity | None = None  # the device (a child hub) this device sits behind (protocol_heads.mqtt.children)
 
     @classmethod
     def from_json(cls, value: dict[str, object]) -> IdentitySpec:
-        unknown = set(value) - {"id", "auth", "key", "thumbprint", "password"}
+        names = ("id", "auth", "key", "thumbprint", "password", "parent")
+        unknown = set(value) - set(names)
         if unknown:
             raise IdentityError(f"{sorted(unknown)[0]}: unknown field")
-        fields = {name: value.get(name) for name in ("id", "auth", "key", "thumbprint", "password")}
+        fields = {name: value.get(name) for name in names}
         for name, v in fields.items():
             if v is not None and not isinstance(v, str):
                 raise IdentityError(f"{name}: must be a string")
@@ -77,6 +79,7 @@ class IdentitySpec:
             _opt(fields["key"]),
             _opt(fields["thumbprint"]),
             _opt(fields["password"]),
+            None if fields["parent"] is None else parse_identity(str(fields["parent"]), field="parent"),
         ).checked()
 
     def checked(self) -> IdentitySpec:
@@ -105,6 +108,10 @@ class IdentitySpec:
             raise IdentityError("thumbprint: the certificate's SHA-256 as 64 hex digits")
         if self.password is not None and not 1 <= len(self.password) <= _MAX_PASSWORD:
             raise IdentityError(f"password: 1 to {_MAX_PASSWORD} characters")
+        if self.parent is not None and (
+            self.identity.module_id is not None or self.parent.module_id is not None or self.parent == self.identity
+        ):
+            raise IdentityError("parent: a device sits behind another device (a child hub), not a module")
         return self
 
 
@@ -112,11 +119,11 @@ def _opt(value: object) -> str | None:
     return None if value is None else str(value)
 
 
-def parse_identity(text: str) -> Identity:
+def parse_identity(text: str, *, field: str = "id") -> Identity:
     try:
         return Identity.parse(text)
     except ValueError as exc:
-        raise IdentityError(f"id: {exc}") from None
+        raise IdentityError(f"{field}: {exc}") from None
 
 
 def ways_of(record: IdentityRecord) -> list[str]:
@@ -156,7 +163,9 @@ class IdentityAdmin:
         else:
             assert spec.password is not None
             await reg.set_password(ident, spec.password.encode())
-        log.info("admin.identity_added identity=%s auth=%s", ident, spec.auth)
+        if spec.parent is not None:
+            await reg.set_parent(ident, spec.parent)
+        log.info("admin.identity_added identity=%s auth=%s parent=%s", ident, spec.auth, spec.parent)
         return key
 
     def list(self) -> list[dict[str, object]]:

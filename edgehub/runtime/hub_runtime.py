@@ -15,6 +15,8 @@ start (the CLI exits 1 with that message, no traceback).
 batch there through a ``LandingZone`` (fsspec: a folder, or s3/abfs/... with the plugin installed); otherwise
 messages routed there stay queued in the store (they survive restarts and go out once an upstream is configured;
 ``edgehub run`` uploads to ``DATA_DIR/landing`` unless told otherwise, ``edgehub.runtime.firstrun``).
+Over MQTT, the first lane's connection also serves the cloud's side: it subscribes for the devices the hub knows,
+and the messages for them and the direct method calls it receives go to the hub (``edgehub.upstream.mqtt_cloud``).
 
 How the transport uses its link (``wireMode``, ``maxUplinkBps``, ``maxBatchBytes``, ``lingerMs``,
 ``maxInflightBytes``, ``linkRateBps``, ``linkRttMs``, ``compression``) comes from the manifest's ``upstream``
@@ -393,6 +395,10 @@ async def serve(
         ) as hub:
             if on_hub is not None:
                 on_hub(hub)
+            # The cloud's device-bound messages and method calls come over the first MQTT lane (mqtt_cloud).
+            cloud = next((e for e in endpoints if isinstance(e, MqttUpstream)), None)
+            if cloud is not None:
+                cloud.serve_cloud(hub, refusals=hub.refusals)
             limits: dict[str, Any] = {
                 name: value
                 for name in (

@@ -10,6 +10,8 @@ holds it but its admin API does not answer, the command says so and exits 1).
 ``add`` prints an IoT Hub style connection string for ``sas`` (with ``GatewayHostName``, so SDK clients dial this
 hub); ``x509`` takes ``--thumbprint`` or ``--cert-file`` (its SHA-256 is computed here); ``password`` reads the
 password from ``$EDGEHUB_IDENTITY_PASSWORD`` or asks for it (never from the command line, where others see it).
+``--parent GW``: the device sits behind the device ``GW`` (a child hub logged in as ``GW``), which may then take its
+cloud-to-device messages and method calls (``protocol_heads.mqtt.children``).
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ def thumbprint_of(cert_file: Path) -> str:
 )
 @data_dir_option
 @click.option("--host-name", default=DEFAULT_HOST_NAME, show_default=True, help="HostName and GatewayHostName.")
+@click.option("--parent", default=None, help="The device (a child hub) this device sits behind.")
 def add(
     device: str,
     module: str | None,
@@ -136,9 +139,11 @@ def add(
     cert_file: Path | None,
     data_dir: Path,
     host_name: str,
+    parent: str | None,
 ) -> None:
     """Add an identity (or another way for it to log in); for sas, print its connection string."""
     ident = _identity(device, module)
+    gateway = _identity(parent, None) if parent else None
     if cert_file is not None:
         if thumbprint is not None:
             raise click.UsageError("--thumbprint or --cert-file, not both")
@@ -149,12 +154,12 @@ def add(
             "password", hide_input=True, confirmation_prompt=True, type=str
         )
     try:
-        spec = IdentitySpec(ident, auth, key, thumbprint, password).checked()
+        spec = IdentitySpec(ident, auth, key, thumbprint, password, gateway).checked()
     except IdentityError as exc:
         raise click.UsageError(str(exc)) from None
 
     def online(client: AdminClient) -> str | None:
-        body = {"id": ident.id, "auth": auth, "key": key, "thumbprint": thumbprint, "password": password}
+        body = {"id": ident.id, "auth": auth, "key": key, "thumbprint": thumbprint, "password": password, "parent": parent}
         _, answer = client.request("POST", "/identities", {k: v for k, v in body.items() if v is not None})
         new_key = answer.get("key") if isinstance(answer, dict) else None
         return str(new_key) if new_key is not None else None

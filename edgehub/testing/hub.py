@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import logging
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +41,8 @@ from edgehub.core import (
     StorageIOError,
     SystemClock,
 )
-from edgehub.core.refusals import RefusalReason
+from edgehub.core.methods import MethodCall, MethodResult
+from edgehub.core.refusals import RefusalLog, RefusalReason
 from edgehub.core.sas import resource_uri, verify_sas_token
 from edgehub.hub import (
     AuthResult,
@@ -52,6 +54,7 @@ from edgehub.hub import (
     SessionInfo,
     Stored,
 )
+from edgehub.hub.methods import MethodDispatcher
 from edgehub.hub.twins import parse_reported_patch
 
 __all__ = ["InMemoryHub"]
@@ -100,6 +103,8 @@ class InMemoryHub:
         self._tasks: set[asyncio.Task[None]] = set()
         self._login_gate: asyncio.Event | None = None
         self._logins_held = 0
+        # Direct methods: the real dispatcher (it holds no store), so a head's method path runs as with EdgeHub.
+        self.methods = MethodDispatcher(clock=self.clock, refusals=RefusalLog(logging.getLogger(__name__)))
 
     # --- steering ----------------------------------------------------------------------------------------
 
@@ -265,12 +270,14 @@ class InMemoryHub:
         if clean_session:
             box.waiting.clear()
         box.link = link
+        self.methods.connect(identity, link)
         self.connects.append(identity)
         self._pump(box)
         await self._notify()
         return SessionInfo(session_present=present)
 
     async def disconnect(self, identity: Identity, link: ClientLink) -> None:
+        self.methods.disconnect(identity, link)
         box = self._mailboxes.get(identity.id)
         if box is None or box.link is not link:
             return
@@ -293,6 +300,15 @@ class InMemoryHub:
         box = self._mailboxes.get(identity.id)
         if box is not None and box.link is link:
             self._pump(box)
+
+    def is_parent(self, parent: Identity, child: Identity) -> bool:
+        return False  # no gateways behind this hub
+
+    async def invoke_method(self, caller: str, target: Identity, call: MethodCall) -> MethodResult:
+        return await self.methods.invoke(caller, target, call)
+
+    def method_response(self, identity: Identity, rid: str, status: int, payload: bytes) -> bool:
+        return self.methods.respond(identity, rid, status, payload)
 
     async def get_twin(self, identity: Identity) -> Mapping[str, Any]:
         twin = self.twins.setdefault(identity.id, {"desired": {"$version": 1}, "reported": {"$version": 1}})

@@ -6,7 +6,8 @@ paho runs its own network thread; its callbacks only hand events to the asyncio 
 Invariants: every connection is a fresh paho client with ``reconnect_on_failure=False``, so paho never resends
 a previous connection's PUBLISHes behind our back and what is in flight is exactly what ``Connection`` counts;
 ``inflight_bytes`` is the sum of the wire bytes of the PUBLISHes awaiting their PUBACK; once the connection is
-lost, every pending PUBLISH has failed and nothing more is acknowledged on it.
+lost, every pending PUBLISH has failed and nothing more is acknowledged on it. The broker's PUBLISHes to us
+(device-bound messages, method calls: ``mqtt_cloud``) are acknowledged by us (paho's manual ack), once handled.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edgehub.core import FailureKind, TransportError
+from edgehub.upstream.mqtt_cloud import CloudMessage
 from edgehub.upstream.mqtt_settings import MqttProtocol, MqttUpstreamSettings
 from edgehub.upstream.mqtt_wire import Unit
 
@@ -53,6 +55,9 @@ class Connection:
         client.on_connect = self._t_on_connect
         client.on_disconnect = self._t_on_disconnect
         client.on_publish = self._t_on_publish
+        client.on_message = self._t_on_message
+        client.on_subscribe = self._t_on_subscribe
+        self.subscribing: set[int] = set()  # SUBSCRIBE packet ids awaiting their SUBACK
 
     # paho's thread: hand everything to the loop.
     def _t_on_connect(self, c: paho.Client, u: Any, flags: Any, rc: Any, props: Any) -> None:
@@ -64,7 +69,34 @@ class Connection:
     def _t_on_publish(self, c: paho.Client, u: Any, mid: int, rc: Any, props: Any) -> None:
         self.loop.call_soon_threadsafe(self._on_ack, mid, bool(rc.is_failure), str(rc))
 
+    def _t_on_message(self, c: paho.Client, u: Any, msg: paho.MQTTMessage) -> None:
+        props = getattr(msg, "properties", None)
+        user = tuple(getattr(props, "UserProperty", ()) or ())
+        content_type = getattr(props, "ContentType", None)
+        correlation = getattr(props, "CorrelationData", None)
+        m = CloudMessage(msg.topic, bytes(msg.payload), msg.qos, msg.mid, user, content_type, correlation)
+        self.loop.call_soon_threadsafe(self.owner._on_cloud, self, m)
+
+    def _t_on_subscribe(self, c: paho.Client, u: Any, mid: int, rcs: Any, props: Any) -> None:
+        self.loop.call_soon_threadsafe(self._on_suback, mid)
+
     # the loop.
+    def _on_suback(self, mid: int) -> None:
+        self.subscribing.discard(mid)
+        if not self.subscribing:
+            self.owner._cloud_subscribed(self)
+
+    def subscribe(self, filters: list[tuple[str, int]]) -> None:
+        """SUBSCRIBE to ``filters`` (one packet); ``owner._cloud_subscribed`` is called once every SUBACK is in."""
+        rc, mid = self.client.subscribe(filters)
+        if rc == paho.MQTT_ERR_SUCCESS and mid is not None:
+            self.subscribing.add(mid)
+
+    def ack(self, mid: int, qos: int) -> None:
+        """PUBACK a PUBLISH the broker sent on this connection (QoS 0: nothing to send)."""
+        if qos > 0 and self.alive:
+            self.client.ack(mid, qos)
+
     def _on_connect(self, failed: bool, reason: str) -> None:
         if self.connack.done():
             return
@@ -143,6 +175,7 @@ def new_client(s: MqttUpstreamSettings) -> paho.Client:
         clean_session=None if v5 else True,
         protocol=paho.MQTTv5 if v5 else paho.MQTTv311,
         reconnect_on_failure=False,  # one connection per client: see the module docstring
+        manual_ack=True,  # a device-bound message is acknowledged once the hub has it durably (mqtt_cloud)
     )
     client.connect_timeout = s.connect_timeout_s
     client.max_inflight_messages_set(0)  # 0: no count limit; the byte window is the bound

@@ -70,6 +70,7 @@ class MqttUpstreamSettings:
     compresslevel: int = 6  # gzip 1-9, zstd 1-22
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
+    max_cloud_devices: int = 1000  # devices subscribed for (device-bound messages, method calls); see mqtt_cloud
 
     def __post_init__(self) -> None:
         if (self.max_batch_bytes is not None and self.max_batch_bytes <= 0) or self.max_batch_messages <= 0:
@@ -80,6 +81,8 @@ class MqttUpstreamSettings:
             raise ValueError("linger_s must be >= 0 and max_uplink_bps positive")
         if self.compression is Codec.ZSTD and not zstd_available():
             raise ValueError("compression zstd needs the zstandard package: pip install edgehub[zstd]")
+        if self.max_cloud_devices < 0:
+            raise ValueError("max_cloud_devices must be >= 0")
         if self.keepalive_s <= 0 or self.ack_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("keepalive_s, ack_timeout_s and connect_timeout_s must be positive")
 

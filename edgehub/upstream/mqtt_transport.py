@@ -48,6 +48,10 @@ Wire modes
   (``edgehub.core.property_bag``, the table the MQTT head reads bags with: ``$.mid``, ``$.exp``, ``$.schema``,
   ``$.ifid``, ``$.sid``, ``$.pk``, ...).
 
+The cloud's side (``mqtt_cloud``): once ``serve_cloud(commands)`` is called (the runtime does, for the first
+lane), every connection subscribes for the devices the hub serves, and the broker's device-bound messages and
+method calls go to the hub; their answers come back on this connection.
+
 Authentication: username/password; an IoT Hub SAS token (the password; the username defaults to
 ``{host}/{client_id}/?api-version=2021-04-12``); TLS with a CA file and optionally a client certificate.
 
@@ -74,8 +78,11 @@ from collections.abc import Callable, Sequence
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential, wait_random
 
 from edgehub.core import Clock, FailureKind, SystemClock, TransportError
+from edgehub.core.methods import CloudCommands
+from edgehub.core.refusals import RefusalLog
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.bandwidth import RateEstimator, TokenBucket
+from edgehub.upstream.mqtt_cloud import CloudMessage, CloudSide, subscriptions
 from edgehub.upstream.mqtt_connection import Connection, new_client
 from edgehub.upstream.mqtt_settings import (
     MqttProtocol,
@@ -125,6 +132,8 @@ class MqttUpstream:
         self._wire_acked = 0
         self._bytes_per_message: float | None = None
         self._rtt_samples: deque[float] = deque(maxlen=64)
+        self._cloud: CloudSide | None = None
+        self._cloud_ready = asyncio.Event()  # the current connection's cloud subscriptions are acknowledged
 
     # -- Endpoint ---------------------------------------------------------------------------------------------
 
@@ -175,8 +184,59 @@ class MqttUpstream:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def serve_cloud(self, commands: CloudCommands, *, refusals: RefusalLog | None = None) -> None:
+        """Hand the broker's device-bound messages and method calls to ``commands`` (``mqtt_cloud``), from the
+        current connection (if any) on."""
+        self._cloud = CloudSide(
+            commands,
+            publish=self._cloud_publish,
+            refusals=refusals or RefusalLog(log, clock=self._clock),
+            clock=self._clock,
+        )
+        conn = self._conn
+        if conn is not None and conn.alive:
+            self._subscribe(conn)
+
+    def _subscribe(self, conn: Connection) -> None:
+        if self._cloud is None:
+            return
+        devices = list(self._cloud.commands.device_ids())[: self.settings.max_cloud_devices]
+        filters = subscriptions(devices)
+        self._cloud_ready.clear()
+        for i in range(0, len(filters), 100):  # a few SUBSCRIBE packets, not one of unbounded size
+            conn.subscribe(filters[i : i + 100])
+        if not conn.subscribing:
+            self._cloud_ready.set()  # nothing to wait for (no devices)
+        log.info(
+            "upstream.cloud_subscribed lane=%s devices=%d filters=%d", self.settings.lane, len(devices), len(filters)
+        )
+
+    def _cloud_subscribed(self, conn: Connection) -> None:
+        if conn is self._conn:
+            self._cloud_ready.set()
+
+    async def wait_cloud_ready(self) -> None:
+        """Return once the current connection's subscriptions for the cloud's side are acknowledged (the broker
+        delivers from then on). Bound it with ``asyncio.timeout``."""
+        await self._cloud_ready.wait()
+
+    def _on_cloud(self, conn: Connection, m: CloudMessage) -> None:
+        if self._cloud is None:
+            conn.ack(m.mid, m.qos)  # not serving the cloud (yet): nothing subscribed this
+            return
+        self._cloud.handle(m, lambda: conn.ack(m.mid, m.qos))
+
+    def _cloud_publish(self, topic: str, payload: bytes) -> None:
+        conn = self._conn
+        if conn is not None and conn.alive:
+            conn.client.publish(topic, payload, qos=0)
+        else:
+            log.info("upstream.cloud_answer_dropped lane=%s topic=%s", self.settings.lane, topic[:128])
+
     async def close(self) -> None:
         self._closed = True
+        if self._cloud is not None:
+            await self._cloud.close()
         self._wake.set()
         if self._task is not None:
             self._task.cancel()
@@ -393,6 +453,7 @@ class MqttUpstream:
             assert conn is not None
             self._conn = conn
             self._connects += 1
+            self._subscribe(conn)
             self._connected_event.set()
             log.info("upstream.connected lane=%s host=%s port=%d connects=%d", s.lane, s.host, s.port, self._connects)
             self._on_reachable()

@@ -14,6 +14,9 @@
   ``absolute-expiry-time``; user properties are read like the property bag (``$.`` names are system
   properties, so ``$.sid`` / ``$.pk`` as user properties too: MQTT 5 has no session-id field). On delivery
   the same properties go out both in the topic's bag and, to MQTT 5 clients, as MQTT 5 properties.
+* Direct methods: the hub sends a call on ``$iothub/methods/POST/{name}/?$rid={rid}`` (``method_request_topic``)
+  to a client subscribed to it; the client answers on ``$iothub/methods/res/{status}/?$rid={rid}``
+  (``parse_method_response``), which is never a message.
 * Plain MQTT topics (granted by an ACL) enter routing as telemetry of the identity, with the MQTT topic kept in
   the application property ``PLAIN_TOPIC_PROPERTY`` (``mqtt-topic``).
 * The connection system properties (``connectionDeviceId``, ``connectionModuleId``,
@@ -53,8 +56,10 @@ __all__ = [
     "encode_property_bag",
     "is_method_response",
     "message_from_publish",
+    "method_request_topic",
     "module_input_topic",
     "parse_client_id",
+    "parse_method_response",
     "parse_publish_topic",
     "parse_twin_request",
     "parse_username",
@@ -288,6 +293,26 @@ def is_method_response(topic: str) -> bool:
     return topic.startswith("$iothub/methods/res/")
 
 
+_METHOD_RESPONSE = re.compile(r"^\$iothub/methods/res/(\d{1,6})/\?(.*)$")
+
+
+def parse_method_response(topic: str) -> tuple[int, str] | None:
+    """``(status, rid)`` of ``$iothub/methods/res/{status}/?$rid={rid}``; None when the topic is not that (no
+    ``$rid``, or a status that is not a number of at most six digits)."""
+    m = _METHOD_RESPONSE.match(topic)
+    if m is None:
+        return None
+    rid = dict(parse_qsl(m.group(2), keep_blank_values=True)).get("$rid")
+    if not rid:
+        return None
+    return int(m.group(1)), rid
+
+
+def method_request_topic(name: str, rid: str) -> str:
+    """``$iothub/methods/POST/{name}/?$rid={rid}``: how a client receives a direct method call."""
+    return f"$iothub/methods/POST/{name}/?$rid={rid}"
+
+
 def telemetry_topic(identity: Identity, message: Message | None = None) -> str:
     """The topic a device or module sends ``message`` on (its bag from the message's properties)."""
     base = f"devices/{identity.device_id}"
@@ -359,7 +384,9 @@ class Acl:
 
     Built in: a device publishes only to its own telemetry and twin topics (and method responses); a module
     only to its own. A device subscribes to its own device-bound, twin and method topics; a module to its own
-    inputs (``devices/{d}/modules/{m}/inputs/#`` or ``devices/{d}/modules/{m}/#``), twin and method topics.
+    inputs (``devices/{d}/modules/{m}/inputs/#`` or ``devices/{d}/modules/{m}/#``), twin and method topics, and
+    the answers to the methods it calls. (A child hub's subscriptions for the devices behind it are not the ACL's:
+    the hub's identities decide them, ``children.py``; the method PUBLISHes are ``methods.py``'s.)
     ``publish_grants``/``subscribe_grants`` add plain MQTT topic filters per identity id (``d`` or ``d/m``).
     """
 
@@ -387,7 +414,9 @@ def _own_subscriptions(identity: Identity) -> list[str]:
     common = ["$iothub/twin/res/#", "$iothub/twin/PATCH/properties/desired/#", "$iothub/methods/POST/#"]
     if identity.module_id is None:
         return [f"devices/{identity.device_id}/messages/devicebound/#", *common]
-    return [f"devices/{identity.device_id}/modules/{identity.module_id}/#", *common]
+    # A module may call methods (protocol_heads.mqtt.methods) and receives the answers on these.
+    answers = ["$iothub/+/methods/res/#", "$iothub/+/+/methods/res/#"]
+    return [f"devices/{identity.device_id}/modules/{identity.module_id}/#", *common, *answers]
 
 
 # --- messages ----------------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from edgehub.core import (
 from edgehub.core.refusals import RefusalReason
 from edgehub.hub import AuthResult, Credentials, Delivery, Rejected
 from protocol_heads.mqtt.caches import BudgetDict
+from protocol_heads.mqtt.children import Children
 from protocol_heads.mqtt.connection import PeerPacketTooLarge, ServerConnection
 from protocol_heads.mqtt.events import (
     ConnectRequested,
@@ -63,8 +64,8 @@ from protocol_heads.mqtt.iothub import (
     TwinRequest,
     delivery_user_properties,
     device_bound_topic,
-    is_method_response,
     message_from_publish,
+    method_request_topic,
     module_input_topic,
     parse_client_id,
     parse_twin_request,
@@ -72,6 +73,7 @@ from protocol_heads.mqtt.iothub import (
     twin_response_topic,
     username_identity,
 )
+from protocol_heads.mqtt.methods import ModuleCalls
 from protocol_heads.mqtt.packets import MQTT_50, NO_PROPERTIES, Connect, Properties, PropertyId, Publish, ReasonCode
 
 if TYPE_CHECKING:
@@ -125,7 +127,7 @@ class _Link:
         if session is None:
             return 0
         conn = session.conn
-        return 0 if conn.closed else conn.window_free
+        return 0 if conn.closed or not session.listening else conn.window_free
 
     def send(self, delivery: Delivery) -> None:
         session = self._session
@@ -161,6 +163,23 @@ class _Link:
         # The hub sends a window of deliveries at a time: one write for all of them, not a syscall each.
         session.sock.schedule_flush()
 
+    relays_modules = False  # edgehub.hub.methods.MethodLink: it is the client's own link
+
+    def send_method_request(self, rid: str, name: str, payload: bytes, target: Identity) -> bool:
+        """``edgehub.hub.methods.MethodLink``: the call as QoS 0 (as IoT Hub sends them), if the client listens."""
+        session = self._session
+        if session is None or session.conn.closed:
+            return False
+        topic = method_request_topic(name, rid)
+        if not any(topic_matches(f, topic) for f in session.subscriptions):
+            return False  # IoT Hub answers 404 for a device that has not subscribed to its methods
+        try:
+            session.conn.send_message(topic, payload, qos=0)
+        except (PeerPacketTooLarge, LocalProtocolError):
+            return False
+        session.sock.schedule_flush()
+        return True
+
 
 class Session:
     """The session side of one connection (module docstring); ``sock`` is its socket side."""
@@ -177,6 +196,9 @@ class Session:
         self.subscriptions: set[str] = set()
         self.registered = False
         self.clean_exit = False
+        # Deliveries may go out: a module's at once (its inputs), a device's once it subscribed to its device-bound
+        # topic (IoT Hub sends cloud-to-device messages only then; the Azure SDK subscribes after connecting).
+        self.listening = True
         # topic -> (system, application properties) of a telemetry PUBLISH without MQTT 5 properties that the
         # ACL allowed: the same topic gives the same properties, so later ones skip parsing and checking it.
         # Bounded in bytes; only topics the ACL allowed and that made a message are kept.
@@ -185,6 +207,8 @@ class Session:
         )
         self._loop = asyncio.get_running_loop()
         self._tasks: set[asyncio.Task[None]] = set()  # the ingest groups in flight
+        self.calls = ModuleCalls(self.hub, now=self.settings.clock.time)  # the direct method calls it made
+        self.children = Children()  # the devices behind it, when it is a child hub
         # Refill the delivery window once a quarter of it is free: a client acks a few messages per read, and
         # refilling two or three slots at a time cost a socket write each; the rest is still in flight, so the
         # client never waits for it, and a window that drains completely is always refilled.
@@ -241,8 +265,12 @@ class Session:
             if delivery_id is not None:
                 delivered(identity, delivery_id, packet_id not in refused)
                 acked = True
-        if acked and self.link.window_free >= self._refill_at:
+            elif self.children.links and self.children.acked(self.hub, packet_id, packet_id not in refused):
+                acked = True  # a delivery for a device behind this child hub (children.py)
+        # The connection's window, not the link's: a child hub's own link may not listen while its devices' do.
+        if acked and self.conn.window_free >= self._refill_at:
             self.hub.link_ready(identity, self.link)
+            self.children.refill(self.hub)
 
     async def _authenticate(self, c: Connect) -> list[Event] | None:
         # Throttled per source address and per claimed client id (a key of 128 characters at most).
@@ -282,6 +310,7 @@ class Session:
         self.sock.authenticated(result.identity.id)
         self.identity = result.identity
         self.auth_method = result.auth_method
+        self.listening = result.identity.module_id is not None
         old = self.server._clients.get(self.identity.id)
         if old is not None:
             log.info("mqtt.session_takeover client=%s", self.identity)
@@ -380,16 +409,24 @@ class Session:
             if len(f) > s.max_filter_length or len(f.encode()) > s.max_filter_length:
                 self.sock.refused(RefusalReason.FILTER_TOO_LONG, length=len(f.encode()), limit=s.max_filter_length)
                 codes.append(ReasonCode.TOPIC_FILTER_INVALID)
-            elif f not in self.subscriptions and len(self.subscriptions) >= s.max_subscriptions:
+            elif (  # a gateway's filters for the devices behind it are bounded by the identities, not counted here
+                f not in self.subscriptions
+                and len(self.subscriptions) >= s.max_subscriptions
+                and Children.child_of(self.hub, self.identity, f) is None
+            ):
                 self.sock.refused(RefusalReason.TOO_MANY_SUBSCRIPTIONS, filter=shown(f), limit=s.max_subscriptions)
                 codes.append(ReasonCode.QUOTA_EXCEEDED)
-            elif s.acl.may_subscribe(self.identity, f):
+            elif s.acl.may_subscribe(self.identity, f) or self.children.stand_in(self, f):
                 self.subscriptions.add(f)
                 codes.append(min(sub.qos, 1))
             else:
                 self.sock.refused(RefusalReason.NOT_AUTHORIZED, subscribe=shown(f))
                 codes.append(ReasonCode.NOT_AUTHORIZED)
         self.conn.answer_subscribe(event.subscribe.packet_id, codes)
+        devicebound = f"devices/{self.identity.device_id}/messages/devicebound/x"  # one of its device-bound topics
+        if not self.listening and any(topic_matches(f, devicebound) for f in self.subscriptions):
+            self.listening = True
+            self.hub.link_ready(self.identity, self.link)  # what waited for the device goes out now
 
     def _on_unsubscribe(self, event: UnsubscribeRequested) -> None:
         codes: list[int] = []
@@ -432,6 +469,12 @@ class Session:
                     await self._on_twin(identity, twin, p)
                     settle.append((event.ticket, None, 0, None))
                     continue
+                if p.topic.startswith("$iothub/") and len(p.topic) <= self.settings.max_topic_length:
+                    # A method call or answer (methods.py): never a message.
+                    answer = self.calls.on_publish(identity, p.topic, p.payload, self._respond, self.sock.refused)
+                    if answer is not None:
+                        settle.append((event.ticket, None, *answer))
+                        continue
                 refusal = self._publish_refusal(identity, p.topic)
                 if refusal is not None:
                     settle.append((event.ticket, None, *refusal))
@@ -480,10 +523,6 @@ class Session:
         if len(topic) > limit:
             self.sock.refused(RefusalReason.TOPIC_TOO_LONG, length=len(topic), limit=limit)
             return ReasonCode.TOPIC_NAME_INVALID, f"topic name over {limit} characters"
-        if is_method_response(topic):
-            # Direct methods are not offered yet, so no call is ever pending: never route an answer as telemetry.
-            self.sock.refused(RefusalReason.NO_PENDING_CALL, topic=shown(topic))
-            return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "no direct method call is pending"
         if not self.settings.acl.may_publish(identity, topic):
             self.sock.refused(RefusalReason.NOT_AUTHORIZED, topic=shown(topic))
             return ReasonCode.NOT_AUTHORIZED, "not authorized to publish on this topic"
@@ -527,6 +566,7 @@ class Session:
         if self.conn.closed or not any(topic_matches(f, topic) for f in self.subscriptions):
             return
         self.conn.send_message(topic, payload, qos=0)
+        self.sock.schedule_flush()  # an answer made outside a read (a method call's) goes out too
 
     async def _publish_will(self, identity: Identity) -> None:
         c = self.conn.connect
@@ -553,6 +593,7 @@ class Session:
 
     async def close(self) -> None:
         """The connection has ended: let the groups in flight finish, then leave the hub (and publish the will)."""
+        self.calls.cancel()
         for task in list(self._tasks):
             if not task.done():
                 # Let stores finish: the message may be durable; its ack just cannot go out any more.
@@ -563,16 +604,19 @@ class Session:
             del self.server._clients[identity.id]
         if identity is not None and self.registered:
             await self._publish_will(identity)
+            await self.children.close(self.hub)
             await self.hub.disconnect(identity, self.link)
 
     def cancel(self) -> None:
         """Cancel the groups still in flight (server shutdown)."""
+        self.calls.cancel()
         for task in list(self._tasks):
             task.cancel()
 
     def dispose(self) -> None:
         """Let go of everything that could lead back to this connection (see ``ClientSocket.dispose``)."""
         self.link._session = None  # the hub may hold the link a while longer; it no longer holds this session
+        self.children.dispose()  # the same for the links of the devices behind it
         self._tasks.clear()
         self._telemetry.clear()
         del self.sock

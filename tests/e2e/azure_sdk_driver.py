@@ -15,6 +15,10 @@ name on port 8883 over TLS) and ``ca`` (the PEM file the SDK trusts, as ``server
   the SDK has its PUBACK; one ``{"event": "sent", "index": i}`` line follows each.
 * ``receive``: connect, install the input message handler (the SDK subscribes then), print
   ``{"event": "ready"}``, then one ``{"event": "message", ...}`` line per message received, until ``count``.
+* ``methods``: connect, install the method request handler (the SDK subscribes then), print ``{"event":
+  "ready"}``, then for each of ``count`` calls print ``{"event": "method", "name", "payload"}`` and answer it
+  with ``status`` and the payload ``{"answer": <name>, "request": <its payload>}``.
+  A device client's ``receive`` gets cloud-to-device messages (``input_name`` null).
 * ``connect``: connect and disconnect.
 
 Every line on stdout is one JSON object. A failure prints ``{"event": "error", "type": <SDK exception class>,
@@ -28,7 +32,7 @@ import queue
 import sys
 from typing import Any
 
-from azure.iot.device import IoTHubDeviceClient, IoTHubModuleClient, Message
+from azure.iot.device import IoTHubDeviceClient, IoTHubModuleClient, Message, MethodResponse
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -99,6 +103,22 @@ def receive(client: Any, spec: dict[str, Any]) -> None:
         emit("message", **incoming(msg))
 
 
+def methods(client: Any, spec: dict[str, Any]) -> None:
+    got: queue.Queue[Any] = queue.Queue()
+    client.connect()
+    client.on_method_request_received = got.put  # returns once the SDK's SUBSCRIBE to its methods is acknowledged
+    emit("ready")
+    for _ in range(spec["count"]):
+        try:
+            request = got.get(timeout=spec["timeout_s"])
+        except queue.Empty:
+            emit("error", type="Timeout", detail=f"no method call within {spec['timeout_s']} s")
+            raise SystemExit(1) from None
+        emit("method", name=request.name, payload=request.payload)
+        answer = {"answer": request.name, "request": request.payload}
+        client.send_method_response(MethodResponse.create_from_method_request(request, spec["status"], answer))
+
+
 def main(argv: list[str]) -> int:
     scenario, spec = argv[1], json.loads(argv[2])
     client = make_client(spec)
@@ -107,6 +127,8 @@ def main(argv: list[str]) -> int:
             send(client, spec)
         elif scenario == "receive":
             receive(client, spec)
+        elif scenario == "methods":
+            methods(client, spec)
         elif scenario == "connect":
             client.connect()
         else:

@@ -24,7 +24,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +34,12 @@ import pytest
 
 from edgehub.core import Identity
 from edgehub.core.sas import ConnectionString
+from edgehub.delivery import Endpoint
 from edgehub.store import QueueId, StoredItem
+from edgehub.testing.peers import MosquittoPeer
+from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, WireMode
 from tests.e2e.conftest import DEV, FILTER, HOST, KEYS, SENSOR, Rig, running_hub
+from tests.protocol_heads.mqtt.conftest import Paho
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(90)]
 
@@ -162,12 +166,14 @@ def _address_in_use(exc: BaseException) -> bool:
 
 
 @asynccontextmanager
-async def hub_on_8883(data: Path) -> AsyncIterator[Rig]:
+async def hub_on_8883(data: Path, endpoints: Sequence[Endpoint] = ()) -> AsyncIterator[Rig]:
     """The real hub (``running_hub``) with TLS on 127.0.0.1:8883, the port the SDK dials."""
     async with AsyncExitStack() as stack:
         rig: Rig | None = None
         try:
-            rig = await stack.enter_async_context(running_hub(data, routes=ROUTES, tls_port=SDK_PORT))
+            rig = await stack.enter_async_context(
+                running_hub(data, routes=ROUTES, tls_port=SDK_PORT, endpoints=endpoints)
+            )
         except BaseException as exc:  # the bind fails inside the hub's task groups: an OSError in a group
             if not _address_in_use(exc):
                 raise
@@ -356,3 +362,88 @@ async def test_sdk_clients_log_in_with_what_identity_add_prints_to_edgehub_run_o
     assert got["data"] == "hello"
     assert got["message_id"] == "cli-1"
     assert got["custom_properties"] == {"k": "v", "$.cdid": "dev1"}
+
+
+# --- cloud-to-device messages and direct methods, with a real Mosquitto as the cloud ---------------------------
+
+
+@asynccontextmanager
+async def cloud_served(rig: Rig, upstream: MqttUpstream, broker: MosquittoPeer) -> AsyncIterator[Paho]:
+    """``upstream`` serving ``rig``'s hub (subscribed for its devices), and a paho client on the broker as the
+    cloud, subscribed to the method responses."""
+    await upstream.start()
+    async with asyncio.timeout(STEP_S):
+        await upstream.wait_connected()
+        upstream.serve_cloud(rig.hub)
+        await upstream.wait_cloud_ready()
+    cloud = Paho.make("cloud")
+    assert await cloud.connect(broker.port) == 0
+    cloud.client.subscribe("$iothub/+/+/methods/res/#", qos=0)
+    async with asyncio.timeout(STEP_S):
+        await cloud.subscribes.get()
+    try:
+        yield cloud
+    finally:
+        await cloud.close()
+
+
+def upstream_to(broker: MosquittoPeer) -> MqttUpstream:
+    settings = MqttUpstreamSettings(
+        host=broker.host, port=broker.port, client_id="gw", hub_id="gw", wire_mode=WireMode.MESSAGE
+    )
+    return MqttUpstream(settings)
+
+
+async def test_sdk_device_receives_a_c2d_message_sent_while_it_was_offline_after_the_hub_restarted(
+    tmp_path: Path, sdk: Sdk, broker: MosquittoPeer
+) -> None:
+    upstream = upstream_to(broker)
+    try:
+        async with hub_on_8883(tmp_path, [upstream]) as rig, cloud_served(rig, upstream, broker) as cloud:
+            topic = "devices/dev1/messages/devicebound/$.mid=c2d-1&$.cid=req-9&unit=%C2%B0C&a%26b%3Dc=x%2Fy%20z"
+            mid = cloud.publish(topic, b'{"fan": "on"}', qos=1)
+            async with asyncio.timeout(STEP_S):
+                assert await cloud.publishes.get() == (mid, 0)  # the broker has it
+                await rig.hub.c2d.wait_accepted(1)  # and the hub, durably
+    finally:
+        await upstream.close()
+    async with (
+        hub_on_8883(tmp_path) as rig,
+        sdk.run("receive", rig.ca.ca_pem, connection_string(DEV), count=1) as receiver,
+    ):
+        assert await receiver.event() == {"event": "ready"}
+        got = await receiver.event()
+        assert await receiver.event() == {"event": "done"}
+        assert await receiver.exit_code() == 0
+    assert got["event"] == "message"
+    assert got["input_name"] is None  # a cloud-to-device message, not a module input
+    assert got["data"] == '{"fan": "on"}'
+    assert got["message_id"] == "c2d-1"
+    assert got["correlation_id"] == "req-9"
+    assert got["custom_properties"] == {"unit": "°C", "a&b=c": "x/y z"}
+
+
+async def test_sdk_module_answers_a_method_from_the_cloud_and_a_call_while_it_is_offline_gets_404(
+    tmp_path: Path, sdk: Sdk, broker: MosquittoPeer
+) -> None:
+    upstream = upstream_to(broker)
+    try:
+        async with hub_on_8883(tmp_path, [upstream]) as rig, cloud_served(rig, upstream, broker) as cloud:
+            cloud.publish("$iothub/edge/filter/methods/POST/setRate/?$rid=1&$timeout=10", b'{"hz": 5}', qos=0)
+            async with asyncio.timeout(10):  # the call's timeout: a 404 comes before it, at once
+                away = await cloud.messages.get()
+            assert away.topic == "$iothub/edge/filter/methods/res/404/?$rid=1"
+            assert json.loads(away.payload)["errorCode"] == 404103
+            async with sdk.run("methods", rig.ca.ca_pem, connection_string(FILTER), count=1, status=201) as module:
+                assert await module.event() == {"event": "ready"}  # connected and subscribed to its methods
+                cloud.publish("$iothub/edge/filter/methods/POST/setRate/?$rid=2&$timeout=20", b'{"hz": 5}', qos=1)
+                assert await module.event() == {"event": "method", "name": "setRate", "payload": {"hz": 5}}
+                async with asyncio.timeout(STEP_S):
+                    answer = await cloud.messages.get()
+                assert await module.event() == {"event": "done"}
+                assert await module.exit_code() == 0
+            assert answer.topic == "$iothub/edge/filter/methods/res/201/?$rid=2"
+            assert json.loads(answer.payload) == {"answer": "setRate", "request": {"hz": 5}}
+            assert stored(rig, "$upstream") == []  # the module's answer was never routed as telemetry
+    finally:
+        await upstream.close()

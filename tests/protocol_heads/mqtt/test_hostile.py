@@ -486,6 +486,9 @@ async def test_a_client_that_never_reads_is_aborted_after_its_keepalive(
         loop = asyncio.get_running_loop()
         await loop.sock_connect(sock, ("127.0.0.1", server.ports["tcp"]))
         await loop.sock_sendall(sock, encode(dev_connect(4, keepalive_s=1), 4))
+        # A device gets device-bound messages once it subscribed to them (as from IoT Hub).
+        devicebound = Subscribe(1, (Subscription("devices/dev1/messages/devicebound/#", 1),))
+        await loop.sock_sendall(sock, encode(devicebound, 4))
         await hub.wait_connected(DEV)
         # 16 device-bound messages of 512 KB (the window): more than loopback's buffers and the high-water mark.
         for _ in range(16):

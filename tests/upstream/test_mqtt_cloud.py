@@ -1,0 +1,123 @@
+"""The upstream's cloud side against a real Mosquitto standing in for the cloud: the whole hub (RocksDB store in
+tmp_path, the MQTT head on port 0) with an ``MqttUpstream`` serving it, a paho client on the broker as the cloud,
+paho devices and modules on the head.
+
+A device-bound message the cloud publishes for a device is stored and reaches the device; a direct method the
+cloud invokes reaches the target and its answer comes back to the cloud on the response topic; a call for a
+target that is not connected is answered 404 in IoT Hub's form."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from edgehub.core import Identity
+from edgehub.hub.facade import EdgeHub
+from edgehub.routing import Router
+from edgehub.store import Store
+from edgehub.store.rocks import open_rocks_store
+from edgehub.testing.peers import MosquittoPeer
+from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, WireMode
+from protocol_heads.mqtt.server import MqttServer, MqttSettings
+from tests.protocol_heads.mqtt.conftest import DEV, DEVICE_KEY, HOST, MOD, MODULE_KEY, Paho, sas_password, username
+
+pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]
+
+
+@dataclass
+class Cloudy:
+    hub: EdgeHub
+    server: MqttServer
+    store: Store
+    upstream: MqttUpstream
+    cloud: Paho
+
+
+@asynccontextmanager
+async def served(data: Path, broker: MosquittoPeer) -> AsyncIterator[Cloudy]:
+    store = open_rocks_store(data / "store")
+    settings = MqttUpstreamSettings(
+        host=broker.host, port=broker.port, client_id="gw", hub_id="gw", wire_mode=WireMode.MESSAGE
+    )
+    upstream = MqttUpstream(settings)
+    try:
+        router = Router({"up": "FROM /messages/* INTO $upstream"})
+        async with EdgeHub(store=store, router=router, host_name=HOST, endpoints=[upstream]) as hub:
+            await hub.identities.add_symmetric_key(DEV, DEVICE_KEY)
+            await hub.identities.add_symmetric_key(MOD, MODULE_KEY)
+            await upstream.start()
+            async with asyncio.timeout(10):
+                await upstream.wait_connected()
+            cloud = Paho.make("cloud")
+            assert await cloud.connect(broker.port) == 0
+            cloud.client.subscribe("$iothub/+/methods/res/#", qos=0)
+            cloud.client.subscribe("$iothub/+/+/methods/res/#", qos=0)
+            async with asyncio.timeout(10):
+                await cloud.subscribes.get()
+                await cloud.subscribes.get()
+            upstream.serve_cloud(hub)  # subscribes for dev1 on the connection that is up
+            async with asyncio.timeout(10):
+                await upstream.wait_cloud_ready()
+            async with MqttServer(hub, settings=MqttSettings(tcp_port=0, tls_port=None)) as server:
+                yield Cloudy(hub, server, store, upstream, cloud)
+            await cloud.close()
+    finally:
+        await upstream.close()
+        await store.close()
+
+
+async def connected(rig: Cloudy, identity: Identity, key: str, topic_filter: str) -> Paho:
+    client = Paho.make(identity.id)
+    token = sas_password(identity, key, expiry_s=int(rig.hub.clock.time()) + 3600)
+    assert await client.connect(rig.server.ports["tcp"], user=username(identity), password=token) == 0
+    client.client.subscribe(topic_filter, qos=1)
+    async with asyncio.timeout(10):
+        await client.subscribes.get()
+    return client
+
+
+async def test_a_device_bound_message_from_the_cloud_is_stored_then_reaches_the_device(
+    tmp_path: Path, broker: MosquittoPeer
+) -> None:
+    async with served(tmp_path, broker) as rig:
+        dev = await connected(rig, DEV, DEVICE_KEY, "devices/dev1/messages/devicebound/#")
+        rig.cloud.publish("devices/dev1/messages/devicebound/$.mid=c2d-1&kind=cmd&note=a%20b", b"on", qos=1)
+        async with asyncio.timeout(10):
+            await rig.cloud.publishes.get()
+            got = await dev.messages.get()
+        assert got.payload == b"on"
+        assert "$.mid=c2d-1" in got.topic
+        assert "kind=cmd" in got.topic
+        assert "note=a%20b" in got.topic
+        await dev.close()
+
+
+async def test_a_method_the_cloud_invokes_is_answered_by_the_module_and_a_call_to_one_away_gets_404(
+    tmp_path: Path, broker: MosquittoPeer
+) -> None:
+    async with served(tmp_path, broker) as rig:
+        # A call to a module that is not connected: 404 (DeviceNotOnline), answered on the response topic.
+        rig.cloud.publish("$iothub/dev1/filter/methods/POST/probe/?$rid=0", b"{}", qos=0)
+        async with asyncio.timeout(10):
+            away = await rig.cloud.messages.get()
+        assert away.topic == "$iothub/dev1/filter/methods/res/404/?$rid=0"
+        assert json.loads(away.payload)["errorCode"] == 404103
+        module = await connected(rig, MOD, MODULE_KEY, "$iothub/methods/POST/#")
+        rig.cloud.publish("$iothub/dev1/filter/methods/POST/setRate/?$rid=42&$timeout=10", b'{"hz": 5}', qos=1)
+        async with asyncio.timeout(10):
+            request = await module.messages.get()
+            assert request.topic.startswith("$iothub/methods/POST/setRate/?$rid=")
+            assert request.payload == b'{"hz": 5}'
+            rid = request.topic.rpartition("$rid=")[2]
+            module.publish(f"$iothub/methods/res/200/?$rid={rid}", b'{"hz": 5, "ok": true}', qos=1)
+            answer = await rig.cloud.messages.get()
+        assert answer.topic == "$iothub/dev1/filter/methods/res/200/?$rid=42"
+        assert answer.payload == b'{"hz": 5, "ok": true}'
+        assert rig.store.usage("$upstream") == (0, 0)  # the answer went to the caller, not to routing
+        await module.close()
