@@ -68,8 +68,12 @@ class MqttUpstreamSettings:
     linger_s: float = 0.2  # while batches are in flight, how long a short batch waits to fill
     compression: Codec = Codec.GZIP  # batch mode's segment codec; zstd needs the zstandard package
     compresslevel: int = 6  # gzip 1-9, zstd 1-22
+    # Connect attempts (edgehub.upstream.reconnect): refused or reset at once, the next after this steady
+    # interval (+ up to 50 % jitter); refused by the far side (CONNACK), a backoff doubling from
+    # reconnect_refused_min_s up to reconnect_max_s.
     reconnect_min_s: float = 0.5
-    reconnect_max_s: float = 30.0
+    reconnect_max_s: float = 300.0
+    reconnect_refused_min_s: float = 5.0
 
     def __post_init__(self) -> None:
         if (self.max_batch_bytes is not None and self.max_batch_bytes <= 0) or self.max_batch_messages <= 0:
@@ -80,6 +84,8 @@ class MqttUpstreamSettings:
             raise ValueError("linger_s must be >= 0 and max_uplink_bps positive")
         if self.compression is Codec.ZSTD and not zstd_available():
             raise ValueError("compression zstd needs the zstandard package: pip install edgehub[zstd]")
+        if min(self.reconnect_min_s, self.reconnect_max_s, self.reconnect_refused_min_s) <= 0:
+            raise ValueError("reconnect_min_s, reconnect_max_s and reconnect_refused_min_s must be positive")
         if self.keepalive_s <= 0 or self.ack_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("keepalive_s, ack_timeout_s and connect_timeout_s must be positive")
 

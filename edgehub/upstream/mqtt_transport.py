@@ -20,16 +20,19 @@ What it guarantees
   room, highest priority first.
 * **``max_uplink_bps``**: a token bucket on PUBLISH wire bytes; a backlog after an outage cannot exceed it.
   ``status()`` reports the achieved rate (acknowledged bytes over a 10 s window) and wire bytes per message.
-* **Reconnect** runs in its own task (tenacity): exponential backoff with jitter from ``reconnect_min_s`` to
-  ``reconnect_max_s`` after a refusal or reset, none after an attempt that hung until ``connect_timeout_s`` (a
-  silent link: the next attempt starts at once, so one is always on its way and its CONNECT goes through as
-  soon as the link does). ``reconnect_now()`` cuts a backoff short, and every ``submit`` while disconnected
-  calls it: the executor's retry and probe schedule (itself cut short by ``on_reachable``) overrides the
-  transport's backoff. Each successful CONNACK calls the executor's ``on_reachable``; the loss of that
-  connection (a drop, or a silent link noticed by keepalive or ``ack_timeout_s``) calls its ``on_unreachable``,
-  which parks the executor's queues until the next CONNACK rather than have it send into a dead link. Every
-  connection is a fresh paho client with ``reconnect_on_failure=False``: paho never resends a previous
-  connection's PUBLISHes behind our back, so what is in flight is exactly what this module counts.
+* **Reconnect** runs in its own task (tenacity), on ``edgehub.upstream.reconnect``'s schedule: an attempt
+  refused or reset at once (a hard cut: the modem is down, the port refuses) is followed by the next after a
+  steady ``reconnect_min_s`` with up to 50 % jitter, however long the cut lasts, so the first attempt after the
+  link returns is at most about one interval away; an attempt that hung until ``connect_timeout_s`` (a silent
+  link) by the next one at once (it paced the loop already, and the attempt on its way is the one that hears
+  first when the link returns); a CONNACK refusal (bad credentials) by a hard backoff, doubling from
+  ``reconnect_refused_min_s`` to ``reconnect_max_s``, logged as a warning. ``reconnect_now()`` cuts a wait
+  short, but never that of a refusal (the executor's probes must not hammer a broker that said no), and every
+  ``submit`` while disconnected calls it. Each successful CONNACK calls the executor's ``on_reachable``; the
+  loss of that connection (a drop, or a silent link noticed by keepalive or ``ack_timeout_s``) calls its
+  ``on_unreachable``, which parks the executor's queues until the next CONNACK rather than have it send into a
+  dead link. Every connection is a fresh paho client with ``reconnect_on_failure=False``: paho never resends a
+  previous connection's PUBLISHes behind our back, so what is in flight is exactly what this module counts.
 
 Wire modes
 ----------
@@ -71,7 +74,7 @@ import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential, wait_random
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from edgehub.core import Clock, FailureKind, SystemClock, TransportError
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
@@ -85,6 +88,7 @@ from edgehub.upstream.mqtt_settings import (
     WireMode,
 )
 from edgehub.upstream.mqtt_wire import SEGMENT_CONTENT_TYPE, Unit, publish_units, publish_wire_bytes
+from edgehub.upstream.reconnect import ConnectFailure, ReconnectSchedule, connect_failure_of
 
 __all__ = [
     "SEGMENT_CONTENT_TYPE",
@@ -112,6 +116,15 @@ class MqttUpstream:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._wake = asyncio.Event()  # cuts a reconnect wait short
+        self._schedule = ReconnectSchedule(
+            interval_s=settings.reconnect_min_s,
+            refused_min_s=min(settings.reconnect_refused_min_s, settings.reconnect_max_s),
+            refused_max_s=settings.reconnect_max_s,
+        )
+        self._refusals = 0  # CONNACK refusals in a row
+        self._refused_wait = False  # the wait under way follows a refusal: reconnect_now leaves it alone
+        self.connect_attempts = 0
+        self._progress = asyncio.Event()  # a connect attempt began, a connection came up or was lost
         self._window_event = asyncio.Event()
         self._connected_event = asyncio.Event()
         self._bucket = TokenBucket(
@@ -177,6 +190,7 @@ class MqttUpstream:
 
     async def close(self) -> None:
         self._closed = True
+        self._refused_wait = False
         self._wake.set()
         if self._task is not None:
             self._task.cancel()
@@ -198,9 +212,17 @@ class MqttUpstream:
             self._connected_event.clear()
             await self._connected_event.wait()
 
+    async def wait_for(self, condition: Callable[[], bool]) -> None:
+        """Return once ``condition()`` holds, checked at each connect attempt, connect and loss. Bound it with
+        ``asyncio.timeout``: meant for tests and tools that watch the connection."""
+        while not condition():
+            self._progress.clear()
+            await self._progress.wait()
+
     def reconnect_now(self) -> None:
-        """Cut a reconnect backoff short (the executor learned the link is back some other way)."""
-        self._wake.set()
+        """Cut a reconnect wait short (the executor wants to send), unless it follows a CONNACK refusal."""
+        if not self._refused_wait:
+            self._wake.set()
 
     def set_max_uplink_bps(self, rate_bps: float | None) -> None:
         self._bucket.set_rate(rate_bps)
@@ -358,23 +380,36 @@ class MqttUpstream:
 
     async def _backoff_sleep(self, delay_s: float) -> None:
         self._wake.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(delay_s):
-                await self._wake.wait()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay_s):
+                    await self._wake.wait()
+        finally:
+            self._refused_wait = False
 
     def _log_connect_failed(self, rs: RetryCallState) -> None:
         error = rs.outcome.exception() if rs.outcome is not None else None
-        log.info("upstream.connect_failed lane=%s attempt=%d error=%s", self.settings.lane, rs.attempt_number, error)
+        wait_s = rs.upcoming_sleep
+        if self._refused_wait:
+            log.warning(
+                "upstream.connect_refused lane=%s attempt=%d refusals=%d retry_in_s=%.1f error=%s",
+                self.settings.lane, rs.attempt_number, self._refusals, wait_s, error,
+            )  # fmt: skip
+            return
+        log.info(
+            "upstream.connect_failed lane=%s attempt=%d retry_in_s=%.2f error=%s",
+            self.settings.lane, rs.attempt_number, wait_s, error,
+        )  # fmt: skip
 
     def _reconnect_wait(self, rs: RetryCallState) -> float:
-        """Exponential backoff with jitter after a refusal or a reset; none after an attempt that hung until
-        ``connect_timeout_s``: it paced the loop already, and while the link is silent the attempt on its way is
-        the one that hears first when the link comes back (its CONNECT goes through, the CONNACK follows)."""
+        """The wait after a failed attempt, by how it failed (``edgehub.upstream.reconnect``)."""
         error = rs.outcome.exception() if rs.outcome is not None else None
-        if isinstance(error, TransportError) and error.kind is FailureKind.TIMEOUT:
-            return 0.0
-        backoff = wait_exponential(multiplier=self.settings.reconnect_min_s, max=self.settings.reconnect_max_s)
-        return float(backoff(rs)) + float(wait_random(0, self.settings.reconnect_min_s)(rs))
+        kind = error.kind if isinstance(error, TransportError) else FailureKind.TRANSIENT
+        failure = connect_failure_of(kind)
+        if failure is ConnectFailure.REFUSED:
+            self._refusals += 1
+            self._refused_wait = True
+        return self._schedule.delay_s(failure, self._refusals)
 
     async def _connection_loop(self) -> None:
         s = self.settings
@@ -389,14 +424,19 @@ class MqttUpstream:
             conn: Connection | None = None
             async for attempt in retrying:
                 with attempt:
+                    self.connect_attempts += 1
+                    self._progress.set()
                     conn = await self._connect_once()
             assert conn is not None
+            self._refusals = 0
             self._conn = conn
             self._connects += 1
             self._connected_event.set()
+            self._progress.set()
             log.info("upstream.connected lane=%s host=%s port=%d connects=%d", s.lane, s.host, s.port, self._connects)
             self._on_reachable()
             await conn.lost.wait()
             log.info("upstream.lost lane=%s reason=%s", s.lane, conn.lost_reason)
+            self._progress.set()
             self._on_unreachable()
             await conn.stop()
