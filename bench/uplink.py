@@ -73,7 +73,7 @@ from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer, PeerWay
 from edgehub.upstream.mqtt_transport import MqttUpstreamSettings, publish_wire_bytes
-from edgehub.upstream.segment import Codec, decode_segment
+from edgehub.upstream.segment import Codec, decode_segment, dictionary_id
 
 SETTLE_S = 3.0  # after the end, and the guard before an outage for counting an alert as "raised while up"
 
@@ -406,16 +406,21 @@ async def run_edgehub(sc: Scenario, work: Path) -> Figures:
                     await hub
             arrivals: list[tuple[float, str, str, int]] = []
             segments = 0
+            # The zstd dictionaries the hub sent (once each, before the first segment using them).
+            dictionaries = {i: m.payload for m in sink.messages if (i := dictionary_id(m.payload)) is not None}
             for m in sink.messages:
+                if dictionary_id(m.payload) is not None:
+                    continue
                 segments += 1
                 wire = publish_wire_bytes(m.topic, len(m.payload))
-                for r in decode_segment(m.payload):
+                for r in decode_segment(m.payload, dictionaries):
                     if r.priority == 0:
                         arrivals.append((m.received_at, "p0", json.loads(r.body)["id"], wire))
                     else:
                         arrivals.append((m.received_at, "p5", r.edge_message_id, wire))
             f = figures_from(sc, tl, link, arrivals, sc.backlog)
             f.notes["segments"] = segments
+            f.notes["dictionaries"] = len(dictionaries)
             f.notes["link_connections"] = link.accepted
     return f
 
@@ -490,7 +495,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--window-bytes", type=int, default=None, help="edgehub: bytes in flight (default: its own)")
     ap.add_argument("--batch-bytes", type=int, default=None, help="edgehub: bytes per segment (default: its own)")
     ap.add_argument("--linger-s", type=float, default=None, help="edgehub: batch linger (default: its own)")
-    ap.add_argument("--compression", choices=["gzip", "zstd"], default="gzip", help="edgehub: segment codec")
+    ap.add_argument(
+        "--compression", choices=["gzip", "zstd"], default="zstd", help="edgehub: segment codec (zstd: dictionaries)"
+    )
     ap.add_argument("--only", choices=["edgehub", "bridge"], default=None)
     args = ap.parse_args(argv)
     sc = Scenario(

@@ -365,7 +365,7 @@ async def serve(
             endpoints.extend(upload_lane(transport, lane_id) for lane_id in _lane_ids(store, options))
         elif transport is not None:
             for lane_id in _lane_ids(store, options):
-                upstream = MqttUpstream(lane_settings(transport, lane_id))
+                upstream = MqttUpstream(lane_settings(transport, lane_id), keeper=store)  # keeps its dictionary
                 await upstream.start()  # the executor closes it when the hub stops
                 endpoints.append(upstream)
         async with EdgeHub(

@@ -43,8 +43,17 @@ Wire modes
   ``application/x-edgehub-segment;v=1;encoding=gzip`` (``encoding=zstd`` for zstd) and user properties
   ``edgehub-segment-version=1`` and ``edgehub-segment-codec``. A zstd segment's topic ends in ``/zstd`` (on
   both MQTT versions), so a subscriber that reads gzip only can leave it out by topic; the bytes themselves
-  tell their codec by magic number too. zstd needs the ``zstandard`` package (``edgehub[zstd]``); asking for it
-  without the package is refused when the settings are made.
+  tell their codec by magic number too. zstd needs the ``zstandard`` package (a dependency of the hub; asking
+  for it without the package is refused when the settings are made).
+* zstd with a trained dictionary (``zstd_dictionary``, on by default with zstd): the lane trains a dictionary
+  from its own segments (``edgehub.upstream.dictionary``: bounded sample and time, retrained on drift, kept in
+  the store through ``keeper``), sends it once on ``dictionary_topic`` (default
+  ``edgehub/segments/{hub_id}/{lane}/dict``; the payload is the dictionary, its id in it; MQTT 5: content type
+  ``application/x-edgehub-zstd-dictionary;dict={id}``), and compresses with it only once that PUBLISH is
+  acknowledged; until then, plain zstd. Such a segment names its dictionary in its zstd frame header, and on
+  MQTT 5 in ``application/x-edgehub-segment;v=2;encoding=zstd;dict={id}`` and the user properties
+  ``edgehub-segment-version=2`` and ``edgehub-segment-dictionary``. The landing receiver keeps the dictionaries
+  and decodes with them (``spark_upload.receiver``).
 * ``message``: one PUBLISH per message on the IoT Hub telemetry topic
   ``devices/{device_id}/messages/events/{property_bag}`` (``devices/{d}/modules/{m}/...`` when ``module_id``
   is set), the bag holding the application properties URL-encoded and every system property under its bag key
@@ -72,13 +81,14 @@ import contextlib
 import logging
 import ssl
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from edgehub.core import Clock, FailureKind, SystemClock, TransportError
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.bandwidth import RateEstimator, TokenBucket
+from edgehub.upstream.dictionary import DictionaryKeeper, LaneDictionary
 from edgehub.upstream.mqtt_connection import Connection, new_client
 from edgehub.upstream.mqtt_settings import (
     MqttProtocol,
@@ -87,8 +97,9 @@ from edgehub.upstream.mqtt_settings import (
     UpstreamStatus,
     WireMode,
 )
-from edgehub.upstream.mqtt_wire import SEGMENT_CONTENT_TYPE, Unit, publish_units, publish_wire_bytes
+from edgehub.upstream.mqtt_wire import SEGMENT_CONTENT_TYPE, Unit, dictionary_unit, publish_units, publish_wire_bytes
 from edgehub.upstream.reconnect import ConnectFailure, ReconnectSchedule, connect_failure_of
+from edgehub.upstream.segment import Codec
 
 __all__ = [
     "SEGMENT_CONTENT_TYPE",
@@ -107,9 +118,17 @@ log = logging.getLogger(__name__)
 class MqttUpstream:
     """``$upstream`` over MQTT. ``await start()`` (or ``async with``) before the executor's first send."""
 
-    def __init__(self, settings: MqttUpstreamSettings, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, settings: MqttUpstreamSettings, *, clock: Clock | None = None, keeper: DictionaryKeeper | None = None
+    ) -> None:
+        """``keeper`` (the hub's store) keeps the lane's zstd dictionary across restarts; None: kept in memory."""
         self.settings = settings
         self._clock = clock or SystemClock()
+        self.dictionary: LaneDictionary | None = None
+        if settings.compression is Codec.ZSTD and settings.zstd_dictionary and settings.wire_mode is WireMode.BATCH:
+            self.dictionary = LaneDictionary(lane=settings.lane, keeper=keeper, clock=self._clock)
+        self._dictionary_tasks: set[asyncio.Task[None]] = set()
+        self._announcing: int | None = None  # the id of a dictionary on its way to the far side
         self._on_reachable: Callable[[], None] = lambda: None
         self._on_unreachable: Callable[[], None] = lambda: None
         self._conn: Connection | None = None
@@ -192,6 +211,10 @@ class MqttUpstream:
         self._closed = True
         self._refused_wait = False
         self._wake.set()
+        for task in list(self._dictionary_tasks):
+            task.cancel()
+        if self._dictionary_tasks:
+            await asyncio.gather(*self._dictionary_tasks, return_exceptions=True)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -268,13 +291,23 @@ class MqttUpstream:
             self.reconnect_now()  # the executor wants to send: a reconnect backoff need not run its course
             done.set_result(SendResult.all_failed(batch, FailureKind.TRANSIENT, "upstream not connected"))
             return done
+        ld = self.dictionary
+        usable = ld.usable if ld is not None else None
+        texts: list[bytes] = []
         try:
-            units = publish_units(self.settings, batch)
+            units = await self._encode(batch, (usable.dict_id, usable.data) if usable else None, texts)
         except Exception as exc:  # an encoding failure is this batch's, not the link's
             log.exception("upstream.encode_failed lane=%s", self.settings.lane)
             done.set_result(SendResult(invalid=tuple(batch), failure_kind=FailureKind.INVALID_INPUT, error=repr(exc)))
             return done
         self._learn_size(len(batch), sum(u.wire_bytes for u in units))
+        if ld is not None:
+            for text in texts:  # the lane's sample is touched on the loop only
+                ld.observe(text)
+            if usable is not None:
+                for u in units:
+                    ld.record(u.raw_bytes, len(u.payload))
+            await self._dictionary_work(ld, conn)
         sent: list[tuple[Unit, asyncio.Future[None]]] = []
         for unit in units:
             if not await self._wait_window(conn, unit.wire_bytes):
@@ -287,6 +320,60 @@ class MqttUpstream:
         return asyncio.ensure_future(self._collect(conn, units, sent))
 
     # -- internals --------------------------------------------------------------------------------------------
+
+    async def _encode(
+        self, batch: Sequence[QueuedMessage], dictionary: tuple[int, bytes] | None, texts: list[bytes]
+    ) -> list[Unit]:
+        """``batch`` as PUBLISHes; zstd (level 19 by default: tens of milliseconds a segment) in a worker thread,
+        so the event loop and the heads on it never wait for it."""
+        observe = texts.append if self.dictionary is not None else None
+        if self.settings.compression is Codec.ZSTD and self.settings.wire_mode is WireMode.BATCH:
+            return await asyncio.to_thread(publish_units, self.settings, batch, dictionary=dictionary, observe=observe)
+        return publish_units(self.settings, batch, dictionary=dictionary, observe=observe)
+
+    async def _dictionary_work(self, ld: LaneDictionary, conn: Connection) -> None:
+        """Start training when the sample calls for it; send a trained dictionary ahead of the batch (once: it
+        becomes usable when its PUBACK is in, see ``edgehub.upstream.dictionary``)."""
+        if ld.wants_training() and not self._dictionary_tasks:
+            self._spawn_dictionary_task(self._train(ld), "train")
+        pending = ld.pending
+        if pending is None or self._announcing == pending.dict_id:
+            return
+        unit = dictionary_unit(self.settings, pending.data, pending.dict_id)
+        if not await self._wait_window(conn, unit.wire_bytes):
+            return
+        await self._bucket.take(unit.wire_bytes)
+        if not conn.alive:
+            return
+        self._announcing = pending.dict_id
+        acked = conn.publish(unit)
+        log.info(
+            "upstream.dictionary_sent lane=%s dict_id=%d bytes=%d",
+            self.settings.lane,
+            pending.dict_id,
+            len(unit.payload),
+        )
+        self._spawn_dictionary_task(self._announced(ld, pending.dict_id, acked), "announce")
+
+    def _spawn_dictionary_task(self, coro: Coroutine[None, None, None], what: str) -> None:
+        task = asyncio.create_task(coro, name=f"upstream.dictionary.{what}.{self.settings.lane}")
+        self._dictionary_tasks.add(task)
+        task.add_done_callback(self._dictionary_tasks.discard)
+
+    async def _train(self, ld: LaneDictionary) -> None:
+        await ld.train()
+
+    async def _announced(self, ld: LaneDictionary, dict_id: int, acked: asyncio.Future[None]) -> None:
+        try:
+            async with asyncio.timeout(self.settings.ack_timeout_s):
+                await acked
+        except (TimeoutError, TransportError) as exc:
+            log.info("upstream.dictionary_unacked lane=%s dict_id=%d error=%r", self.settings.lane, dict_id, exc)
+            return  # sent again before the next batch
+        finally:
+            if self._announcing == dict_id:
+                self._announcing = None
+        await ld.announced(dict_id)
 
     def _window_changed(self) -> None:
         self._window_event.set()
