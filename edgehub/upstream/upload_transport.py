@@ -106,6 +106,10 @@ class UploadTransport:
     def bind_unreachable(self, on_unreachable: Callable[[], None]) -> None:
         self._on_unreachable = on_unreachable
 
+    @property
+    def max_uplink_bps(self) -> float | None:
+        return self._bucket.rate_bps
+
     def set_max_uplink_bps(self, rate_bps: float | None) -> None:
         self._bucket.set_rate(rate_bps)
 

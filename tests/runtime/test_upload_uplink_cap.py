@@ -1,0 +1,47 @@
+"""maxUplinkBps reaches the upload transport as it reaches MQTT's: from the manifest, the command line over it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from edgehub.manifest import load_desired_file
+from edgehub.runtime.hub_runtime import (
+    HubConfig,
+    UploadUpstreamSettings,
+    UpstreamOverrides,
+    transport_settings,
+    upload_lane,
+)
+
+
+def _manifest(tmp_path: Path, upstream: dict[str, object]) -> Path:
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"schemaVersion": "1.1", "routes": {}, "upstream": upstream}))
+    return path
+
+
+def test_the_manifests_max_uplink_bps_caps_the_upload_lanes_and_the_command_line_wins(tmp_path: Path) -> None:
+    manifest = _manifest(tmp_path, {"maxUplinkBps": 32_000})
+    desired = load_desired_file(manifest)
+    base = UploadUpstreamSettings(url=str(tmp_path / "landing"), hub_id="hub1")
+    config = HubConfig(manifest=manifest, data_dir=tmp_path / "data", upstream=base)
+    settings = transport_settings(desired, config)
+    assert isinstance(settings, UploadUpstreamSettings)
+    assert settings.max_uplink_bps == 32_000
+    assert upload_lane(settings, "$upstream").max_uplink_bps == 32_000
+    cli = HubConfig(
+        manifest=manifest,
+        data_dir=tmp_path / "data",
+        upstream=base,
+        upstream_overrides=UpstreamOverrides(max_uplink_bps=16_000),
+    )
+    overridden = transport_settings(desired, cli)
+    assert isinstance(overridden, UploadUpstreamSettings)
+    assert upload_lane(overridden, "$upstream").max_uplink_bps == 16_000
+    uncapped = transport_settings(
+        load_desired_file(_manifest(tmp_path, {})),
+        HubConfig(manifest=manifest, data_dir=tmp_path / "data", upstream=base),
+    )
+    assert isinstance(uncapped, UploadUpstreamSettings)
+    assert upload_lane(uncapped, "$upstream").max_uplink_bps is None
