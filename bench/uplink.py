@@ -22,7 +22,9 @@ in front of its own cloud Mosquitto, with the same scenario:
 * **edgehub**: the real hub, started as users start it (``serve(HubConfig)`` of ``edgehub.runtime``): the
   manifest routes device ``pump`` to ``$upstream`` at priority 5 and device ``alarm`` at priority 0; devices
   publish over MQTT into the hub's MQTT head; RocksDB store (fsync always), the endpoint executor, and the
-  ``MqttUpstream`` transport in ``batch`` mode pointed at the link.
+  ``MqttUpstream`` transport in ``batch`` mode pointed at the link, zstd by default (``--compression``): the lane
+  trains its dictionary from the backlog, sends it once, then compresses with it (``edgehub.upstream.dictionary``;
+  the dictionary's bytes count in the wire bytes).
 * **bridge**: Debian's mosquitto as the edge broker (the same paho devices publish into it), bridged with QoS 1
   and a persistent session to the cloud Mosquitto through the link: FIFO, one message per PUBLISH.
 
