@@ -501,7 +501,10 @@ class EndpointExecutor:
             qs.unhealthy_since_s = now
         kind = result.failure_kind or FailureKind.TRANSIENT
         delay_s = self._probe_delay_s(qs.failures, kind) if probe else self._policy.delay_s(qs.failures)
-        log.info(
+        # A probe refused at once comes every second or so through an outage: not a line each at INFO.
+        quiet = probe and kind is FailureKind.TRANSIENT
+        log.log(
+            logging.DEBUG if quiet else logging.INFO,
             "endpoint.send_failed endpoint=%s priority=%d failed=%d kind=%s retry_in_s=%s",
             self._id,
             q.priority,

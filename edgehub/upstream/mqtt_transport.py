@@ -483,7 +483,10 @@ class MqttUpstream:
                 self.settings.lane, rs.attempt_number, self._refusals, wait_s, error,
             )  # fmt: skip
             return
-        log.info(
+        # Through a hard cut an attempt fails every half second: the first and every 100th at INFO, not each.
+        level = logging.INFO if rs.attempt_number % 100 == 1 else logging.DEBUG
+        log.log(
+            level,
             "upstream.connect_failed lane=%s attempt=%d retry_in_s=%.2f error=%s",
             self.settings.lane, rs.attempt_number, wait_s, error,
         )  # fmt: skip
