@@ -6,7 +6,9 @@ described in ``edgehub.upstream.mqtt_transport``.
 
 Invariants: ``wire_bytes`` is the PUBLISH's size on the wire, fixed header to payload (``publish_wire_bytes``),
 MQTT 5 properties included; in batch mode every message of the batch is in exactly one unit, in order, and a
-segment's payload is larger than ``segment_bytes`` only when it holds a single message.
+segment's payload is larger than ``segment_bytes`` only when it holds a single message; a zstd segment is
+compressed with the dictionary it is given and names it (frame header; MQTT 5: ``v=2;dict=id``). A dictionary
+travels in a unit of its own (``dictionary_unit``) that carries no message.
 """
 
 from __future__ import annotations
