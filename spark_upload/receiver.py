@@ -365,7 +365,11 @@ class Receiver:
                     "receiver.quarantined reason=unknown_dictionary dict_id=%d topic=%s path=%s bytes=%d",
                     exc.dict_id, message.topic, path, len(raw),
                 )  # fmt: skip
-                self._ack(client, message, path, "quarantined")
+                # Another receiver may have kept the dictionary (and released its quarantine) in between.
+                outcome = "quarantined"
+                if self._zone.read_path(dictionary_path(exc.dict_id)) is not None:
+                    path, outcome = self._release(path) or path, "written"
+                self._ack(client, message, path, outcome)
                 return
             path, is_segment = landing_path_for(payload, self._segment_property(message))
             outcome = str(self._zone.write_path(path, payload))
@@ -432,11 +436,12 @@ class Receiver:
             self._release(waiting)
         return path, outcome
 
-    def _release(self, quarantined: str) -> None:
-        """Land a segment that waited in quarantine for its dictionary, then remove its quarantined copy."""
+    def _release(self, quarantined: str) -> str | None:
+        """Land a segment that waited in quarantine for its dictionary, then remove its quarantined copy; returns
+        where it landed (None: someone else released it first)."""
         raw = self._zone.read_path(quarantined)
         if raw is None:
-            return
+            return None
         payload = as_landing_bytes(raw, self._dictionaries)
         path, _ = landing_path_for(payload, None)
         self._zone.write_path(path, payload)
@@ -444,6 +449,7 @@ class Receiver:
         self.quarantined_count -= 1
         self.landed_count += 1
         _log.info("receiver.released path=%s from=%s", path, quarantined)
+        return path
 
     def _report(self, received: Received) -> None:
         if self._on_landed is not None:
