@@ -96,7 +96,7 @@ class LaneDictionary:
         dict_bytes: int = 4096,
         sample_lines: int = 1000,
         sample_bytes: int = 1 << 20,
-        min_lines: int = 300,
+        min_lines: int = 100,
         lines_per_batch: int = 32,
         refresh_lines_per_batch: int = 2,
         train_timeout_s: float = 10.0,
