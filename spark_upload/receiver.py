@@ -78,7 +78,7 @@ from edgehub.upstream.segment import (
     UnknownDictionaryError,
     dictionary_id,
     segment_codec,
-    segment_dictionary_id,
+    zstd_plain_bytes,
 )
 
 __all__ = [
@@ -161,26 +161,11 @@ def as_landing_bytes(payload: bytes, dictionaries: Mapping[int, bytes] | None = 
     if segment_codec(payload) is not Codec.ZSTD:
         return payload
     try:
-        zstandard: Any = importlib.import_module("zstandard")
-    except ImportError:
-        _log.warning("receiver.zstd_unavailable: a zstd segment is set aside; pip install edgehub[zstd]")
-        return payload
-    try:
-        dict_id = segment_dictionary_id(payload)
-    except SegmentFormatError:
-        return payload
-    dictionary = None
-    if dict_id:
-        dictionary = dictionaries.get(dict_id) if dictionaries is not None else None
-        if dictionary is None:
-            raise UnknownDictionaryError(dict_id)
-    try:
-        if dictionary is None:
-            raw = zstandard.ZstdDecompressor().decompress(payload)
-        else:
-            zdict = zstandard.ZstdCompressionDict(dictionary, dict_type=zstandard.DICT_TYPE_FULLDICT)
-            raw = zstandard.ZstdDecompressor(dict_data=zdict).decompress(payload)
-    except zstandard.ZstdError:
+        raw = zstd_plain_bytes(payload, dictionaries)  # UnknownDictionaryError goes to the caller
+    except UnknownDictionaryError:
+        raise
+    except SegmentFormatError as exc:
+        _log.warning("receiver.zstd_undecodable bytes=%d error=%s; set aside", len(payload), exc)
         return payload
     return gzip.compress(raw, mtime=0)
 

@@ -126,6 +126,7 @@ __all__ = [
     "segment_plain_text",
     "segment_text",
     "zstd_available",
+    "zstd_plain_bytes",
 ]
 
 SEGMENT_FORMAT_VERSION = 2  # what writers write
@@ -516,25 +517,34 @@ def segment_plain_text(data: bytes, dictionaries: Mapping[int, bytes] | None = N
     """A segment's JSON lines, decompressed (see ``decode_segment``), not parsed."""
     if segment_codec(data) is Codec.ZSTD:
         try:
-            zstandard = _zstd()
-        except ValueError as exc:
-            raise SegmentFormatError(f"a zstd segment, and {exc}") from exc
-        dict_id = segment_dictionary_id(data)
-        dictionary = None
-        if dict_id:
-            dictionary = dictionaries.get(dict_id) if dictionaries is not None else None
-            if dictionary is None:
-                raise UnknownDictionaryError(dict_id)
-        try:
-            decompressor = _decompressor(dictionary)
-            text: str = decompressor.decompress(data).decode("utf-8")
-        except (zstandard.ZstdError, UnicodeDecodeError) as exc:
+            return zstd_plain_bytes(data, dictionaries).decode("utf-8")
+        except UnicodeDecodeError as exc:
             raise SegmentFormatError(f"not a zstd UTF-8 segment: {exc}") from exc
-        return text
     try:
         return gzip.decompress(data).decode("utf-8")
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise SegmentFormatError(f"not a gzip'ed UTF-8 segment: {exc}") from exc
+
+
+def zstd_plain_bytes(data: bytes, dictionaries: Mapping[int, bytes] | None = None) -> bytes:
+    """A zstd segment's bytes decompressed, with its dictionary from ``dictionaries`` when it names one:
+    ``UnknownDictionaryError`` when that is missing, ``SegmentFormatError`` when the frame does not decompress
+    (or there is no ``zstandard``)."""
+    try:
+        zstandard = _zstd()
+    except ValueError as exc:
+        raise SegmentFormatError(f"a zstd segment, and {exc}") from exc
+    dict_id = segment_dictionary_id(data)
+    dictionary = None
+    if dict_id:
+        dictionary = dictionaries.get(dict_id) if dictionaries is not None else None
+        if dictionary is None:
+            raise UnknownDictionaryError(dict_id)
+    try:
+        raw: bytes = _decompressor(dictionary).decompress(data)
+    except zstandard.ZstdError as exc:
+        raise SegmentFormatError(f"not a zstd UTF-8 segment: {exc}") from exc
+    return raw
 
 
 def _records(text: str) -> list[SegmentRecord]:
