@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m bench.uplink                  # scaled default: 10,000 backlog, 60 s outage; about 3 minutes
+    python -m bench.uplink                  # scaled default: 20,000 backlog, 60 s silent + 30 s hard outage; ~4 min
     python -m bench.uplink --backlog 50000 --drain-s 120 --outage-s 60 --after-s 240   # the issue's scenario
     python -m bench.uplink --only edgehub   # one side (for profiling); the JSON then lacks the other's figures
 
@@ -14,12 +14,17 @@ in front of its own cloud Mosquitto, with the same scenario:
 2. the link comes up; ``--drain-s`` seconds of draining; meanwhile, and until the end, a second device
    publishes one priority-0 alert every ``--alert-every-s`` seconds;
 3. the link goes silent (no FIN, no RST) for ``--outage-s`` seconds, then comes back;
-4. ``--after-s`` seconds more; then 3 s for what is on its way.
+4. ``--after-s`` seconds more;
+5. a hard cut: for ``--cut-s`` seconds every connection is reset and every new one refused (``LinkSim.cut``),
+   then the link comes back; ``--after-cut-s`` seconds more (``--cut-s 0``: no hard cut); then 3 s for what is
+   on its way.
 
 * **edgehub**: the real hub, started as users start it (``serve(HubConfig)`` of ``edgehub.runtime``): the
   manifest routes device ``pump`` to ``$upstream`` at priority 5 and device ``alarm`` at priority 0; devices
   publish over MQTT into the hub's MQTT head; RocksDB store (fsync always), the endpoint executor, and the
-  ``MqttUpstream`` transport in ``batch`` mode pointed at the link.
+  ``MqttUpstream`` transport in ``batch`` mode pointed at the link, zstd by default (``--compression``): the lane
+  trains its dictionary from the backlog, sends it once, then compresses with it (``edgehub.upstream.dictionary``;
+  the dictionary's bytes count in the wire bytes).
 * **bridge**: Debian's mosquitto as the edge broker (the same paho devices publish into it), bridged with QoS 1
   and a persistent session to the cloud Mosquitto through the link: FIFO, one message per PUBLISH.
 
@@ -39,10 +44,11 @@ Figures (each side):
   simulator has no jitter by default, so this is exact to the few bytes of MQTT 5 properties the estimate
   leaves out). ``resume_arrival_s`` is the arrival itself, the stricter figure. The outage outlasts
   1.5 x either side's keepalive, so the cloud broker has dropped the old connection and bytes held in the link
-  during the outage cannot count.
+  during the outage cannot count. ``resume_cut_s`` (and ``resume_cut_arrival_s``) is the same figure for the
+  restore after the hard cut (step 5), which leaves nothing held in the link.
 
 Last line: one JSON object (``p0_p50_s``, ``p0_p99_s``, ``bridge_p0_p99_s``, ``wire_bytes_per_msg``,
-``bridge_wire_bytes_per_msg``, ``utilisation``, ``resume_s``, and more).
+``bridge_wire_bytes_per_msg``, ``utilisation``, ``resume_s``, ``resume_cut_s``, and more).
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer, PeerWay
 from edgehub.upstream.mqtt_transport import MqttUpstreamSettings, publish_wire_bytes
-from edgehub.upstream.segment import Codec, decode_segment
+from edgehub.upstream.segment import Codec, decode_segment, dictionary_id
 
 SETTLE_S = 3.0  # after the end, and the guard before an outage for counting an alert as "raised while up"
 
@@ -83,6 +89,8 @@ class Scenario:
     drain_s: float
     outage_s: float
     after_s: float
+    cut_s: float
+    after_cut_s: float
     window_bytes: int | None
     batch_bytes: int | None
     linger_s: float | None
@@ -126,6 +134,8 @@ class Figures:
     utilisation: float | None = None
     resume_s: float | None = None
     resume_arrival_s: float | None = None
+    resume_cut_s: float | None = None
+    resume_cut_arrival_s: float | None = None
     notes: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
@@ -145,6 +155,8 @@ class Figures:
             "utilisation": self.utilisation,
             "resume_s": self.resume_s,
             "resume_arrival_s": self.resume_arrival_s,
+            "resume_cut_s": self.resume_cut_s,
+            "resume_cut_arrival_s": self.resume_cut_arrival_s,
             **self.notes,
         }
 
@@ -262,6 +274,15 @@ async def drive(
         link.restore()
         log("restored")
         await asyncio.sleep(sc.after_s)
+        if sc.cut_s > 0:
+            tl.outages.append(time.monotonic())
+            link.cut()
+            log("hard cut")
+            await asyncio.sleep(sc.cut_s)
+            tl.restores.append(time.monotonic())
+            link.restore()
+            log("restored after the cut")
+            await asyncio.sleep(sc.after_cut_s)
         tl.end = time.monotonic()
         stop.set()
     await asyncio.sleep(SETTLE_S)
@@ -275,8 +296,7 @@ def figures_from(
     f = Figures()
     first: dict[str, float] = {}
     done_at: float | None = None
-    resume_at: float | None = None
-    resume_wire = 0
+    resumed: dict[int, tuple[float, int]] = {}  # restore index -> first new backlog arrival and its wire bytes
     p5_seen = 0
     for at, kind, mid, wire in arrivals:
         if mid in first:
@@ -286,8 +306,9 @@ def figures_from(
             p5_seen += 1
             if p5_seen == backlog:
                 done_at = at
-            if resume_at is None and len(tl.restores) > 1 and at >= tl.restores[1]:
-                resume_at, resume_wire = at, wire
+            for k in range(1, len(tl.restores)):
+                if k not in resumed and at >= tl.restores[k]:
+                    resumed[k] = (at, wire)
     f.delivered = len(first)
     f.backlog_delivered = p5_seen
     f.up_bytes = link.stats.up_bytes
@@ -297,10 +318,14 @@ def figures_from(
             f.p0_missing += 1
         wait = (got if got is not None else tl.end + SETTLE_S) - sent
         (f.p0_up_s if tl.raised_while_up(sent) else f.p0_outage_s).append(wait)
-    if resume_at is not None:
-        f.resume_arrival_s = resume_at - tl.restores[1]
-        f.resume_s = f.resume_arrival_s - sc.delay_s - resume_wire * 8 / sc.rate_bps
-    spans = [(tl.restores[0], tl.outages[0]), (tl.restores[1], tl.end)]
+    for k, (at, wire) in resumed.items():
+        arrival_s = at - tl.restores[k]
+        entered_s = arrival_s - sc.delay_s - wire * 8 / sc.rate_bps
+        if k == 1:
+            f.resume_arrival_s, f.resume_s = arrival_s, entered_s
+        else:
+            f.resume_cut_arrival_s, f.resume_cut_s = arrival_s, entered_s
+    spans = [*zip(tl.restores, tl.outages, strict=False), (tl.restores[-1], tl.end)]
     carried, seconds = 0, 0.0
     for start, stop in spans:
         stop = min(stop, done_at) if done_at is not None else stop
@@ -383,16 +408,21 @@ async def run_edgehub(sc: Scenario, work: Path) -> Figures:
                     await hub
             arrivals: list[tuple[float, str, str, int]] = []
             segments = 0
+            # The zstd dictionaries the hub sent (once each, before the first segment using them).
+            dictionaries = {i: m.payload for m in sink.messages if (i := dictionary_id(m.payload)) is not None}
             for m in sink.messages:
+                if dictionary_id(m.payload) is not None:
+                    continue
                 segments += 1
                 wire = publish_wire_bytes(m.topic, len(m.payload))
-                for r in decode_segment(m.payload):
+                for r in decode_segment(m.payload, dictionaries):
                     if r.priority == 0:
                         arrivals.append((m.received_at, "p0", json.loads(r.body)["id"], wire))
                     else:
                         arrivals.append((m.received_at, "p5", r.edge_message_id, wire))
             f = figures_from(sc, tl, link, arrivals, sc.backlog)
             f.notes["segments"] = segments
+            f.notes["dictionaries"] = len(dictionaries)
             f.notes["link_connections"] = link.accepted
     return f
 
@@ -454,18 +484,22 @@ async def run(sc: Scenario, work: Path, only: str | None) -> dict[str, dict[str,
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--backlog", type=int, default=10_000)
+    ap.add_argument("--backlog", type=int, default=20_000)
     ap.add_argument("--rate-bps", type=float, default=64_000)
     ap.add_argument("--delay-s", type=float, default=0.3, help="one way")
     ap.add_argument("--alert-every-s", type=float, default=5.0)
     ap.add_argument("--drain-s", type=float, default=30.0)
     ap.add_argument("--outage-s", type=float, default=60.0)
-    ap.add_argument("--after-s", type=float, default=40.0)
+    ap.add_argument("--after-s", type=float, default=20.0)
+    ap.add_argument("--cut-s", type=float, default=30.0, help="hard cut after --after-s (0: none)")
+    ap.add_argument("--after-cut-s", type=float, default=40.0)
     ap.add_argument("--keepalive-s", type=int, default=30, help="both sides' MQTT keepalive upstream")
     ap.add_argument("--window-bytes", type=int, default=None, help="edgehub: bytes in flight (default: its own)")
     ap.add_argument("--batch-bytes", type=int, default=None, help="edgehub: bytes per segment (default: its own)")
     ap.add_argument("--linger-s", type=float, default=None, help="edgehub: batch linger (default: its own)")
-    ap.add_argument("--compression", choices=["gzip", "zstd"], default="gzip", help="edgehub: segment codec")
+    ap.add_argument(
+        "--compression", choices=["gzip", "zstd"], default="zstd", help="edgehub: segment codec (zstd: dictionaries)"
+    )
     ap.add_argument("--only", choices=["edgehub", "bridge"], default=None)
     args = ap.parse_args(argv)
     sc = Scenario(
@@ -476,6 +510,8 @@ def main(argv: list[str] | None = None) -> None:
         drain_s=args.drain_s,
         outage_s=args.outage_s,
         after_s=args.after_s,
+        cut_s=args.cut_s,
+        after_cut_s=args.after_cut_s,
         window_bytes=args.window_bytes,
         batch_bytes=args.batch_bytes,
         linger_s=args.linger_s,
@@ -488,7 +524,8 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"scenario: backlog {sc.backlog} x 200 B P5, P0 every {sc.alert_every_s} s, link {sc.rate_bps / 1000:g} "
         f"kbit/s {sc.delay_s * 1000:g} ms one way; drain {sc.drain_s} s, silent outage {sc.outage_s} s, then "
-        f"{sc.after_s} s; edgehub codec {sc.compression}; load average {os.getloadavg()[0]:.2f}",
+        f"{sc.after_s} s, hard cut {sc.cut_s} s, then {sc.after_cut_s} s; edgehub codec {sc.compression}; "
+        f"load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="bench-uplink-") as tmp:
@@ -508,10 +545,13 @@ def main(argv: list[str] | None = None) -> None:
                 "wire_ratio": ew / bw if ew and bw else None,
                 "utilisation": e.get("utilisation"),
                 "resume_s": e.get("resume_s"),
+                "resume_cut_s": e.get("resume_cut_s"),
                 "bridge_p0_p50_s": b.get("p0_p50_s"),
                 "bridge_utilisation": b.get("utilisation"),
                 "bridge_resume_s": b.get("resume_s"),
+                "bridge_resume_cut_s": b.get("resume_cut_s"),
                 "resume_arrival_s": e.get("resume_arrival_s"),
+                "resume_cut_arrival_s": e.get("resume_cut_arrival_s"),
                 "bridge_resume_arrival_s": b.get("resume_arrival_s"),
                 "p0_outage_max_s": e.get("p0_outage_max_s"),
                 "delivered": e.get("delivered"),

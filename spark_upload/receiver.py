@@ -31,7 +31,18 @@ Invariants:
   acknowledged: a redelivery would bring the same bytes.
 * **zstd segments land as gzip.** The hub's MQTT transport may compress with zstd (``compression: zstd``); the
   landing zone and the Spark job know gzip only, so such a segment is decompressed and compressed again as gzip
-  before it lands (with the ``zstandard`` package installed; without it, it is set aside as above).
+  before it lands (with the ``zstandard`` package installed; without it, it is set aside as above). So the Spark
+  job never needs a dictionary: what it reads was decoded here.
+* **Dictionaries are kept, and a segment never waits silently for one.** A payload in the zstd dictionary format
+  (the hub sends each trained dictionary once, before the first segment that uses it) lands at
+  ``dictionaries/{id:010d}.zdict`` and is kept there for every receiver of the group. A segment compressed with
+  a dictionary is decoded with it (from memory, else from the landing zone). One whose dictionary this landing
+  zone does not hold (not arrived yet on another receiver, or lost) is **quarantined**: its bytes land under
+  ``quarantine/missing-dictionary/{id:010d}/{sha256}.zst`` (outside the job's filter), it is counted, logged as
+  ``receiver.quarantined reason=unknown_dictionary dict_id=...`` and acknowledged; when that dictionary arrives,
+  every segment quarantined for it is decoded and landed, and its quarantined copy removed. A second dictionary
+  with an id already kept but other bytes is set aside under ``rejected/`` and logged (ids are 32-bit hashes of
+  the content: a clash is possible, not expected).
 """
 
 from __future__ import annotations
@@ -47,7 +58,7 @@ import socket
 import sys
 import threading
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -60,17 +71,28 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from edgehub.core import TransportError
 from edgehub.upstream.landing import LandingZone
-from edgehub.upstream.segment import SEGMENT_SUFFIX, Codec, segment_codec
+from edgehub.upstream.segment import (
+    SEGMENT_SUFFIX,
+    Codec,
+    SegmentFormatError,
+    UnknownDictionaryError,
+    dictionary_id,
+    segment_codec,
+    zstd_plain_bytes,
+)
 
 __all__ = [
     "DEFAULT_TOPIC",
+    "LandedDictionaries",
     "Received",
     "Receiver",
     "ReceiverSettings",
     "as_landing_bytes",
+    "dictionary_path",
     "gzip_problem",
     "landing_path_for",
     "main",
+    "quarantine_folder",
 ]
 
 _log = logging.getLogger(__name__)
@@ -129,23 +151,69 @@ def gzip_problem(payload: bytes) -> str | None:
     return None
 
 
-def as_landing_bytes(payload: bytes) -> bytes:
-    """The bytes to land for ``payload``: a zstd segment (the MQTT transport's optional codec) decompressed and
-    compressed again as gzip, the landing zone's one codec (``mtime=0``, so the same segment always gives the
-    same bytes and a resend lands once); anything else unchanged. Without the ``zstandard`` package, or when the
-    frame does not decompress, the payload is returned as it came and is set aside as not gzip."""
+def as_landing_bytes(payload: bytes, dictionaries: Mapping[int, bytes] | None = None) -> bytes:
+    """The bytes to land for ``payload``: a zstd segment (the MQTT transport's optional codec, with or without a
+    dictionary from ``dictionaries``) decompressed and compressed again as gzip, the landing zone's one codec
+    (``mtime=0``, so the same segment always gives the same bytes and a resend lands once); anything else
+    unchanged. Without the ``zstandard`` package, or when the frame does not decompress, the payload is returned
+    as it came and is set aside as not gzip. ``UnknownDictionaryError`` when its dictionary is not in
+    ``dictionaries``."""
     if segment_codec(payload) is not Codec.ZSTD:
         return payload
     try:
-        zstandard: Any = importlib.import_module("zstandard")
-    except ImportError:
-        _log.warning("receiver.zstd_unavailable: a zstd segment is set aside; pip install edgehub[zstd]")
-        return payload
-    try:
-        raw = zstandard.ZstdDecompressor().decompress(payload)
-    except zstandard.ZstdError:
+        raw = zstd_plain_bytes(payload, dictionaries)  # UnknownDictionaryError goes to the caller
+    except UnknownDictionaryError:
+        raise
+    except SegmentFormatError as exc:
+        _log.warning("receiver.zstd_undecodable bytes=%d error=%s; set aside", len(payload), exc)
         return payload
     return gzip.compress(raw, mtime=0)
+
+
+def dictionary_path(dict_id: int) -> str:
+    """Where the landing zone keeps dictionary ``dict_id``."""
+    return f"dictionaries/{dict_id:010d}.zdict"
+
+
+def quarantine_folder(dict_id: int) -> str:
+    """Where segments wait for dictionary ``dict_id``."""
+    return f"quarantine/missing-dictionary/{dict_id:010d}"
+
+
+class LandedDictionaries(Mapping[int, bytes]):
+    """The dictionaries of a landing zone by id: those seen here, and any other receiver landed (read on a miss).
+    Not thread-safe on its own: the receiver uses it from paho's thread only."""
+
+    def __init__(self, zone: LandingZone) -> None:
+        self._zone = zone
+        self._known: dict[int, bytes] = {}
+
+    def __getitem__(self, dict_id: int) -> bytes:
+        data = self._known.get(dict_id)
+        if data is None:
+            data = self._zone.read_path(dictionary_path(dict_id))
+            if data is None:
+                raise KeyError(dict_id)
+            self._known[dict_id] = data
+        return data
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._known)
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def remember(self, dict_id: int, data: bytes) -> None:
+        self._known[dict_id] = data
+
+
+def _valid_dictionary(data: bytes) -> bool:
+    try:
+        zstandard: Any = importlib.import_module("zstandard")
+        zstandard.ZstdCompressionDict(data, dict_type=zstandard.DICT_TYPE_FULLDICT).precompute_compress(level=1)
+    except Exception:  # no zstandard, or not a dictionary it can load
+        return False
+    return True
 
 
 def landing_path_for(payload: bytes, segment_property: str | None) -> tuple[str, bool]:
@@ -164,6 +232,7 @@ class Receiver:
     def __init__(self, settings: ReceiverSettings, *, on_landed: Callable[[Received], None] | None = None) -> None:
         self.settings = settings
         self._zone = LandingZone(settings.landing)
+        self._dictionaries = LandedDictionaries(self._zone)
         self._on_landed = on_landed
         self._v5 = settings.mqtt_version == "5"
         self._shared = self._v5  # until the broker says it has no shared subscriptions
@@ -171,6 +240,8 @@ class Receiver:
         self.landed_count = 0
         self.rejected_count = 0
         self.failed_count = 0
+        self.quarantined_count = 0
+        self.dictionaries_count = 0
         client = mqtt.Client(
             callback_api_version=CallbackAPIVersion.VERSION2,
             client_id=settings.client_id,
@@ -261,9 +332,31 @@ class Receiver:
         return None
 
     def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
-        payload = as_landing_bytes(bytes(message.payload))
-        path, is_segment = landing_path_for(payload, self._segment_property(message))
+        raw = bytes(message.payload)
+        path = ""
         try:
+            dict_id = dictionary_id(raw)
+            if dict_id is not None:
+                path, outcome = self._land_dictionary(raw, dict_id)
+                self._ack(client, message, path, outcome)
+                return
+            try:
+                payload = as_landing_bytes(raw, self._dictionaries)
+            except UnknownDictionaryError as exc:
+                path = f"{quarantine_folder(exc.dict_id)}/{hashlib.sha256(raw).hexdigest()}.zst"
+                self._zone.write_path(path, raw)
+                self.quarantined_count += 1
+                _log.warning(
+                    "receiver.quarantined reason=unknown_dictionary dict_id=%d topic=%s path=%s bytes=%d",
+                    exc.dict_id, message.topic, path, len(raw),
+                )  # fmt: skip
+                # Another receiver may have kept the dictionary (and released its quarantine) in between.
+                outcome = "quarantined"
+                if self._zone.read_path(dictionary_path(exc.dict_id)) is not None:
+                    path, outcome = self._release(path) or path, "written"
+                self._ack(client, message, path, outcome)
+                return
+            path, is_segment = landing_path_for(payload, self._segment_property(message))
             outcome = str(self._zone.write_path(path, payload))
         except TransportError as exc:
             self.failed_count += 1
@@ -296,9 +389,52 @@ class Receiver:
             )
         else:
             self.landed_count += 1
+        self._ack(client, message, path, outcome)
+
+    def _ack(self, client: mqtt.Client, message: mqtt.MQTTMessage, path: str, outcome: str) -> None:
         if message.qos > 0:
             client.ack(message.mid, message.qos)
         self._report(Received(topic=message.topic, path=path, outcome=outcome, acked=message.qos > 0))
+
+    def _land_dictionary(self, data: bytes, dict_id: int) -> tuple[str, str]:
+        """Keep dictionary ``dict_id``, then land what was quarantined waiting for it. Returns (path, outcome)."""
+        digest = hashlib.sha256(data).hexdigest()
+        if not _valid_dictionary(data):
+            self.rejected_count += 1
+            path = f"rejected/{digest}.bin"
+            self._zone.write_path(path, data)
+            _log.warning("receiver.not_a_dictionary dict_id=%d path=%s bytes=%d", dict_id, path, len(data))
+            return path, "rejected"
+        path = dictionary_path(dict_id)
+        kept = self._zone.read_path(path)
+        if kept is not None and kept != data:
+            self.rejected_count += 1
+            other = f"rejected/{digest}.zdict"
+            self._zone.write_path(other, data)
+            _log.warning("receiver.dictionary_clash dict_id=%d kept=%s set_aside=%s", dict_id, path, other)
+            return other, "rejected"
+        outcome = str(self._zone.write_path(path, data)) if kept is None else "already_present"
+        self._dictionaries.remember(dict_id, data)
+        self.dictionaries_count += 1
+        _log.info("receiver.dictionary_kept dict_id=%d path=%s bytes=%d", dict_id, path, len(data))
+        for waiting in self._zone.list_paths(quarantine_folder(dict_id)):
+            self._release(waiting)
+        return path, outcome
+
+    def _release(self, quarantined: str) -> str | None:
+        """Land a segment that waited in quarantine for its dictionary, then remove its quarantined copy; returns
+        where it landed (None: someone else released it first)."""
+        raw = self._zone.read_path(quarantined)
+        if raw is None:
+            return None
+        payload = as_landing_bytes(raw, self._dictionaries)
+        path, _ = landing_path_for(payload, None)
+        self._zone.write_path(path, payload)
+        self._zone.remove_path(quarantined)
+        self.quarantined_count -= 1
+        self.landed_count += 1
+        _log.info("receiver.released path=%s from=%s", path, quarantined)
+        return path
 
     def _report(self, received: Received) -> None:
         if self._on_landed is not None:

@@ -27,7 +27,8 @@ Invariants:
   for new messages the policy's first delay after the report, or the retry time of the last send made while
   parked). A send made while parked is a probe: its failure counts no attempt against
   ``max_delivery_attempts`` and never exhausts the retry policy (its wait is then the policy's maximum
-  delay); a send that was in flight when the report came counts as usual (it may have reached the peer). A
+  delay, and at most ``probe_interval_s`` after a probe refused at once: ``RetryPolicy.probe_delay_s``); a send
+  that was in flight when the report came counts as usual (it may have reached the peer). A
   send that succeeds counts as a reachable report;
 * a ``PipelinedEndpoint`` gets several batches at once: the pump waits until it ``has_room`` before each choice,
   ``submit``s the batch and chooses again; results are settled in submission order, each batch's result its own
@@ -157,10 +158,10 @@ class EndpointExecutor:
         """False while the endpoint's last report said it is unreachable (its queues are parked)."""
         return not self._unreachable
 
-    def _probe_delay_s(self, failures: int) -> float:
-        """The wait before trying a parked endpoint again: the retry policy's, which never runs out here."""
-        delay_s = self._policy.delay_s(failures)
-        return self._policy.maximum_delay_s if delay_s is None else delay_s
+    def _probe_delay_s(self, failures: int, kind: FailureKind | None = None) -> float:
+        """The wait before trying a parked endpoint again (``RetryPolicy.probe_delay_s``): never runs out, and
+        stays short for probes refused at once."""
+        return self._policy.probe_delay_s(failures, kind)
 
     async def wait_for(self, condition: Callable[[], bool]) -> None:
         """Return once ``condition()`` holds, checked after each send, commit, dead letter, prefetch and cleanup.
@@ -506,13 +507,17 @@ class EndpointExecutor:
         now = self._clock.time()
         if qs.unhealthy_since_s is None:
             qs.unhealthy_since_s = now
-        delay_s = self._probe_delay_s(qs.failures) if probe else self._policy.delay_s(qs.failures)
-        log.info(
+        kind = result.failure_kind or FailureKind.TRANSIENT
+        delay_s = self._probe_delay_s(qs.failures, kind) if probe else self._policy.delay_s(qs.failures)
+        # A probe refused at once comes every second or so through an outage: not a line each at INFO.
+        quiet = probe and kind is FailureKind.TRANSIENT
+        log.log(
+            logging.DEBUG if quiet else logging.INFO,
             "endpoint.send_failed endpoint=%s priority=%d failed=%d kind=%s retry_in_s=%s",
             self._id,
             q.priority,
             len(failed),
-            result.failure_kind or FailureKind.TRANSIENT,
+            kind,
             delay_s,
         )
         still: list[StoredItem] = []

@@ -6,6 +6,12 @@ Phases, counted in failed attempts: immediate (``retries_with_no_delay`` at 0 s)
 (``maximum_delay_retries`` at ``maximum_delay_s``; ``None``: for ever, i.e. until the message's TTL). ``delay_s``
 returns ``None`` once the policy has run out: the message is dead-lettered.
 
+While an endpoint is parked (it reported itself unreachable), its sends are probes, spaced by ``probe_delay_s``: the
+policy's delay, which never runs out there; but a probe that failed at once (``TRANSIENT``: not connected, the
+connection refused) cost nothing, so the next one comes after at most ``probe_interval_s`` (+/- 25 % jitter), however
+long the outage has lasted, and an endpoint back after a long hard cut is found within about that. A probe that hung
+(``TIMEOUT``), was throttled or was refused by the far side (``PERMANENT``) backs off as the policy says.
+
 The policy is set for the hub and may be overridden per endpoint unless the hub's says ``ignore_endpoint_override``.
 """
 
@@ -14,6 +20,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from enum import StrEnum
+
+from edgehub.core import FailureKind
 
 __all__ = ["BackoffFunction", "RetryPolicy", "effective_policy"]
 
@@ -38,6 +46,7 @@ class RetryPolicy:
     maximum_delay_retries: int | None = None
     jitter: float = 0.0
     ignore_endpoint_override: bool = False
+    probe_interval_s: float = 1.0  # the most between probes of a parked endpoint that failed at once
 
     def __post_init__(self) -> None:
         counts = (self.retries_with_no_delay, self.minimum_delay_retries, self.backoff_retries)
@@ -47,6 +56,8 @@ class RetryPolicy:
             raise ValueError("need 0 <= minimum_delay_s <= maximum_delay_s")
         if not 0 <= self.jitter < 1:
             raise ValueError("jitter is a fraction in [0, 1)")
+        if self.probe_interval_s <= 0:
+            raise ValueError("probe_interval_s must be positive")
 
     def delay_s(self, failures: int, rng: random.Random | None = None) -> float | None:
         """The wait before the next attempt after ``failures`` failed attempts (>= 1), or None: give up."""
@@ -65,6 +76,17 @@ class RetryPolicy:
         if self.maximum_delay_retries is None or i < self.maximum_delay_retries:
             return self._jittered(self.maximum_delay_s, rng)
         return None
+
+    def probe_delay_s(self, failures: int, kind: FailureKind | None = None, rng: random.Random | None = None) -> float:
+        """The wait before probing a parked endpoint again after ``failures`` (>= 1) failed sends, the last one
+        failing with ``kind`` (None: no probe failed yet, the endpoint reported itself unreachable). See the
+        module docstring."""
+        delay_s = self.delay_s(failures, rng)
+        delay_s = self.maximum_delay_s if delay_s is None else delay_s
+        if kind is FailureKind.TRANSIENT:
+            steady = self.probe_interval_s * (rng or random).uniform(0.75, 1.25)
+            return min(delay_s, steady)
+        return delay_s
 
     def _backoff(self, step: int) -> float:
         lo, hi, n = self.minimum_delay_s, self.maximum_delay_s, self.backoff_retries

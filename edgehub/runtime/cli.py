@@ -93,6 +93,7 @@ def show_transport(settings: MqttUpstreamSettings | UploadUpstreamSettings | Non
         click.echo(
             f"upstream transport: upload to {_without_password(settings.url)} hub={settings.hub_id} "
             "(one gzip segment file per batch, {hub}/{lane}/p{NN}/{first}-{last}.jsonl.gz)"
+            + (f" uplink cap {settings.max_uplink_bps:g} bit/s" if settings.max_uplink_bps else "")
         )
         return
     s = settings
@@ -130,7 +131,6 @@ _MQTT_ONLY_FLAGS = (
     "upstream_ca_file",
     "upstream_cert_file",
     "upstream_key_file",
-    "upstream_max_uplink",
     "upstream_batch_bytes",
     "upstream_linger_ms",
     "upstream_window_bytes",
@@ -138,10 +138,9 @@ _MQTT_ONLY_FLAGS = (
     "upstream_link_rate",
     "upstream_link_rtt",
 )
-# The manifest's upstream keys that only the MQTT transport reads.
+# The manifest's upstream keys that only the MQTT transport reads (maxUplinkBps caps uploads too).
 _MQTT_LINK_KEYS = (
     "wireMode",
-    "maxUplinkBps",
     "maxBatchBytes",
     "lingerMs",
     "maxInflightBytes",

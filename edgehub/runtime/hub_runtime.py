@@ -23,7 +23,8 @@ How the transport uses its link (``wireMode``, ``maxUplinkBps``, ``maxBatchBytes
 section applied over ``HubConfig.upstream``, and ``HubConfig.upstream_overrides`` (the CLI's ``--upstream-*``
 flags) over both (``transport_settings``). Credentials and TLS come from ``HubConfig.upstream`` only (the CLI),
 never the manifest. The link settings are the MQTT transport's; the upload transport takes none of them (its
-batches are the executor's, up to ``UploadTransport.max_batch_messages``, and each is one file).
+batches are the executor's, up to ``UploadTransport.max_batch_messages``, and each is one file), except
+``maxUplinkBps``, which caps the bytes it writes too.
 
 Partitions and duplicate detection come from the manifest's ``upstream`` section, each overridable in
 ``HubConfig`` (the CLI's ``--upstream-partitions``, ``--duplicate-detection``, ``--duplicate-window-secs``).
@@ -134,6 +135,7 @@ class UploadUpstreamSettings:
 
     url: str
     hub_id: str = "edgehub"
+    max_uplink_bps: float | None = None  # maxUplinkBps: a cap on the bytes written, as on MQTT's PUBLISH bytes
 
     def __post_init__(self) -> None:
         if not self.url:
@@ -275,10 +277,13 @@ def transport_settings(
     desired: EdgeHubDesired, config: HubConfig
 ) -> MqttUpstreamSettings | UploadUpstreamSettings | None:
     """``config.upstream`` with the manifest's link settings applied, then the overrides; None without one. The
-    link settings are the MQTT transport's: an ``UploadUpstreamSettings`` comes back as it is."""
-    if config.upstream is None or isinstance(config.upstream, UploadUpstreamSettings):
-        return config.upstream
+    link settings are the MQTT transport's; an ``UploadUpstreamSettings`` takes ``maxUplinkBps`` only."""
     up = desired.upstream
+    if isinstance(config.upstream, UploadUpstreamSettings):
+        cap = config.upstream_overrides.max_uplink_bps or (float(up.maxUplinkBps) if up.maxUplinkBps else None)
+        return replace(config.upstream, max_uplink_bps=cap) if cap is not None else config.upstream
+    if config.upstream is None:
+        return None
     manifest: dict[str, object] = {
         "wire_mode": WireMode(up.wireMode) if up.wireMode is not None else None,
         "max_uplink_bps": float(up.maxUplinkBps) if up.maxUplinkBps is not None else None,
@@ -324,7 +329,13 @@ def upload_lane(settings: UploadUpstreamSettings, lane_id: str) -> UploadTranspo
     if not is_upstream_endpoint(lane_id):
         raise ValueError(f"{lane_id!r} is not an upstream lane")
     lane = lane_name_of(parse_upstream_lane_id(lane_id))
-    return UploadTransport(landing_zone(settings.url), hub_id=settings.hub_id, lane=lane, endpoint_id=lane_id)
+    return UploadTransport(
+        landing_zone(settings.url),
+        hub_id=settings.hub_id,
+        lane=lane,
+        endpoint_id=lane_id,
+        max_uplink_bps=settings.max_uplink_bps,
+    )
 
 
 def _lane_ids(store: Store, options: UpstreamOptions) -> list[str]:
@@ -380,7 +391,7 @@ async def serve(
             endpoints.extend(upload_lane(transport, lane_id) for lane_id in _lane_ids(store, options))
         elif transport is not None:
             for lane_id in _lane_ids(store, options):
-                upstream = MqttUpstream(lane_settings(transport, lane_id))
+                upstream = MqttUpstream(lane_settings(transport, lane_id), keeper=store)  # keeps its dictionary
                 await upstream.start()  # the executor closes it when the hub stops
                 endpoints.append(upstream)
         async with EdgeHub(

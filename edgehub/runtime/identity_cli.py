@@ -159,7 +159,14 @@ def add(
         raise click.UsageError(str(exc)) from None
 
     def online(client: AdminClient) -> str | None:
-        body = {"id": ident.id, "auth": auth, "key": key, "thumbprint": thumbprint, "password": password, "parent": parent}
+        body = {
+            "id": ident.id,
+            "auth": auth,
+            "key": key,
+            "thumbprint": thumbprint,
+            "password": password,
+            "parent": parent,
+        }
         _, answer = client.request("POST", "/identities", {k: v for k, v in body.items() if v is not None})
         new_key = answer.get("key") if isinstance(answer, dict) else None
         return str(new_key) if new_key is not None else None

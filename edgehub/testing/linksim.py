@@ -320,6 +320,12 @@ class LinkSim:
         """Connections accepted since start (including refused ones during a cut)."""
         return self._accepted
 
+    async def wait_accepted(self, n: int) -> None:
+        """Return once ``accepted`` reaches ``n``. Bound it with ``asyncio.timeout``."""
+        while self._accepted < n:
+            self._state_changed.clear()
+            await self._state_changed.wait()
+
     # -- internals --------------------------------------------------------------------------------------------
 
     def _target(self) -> tuple[str, int]:
@@ -338,6 +344,7 @@ class LinkSim:
 
     async def _accept(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
         self._accepted += 1
+        self._changed()
         if self._cut or self._closing:
             c_writer.transport.abort()
             return

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from edgehub.delivery.endpoint import QueuedMessage
-from edgehub.upstream.segment import Codec, SegmentName, encode_segment, record_from_message
+from edgehub.upstream.segment import Codec, SegmentName, compress_segment, record_from_message, segment_text
 
-__all__ = ["edge_message_id", "segment_bytes", "segment_name"]
+__all__ = ["batch_text", "edge_message_id", "segment_bytes", "segment_name"]
 
 
 def edge_message_id(qm: QueuedMessage, *, hub_id: str, lane: str) -> str:
@@ -19,9 +19,22 @@ def edge_message_id(qm: QueuedMessage, *, hub_id: str, lane: str) -> str:
 
 
 def segment_bytes(
-    batch: Sequence[QueuedMessage], *, hub_id: str, lane: str, compresslevel: int = 6, codec: Codec = Codec.GZIP
+    batch: Sequence[QueuedMessage],
+    *,
+    hub_id: str,
+    lane: str,
+    compresslevel: int = 6,
+    codec: Codec = Codec.GZIP,
+    dictionary: bytes | None = None,
 ) -> bytes:
-    """The segment of ``batch`` (record format v2, JSON lines, one record per message, in queue order; gzip or zstd)."""
+    """The segment of ``batch`` (record format v2, JSON lines, one record per message, in queue order; gzip or zstd,
+    zstd with ``dictionary`` when given)."""
+    text = batch_text(batch, hub_id=hub_id, lane=lane)
+    return compress_segment(text, compresslevel=compresslevel, codec=codec, dictionary=dictionary)
+
+
+def batch_text(batch: Sequence[QueuedMessage], *, hub_id: str, lane: str) -> bytes:
+    """The uncompressed segment of ``batch``: its JSON lines."""
     records = (
         record_from_message(
             qm.message,
@@ -33,7 +46,7 @@ def segment_bytes(
         )
         for qm in batch
     )
-    return encode_segment(records, compresslevel=compresslevel, codec=codec)
+    return segment_text(records)
 
 
 def segment_name(batch: Sequence[QueuedMessage], *, hub_id: str, lane: str) -> SegmentName:

@@ -92,10 +92,7 @@ class LandingZone:
 
         Each part of ``relative_path`` must be a plain name not starting with ``.`` or ``_``.
         """
-        parts = relative_path.split("/")
-        if not relative_path or any(not p or p in (".", "..") or p[0] in "._" or "\\" in p for p in parts):
-            raise ValueError(f"bad landing path {relative_path!r}")
-        final = f"{self._root}/{relative_path}"
+        final = f"{self._root}/{_checked(relative_path)}"
         name = relative_path
         try:
             outcome = _write_local(self._root, final, data) if self._local else self._write_remote(final, data)
@@ -107,6 +104,47 @@ class LandingZone:
             raise TransportError(f"landing zone {self.url!r}: writing {name} failed: {exc}", kind=kind) from exc
         _log.debug("landing.%s url=%s segment=%s bytes=%d", outcome, self.url, name, len(data))
         return outcome
+
+    def read_path(self, relative_path: str) -> bytes | None:
+        """The bytes at ``relative_path``, or None when there is no such file (what the receiver keeps beside the
+        segments: dictionaries, quarantined payloads)."""
+        path = f"{self._root}/{_checked(relative_path)}"
+        try:
+            if not self._fs.exists(path):
+                return None
+            data: bytes = self._fs.cat_file(path)
+        except Exception as exc:
+            raise TransportError(
+                f"landing zone {self.url!r}: reading {relative_path} failed: {exc}", kind=_kind_of(exc)
+            ) from exc
+        return data
+
+    def list_paths(self, folder: str) -> list[str]:
+        """The files under ``folder`` (relative paths, sorted; none when it does not exist), temp files left out."""
+        base = f"{self._root}/{_checked(folder)}"
+        try:
+            if not self._fs.exists(base):
+                return []
+            found = self._fs.find(base)
+        except Exception as exc:
+            raise TransportError(
+                f"landing zone {self.url!r}: listing {folder} failed: {exc}", kind=_kind_of(exc)
+            ) from exc
+        # fsspec gives paths in its own terms (no protocol), which start with the root it gave us.
+        root = self._root.rstrip("/") + "/"
+        rels = [str(p)[len(root) :] for p in found if str(p).startswith(root)]
+        return sorted(r for r in rels if not r.rsplit("/", 1)[-1].startswith("."))
+
+    def remove_path(self, relative_path: str) -> None:
+        """Remove the file at ``relative_path`` (gone already: nothing to do)."""
+        path = f"{self._root}/{_checked(relative_path)}"
+        try:
+            if self._fs.exists(path):
+                self._fs.rm(path)
+        except Exception as exc:
+            raise TransportError(
+                f"landing zone {self.url!r}: removing {relative_path} failed: {exc}", kind=_kind_of(exc)
+            ) from exc
 
     def _write_remote(self, final: str, data: bytes) -> WriteOutcome:
         fs = self._fs
@@ -126,6 +164,14 @@ class LandingZone:
             if fs.exists(tmp):
                 fs.rm(tmp)
         return WriteOutcome.WRITTEN
+
+
+def _checked(relative_path: str) -> str:
+    """``relative_path`` when each of its parts is a plain name not starting with ``.`` or ``_``; else ValueError."""
+    parts = relative_path.split("/")
+    if not relative_path or any(not p or p in (".", "..") or p[0] in "._" or "\\" in p for p in parts):
+        raise ValueError(f"bad landing path {relative_path!r}")
+    return relative_path
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

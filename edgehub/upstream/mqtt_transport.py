@@ -20,16 +20,19 @@ What it guarantees
   room, highest priority first.
 * **``max_uplink_bps``**: a token bucket on PUBLISH wire bytes; a backlog after an outage cannot exceed it.
   ``status()`` reports the achieved rate (acknowledged bytes over a 10 s window) and wire bytes per message.
-* **Reconnect** runs in its own task (tenacity): exponential backoff with jitter from ``reconnect_min_s`` to
-  ``reconnect_max_s`` after a refusal or reset, none after an attempt that hung until ``connect_timeout_s`` (a
-  silent link: the next attempt starts at once, so one is always on its way and its CONNECT goes through as
-  soon as the link does). ``reconnect_now()`` cuts a backoff short, and every ``submit`` while disconnected
-  calls it: the executor's retry and probe schedule (itself cut short by ``on_reachable``) overrides the
-  transport's backoff. Each successful CONNACK calls the executor's ``on_reachable``; the loss of that
-  connection (a drop, or a silent link noticed by keepalive or ``ack_timeout_s``) calls its ``on_unreachable``,
-  which parks the executor's queues until the next CONNACK rather than have it send into a dead link. Every
-  connection is a fresh paho client with ``reconnect_on_failure=False``: paho never resends a previous
-  connection's PUBLISHes behind our back, so what is in flight is exactly what this module counts.
+* **Reconnect** runs in its own task (tenacity), on ``edgehub.upstream.reconnect``'s schedule: an attempt
+  refused or reset at once (a hard cut: the modem is down, the port refuses) is followed by the next after a
+  steady ``reconnect_min_s`` with up to 50 % jitter, however long the cut lasts, so the first attempt after the
+  link returns is at most about one interval away; an attempt that hung until ``connect_timeout_s`` (a silent
+  link) by the next one at once (it paced the loop already, and the attempt on its way is the one that hears
+  first when the link returns); a CONNACK refusal (bad credentials) by a hard backoff, doubling from
+  ``reconnect_refused_min_s`` to ``reconnect_max_s``, logged as a warning. ``reconnect_now()`` cuts a wait
+  short, but never that of a refusal (the executor's probes must not hammer a broker that said no), and every
+  ``submit`` while disconnected calls it. Each successful CONNACK calls the executor's ``on_reachable``; the
+  loss of that connection (a drop, or a silent link noticed by keepalive or ``ack_timeout_s``) calls its
+  ``on_unreachable``, which parks the executor's queues until the next CONNACK rather than have it send into a
+  dead link. Every connection is a fresh paho client with ``reconnect_on_failure=False``: paho never resends a
+  previous connection's PUBLISHes behind our back, so what is in flight is exactly what this module counts.
 
 Wire modes
 ----------
@@ -40,8 +43,17 @@ Wire modes
   ``application/x-edgehub-segment;v=1;encoding=gzip`` (``encoding=zstd`` for zstd) and user properties
   ``edgehub-segment-version=1`` and ``edgehub-segment-codec``. A zstd segment's topic ends in ``/zstd`` (on
   both MQTT versions), so a subscriber that reads gzip only can leave it out by topic; the bytes themselves
-  tell their codec by magic number too. zstd needs the ``zstandard`` package (``edgehub[zstd]``); asking for it
-  without the package is refused when the settings are made.
+  tell their codec by magic number too. zstd needs the ``zstandard`` package (a dependency of the hub; asking
+  for it without the package is refused when the settings are made).
+* zstd with a trained dictionary (``zstd_dictionary``, on by default with zstd): the lane trains a dictionary
+  from its own segments (``edgehub.upstream.dictionary``: bounded sample and time, retrained on drift, kept in
+  the store through ``keeper``), sends it once on ``dictionary_topic`` (default
+  ``edgehub/segments/{hub_id}/{lane}/dict``; the payload is the dictionary, its id in it; MQTT 5: content type
+  ``application/x-edgehub-zstd-dictionary;dict={id}``), and compresses with it only once that PUBLISH is
+  acknowledged; until then, plain zstd. Such a segment names its dictionary in its zstd frame header, and on
+  MQTT 5 in ``application/x-edgehub-segment;v=2;encoding=zstd;dict={id}`` and the user properties
+  ``edgehub-segment-version=2`` and ``edgehub-segment-dictionary``. The landing receiver keeps the dictionaries
+  and decodes with them (``spark_upload.receiver``).
 * ``message``: one PUBLISH per message on the IoT Hub telemetry topic
   ``devices/{device_id}/messages/events/{property_bag}`` (``devices/{d}/modules/{m}/...`` when ``module_id``
   is set), the bag holding the application properties URL-encoded and every system property under its bag key
@@ -73,9 +85,9 @@ import contextlib
 import logging
 import ssl
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential, wait_random
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from edgehub.core import Clock, FailureKind, SystemClock, TransportError
 from edgehub.core.methods import CloudCommands
@@ -83,6 +95,7 @@ from edgehub.core.refusals import RefusalLog
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.bandwidth import RateEstimator, TokenBucket
 from edgehub.upstream.mqtt_cloud import CloudMessage, CloudSide, subscriptions
+from edgehub.upstream.dictionary import DictionaryKeeper, LaneDictionary
 from edgehub.upstream.mqtt_connection import Connection, new_client
 from edgehub.upstream.mqtt_settings import (
     MqttProtocol,
@@ -91,7 +104,9 @@ from edgehub.upstream.mqtt_settings import (
     UpstreamStatus,
     WireMode,
 )
-from edgehub.upstream.mqtt_wire import SEGMENT_CONTENT_TYPE, Unit, publish_units, publish_wire_bytes
+from edgehub.upstream.mqtt_wire import SEGMENT_CONTENT_TYPE, Unit, dictionary_unit, publish_units, publish_wire_bytes
+from edgehub.upstream.reconnect import ConnectFailure, ReconnectSchedule, connect_failure_of
+from edgehub.upstream.segment import Codec
 
 __all__ = [
     "SEGMENT_CONTENT_TYPE",
@@ -110,15 +125,32 @@ log = logging.getLogger(__name__)
 class MqttUpstream:
     """``$upstream`` over MQTT. ``await start()`` (or ``async with``) before the executor's first send."""
 
-    def __init__(self, settings: MqttUpstreamSettings, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, settings: MqttUpstreamSettings, *, clock: Clock | None = None, keeper: DictionaryKeeper | None = None
+    ) -> None:
+        """``keeper`` (the hub's store) keeps the lane's zstd dictionary across restarts; None: kept in memory."""
         self.settings = settings
         self._clock = clock or SystemClock()
+        self.dictionary: LaneDictionary | None = None
+        if settings.compression is Codec.ZSTD and settings.zstd_dictionary and settings.wire_mode is WireMode.BATCH:
+            self.dictionary = LaneDictionary(lane=settings.lane, keeper=keeper, clock=self._clock)
+        self._dictionary_tasks: set[asyncio.Task[None]] = set()
+        self._announcing: int | None = None  # the id of a dictionary on its way to the far side
         self._on_reachable: Callable[[], None] = lambda: None
         self._on_unreachable: Callable[[], None] = lambda: None
         self._conn: Connection | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._wake = asyncio.Event()  # cuts a reconnect wait short
+        self._schedule = ReconnectSchedule(
+            interval_s=settings.reconnect_min_s,
+            refused_min_s=min(settings.reconnect_refused_min_s, settings.reconnect_max_s),
+            refused_max_s=settings.reconnect_max_s,
+        )
+        self._refusals = 0  # CONNACK refusals in a row
+        self._refused_wait = False  # the wait under way follows a refusal: reconnect_now leaves it alone
+        self.connect_attempts = 0
+        self._progress = asyncio.Event()  # a connect attempt began, a connection came up or was lost
         self._window_event = asyncio.Event()
         self._connected_event = asyncio.Event()
         self._bucket = TokenBucket(
@@ -237,7 +269,12 @@ class MqttUpstream:
         self._closed = True
         if self._cloud is not None:
             await self._cloud.close()
+        self._refused_wait = False
         self._wake.set()
+        for task in list(self._dictionary_tasks):
+            task.cancel()
+        if self._dictionary_tasks:
+            await asyncio.gather(*self._dictionary_tasks, return_exceptions=True)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -258,9 +295,17 @@ class MqttUpstream:
             self._connected_event.clear()
             await self._connected_event.wait()
 
+    async def wait_for(self, condition: Callable[[], bool]) -> None:
+        """Return once ``condition()`` holds, checked at each connect attempt, connect and loss. Bound it with
+        ``asyncio.timeout``: meant for tests and tools that watch the connection."""
+        while not condition():
+            self._progress.clear()
+            await self._progress.wait()
+
     def reconnect_now(self) -> None:
-        """Cut a reconnect backoff short (the executor learned the link is back some other way)."""
-        self._wake.set()
+        """Cut a reconnect wait short (the executor wants to send), unless it follows a CONNACK refusal."""
+        if not self._refused_wait:
+            self._wake.set()
 
     def set_max_uplink_bps(self, rate_bps: float | None) -> None:
         self._bucket.set_rate(rate_bps)
@@ -306,13 +351,23 @@ class MqttUpstream:
             self.reconnect_now()  # the executor wants to send: a reconnect backoff need not run its course
             done.set_result(SendResult.all_failed(batch, FailureKind.TRANSIENT, "upstream not connected"))
             return done
+        ld = self.dictionary
+        usable = ld.usable if ld is not None else None
+        texts: list[bytes] = []
         try:
-            units = publish_units(self.settings, batch)
+            units = await self._encode(batch, (usable.dict_id, usable.data) if usable else None, texts)
         except Exception as exc:  # an encoding failure is this batch's, not the link's
             log.exception("upstream.encode_failed lane=%s", self.settings.lane)
             done.set_result(SendResult(invalid=tuple(batch), failure_kind=FailureKind.INVALID_INPUT, error=repr(exc)))
             return done
         self._learn_size(len(batch), sum(u.wire_bytes for u in units))
+        if ld is not None:
+            for text in texts:  # the lane's sample is touched on the loop only
+                ld.observe(text)
+            if usable is not None:
+                for u in units:
+                    ld.record(u.raw_bytes, len(u.payload))
+            await self._dictionary_work(ld, conn)
         sent: list[tuple[Unit, asyncio.Future[None]]] = []
         for unit in units:
             if not await self._wait_window(conn, unit.wire_bytes):
@@ -325,6 +380,60 @@ class MqttUpstream:
         return asyncio.ensure_future(self._collect(conn, units, sent))
 
     # -- internals --------------------------------------------------------------------------------------------
+
+    async def _encode(
+        self, batch: Sequence[QueuedMessage], dictionary: tuple[int, bytes] | None, texts: list[bytes]
+    ) -> list[Unit]:
+        """``batch`` as PUBLISHes; zstd (level 19 by default: tens of milliseconds a segment) in a worker thread,
+        so the event loop and the heads on it never wait for it."""
+        observe = texts.append if self.dictionary is not None else None
+        if self.settings.compression is Codec.ZSTD and self.settings.wire_mode is WireMode.BATCH:
+            return await asyncio.to_thread(publish_units, self.settings, batch, dictionary=dictionary, observe=observe)
+        return publish_units(self.settings, batch, dictionary=dictionary, observe=observe)
+
+    async def _dictionary_work(self, ld: LaneDictionary, conn: Connection) -> None:
+        """Start training when the sample calls for it; send a trained dictionary ahead of the batch (once: it
+        becomes usable when its PUBACK is in, see ``edgehub.upstream.dictionary``)."""
+        if ld.wants_training() and not self._dictionary_tasks:
+            self._spawn_dictionary_task(self._train(ld), "train")
+        pending = ld.pending
+        if pending is None or self._announcing == pending.dict_id:
+            return
+        unit = dictionary_unit(self.settings, pending.data, pending.dict_id)
+        if not await self._wait_window(conn, unit.wire_bytes):
+            return
+        await self._bucket.take(unit.wire_bytes)
+        if not conn.alive:
+            return
+        self._announcing = pending.dict_id
+        acked = conn.publish(unit)
+        log.info(
+            "upstream.dictionary_sent lane=%s dict_id=%d bytes=%d",
+            self.settings.lane,
+            pending.dict_id,
+            len(unit.payload),
+        )
+        self._spawn_dictionary_task(self._announced(ld, pending.dict_id, acked), "announce")
+
+    def _spawn_dictionary_task(self, coro: Coroutine[None, None, None], what: str) -> None:
+        task = asyncio.create_task(coro, name=f"upstream.dictionary.{what}.{self.settings.lane}")
+        self._dictionary_tasks.add(task)
+        task.add_done_callback(self._dictionary_tasks.discard)
+
+    async def _train(self, ld: LaneDictionary) -> None:
+        await ld.train()
+
+    async def _announced(self, ld: LaneDictionary, dict_id: int, acked: asyncio.Future[None]) -> None:
+        try:
+            async with asyncio.timeout(self.settings.ack_timeout_s):
+                await acked
+        except (TimeoutError, TransportError) as exc:
+            log.info("upstream.dictionary_unacked lane=%s dict_id=%d error=%r", self.settings.lane, dict_id, exc)
+            return  # sent again before the next batch
+        finally:
+            if self._announcing == dict_id:
+                self._announcing = None
+        await ld.announced(dict_id)
 
     def _window_changed(self) -> None:
         self._window_event.set()
@@ -418,23 +527,39 @@ class MqttUpstream:
 
     async def _backoff_sleep(self, delay_s: float) -> None:
         self._wake.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(delay_s):
-                await self._wake.wait()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay_s):
+                    await self._wake.wait()
+        finally:
+            self._refused_wait = False
 
     def _log_connect_failed(self, rs: RetryCallState) -> None:
         error = rs.outcome.exception() if rs.outcome is not None else None
-        log.info("upstream.connect_failed lane=%s attempt=%d error=%s", self.settings.lane, rs.attempt_number, error)
+        wait_s = rs.upcoming_sleep
+        if self._refused_wait:
+            log.warning(
+                "upstream.connect_refused lane=%s attempt=%d refusals=%d retry_in_s=%.1f error=%s",
+                self.settings.lane, rs.attempt_number, self._refusals, wait_s, error,
+            )  # fmt: skip
+            return
+        # Through a hard cut an attempt fails every half second: the first and every 100th at INFO, not each.
+        level = logging.INFO if rs.attempt_number % 100 == 1 else logging.DEBUG
+        log.log(
+            level,
+            "upstream.connect_failed lane=%s attempt=%d retry_in_s=%.2f error=%s",
+            self.settings.lane, rs.attempt_number, wait_s, error,
+        )  # fmt: skip
 
     def _reconnect_wait(self, rs: RetryCallState) -> float:
-        """Exponential backoff with jitter after a refusal or a reset; none after an attempt that hung until
-        ``connect_timeout_s``: it paced the loop already, and while the link is silent the attempt on its way is
-        the one that hears first when the link comes back (its CONNECT goes through, the CONNACK follows)."""
+        """The wait after a failed attempt, by how it failed (``edgehub.upstream.reconnect``)."""
         error = rs.outcome.exception() if rs.outcome is not None else None
-        if isinstance(error, TransportError) and error.kind is FailureKind.TIMEOUT:
-            return 0.0
-        backoff = wait_exponential(multiplier=self.settings.reconnect_min_s, max=self.settings.reconnect_max_s)
-        return float(backoff(rs)) + float(wait_random(0, self.settings.reconnect_min_s)(rs))
+        kind = error.kind if isinstance(error, TransportError) else FailureKind.TRANSIENT
+        failure = connect_failure_of(kind)
+        if failure is ConnectFailure.REFUSED:
+            self._refusals += 1
+            self._refused_wait = True
+        return self._schedule.delay_s(failure, self._refusals)
 
     async def _connection_loop(self) -> None:
         s = self.settings
@@ -449,15 +574,20 @@ class MqttUpstream:
             conn: Connection | None = None
             async for attempt in retrying:
                 with attempt:
+                    self.connect_attempts += 1
+                    self._progress.set()
                     conn = await self._connect_once()
             assert conn is not None
+            self._refusals = 0
             self._conn = conn
             self._connects += 1
             self._subscribe(conn)
             self._connected_event.set()
+            self._progress.set()
             log.info("upstream.connected lane=%s host=%s port=%d connects=%d", s.lane, s.host, s.port, self._connects)
             self._on_reachable()
             await conn.lost.wait()
             log.info("upstream.lost lane=%s reason=%s", s.lane, conn.lost_reason)
+            self._progress.set()
             self._on_unreachable()
             await conn.stop()

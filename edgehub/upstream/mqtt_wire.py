@@ -6,13 +6,15 @@ described in ``edgehub.upstream.mqtt_transport``.
 
 Invariants: ``wire_bytes`` is the PUBLISH's size on the wire, fixed header to payload (``publish_wire_bytes``),
 MQTT 5 properties included; in batch mode every message of the batch is in exactly one unit, in order, and a
-segment's payload is larger than ``segment_bytes`` only when it holds a single message.
+segment's payload is larger than ``segment_bytes`` only when it holds a single message; a zstd segment is
+compressed with the dictionary it is given and names it (frame header; MQTT 5: ``v=2;dict=id``). A dictionary
+travels in a unit of its own (``dictionary_unit``) that carries no message.
 """
 
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from paho.mqtt.packettypes import PacketTypes
@@ -22,13 +24,24 @@ from edgehub.core import SystemProperty
 from edgehub.core.mqtt_varint import varint_len
 from edgehub.core.property_bag import KEY_OF
 from edgehub.delivery.endpoint import QueuedMessage
-from edgehub.upstream.batching import edge_message_id, segment_bytes
+from edgehub.upstream.batching import batch_text, edge_message_id
 from edgehub.upstream.mqtt_settings import MqttProtocol, MqttUpstreamSettings, WireMode
-from edgehub.upstream.segment import Codec
+from edgehub.upstream.segment import Codec, compress_segment
 
-__all__ = ["SEGMENT_CONTENT_TYPE", "Unit", "publish_properties", "publish_units", "publish_wire_bytes"]
+__all__ = [
+    "DICTIONARY_CONTENT_TYPE",
+    "SEGMENT_CONTENT_TYPE",
+    "Unit",
+    "dictionary_unit",
+    "publish_properties",
+    "publish_units",
+    "publish_wire_bytes",
+]
 
 SEGMENT_CONTENT_TYPE = "application/x-edgehub-segment;v=1;encoding={codec}"
+# A segment compressed with a dictionary is container version 2: a reader needs the dictionary it names.
+DICT_SEGMENT_CONTENT_TYPE = "application/x-edgehub-segment;v=2;encoding=zstd;dict={dict_id}"
+DICTIONARY_CONTENT_TYPE = "application/x-edgehub-zstd-dictionary;dict={dict_id}"
 
 
 def publish_properties(user: list[tuple[str, str]], content_type: str | None = None) -> tuple[Properties, int]:
@@ -58,48 +71,80 @@ class Unit:
     messages: Sequence[QueuedMessage]
     properties: Properties | None
     wire_bytes: int
+    raw_bytes: int = 0  # the segment's uncompressed bytes (batch mode)
 
 
-def publish_units(s: MqttUpstreamSettings, batch: Sequence[QueuedMessage]) -> list[Unit]:
-    """``batch`` as the PUBLISHes that carry it in ``s.wire_mode``."""
+def dictionary_unit(s: MqttUpstreamSettings, data: bytes, dict_id: int) -> Unit:
+    """The PUBLISH that carries a zstd dictionary to the far side, before any segment that uses it."""
+    topic = s.dictionary_topic.format(hub_id=s.hub_id, lane=s.lane, dict_id=dict_id)
+    props: Properties | None = None
+    props_len: int | None = None
+    if s.protocol is MqttProtocol.V5:
+        props, props_len = publish_properties(
+            [("edgehub-dictionary-id", str(dict_id))], DICTIONARY_CONTENT_TYPE.format(dict_id=dict_id)
+        )
+    return Unit(topic, data, (), props, publish_wire_bytes(topic, len(data), properties_len=props_len))
+
+
+def publish_units(
+    s: MqttUpstreamSettings,
+    batch: Sequence[QueuedMessage],
+    *,
+    dictionary: tuple[int, bytes] | None = None,
+    observe: Callable[[bytes], None] | None = None,
+) -> list[Unit]:
+    """``batch`` as the PUBLISHes that carry it in ``s.wire_mode``; zstd segments with ``dictionary`` (its id and
+    bytes) when given; ``observe`` sees each segment's uncompressed text (the dictionary's sample)."""
     if s.wire_mode is WireMode.MESSAGE:
         return [_message_unit(s, qm) for qm in batch]
-    return _segment_units(s, batch)
+    return _segment_units(s, batch, dictionary, observe)
 
 
 def _edge_id(s: MqttUpstreamSettings, qm: QueuedMessage) -> str:
     return edge_message_id(qm, hub_id=s.hub_id, lane=s.lane)
 
 
-def _segment_payload(s: MqttUpstreamSettings, msgs: Sequence[QueuedMessage]) -> bytes:
-    return segment_bytes(msgs, hub_id=s.hub_id, lane=s.lane, compresslevel=s.compresslevel, codec=s.compression)
-
-
-def _segment_units(s: MqttUpstreamSettings, batch: Sequence[QueuedMessage]) -> list[Unit]:
+def _segment_units(
+    s: MqttUpstreamSettings,
+    batch: Sequence[QueuedMessage],
+    dictionary: tuple[int, bytes] | None,
+    observe: Callable[[bytes], None] | None,
+) -> list[Unit]:
     topic = s.batch_topic.format(hub_id=s.hub_id, lane=s.lane, priority=batch[0].priority)
     if s.compression is Codec.ZSTD:
         topic += "/zstd"
+    else:
+        dictionary = None
     props: Properties | None = None
     props_len: int | None = None
     if s.protocol is MqttProtocol.V5:
-        props, props_len = publish_properties(
-            [("edgehub-segment-version", "1"), ("edgehub-segment-codec", str(s.compression))],
-            SEGMENT_CONTENT_TYPE.format(codec=s.compression),
-        )
+        if dictionary is not None:
+            user = [("edgehub-segment-version", "2"), ("edgehub-segment-codec", "zstd")]
+            user.append(("edgehub-segment-dictionary", str(dictionary[0])))
+            props, props_len = publish_properties(user, DICT_SEGMENT_CONTENT_TYPE.format(dict_id=dictionary[0]))
+        else:
+            props, props_len = publish_properties(
+                [("edgehub-segment-version", "1"), ("edgehub-segment-codec", str(s.compression))],
+                SEGMENT_CONTENT_TYPE.format(codec=s.compression),
+            )
+    zdict = dictionary[1] if dictionary is not None else None
     # Cut into runs whose compressed size is about max_batch_bytes: halve a run until it fits (or is one
     # message), so compression still sees as many messages as fit.
     units: list[Unit] = []
     stack: list[Sequence[QueuedMessage]] = [batch]
     while stack:
         run = stack.pop()
-        payload = _segment_payload(s, run)
+        text = batch_text(run, hub_id=s.hub_id, lane=s.lane)
+        payload = compress_segment(text, compresslevel=s.level, codec=s.compression, dictionary=zdict)
         if len(payload) > s.segment_bytes and len(run) > 1:
             mid = len(run) // 2
             stack.append(run[mid:])
             stack.append(run[:mid])
             continue
+        if observe is not None:
+            observe(text)
         wire = publish_wire_bytes(topic, len(payload), properties_len=props_len)
-        units.append(Unit(topic, payload, run, props, wire))
+        units.append(Unit(topic, payload, run, props, wire, len(text)))
     return units
 
 

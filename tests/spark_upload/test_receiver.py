@@ -10,15 +10,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import zstandard
 
-from edgehub.upstream.segment import Codec, SegmentName, SegmentRecord, decode_segment, encode_segment, segment_codec
+from edgehub.upstream.segment import (
+    Codec,
+    SegmentName,
+    SegmentRecord,
+    decode_segment,
+    dictionary_id,
+    encode_segment,
+    segment_codec,
+)
 from spark_upload.receiver import (
     Received,
     Receiver,
     ReceiverSettings,
     as_landing_bytes,
+    dictionary_path,
     gzip_problem,
     landing_path_for,
+    quarantine_folder,
 )
 
 pytestmark = pytest.mark.interop
@@ -398,3 +409,84 @@ def test_a_zstd_frame_that_does_not_decompress_is_set_aside() -> None:
     assert as_landing_bytes(broken) == broken
     path, is_segment = landing_path_for(broken, "hub1/upstream/p0/x.jsonl.gz")
     assert (path.startswith("rejected/"), is_segment) == (True, False)
+
+
+def _dictionary_and_segment(first: int, last: int) -> tuple[int, bytes, bytes, list[SegmentRecord]]:
+    """A trained dictionary (its id and bytes) and a segment of records first..last compressed with it."""
+    _, gz = _segment(0, 400)
+    sample = [line for line in gzip.decompress(gz).split(b"\n") if line]
+    dictionary: bytes = zstandard.train_dictionary(1024, list[bytes | bytearray | memoryview](sample)).as_bytes()
+    dict_id = dictionary_id(dictionary)
+    assert dict_id is not None
+    records = decode_segment(_segment(first, last)[1])
+    return dict_id, dictionary, encode_segment(records, codec=Codec.ZSTD, dictionary=dictionary), records
+
+
+def test_a_dictionary_is_kept_and_segments_compressed_with_it_land_as_gzip(broker: str, tmp_path: Path) -> None:
+    dict_id, dictionary, zst, records = _dictionary_and_segment(0, 9)
+    landing = tmp_path / "landing"
+    reports: queue.Queue[Received] = queue.Queue()
+    receiver = _receiver(broker, landing, reports)
+    try:
+        _publish(broker, dictionary, tmp_path)
+        kept = reports.get(timeout=10)
+        assert (kept.path, kept.outcome, kept.acked) == (dictionary_path(dict_id), "written", True)
+        _publish(broker, zst, tmp_path)
+        got = reports.get(timeout=10)
+        assert got.outcome == "written"
+        assert decode_segment((landing / got.path).read_bytes()) == records
+    finally:
+        receiver.stop()
+    # The receiver again, restarted: it finds the dictionary in the landing zone.
+    later_records = decode_segment(_segment(10, 19)[1])
+    later = encode_segment(later_records, codec=Codec.ZSTD, dictionary=dictionary)
+    receiver = _receiver(broker, landing, reports)
+    try:
+        _publish(broker, later, tmp_path)
+        got = reports.get(timeout=10)
+        assert got.outcome == "written"
+        assert decode_segment((landing / got.path).read_bytes()) == later_records
+    finally:
+        receiver.stop()
+
+
+def test_a_segment_whose_dictionary_is_unknown_is_quarantined_then_lands_when_the_dictionary_comes(
+    broker: str, tmp_path: Path
+) -> None:
+    dict_id, dictionary, zst, records = _dictionary_and_segment(0, 9)
+    landing = tmp_path / "landing"
+    reports: queue.Queue[Received] = queue.Queue()
+    receiver = _receiver(broker, landing, reports)
+    try:
+        _publish(broker, zst, tmp_path)
+        held = reports.get(timeout=10)
+        assert (held.outcome, held.acked) == ("quarantined", True)
+        assert held.path.startswith(f"{quarantine_folder(dict_id)}/")
+        assert (landing / held.path).read_bytes() == zst  # kept as it came: nothing lost
+        assert not list(landing.rglob("*.jsonl.gz"))  # and nothing the job would read
+        assert receiver.quarantined_count == 1
+        _publish(broker, dictionary, tmp_path)
+        assert reports.get(timeout=10).path == dictionary_path(dict_id)
+        (segment,) = landing.rglob("*.jsonl.gz")
+        assert decode_segment(segment.read_bytes()) == records
+        assert not (landing / held.path).exists()
+        assert receiver.quarantined_count == 0
+    finally:
+        receiver.stop()
+
+
+def test_a_dictionary_clashing_with_a_kept_one_is_set_aside(broker: str, tmp_path: Path) -> None:
+    dict_id, dictionary, _, _ = _dictionary_and_segment(0, 9)
+    landing = tmp_path / "landing"
+    (landing / "dictionaries").mkdir(parents=True)
+    other = dictionary[:-1] + bytes([dictionary[-1] ^ 1])  # same id, other bytes
+    (landing / dictionary_path(dict_id)).write_bytes(other)
+    reports: queue.Queue[Received] = queue.Queue()
+    receiver = _receiver(broker, landing, reports)
+    try:
+        _publish(broker, dictionary, tmp_path)
+        got = reports.get(timeout=10)
+        assert (got.outcome, got.path.startswith("rejected/")) == ("rejected", True)
+        assert (landing / dictionary_path(dict_id)).read_bytes() == other
+    finally:
+        receiver.stop()

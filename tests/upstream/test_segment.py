@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -16,11 +17,15 @@ from edgehub.upstream.segment import (
     SegmentFormatError,
     SegmentName,
     SegmentRecord,
+    UnknownDictionaryError,
     decode_segment,
+    dictionary_id,
     encode_segment,
     format_enqueued_at,
     record_from_message,
     segment_codec,
+    segment_dictionary_id,
+    segment_text,
 )
 
 
@@ -289,3 +294,33 @@ def test_any_record_round_trips_through_v2(
     data = encode_segment([record, record])
     assert decode_segment(data) == [record, record]
     assert decode_segment(encode_segment([record], codec=Codec.ZSTD)) == [record]
+
+
+def _dictionary_for(records: list[SegmentRecord]) -> bytes:
+    lines = [line for line in segment_text(records).split(b"\n") if line]
+    data: bytes = zstandard.train_dictionary(1024, list[bytes | bytearray | memoryview](lines)).as_bytes()
+    return data
+
+
+def test_a_segment_compressed_with_a_dictionary_names_it_and_decodes_only_with_it() -> None:
+    records = [_record(i, body=b'{"t": %d, "unit": "celsius"}' % i) for i in range(400)]
+    dictionary = _dictionary_for(records)
+    dict_id = dictionary_id(dictionary)
+    assert dict_id
+    data = encode_segment(records[:20], codec=Codec.ZSTD, compresslevel=19, dictionary=dictionary)
+    assert segment_codec(data) is Codec.ZSTD
+    assert segment_dictionary_id(data) == dict_id
+    assert len(data) < len(encode_segment(records[:20], codec=Codec.ZSTD, compresslevel=19))
+    with pytest.raises(UnknownDictionaryError) as missing:
+        decode_segment(data)
+    assert missing.value.dict_id == dict_id
+    assert decode_segment(data, {dict_id: dictionary}) == records[:20]
+    plain = encode_segment(records[:20], codec=Codec.ZSTD)
+    assert segment_dictionary_id(plain) == 0
+    assert decode_segment(plain, {dict_id: dictionary}) == records[:20]  # a dictionary offered, none needed
+    assert dictionary_id(plain) is None
+
+
+def test_a_dictionary_goes_with_zstd_only() -> None:
+    with pytest.raises(ValueError, match="zstd"):
+        encode_segment([_record(0)], dictionary=b"\x37\xa4\x30\xec\x01\x00\x00\x00")
