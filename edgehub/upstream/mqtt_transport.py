@@ -94,8 +94,8 @@ from edgehub.core.methods import CloudCommands
 from edgehub.core.refusals import RefusalLog
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.bandwidth import RateEstimator, TokenBucket
-from edgehub.upstream.mqtt_cloud import CloudMessage, CloudSide, subscriptions
 from edgehub.upstream.dictionary import DictionaryKeeper, LaneDictionary
+from edgehub.upstream.mqtt_cloud import CloudMessage, CloudSide, subscriptions
 from edgehub.upstream.mqtt_connection import Connection, new_client
 from edgehub.upstream.mqtt_settings import (
     MqttProtocol,
