@@ -55,6 +55,7 @@ class RefusalReason(StrEnum):
     TLS_HANDSHAKE_FAILED = "tls_handshake_failed"
     NOT_READING = "not_reading"
     TOPIC_TOO_LONG = "topic_too_long"
+    DEPLOYMENT_INVALID = "deployment_invalid"  # desired properties refused; the running configuration stays
 
 
 class RefusalLog:

@@ -39,7 +39,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -106,6 +106,9 @@ class EdgeHub:
         self.modules = ModuleMailboxes()
         self._batch = module_batch
         self._settings = executor_settings or ExecutorSettings()
+        # Each executor's own settings by endpoint id (a deployment gives endpoints their own policies); an
+        # executor started later (a route naming a new module input) takes what this says then.
+        self.executor_settings_for: Callable[[str], ExecutorSettings] = lambda _endpoint_id: self._settings
         self._given = {e.endpoint_id: e for e in endpoints}
         self.executors: dict[str, EndpointExecutor] = {}
         self._auth_methods: dict[str, str] = {}
@@ -167,7 +170,9 @@ class EdgeHub:
         endpoint = self._endpoint_for(endpoint_id)
         if endpoint is None:
             return
-        executor = EndpointExecutor(self.store, endpoint, clock=self.clock, settings=self._settings)
+        executor = EndpointExecutor(
+            self.store, endpoint, clock=self.clock, settings=self.executor_settings_for(endpoint_id)
+        )
         await self._stack.enter_async_context(executor)
         self.executors[endpoint_id] = executor
         log.info("hub.executor_started endpoint=%s", endpoint_id)

@@ -64,9 +64,10 @@ from edgehub.hub.identities import IdentityRegistry
 from edgehub.hub.lanes import UpstreamOptions
 from edgehub.hub.modules import DEFAULT_WINDOW
 from edgehub.hub.twins import DEFAULT_TWIN_LIMITS, TwinLimits
-from edgehub.manifest import EdgeHubDesired, load_desired_file
-from edgehub.routing import Router
+from edgehub.manifest import EdgeHubDesired, parse_deployment, read_manifest_file
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
+from edgehub.runtime.deployment import DeploymentController
+from edgehub.runtime.deployment_settings import StartSettings
 from edgehub.runtime.memory import ChurnCollector
 from edgehub.store import FsyncPolicy, Store, StoreQuota
 from edgehub.store.policy import DEFAULT_IDENTITY_SHARE, disk_store_quota
@@ -76,6 +77,7 @@ from edgehub.upstream.landing import LandingZone
 from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, WireMode
 from edgehub.upstream.segment import Codec, SegmentName
 from edgehub.upstream.upload_transport import UploadTransport
+from protocol_heads.mqtt.iothub import Acl
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 
 __all__ = [
@@ -337,9 +339,10 @@ async def serve(
     on_certs: Callable[[HubCerts], None] | None = None,
     on_ready: Callable[[dict[str, int]], None] | None = None,
 ) -> None:
-    desired = load_desired_file(config.manifest)
+    deployment = parse_deployment(read_manifest_file(config.manifest))  # refused whole, before anything starts
+    desired = deployment.desired
     raise_descriptor_limit()
-    router = Router(desired.route_specs())
+    router = deployment.router
     certs = ensure_certs(config.data_dir / "certs", extra_names=(config.host_name,))
     if on_certs is not None:
         on_certs(certs)
@@ -367,6 +370,17 @@ async def serve(
             max_token_lifetime_s=config.limits.max_token_lifetime_s,
             twin_limits=config.limits.twin,
         ) as hub:
+            controller = DeploymentController(
+                hub,
+                StartSettings(
+                    executor=ExecutorSettings(cleanup_interval_s=config.cleanup_interval_s),
+                    store_quota=store.store_quota,
+                    fsync=config.fsync,
+                    module_window=config.module_window,
+                    upstream=desired.upstream.model_dump(),
+                ),
+            )
+            await controller.start(config.manifest)  # the file, or what the store kept if it is unchanged
             limits: dict[str, Any] = {
                 name: value
                 for name in (
@@ -383,16 +397,19 @@ async def serve(
                 tls_port=config.mqtts_port,
                 ssl_context=ssl_context,
                 outbound_window=config.module_window,
+                acl=Acl(publish_grants=controller.publish_grants, subscribe_grants=controller.subscribe_grants),
                 **limits,
             )
             async with MqttServer(hub, settings=settings) as server, asyncio.TaskGroup() as tasks:
                 collector = tasks.create_task(ChurnCollector(server.limiter).run(), name="runtime.memory")
+                watcher = tasks.create_task(controller.watch(config.manifest), name="runtime.deployment_watch")
                 log.info("runtime.ready ports=%s", server.ports)
                 if on_ready is not None:
                     on_ready(dict(server.ports))
                 await stop.wait()
                 log.info("runtime.stopping")
                 collector.cancel()
+                watcher.cancel()
     finally:
         for endpoint in endpoints:
             await endpoint.close()  # idempotent; covers a failure before the executor took it
