@@ -41,6 +41,7 @@ store's byte quota, by default derived at start from the free space of the store
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import resource
 import time
@@ -76,6 +77,7 @@ from edgehub.store.salvage import check_store
 from edgehub.upstream.landing import LandingZone
 from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, WireMode
 from edgehub.upstream.segment import Codec, SegmentName
+from edgehub.upstream.twin_channel import TwinChannel
 from edgehub.upstream.upload_transport import UploadTransport
 from protocol_heads.mqtt.iothub import Acl
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
@@ -351,6 +353,7 @@ async def serve(
     transport = transport_settings(desired, config)
     store = open_store(config.data_dir, default_ttl_s=float(desired.time_to_live_secs), fsync=config.fsync, verify=True)
     endpoints: list[Endpoint] = []
+    twin: TwinChannel | None = None
     try:
         store.store_quota = store_quota(store, store_path(config.data_dir), config.limits)
         if isinstance(transport, UploadUpstreamSettings):
@@ -358,6 +361,9 @@ async def serve(
         elif transport is not None:
             for lane_id in _lane_ids(store, options):
                 upstream = MqttUpstream(lane_settings(transport, lane_id))
+                if twin is None:  # the first lane's connection carries the hub's own twin (issue 17)
+                    twin = TwinChannel()
+                    upstream.attach_twin(twin)
                 await upstream.start()  # the executor closes it when the hub stops
                 endpoints.append(upstream)
         async with EdgeHub(
@@ -381,6 +387,10 @@ async def serve(
                 ),
             )
             await controller.start(config.manifest)  # the file, or what the store kept if it is unchanged
+            if twin is not None:
+                controller.on_reported(twin.report)
+                twin.report(controller.reported())
+                twin.bind(functools.partial(controller.patch_desired, source="cloud"))
             limits: dict[str, Any] = {
                 name: value
                 for name in (
@@ -411,6 +421,8 @@ async def serve(
                 collector.cancel()
                 watcher.cancel()
     finally:
+        if twin is not None:
+            await twin.close()
         for endpoint in endpoints:
             await endpoint.close()  # idempotent; covers a failure before the executor took it
         await store.close()

@@ -53,6 +53,7 @@ class Connection:
         client.on_connect = self._t_on_connect
         client.on_disconnect = self._t_on_disconnect
         client.on_publish = self._t_on_publish
+        client.on_message = self._t_on_message
 
     # paho's thread: hand everything to the loop.
     def _t_on_connect(self, c: paho.Client, u: Any, flags: Any, rc: Any, props: Any) -> None:
@@ -63,6 +64,9 @@ class Connection:
 
     def _t_on_publish(self, c: paho.Client, u: Any, mid: int, rc: Any, props: Any) -> None:
         self.loop.call_soon_threadsafe(self._on_ack, mid, bool(rc.is_failure), str(rc))
+
+    def _t_on_message(self, c: paho.Client, u: Any, message: paho.MQTTMessage) -> None:
+        self.loop.call_soon_threadsafe(self.owner._received, message.topic, bytes(message.payload))
 
     # the loop.
     def _on_connect(self, failed: bool, reason: str) -> None:

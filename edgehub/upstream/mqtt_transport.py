@@ -85,6 +85,7 @@ from edgehub.upstream.mqtt_settings import (
     WireMode,
 )
 from edgehub.upstream.mqtt_wire import SEGMENT_CONTENT_TYPE, Unit, publish_units, publish_wire_bytes
+from edgehub.upstream.twin_channel import TwinChannel
 
 __all__ = [
     "SEGMENT_CONTENT_TYPE",
@@ -125,6 +126,16 @@ class MqttUpstream:
         self._wire_acked = 0
         self._bytes_per_message: float | None = None
         self._rtt_samples: deque[float] = deque(maxlen=64)
+        self._twin: TwinChannel | None = None
+
+    def attach_twin(self, channel: TwinChannel) -> None:
+        """Speak IoT Hub's twin topics on this transport's connections (``edgehub.upstream.twin_channel``)."""
+        self._twin = channel
+
+    def _received(self, topic: str, payload: bytes) -> None:
+        """A PUBLISH from the upstream (on the loop): only twin patches are expected."""
+        if self._twin is not None:
+            self._twin.received(topic, payload)
 
     # -- Endpoint ---------------------------------------------------------------------------------------------
 
@@ -396,7 +407,11 @@ class MqttUpstream:
             self._connected_event.set()
             log.info("upstream.connected lane=%s host=%s port=%d connects=%d", s.lane, s.host, s.port, self._connects)
             self._on_reachable()
+            if self._twin is not None:
+                self._twin.connected(conn.client)
             await conn.lost.wait()
+            if self._twin is not None:
+                self._twin.disconnected()
             log.info("upstream.lost lane=%s reason=%s", s.lane, conn.lost_reason)
             self._on_unreachable()
             await conn.stop()
