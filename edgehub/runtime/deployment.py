@@ -26,17 +26,19 @@ from __future__ import annotations
 import asyncio
 import copy
 import hashlib
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgehub.core import Clock, SystemClock
+from edgehub.core import Clock, SystemClock, TwinError
 from edgehub.core.endpoints import parse_module_endpoint
 from edgehub.core.refusals import RefusalLog, RefusalReason
 from edgehub.delivery.retry import effective_policy
 from edgehub.hub.facade import EdgeHub
+from edgehub.hub.twins import TwinLimits, check_patch
 from edgehub.manifest import MAX_MANIFEST_BYTES, Deployment, ManifestError, parse_deployment, read_manifest_file
 from edgehub.manifest.models import edgehub_section
 from edgehub.runtime.deployment_settings import RunningSettings, StartSettings, running_settings
@@ -88,7 +90,6 @@ class DeploymentController:
         self._dropped: dict[str, int] = {}
         self._file_digest: str | None = None
         self._listeners: list[Callable[[dict[str, object]], None]] = []
-        self._module_listeners: list[Callable[[str, Mapping[str, Any], int], None]] = []
 
     # -- the interface the admin API, the watcher and the upstream use --------------------------------------
     def reported(self) -> dict[str, object]:
@@ -132,10 +133,6 @@ class DeploymentController:
         """Call ``listener`` with the reported properties after every update (applied or refused)."""
         self._listeners.append(listener)
 
-    def on_module_desired(self, listener: Callable[[str, Mapping[str, Any], int], None]) -> None:
-        """Call ``listener(module, desired, version)`` when an update changes a module twin's desired properties."""
-        self._module_listeners.append(listener)
-
     def module_desired(self, module_id: str) -> Mapping[str, Any] | None:
         """``modulesContent.<module>.properties.desired`` of the running deployment (None: not in it)."""
         return self._module_twins.get(module_id)
@@ -155,9 +152,12 @@ class DeploymentController:
         if kept is not None and kept.get("fileDigest") == digest and isinstance(kept.get("desired"), dict):
             self._restore(kept)
             status = await self.put_desired(kept["desired"], source=str(kept.get("source") or "store"))
-            if status.code == 200:
+            if status.code == 200 and status.version is not None:
+                for module_id, desired in self._module_twins.items():  # kept, not in the document put
+                    self._hub.set_module_desired(module_id, desired, status.version)
                 self._file_digest = digest
                 return status
+            self._module_twins = {}
         status = await self.put_desired(document, source="file")
         if status.code != 200:
             raise ManifestError(f"{manifest}: {status.description}", status.errors)
@@ -203,6 +203,9 @@ class DeploymentController:
             settings = running_settings(deployment.desired, self._start)
         except ManifestError as exc:
             return await self._refuse(list(exc.errors), version, source)
+        twin_errors = _module_twin_problems(deployment, self._hub.twin_limits)
+        if twin_errors:
+            return await self._refuse(twin_errors, version, source)
         if version is None:
             version = (self._last_version or 0) + 1
         section, in_manifest = edgehub_section(document)
@@ -222,11 +225,10 @@ class DeploymentController:
             dropped or "-",
             len(deployment.unsupported),
         )
+        for module_id in changed:
+            self._hub.set_module_desired(module_id, self._module_twins.get(module_id), version)
         await self._persist()
         self._notify()
-        for module_id in changed:
-            for module_listener in self._module_listeners:
-                module_listener(module_id, self._module_twins.get(module_id, {}), version)
         return self._status
 
     async def _apply(self, deployment: Deployment, settings: RunningSettings) -> dict[str, int]:
@@ -324,6 +326,22 @@ class DeploymentController:
             self._dropped = {k: v for k, v in dropped.items() if isinstance(v, int)}
         last = kept.get("lastDesiredVersion")
         self._last_version = last if isinstance(last, int) else None
+
+
+def _module_twin_problems(deployment: Deployment, limits: TwinLimits) -> list[str]:
+    """The module twins' desired properties against IoT Hub's twin limits (as reported properties are held)."""
+    out = []
+    for module_id, desired in deployment.module_twins.items():
+        where = f"modulesContent.{module_id}.properties.desired"
+        try:
+            check_patch(desired, limits)
+        except TwinError as exc:
+            out.append(f"{where}: {exc}")
+            continue
+        size = len(json.dumps(desired, separators=(",", ":")).encode())
+        if size > limits.max_reported_bytes:
+            out.append(f"{where}: {size} bytes, over the twin limit of {limits.max_reported_bytes}")
+    return out
 
 
 def _running_figures(settings: RunningSettings, hub: EdgeHub) -> dict[str, object]:

@@ -124,6 +124,13 @@ class _Link:
         conn = session.conn
         return 0 if conn.closed else conn.window_free
 
+    def send_desired_patch(self, patch: bytes, version: int) -> None:
+        """``TwinLink``: a desired-properties patch, QoS 0 as IoT Hub sends it, if the client subscribed to it."""
+        session = self._session
+        if session is not None:
+            session._respond(f"$iothub/twin/PATCH/properties/desired/?$version={version}", patch)
+            session.sock.schedule_flush()  # sent from outside a read: nothing else flushes it
+
     def send(self, delivery: Delivery) -> None:
         session = self._session
         if session is None:

@@ -178,3 +178,74 @@ async def test_file_edits_and_cloud_patches_apply_live_and_a_bad_update_is_refus
         finally:
             out = await stop(proc)
         assert out.rstrip().endswith("stopped")
+
+
+async def test_module_twins_come_from_the_manifest_changes_are_pushed_and_reported_patches_notify_routes(
+    tmp_path: Path,
+) -> None:
+    data, manifest = tmp_path / "data", tmp_path / "m.json"
+    notify = 'FROM /twinChangeNotifications INTO BrokeredEndpoint("/modules/sink/inputs/twins")'
+
+    def deployment(version: int, filter_desired: dict[str, Any]) -> None:
+        content = {
+            "$edgeHub": {"properties.desired": {"schemaVersion": "1.1", "$version": version, "routes": {"n": notify}}},
+            "filter": {"properties.desired": filter_desired},
+        }
+        tmp = manifest.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"modulesContent": content}))
+        os.replace(tmp, manifest)
+
+    deployment(1, {"threshold": 25, "window": {"seconds": 10, "function": "mean"}})
+    filter_cs = await identity_add(data, "edge", "--module", "filter")
+    sink_cs = await identity_add(data, "edge", "--module", "sink")
+    proc, port, _ = await start(data, manifest)
+    ca = data / "certs" / "ca.pem"
+    try:
+        module = await connect(filter_cs, "edge/filter", port, ca)
+        sink = await connect(sink_cs, "edge/sink", port, ca)
+        module.client.subscribe("$iothub/twin/res/#", qos=0)
+        module.client.subscribe("$iothub/twin/PATCH/properties/desired/#", qos=0)
+        async with asyncio.timeout(10):
+            await module.subscribes.get()
+            await module.subscribes.get()
+        module.publish("$iothub/twin/GET/?$rid=1", b"", qos=0)
+        async with asyncio.timeout(10):
+            got = await module.messages.get()
+        assert got.topic == "$iothub/twin/res/200/?$rid=1"
+        twin = json.loads(got.payload)
+        assert twin["desired"] == {"threshold": 25, "window": {"seconds": 10, "function": "mean"}, "$version": 1}
+
+        deployment(2, {"threshold": 30, "window": {"seconds": 10}})
+        async with asyncio.timeout(15):
+            pushed = await module.messages.get()
+        assert pushed.topic == "$iothub/twin/PATCH/properties/desired/?$version=2"
+        assert json.loads(pushed.payload) == {"threshold": 30, "window": {"function": None}, "$version": 2}
+
+        module.publish("$iothub/twin/PATCH/properties/reported/?$rid=2", b'{"applied": 30}', qos=0)
+        async with asyncio.timeout(10):
+            answer = await module.messages.get()
+        assert answer.topic.startswith("$iothub/twin/res/204/?$rid=2")
+        async with asyncio.timeout(15):
+            note = await sink.messages.get()
+        assert note.topic.startswith("devices/edge/modules/sink/inputs/twins/")
+        assert json.loads(note.payload) == {"version": 2, "properties": {"reported": {"applied": 30}}}
+        await module.close()
+        await sink.close()
+    finally:
+        assert (await stop(proc)).rstrip().endswith("stopped")
+
+    # After a restart the module's twin is what it was: the deployment's desired, its own reported.
+    proc, port, _ = await start(data, manifest)
+    try:
+        module = await connect(filter_cs, "edge/filter", port, ca)
+        module.client.subscribe("$iothub/twin/res/#", qos=0)
+        async with asyncio.timeout(10):
+            await module.subscribes.get()
+        module.publish("$iothub/twin/GET/?$rid=3", b"", qos=0)
+        async with asyncio.timeout(10):
+            twin = json.loads((await module.messages.get()).payload)
+        assert twin["desired"] == {"threshold": 30, "window": {"seconds": 10}, "$version": 2}
+        assert twin["reported"]["applied"] == 30
+        await module.close()
+    finally:
+        assert (await stop(proc)).rstrip().endswith("stopped")
