@@ -57,6 +57,7 @@ from protocol_heads.mqtt.events import (
     UnsubscribeRequested,
 )
 from protocol_heads.mqtt.iothub import (
+    TelemetryTopic,
     TopicError,
     TwinRequest,
     delivery_user_properties,
@@ -65,6 +66,7 @@ from protocol_heads.mqtt.iothub import (
     message_from_publish,
     module_input_topic,
     parse_client_id,
+    parse_publish_topic,
     parse_twin_request,
     topic_matches,
     twin_response_topic,
@@ -429,9 +431,11 @@ class Session:
                 continue
             settle.append((event.ticket, len(to_store), 0, None))
             to_store.append(msg)
-            if props is None:
+            if props is None and isinstance(parse_publish_topic(p.topic), TelemetryTopic):
                 # Without MQTT 5 properties a message's properties follow from the topic alone (the identity
                 # and auth method are the connection's): later messages on it share these (immutable) maps.
+                # Only the client's own telemetry topics, which the ACL always allows: a topic a grant allowed
+                # is checked every time, so a deployment that withdraws the grant stops it at the next PUBLISH.
                 if p.properties is not NO_PROPERTIES:
                     msg = self._message(identity, msgspec.structs.replace(p, properties=NO_PROPERTIES), now, None)
                 known.remember(p.topic, (msg.system_properties, msg.properties), _ENTRY_OVERHEAD + 3 * len(p.topic))

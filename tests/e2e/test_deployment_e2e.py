@@ -249,3 +249,47 @@ async def test_module_twins_come_from_the_manifest_changes_are_pushed_and_report
         await module.close()
     finally:
         assert (await stop(proc)).rstrip().endswith("stopped")
+
+
+async def test_grants_from_mqtt_broker_take_effect_on_a_running_connection_at_its_next_publish(tmp_path: Path) -> None:
+    data, manifest = tmp_path / "data", tmp_path / "m.json"
+    grant = {
+        "authorizations": [
+            {
+                "identities": ["{{iot:identity}}"],
+                "allow": [{"operations": ["mqtt:publish"], "resources": ["local/{{iot:device_id}}/#"]}],
+            }
+        ]
+    }
+    routes = {"up": "FROM /messages/* INTO $upstream"}
+    write_manifest(manifest, 1, routes, schemaVersion="1.2", mqttBroker=grant)
+    dev_cs = await identity_add(data, "dev1")
+    async with (
+        MosquittoPeer(tmp_path) as broker,
+        MqttCollector(host=broker.host, port=broker.port, topic=REPORTED, client_id="cloud-twin") as cloud,
+    ):
+        proc, port, _ = await start(
+            data, manifest, "--upstream-mqtt", f"127.0.0.1:{broker.port}", "--upstream-client-id", "gw"
+        )
+        ca = data / "certs" / "ca.pem"
+        try:
+            await reported_version(cloud, 1)
+            dev = await connect(dev_cs, "dev1", port, ca, protocol=MQTTProtocolVersion.MQTTv5)
+
+            async def publish(topic: str) -> int:
+                mid = dev.publish(topic, b"x")
+                async with asyncio.timeout(10):
+                    got_mid, code = await dev.publishes.get()
+                assert got_mid == mid
+                return code
+
+            assert await publish("local/dev1/temp") == 0
+            assert await publish("local/dev1/temp") == 0  # a topic used before: still checked
+            assert await publish("local/dev2/temp") == 0x87
+            write_manifest(manifest, 2, routes, schemaVersion="1.2")  # the grant withdrawn
+            await reported_version(cloud, 2)
+            assert await publish("local/dev1/temp") == 0x87
+            assert not dev.gone
+            await dev.close()
+        finally:
+            assert (await stop(proc)).rstrip().endswith("stopped")
