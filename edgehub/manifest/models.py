@@ -1,12 +1,20 @@
 """The ``$edgeHub`` desired properties, validated at the boundary with pydantic (its one home).
 
-Accepted documents: a full deployment manifest (``modulesContent.$edgeHub.properties.desired``) or the desired
-properties alone. Rules (ROUTE_LANGUAGE.md, "Routes in the manifest"):
+Accepted documents: a full deployment manifest (``modulesContent.$edgeHub.properties.desired``), the modules'
+part alone (``{"$edgeHub": {"properties.desired": ...}}``, as Azure's documentation shows it) or the desired
+properties alone. Every object refuses a key it does not know, at every level
+(``storeAndForwardConfiguration.maxQueueByts: unknown key``), and one ``ManifestError`` lists every problem
+(``errors``). Rules
+(ROUTE_LANGUAGE.md, "Routes in the manifest"; ``deployment/DEPLOYMENT.md`` for every key):
 
 * ``schemaVersion``: major 1, minor 0-3, written ``"1.1"`` or ``"1.1.0"``; ``"1"`` and ``"2.0"`` are refused.
 * ``routes``: name → route string; from schema 1.1 also ``{"route", "priority" 0-9, "timeToLiveSecs"}``.
   Route names match ``^[^\\.\\$# ]+$``.
-* ``storeAndForwardConfiguration.timeToLiveSecs``: the global TTL (default 7200 s, as Azure IoT Edge).
+* ``storeAndForwardConfiguration.timeToLiveSecs``: the global TTL (default 7200 s, as Azure IoT Edge); the
+  section's other keys, ``delivery`` and ``endpoints`` are edgehub's (``edgehub.manifest.sections``);
+  ``mqttBroker`` is Azure's (``edgehub.manifest.broker``); ``integrity``, Azure 1.3's signed deployments, is
+  accepted and not verified (``EdgeHubDesired.unsupported`` names it); ``$version`` and ``$metadata`` are a
+  twin's bookkeeping.
 * ``upstream`` (edgehub's own, not Azure IoT Edge's): ``partitions`` 1-64 (default 1: one lane, ``$upstream``),
   ``duplicateDetection`` (default false) and ``duplicateDetectionWindowSecs`` 1-604800 (default 600, as
   Service Bus's default; at most 7 days as Service Bus allows); and how the upstream uses its link, each unset
@@ -20,7 +28,8 @@ properties alone. Rules (ROUTE_LANGUAGE.md, "Routes in the manifest"):
   must not silently leave detection off), and values must have their JSON type (``"4"`` is not a partition
   count).
 
-Errors are ``ManifestError`` (a ConfigurationError) naming the field; route text errors stay RouteErrors.
+Errors are ``ManifestError`` (a ConfigurationError) naming the field; route text errors stay RouteErrors here
+(``edgehub.manifest.deployment`` turns them into located ManifestError lines with the rest).
 
 Bounds, checked before pydantic sees the document (a refusal with a location, never a RecursionError, a
 ValueError or a UnicodeError): a manifest file is at most ``MAX_MANIFEST_BYTES`` of UTF-8; a document nests

@@ -31,6 +31,11 @@ lane the store still holds undelivered messages for but that the partition count
 changed) gets a transport too, so what it held still goes out; new messages never go to it, and once drained it
 is left out at the next start.
 
+The deployment (issue 17): the manifest is checked whole before anything starts (``parse_deployment``), then a
+``DeploymentController`` (``edgehub.runtime.deployment``) applies it to the running hub, watches the file and
+applies it again when it changes, applies desired patches from the cloud over the first upstream lane's MQTT
+connection (``TwinChannel``) and reports back over it; the MQTT head's ACL asks the controller's grants.
+
 Limits (``HubConfig.limits``, ``HubLimits``; the CLI's ``--max-token-lifetime``, ``--store-quota``,
 ``--identity-share``): how far ahead a SAS token may expire (a year), the twins' sizes (``TwinLimits``), and the
 store's byte quota, by default derived at start from the free space of the store's filesystem
