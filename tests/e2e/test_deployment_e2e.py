@@ -8,6 +8,8 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,26 @@ async def reported_version(cloud: MqttCollector, version: int) -> dict[str, Any]
         await cloud.wait_for(seen + 1)
 
 
+@asynccontextmanager
+async def hub_steered_from_a_cloud(
+    tmp_path: Path, data: Path, manifest: Path
+) -> AsyncIterator[tuple[int, MosquittoPeer, MqttCollector]]:
+    """``edgehub run`` with its upstream on a Mosquitto standing in for the cloud, and a collector of the reported
+    properties it sends there; yields once the first (the manifest's version 1) was reported applied."""
+    async with (
+        MosquittoPeer(tmp_path) as broker,
+        MqttCollector(host=broker.host, port=broker.port, topic=REPORTED, client_id="cloud-twin") as cloud,
+    ):
+        proc, port, _ = await start(
+            data, manifest, "--upstream-mqtt", f"127.0.0.1:{broker.port}", "--upstream-client-id", "gw"
+        )
+        try:
+            assert (await reported_version(cloud, 1))["lastDesiredStatus"]["code"] == 200
+            yield port, broker, cloud
+        finally:
+            assert (await stop(proc)).rstrip().endswith("stopped")
+
+
 async def connect(cs: ConnectionString, client_id: str, port: int, ca: Path, **kw: Any) -> Paho:
     client = Paho.make(client_id, **kw)
     user = f"{cs.host_name}/{client_id}/?api-version=2021-04-12"
@@ -82,102 +104,90 @@ async def test_file_edits_and_cloud_patches_apply_live_and_a_bad_update_is_refus
     dev_cs = await identity_add(data, "dev1")
     sink_cs = await identity_add(data, "edge", "--module", "sink")
     idle_cs = await identity_add(data, "edge", "--module", "idle")
-    async with (
-        MosquittoPeer(tmp_path) as broker,
-        MqttCollector(host=broker.host, port=broker.port, topic=REPORTED, client_id="cloud-twin") as cloud,
-    ):
-        proc, port, _ = await start(
-            data, manifest, "--upstream-mqtt", f"127.0.0.1:{broker.port}", "--upstream-client-id", "gw"
-        )
-        ca = data / "certs" / "ca.pem"
-        try:
-            first = await reported_version(cloud, 1)
-            assert first["lastDesiredStatus"]["code"] == 200
-            sink = await connect(sink_cs, "edge/sink", port, ca)
-            dev = await connect(dev_cs, "dev1", port, ca, protocol=MQTTProtocolVersion.MQTTv5)
-            assert await send(dev, "a", 1) == 0
-            assert await received_on(sink) == "first"
+    ca = data / "certs" / "ca.pem"
+    async with hub_steered_from_a_cloud(tmp_path, data, manifest) as (port, broker, cloud):
+        sink = await connect(sink_cs, "edge/sink", port, ca)
+        dev = await connect(dev_cs, "dev1", port, ca, protocol=MQTTProtocolVersion.MQTTv5)
+        assert await send(dev, "a", 1) == 0
+        assert await received_on(sink) == "first"
 
-            # 1. The file is edited: the route now goes to another input; the same connections carry it.
-            write_manifest(manifest, 2, {"a": to_sink("a", "second")})
-            assert (await reported_version(cloud, 2))["lastDesiredStatus"]["code"] == 200
-            assert await send(dev, "a", 2) == 0
-            assert await received_on(sink) == "second"
+        # 1. The file is edited: the route now goes to another input; the same connections carry it.
+        write_manifest(manifest, 2, {"a": to_sink("a", "second")})
+        assert (await reported_version(cloud, 2))["lastDesiredStatus"]["code"] == 200
+        assert await send(dev, "a", 2) == 0
+        assert await received_on(sink) == "second"
 
-            # 2. A desired patch from the cloud adds a route.
-            cloud_client = Paho.make("cloud-admin")
-            assert await cloud_client.connect(broker.port) == 0
-            patch = {"routes": {"c": to_sink("c", "third")}}
-            cloud_client.publish(DESIRED.format(3), json.dumps(patch).encode())
-            assert (await reported_version(cloud, 3))["lastDesiredStatus"]["code"] == 200
-            assert await send(dev, "c", 3) == 0
-            assert await received_on(sink) == "third"
+        # 2. A desired patch from the cloud adds a route.
+        cloud_client = Paho.make("cloud-admin")
+        assert await cloud_client.connect(broker.port) == 0
+        patch = {"routes": {"c": to_sink("c", "third")}}
+        cloud_client.publish(DESIRED.format(3), json.dumps(patch).encode())
+        assert (await reported_version(cloud, 3))["lastDesiredStatus"]["code"] == 200
+        assert await send(dev, "c", 3) == 0
+        assert await received_on(sink) == "third"
 
-            # 3. A bad patch is refused with every error; traffic keeps flowing under the running routes.
-            bad = {"routes": {"a": "FROM /messages/* INTO $nowhere"}, "delivery": {"maxDeliveryAtempts": 3}}
-            cloud_client.publish(DESIRED.format(4), json.dumps(bad).encode())
-            refused = await reported_version(cloud, 4)
-            assert refused["lastDesiredStatus"]["code"] == 400
-            errors = refused["lastDesiredStatus"]["errors"]
-            assert "delivery.maxDeliveryAtempts: unknown key" in errors
-            assert any(e.startswith("routes.a: unknown sink '$nowhere'") for e in errors)
-            assert refused["runningDesiredVersion"] == 3
-            assert await send(dev, "a", 4) == 0
-            assert await received_on(sink) == "second"
+        # 3. A bad patch is refused with every error; traffic keeps flowing under the running routes.
+        bad = {"routes": {"a": "FROM /messages/* INTO $nowhere"}, "delivery": {"maxDeliveryAtempts": 3}}
+        cloud_client.publish(DESIRED.format(4), json.dumps(bad).encode())
+        refused = await reported_version(cloud, 4)
+        assert refused["lastDesiredStatus"]["code"] == 400
+        errors = refused["lastDesiredStatus"]["errors"]
+        assert "delivery.maxDeliveryAtempts: unknown key" in errors
+        assert any(e.startswith("routes.a: unknown sink '$nowhere'") for e in errors)
+        assert refused["runningDesiredVersion"] == 3
+        assert await send(dev, "a", 4) == 0
+        assert await received_on(sink) == "second"
 
-            # 4. A queue quota from the next update meets a device that fills the queue: MQTT 5 gets 0x97.
-            quota = {"queuePolicy": {"maxQueueMessages": 2, "overflow": "rejectIncoming", "enqueueTimeoutSecs": 0}}
-            update = {
-                "routes": {"q": "FROM /messages/* WHERE kind = 'q' INTO BrokeredEndpoint(\"/modules/idle/inputs/x\")"},
-                "endpoints": {"/modules/idle/inputs/x": quota},
-            }
-            cloud_client.publish(DESIRED.format(5), json.dumps(update).encode())
-            assert (await reported_version(cloud, 5))["lastDesiredStatus"]["code"] == 200
-            assert [await send(dev, "q", n) for n in range(3)] == [0, 0, 0x97]
+        # 4. A queue quota from the next update meets a device that fills the queue: MQTT 5 gets 0x97.
+        quota = {"queuePolicy": {"maxQueueMessages": 2, "overflow": "rejectIncoming", "enqueueTimeoutSecs": 0}}
+        update = {
+            "routes": {"q": "FROM /messages/* WHERE kind = 'q' INTO BrokeredEndpoint(\"/modules/idle/inputs/x\")"},
+            "endpoints": {"/modules/idle/inputs/x": quota},
+        }
+        cloud_client.publish(DESIRED.format(5), json.dumps(update).encode())
+        assert (await reported_version(cloud, 5))["lastDesiredStatus"]["code"] == 200
+        assert [await send(dev, "q", n) for n in range(3)] == [0, 0, 0x97]
 
-            # 5. discardOldest: the oldest of the lowest priority goes first.
-            update = {
-                "routes": {
-                    "q": None,
-                    "qlo": {
-                        "route": "FROM /messages/* WHERE kind = 'lo' INTO BrokeredEndpoint(\"/modules/idle/inputs/y\")",
-                        "priority": 5,
-                    },
-                    "qhi": {
-                        "route": "FROM /messages/* WHERE kind = 'hi' INTO BrokeredEndpoint(\"/modules/idle/inputs/y\")",
-                        "priority": 0,
-                    },
+        # 5. discardOldest: the oldest of the lowest priority goes first.
+        update = {
+            "routes": {
+                "q": None,
+                "qlo": {
+                    "route": "FROM /messages/* WHERE kind = 'lo' INTO BrokeredEndpoint(\"/modules/idle/inputs/y\")",
+                    "priority": 5,
                 },
-                "endpoints": {
-                    "/modules/idle/inputs/y": {
-                        "queuePolicy": {"maxQueueMessages": 3, "overflow": "discardOldest", "enqueueTimeoutSecs": 0}
-                    }
+                "qhi": {
+                    "route": "FROM /messages/* WHERE kind = 'hi' INTO BrokeredEndpoint(\"/modules/idle/inputs/y\")",
+                    "priority": 0,
                 },
-            }
-            cloud_client.publish(DESIRED.format(6), json.dumps(update).encode())
-            assert (await reported_version(cloud, 6))["lastDesiredStatus"]["code"] == 200
-            for kind, n in (("lo", 1), ("hi", 1), ("lo", 2), ("hi", 2)):
-                assert await send(dev, kind, n) == 0
-            cloud_client.publish(DESIRED.format(7), json.dumps({"routes": {"qlo": None}}).encode())
-            queues = (await reported_version(cloud, 7))["queues"]["/modules/idle/inputs/y"]
-            assert {p: q["length"] for p, q in queues.items()} == {"0": 2, "5": 1}
-            idle = await connect(idle_cs, "edge/idle", port, ca)
-            got: list[bytes] = []
-            async with asyncio.timeout(15):
-                while len(got) < 3:
-                    msg = await idle.messages.get()
-                    if msg.topic.startswith("devices/edge/modules/idle/inputs/y/"):
-                        got.append(bytes(msg.payload))
-            assert got == [b"hi1", b"hi2", b"lo2"]  # lo1, the oldest of the lowest priority, made room
-            await idle.close()
-            assert not dev.gone
-            assert not sink.gone
-            await cloud_client.close()
-            await dev.close()
-            await sink.close()
-        finally:
-            out = await stop(proc)
-        assert out.rstrip().endswith("stopped")
+            },
+            "endpoints": {
+                "/modules/idle/inputs/y": {
+                    "queuePolicy": {"maxQueueMessages": 3, "overflow": "discardOldest", "enqueueTimeoutSecs": 0}
+                }
+            },
+        }
+        cloud_client.publish(DESIRED.format(6), json.dumps(update).encode())
+        assert (await reported_version(cloud, 6))["lastDesiredStatus"]["code"] == 200
+        for kind, n in (("lo", 1), ("hi", 1), ("lo", 2), ("hi", 2)):
+            assert await send(dev, kind, n) == 0
+        cloud_client.publish(DESIRED.format(7), json.dumps({"routes": {"qlo": None}}).encode())
+        queues = (await reported_version(cloud, 7))["queues"]["/modules/idle/inputs/y"]
+        assert {p: q["length"] for p, q in queues.items()} == {"0": 2, "5": 1}
+        idle = await connect(idle_cs, "edge/idle", port, ca)
+        got: list[bytes] = []
+        async with asyncio.timeout(15):
+            while len(got) < 3:
+                msg = await idle.messages.get()
+                if msg.topic.startswith("devices/edge/modules/idle/inputs/y/"):
+                    got.append(bytes(msg.payload))
+        assert got == [b"hi1", b"hi2", b"lo2"]  # lo1, the oldest of the lowest priority, made room
+        await idle.close()
+        assert not dev.gone
+        assert not sink.gone
+        await cloud_client.close()
+        await dev.close()
+        await sink.close()
 
 
 async def test_module_twins_come_from_the_manifest_changes_are_pushed_and_reported_patches_notify_routes(
@@ -264,32 +274,22 @@ async def test_grants_from_mqtt_broker_take_effect_on_a_running_connection_at_it
     routes = {"up": "FROM /messages/* INTO $upstream"}
     write_manifest(manifest, 1, routes, schemaVersion="1.2", mqttBroker=grant)
     dev_cs = await identity_add(data, "dev1")
-    async with (
-        MosquittoPeer(tmp_path) as broker,
-        MqttCollector(host=broker.host, port=broker.port, topic=REPORTED, client_id="cloud-twin") as cloud,
-    ):
-        proc, port, _ = await start(
-            data, manifest, "--upstream-mqtt", f"127.0.0.1:{broker.port}", "--upstream-client-id", "gw"
-        )
-        ca = data / "certs" / "ca.pem"
-        try:
-            await reported_version(cloud, 1)
-            dev = await connect(dev_cs, "dev1", port, ca, protocol=MQTTProtocolVersion.MQTTv5)
+    ca = data / "certs" / "ca.pem"
+    async with hub_steered_from_a_cloud(tmp_path, data, manifest) as (port, _broker, cloud):
+        dev = await connect(dev_cs, "dev1", port, ca, protocol=MQTTProtocolVersion.MQTTv5)
 
-            async def publish(topic: str) -> int:
-                mid = dev.publish(topic, b"x")
-                async with asyncio.timeout(10):
-                    got_mid, code = await dev.publishes.get()
-                assert got_mid == mid
-                return code
+        async def publish(topic: str) -> int:
+            mid = dev.publish(topic, b"x")
+            async with asyncio.timeout(10):
+                got_mid, code = await dev.publishes.get()
+            assert got_mid == mid
+            return code
 
-            assert await publish("local/dev1/temp") == 0
-            assert await publish("local/dev1/temp") == 0  # a topic used before: still checked
-            assert await publish("local/dev2/temp") == 0x87
-            write_manifest(manifest, 2, routes, schemaVersion="1.2")  # the grant withdrawn
-            await reported_version(cloud, 2)
-            assert await publish("local/dev1/temp") == 0x87
-            assert not dev.gone
-            await dev.close()
-        finally:
-            assert (await stop(proc)).rstrip().endswith("stopped")
+        assert await publish("local/dev1/temp") == 0
+        assert await publish("local/dev1/temp") == 0  # a topic used before: still checked
+        assert await publish("local/dev2/temp") == 0x87
+        write_manifest(manifest, 2, routes, schemaVersion="1.2")  # the grant withdrawn
+        await reported_version(cloud, 2)
+        assert await publish("local/dev1/temp") == 0x87
+        assert not dev.gone
+        await dev.close()
