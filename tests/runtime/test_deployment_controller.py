@@ -253,3 +253,20 @@ async def test_the_watched_manifest_file_is_applied_when_it_changes(tmp_path: Pa
             assert [r.name for r in hub.router.routes] == ["up"]
         finally:
             watcher.cancel()
+
+
+async def test_stored_messages_keep_their_ttl_and_a_store_quota_from_an_update_holds(tmp_path: Path) -> None:
+    async with running(tmp_path, manifest(TO_MODULE)) as (controller, hub):
+        await send(hub)
+        saf = {"timeToLiveSecs": 60, "maxStoreMessages": 2}
+        policy = {"queuePolicy": {"enqueueTimeoutSecs": 0}}
+        status = await controller.put_desired(
+            desired(TO_MODULE, storeAndForwardConfiguration=saf, delivery=policy), source="admin"
+        )
+        assert status.code == 200
+        assert isinstance(await send(hub), Stored)
+        assert isinstance(await send(hub), Rejected)  # the store holds its quota of 2
+        [queue] = hub.store.queues(INPUT)
+        ttls = [r.ttl_s for r in hub.store.references(queue, 0, 10)]
+        assert ttls == [7200, 60]  # the first keeps the TTL it was stored with
+        assert hub.store.usage(None)[0] == 2
