@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgehub.core import Clock, SystemClock, TwinError
+from edgehub.core import Clock, StoreError, SystemClock, TwinError
 from edgehub.core.endpoints import parse_module_endpoint
 from edgehub.core.refusals import RefusalLog, RefusalReason
 from edgehub.delivery.retry import effective_policy
@@ -175,7 +175,10 @@ class DeploymentController:
             if now == last:
                 continue
             last = now
-            await self.apply_file(manifest)
+            try:
+                await self.apply_file(manifest)
+            except StoreError as exc:  # the store failing must not end the watch (nor, through it, the hub)
+                log.warning("deployment.watch_failed path=%s error=%s", manifest, exc)
 
     async def apply_file(self, manifest: Path) -> DesiredStatus | None:
         """Apply ``manifest`` if its content differs from what was last applied from it (None: unchanged)."""
@@ -260,14 +263,17 @@ class DeploymentController:
     async def _drop(self, endpoint_id: str) -> int:
         store = self._hub.store
         removed = 0
-        for q in store.queues(endpoint_id):
-            start = store.checkpoint(q).committed + 1
-            while True:
-                refs = store.references(q, start, 4096)
-                if not refs:
-                    break
-                removed += await store.remove(q, [r.offset for r in refs], RemovalReason.DROPPED)
-                start = refs[-1].offset + 1
+        try:
+            for q in store.queues(endpoint_id):
+                start = store.checkpoint(q).committed + 1
+                while True:
+                    refs = store.references(q, start, 4096)
+                    if not refs:
+                        break
+                    removed += await store.remove(q, [r.offset for r in refs], RemovalReason.DROPPED)
+                    start = refs[-1].offset + 1
+        except StoreError as exc:  # what is left drains; the update itself stands
+            log.warning("deployment.drop_failed endpoint=%s removed=%d error=%s", endpoint_id, removed, exc)
         if removed:
             log.info("deployment.endpoint_dropped endpoint=%s messages=%d", endpoint_id, removed)
         return removed
@@ -315,7 +321,10 @@ class DeploymentController:
             "droppedOnUpdate": self._dropped,
             "fileDigest": self._file_digest,
         }
-        await self._hub.store.put_metadata(STATE_KEY, encode_state(state))
+        try:
+            await self._hub.store.put_metadata(STATE_KEY, encode_state(state))
+        except StoreError as exc:  # what runs is not undone for it: kept again at the next update
+            log.warning("deployment.state_not_kept error=%s", exc)
 
     def _restore(self, kept: Mapping[str, Any]) -> None:
         twins = kept.get("moduleTwins")
