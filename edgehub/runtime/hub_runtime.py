@@ -73,7 +73,7 @@ from edgehub.hub.twins import DEFAULT_TWIN_LIMITS, TwinLimits
 from edgehub.manifest import EdgeHubDesired, parse_deployment, read_manifest_file
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
 from edgehub.runtime.deployment import DeploymentController
-from edgehub.runtime.deployment_settings import StartSettings
+from edgehub.runtime.deployment_settings import StartSettings, running_settings
 from edgehub.runtime.memory import ChurnCollector
 from edgehub.store import FsyncPolicy, Store, StoreQuota
 from edgehub.store.policy import DEFAULT_IDENTITY_SHARE, disk_store_quota
@@ -347,6 +347,7 @@ async def serve(
     on_ready: Callable[[dict[str, int]], None] | None = None,
 ) -> None:
     deployment = parse_deployment(read_manifest_file(config.manifest))  # refused whole, before anything starts
+    running_settings(deployment.desired, StartSettings())  # the values' own checks too (a retry policy's order)
     desired = deployment.desired
     raise_descriptor_limit()
     router = deployment.router
