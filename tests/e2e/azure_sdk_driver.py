@@ -15,6 +15,10 @@ name on port 8883 over TLS) and ``ca`` (the PEM file the SDK trusts, as ``server
   the SDK has its PUBACK; one ``{"event": "sent", "index": i}`` line follows each.
 * ``receive``: connect, install the input message handler (the SDK subscribes then), print
   ``{"event": "ready"}``, then one ``{"event": "message", ...}`` line per message received, until ``count``.
+* ``twin``: connect, install the desired-properties patch handler (the SDK subscribes then), print
+  ``{"event": "twin", "desired": ..., "reported": ...}`` from ``get_twin``; with ``report``, patch the reported
+  properties with it and print ``{"event": "reported"}``; print ``{"event": "ready"}``, then one
+  ``{"event": "patch", "patch": ...}`` line per desired patch received, until ``patches``.
 * ``connect``: connect and disconnect.
 
 Every line on stdout is one JSON object. A failure prints ``{"event": "error", "type": <SDK exception class>,
@@ -99,6 +103,25 @@ def receive(client: Any, spec: dict[str, Any]) -> None:
         emit("message", **incoming(msg))
 
 
+def twin(client: Any, spec: dict[str, Any]) -> None:
+    patches: queue.Queue[Any] = queue.Queue()
+    client.connect()
+    client.on_twin_desired_properties_patch_received = patches.put  # returns once the SUBSCRIBE is acknowledged
+    doc = client.get_twin()
+    emit("twin", desired=doc["desired"], reported=doc["reported"])
+    if spec.get("report") is not None:
+        client.patch_twin_reported_properties(spec["report"])
+        emit("reported")
+    emit("ready")
+    for _ in range(spec.get("patches", 0)):
+        try:
+            patch = patches.get(timeout=spec["timeout_s"])
+        except queue.Empty:
+            emit("error", type="Timeout", detail=f"no desired patch within {spec['timeout_s']} s")
+            raise SystemExit(1) from None
+        emit("patch", patch=patch)
+
+
 def main(argv: list[str]) -> int:
     scenario, spec = argv[1], json.loads(argv[2])
     client = make_client(spec)
@@ -107,6 +130,8 @@ def main(argv: list[str]) -> int:
             send(client, spec)
         elif scenario == "receive":
             receive(client, spec)
+        elif scenario == "twin":
+            twin(client, spec)
         elif scenario == "connect":
             client.connect()
         else:
