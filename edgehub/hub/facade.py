@@ -28,7 +28,10 @@ Invariants:
 * twins live in the store's metadata (``twin/{identity}``), the recently used ones in memory too
   (``edgehub.hub.twins``); a reported patch (raw bytes from a head, or a ``Mapping``) is checked against
   ``twin_limits``, merged (JSON merge patch) and written durably before its new version is returned, or refused
-  with ``TwinError`` (IoT Hub's status) and nothing changed;
+  with ``TwinError`` (IoT Hub's status) and nothing changed; once written, it is routed as a twin change
+  notification (``FROM /twinChangeNotifications``; body ``{"version", "properties": {"reported": patch}}``);
+* a module's twin GET answers the desired properties its deployment gives it (``set_module_desired``), and a
+  change is pushed to it at once as the merge patch from what it had, on a link that can (``TwinLink``);
 * every refusal the hub makes (ingest, twins) is logged through ``refusals`` (a ``RefusalLog``: rate-limited
   per identity), so a device flooding refused messages cannot flood the log.
 """
