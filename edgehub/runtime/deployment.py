@@ -149,20 +149,18 @@ class DeploymentController:
         document = read_manifest_file(manifest)
         digest = _digest(manifest)
         kept = decode_state(self._hub.store.get_metadata(STATE_KEY))
+        self._file_digest = digest  # kept with the state from the first put on, so the next start compares it
         if kept is not None and kept.get("fileDigest") == digest and isinstance(kept.get("desired"), dict):
             self._restore(kept)
             status = await self.put_desired(kept["desired"], source=str(kept.get("source") or "store"))
             if status.code == 200 and status.version is not None:
                 for module_id, desired in self._module_twins.items():  # kept, not in the document put
                     self._hub.set_module_desired(module_id, desired, status.version)
-                self._file_digest = digest
                 return status
             self._module_twins = {}
         status = await self.put_desired(document, source="file")
         if status.code != 200:
             raise ManifestError(f"{manifest}: {status.description}", status.errors)
-        self._file_digest = digest
-        await self._persist()
         return status
 
     async def watch(self, manifest: Path, *, interval_s: float = WATCH_INTERVAL_S) -> None:

@@ -201,9 +201,10 @@ async def test_the_running_state_outlives_a_restart_while_the_manifest_file_is_u
     async with running(tmp_path, manifest(TO_MODULE)) as (controller, _hub):
         extra = {"up": "FROM /messages/* INTO $upstream"}
         assert (await controller.patch_desired({"routes": extra, "$version": 4}, source="cloud")).code == 200
-    async with running(tmp_path, manifest(TO_MODULE)) as (controller, hub):
-        assert sorted(r.name for r in hub.router.routes) == ["m", "up"]
-        assert controller.reported()["lastDesiredVersion"] == 4
+    for _ in range(2):  # and again: the state kept at a restart still knows the file
+        async with running(tmp_path, manifest(TO_MODULE)) as (controller, hub):
+            assert sorted(r.name for r in hub.router.routes) == ["m", "up"]
+            assert controller.reported()["lastDesiredVersion"] == 4
     (tmp_path / "manifest.json").write_text(json.dumps(manifest(TO_MODULE, **{"$version": 10})))
     async with running(tmp_path, manifest(TO_MODULE)) as (controller, hub):
         assert [r.name for r in hub.router.routes] == ["m"]  # the file changed: it wins
