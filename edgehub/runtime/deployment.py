@@ -43,6 +43,7 @@ from edgehub.manifest import MAX_MANIFEST_BYTES, Deployment, ManifestError, pars
 from edgehub.manifest.models import edgehub_section
 from edgehub.runtime.deployment_settings import RunningSettings, StartSettings, running_settings
 from edgehub.runtime.deployment_state import (
+    MAX_REPORTED_QUEUES,
     STATE_KEY,
     LiveGrants,
     decode_state,
@@ -105,15 +106,18 @@ class DeploymentController:
             },
             "runningDesiredVersion": self._version,
             "source": self._source,
-            "desired": copy.deepcopy(self._desired),
             "unsupported": list(self._deployment.unsupported) if self._deployment else [],
             "restartRequired": list(settings.restart_required) if settings else [],
-            "droppedOnUpdate": dict(self._dropped),
+            "droppedOnUpdate": [{"endpoint": e, "messages": n} for e, n in sorted(self._dropped.items())],
             "queues": queue_figures(self._hub.store, self._hub.store.clock.time()),
         }
-        if settings is not None:
-            out["running"] = _running_figures(settings, self._hub)
+        if settings is not None and self._deployment is not None:
+            out["running"] = _running_figures(settings, self._deployment, self._hub)
         return out
+
+    def desired(self) -> dict[str, object]:
+        """The ``$edgeHub`` desired properties that run (with their ``$version``)."""
+        return copy.deepcopy(self._desired)
 
     async def put_desired(self, desired: dict[str, object], *, source: str) -> DesiredStatus:
         """Apply ``desired`` (a deployment manifest, or the ``$edgeHub`` desired properties alone) whole."""
@@ -351,10 +355,18 @@ def _module_twin_problems(deployment: Deployment, limits: TwinLimits) -> list[st
     return out
 
 
-def _running_figures(settings: RunningSettings, hub: EdgeHub) -> dict[str, object]:
-    """The settings in force: the hub's and every endpoint's effective ones."""
+def _running_figures(settings: RunningSettings, deployment: Deployment, hub: EdgeHub) -> dict[str, object]:
+    """The settings in force: the routes, the hub's and every endpoint's effective ones (endpoints in a list:
+    their ids are no twin keys)."""
     endpoints = sorted(set(hub.executors) | set(settings.endpoint_executors) | set(settings.endpoint_policies))
+    endpoints = endpoints[:MAX_REPORTED_QUEUES]  # IoT Hub keeps 32 KB of reported properties
+    specs = deployment.desired.route_specs()  # route names are twin keys: no '.', '$', '#' or space
+    routes = {
+        r.name: {"route": specs[r.name].route, "priority": r.priority, "timeToLiveSecs": r.ttl_s}
+        for r in deployment.router.routes
+    }
     return {
+        "routes": routes,
         "timeToLiveSecs": settings.default_ttl_s,
         "fsync": str(settings.fsync),
         "fsyncIntervalMs": settings.fsync_interval_ms,
@@ -363,7 +375,7 @@ def _running_figures(settings: RunningSettings, hub: EdgeHub) -> dict[str, objec
             "maxMessages": settings.store_quota.max_messages,
             "identityShare": settings.store_quota.identity_share,
         },
-        "endpoints": {e: _endpoint_figures(settings, e) for e in endpoints},
+        "endpoints": [_endpoint_figures(settings, e) for e in endpoints],
     }
 
 
@@ -372,6 +384,7 @@ def _endpoint_figures(settings: RunningSettings, endpoint_id: str) -> dict[str, 
     policy = settings.queue_policy(endpoint_id)
     retry = effective_policy(ex.retry_policy, ex.endpoint_retry_policy)
     return {
+        "endpoint": endpoint_id,
         "kind": "module" if parse_module_endpoint(endpoint_id) else "upstream",
         "queuePolicy": {
             "maxMessageSizeBytes": policy.max_message_size_bytes,

@@ -6,7 +6,9 @@ Invariants:
   replaces the target (RFC 7386 section 2);
 * ``queue_figures`` reads at most ``MAX_SCAN_REFERENCES`` references per queue: a bigger backlog is reported with
   ``"exact": false`` and its length and bytes estimated from the offsets and the part read, so reporting never
-  reads a backlog of millions;
+  reads a backlog of millions; it lists at most ``MAX_REPORTED_QUEUES`` queues (the longest);
+* every key of the reported document is a twin key IoT Hub takes (no ``$``, ``.`` or space): endpoint ids, which
+  may hold them, are values in lists, never keys;
 * ``LiveGrants`` is a read-only mapping (identity id → topic filters) whose content follows the deployment that
   runs: the MQTT head's ``Acl`` asks it at every publish and subscribe, so new grants take effect on running
   connections at once;
@@ -26,6 +28,7 @@ from edgehub.manifest import Grant
 from edgehub.store import Store
 
 __all__ = [
+    "MAX_REPORTED_QUEUES",
     "MAX_SCAN_REFERENCES",
     "STATE_KEY",
     "LiveGrants",
@@ -37,6 +40,7 @@ __all__ = [
 
 STATE_KEY = "deployment/state"
 MAX_SCAN_REFERENCES = 100_000
+MAX_REPORTED_QUEUES = 64  # IoT Hub keeps 32 KB of reported properties: about 100 bytes a queue
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -52,9 +56,11 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return out
 
 
-def queue_figures(store: Store, now_s: float) -> dict[str, dict[str, dict[str, object]]]:
-    """endpoint → priority → ``{length, bytes, oldestAgeSecs, exact}`` of what is still owed (past the checkpoint)."""
-    out: dict[str, dict[str, dict[str, object]]] = {}
+def queue_figures(store: Store, now_s: float) -> list[dict[str, object]]:
+    """``{endpoint, priority, length, bytes, oldestAgeSecs, exact}`` of each queue that still owes something (past
+    its checkpoint), at most ``MAX_REPORTED_QUEUES`` of them, the longest first. A list, not objects keyed by
+    endpoint: twin keys may not hold ``$`` or ``.`` (``$upstream``)."""
+    out: list[dict[str, object]] = []
     for q in store.queues():
         start = store.checkpoint(q).committed + 1
         end = store.end_offset(q)
@@ -78,10 +84,20 @@ def queue_figures(store: Store, now_s: float) -> dict[str, dict[str, dict[str, o
                 size += size * rest // max(1, length)
                 length += rest
                 break
-        figures: dict[str, object] = {"length": length, "bytes": size, "exact": exact}
-        figures["oldestAgeSecs"] = round(max(0.0, now_s - oldest), 3) if oldest is not None else None
-        out.setdefault(q.endpoint, {})[str(q.priority)] = figures
-    return out
+        if length:
+            age = round(max(0.0, now_s - oldest), 3) if oldest is not None else None
+            out.append(
+                {
+                    "endpoint": q.endpoint,
+                    "priority": q.priority,
+                    "length": length,
+                    "bytes": size,
+                    "oldestAgeSecs": age,
+                    "exact": exact,
+                }
+            )
+    out.sort(key=lambda f: (-int(str(f["length"])), str(f["endpoint"]), int(str(f["priority"]))))
+    return out[:MAX_REPORTED_QUEUES]
 
 
 class LiveGrants(Mapping[str, Sequence[str]]):

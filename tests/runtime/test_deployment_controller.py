@@ -16,6 +16,7 @@ import pytest
 from edgehub.core import Identity, Message
 from edgehub.hub import Rejected, Stored
 from edgehub.hub.facade import EdgeHub
+from edgehub.hub.twins import check_patch
 from edgehub.manifest import ManifestError
 from edgehub.runtime.deployment import DeploymentController
 from edgehub.runtime.deployment_settings import StartSettings
@@ -58,6 +59,19 @@ async def running(tmp_path: Path, document: dict[str, Any]) -> AsyncIterator[tup
         await store.close()
 
 
+def assert_twin_keys(document: object, top: bool = True) -> None:
+    """Every key is one IoT Hub takes in a twin (no '$', '.' or space; the hub's own check_patch, too)."""
+    if isinstance(document, dict):
+        for key, value in document.items():
+            assert not any(c in key for c in "$. "), key
+            assert_twin_keys(value, top=False)
+    elif isinstance(document, list):
+        for value in document:
+            assert_twin_keys(value, top=False)
+    if top:
+        check_patch(json.loads(json.dumps(document)))
+
+
 async def send(hub: EdgeHub, **props: str) -> Stored | Rejected:
     [outcome] = await hub.ingest(DEV, [Message(b"x" * 10, properties=dict(props))])
     assert isinstance(outcome, Stored | Rejected)
@@ -84,9 +98,13 @@ async def test_an_update_switches_routes_and_reports_its_version_while_stored_me
         assert reported["lastDesiredVersion"] == 3
         assert reported["lastDesiredStatus"] == {"code": 200, "description": "applied", "errors": []}
         queues = reported["queues"]
-        assert isinstance(queues, dict)
-        assert queues[INPUT]["5"]["length"] == 1
-        assert queues[INPUT]["0"]["bytes"] > 0
+        assert isinstance(queues, list)
+        assert [(q["endpoint"], q["priority"], q["length"]) for q in queues] == [(INPUT, 0, 1), (INPUT, 5, 1)]
+        assert all(isinstance(q["bytes"], int) and q["bytes"] > 0 for q in queues)
+        in_force = reported["running"]
+        assert isinstance(in_force, dict)
+        assert in_force["routes"] == {"m": {"route": routes["m"]["route"], "priority": 0, "timeToLiveSecs": None}}
+        assert_twin_keys(reported)
 
 
 async def test_a_refused_update_reports_every_error_and_leaves_the_running_configuration(tmp_path: Path) -> None:
@@ -171,7 +189,7 @@ async def test_an_endpoint_no_longer_named_drains_unless_the_update_drops_it_and
         status = await controller.put_desired(desired(elsewhere, endpoints={INPUT: {"drop": True}}), source="admin")
         assert status.code == 200
         assert held(hub.store, INPUT, 5) == 0
-        assert controller.reported()["droppedOnUpdate"] == {INPUT: 3}
+        assert controller.reported()["droppedOnUpdate"] == [{"endpoint": INPUT, "messages": 3}]
         assert hub.store.removed[RemovalReason.DROPPED] == 3
 
 
