@@ -65,6 +65,7 @@ class RefusalReason(StrEnum):
     UNKNOWN_DEVICE = "unknown_device"  # a cloud-to-device message or method call for an identity the hub lacks
     METHOD_INVALID = "method_invalid"  # a direct method call with a bad name, payload or timeout
     TOO_MANY_CALLS = "too_many_calls"  # pending direct method calls at their bound (per connection, hub-wide)
+    DEPLOYMENT_INVALID = "deployment_invalid"  # desired properties refused; the running configuration stays
 
 
 class RefusalLog:

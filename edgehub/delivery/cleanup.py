@@ -26,11 +26,12 @@ log = logging.getLogger(__name__)
 
 
 async def cleanup_loop(
-    clock: Clock, interval_s: float, cleanup: Callable[[], Awaitable[object]], endpoint_id: str
+    clock: Clock, interval_s: Callable[[], float], cleanup: Callable[[], Awaitable[object]], endpoint_id: str
 ) -> None:
-    """Run ``cleanup`` every ``interval_s`` on ``clock`` until cancelled or the store is closed."""
+    """Run ``cleanup`` every ``interval_s()`` on ``clock`` until cancelled or the store is closed (asked each
+    time: a deployment update changes it while the loop runs)."""
     while True:
-        await clock.sleep(interval_s)
+        await clock.sleep(interval_s())
         try:
             await cleanup()
         except StoreClosedError:

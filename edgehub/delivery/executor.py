@@ -111,7 +111,7 @@ class EndpointExecutor:
         self._tasks = [
             self._tg.create_task(self._pump(), name=f"executor.pump:{self._id}"),
             self._tg.create_task(
-                cleanup_loop(self._clock, self._settings.cleanup_interval_s, self.cleanup, self._id),
+                cleanup_loop(self._clock, lambda: self._settings.cleanup_interval_s, self.cleanup, self._id),
                 name=f"executor.cleanup:{self._id}",
             ),
         ]
@@ -132,6 +132,17 @@ class EndpointExecutor:
 
     def notify(self) -> None:
         """New references were enqueued for this endpoint."""
+        self._wake.set()
+
+    @property
+    def settings(self) -> ExecutorSettings:
+        return self._settings
+
+    def reconfigure(self, settings: ExecutorSettings) -> None:
+        """Take ``settings`` while running (a deployment update): the retry policy and ``max_delivery_attempts``
+        apply from the next failure on (a retry already scheduled keeps its time), cleanup from its next run."""
+        self._settings = settings
+        self._policy = effective_policy(settings.retry_policy, settings.endpoint_retry_policy)
         self._wake.set()
 
     def _next_seq(self) -> int:

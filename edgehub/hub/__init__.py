@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
@@ -58,6 +58,7 @@ __all__ = [
     "SessionInfo",
     "Stored",
     "Ticket",
+    "TwinLink",
 ]
 
 
@@ -128,6 +129,16 @@ class ClientLink(Protocol):
     def send(self, delivery: Delivery) -> None:
         """Queue ``delivery`` to the client. Raises ``DeliveryError`` (transient) when the link has closed or
         the window is full; never blocks."""
+        ...
+
+
+@runtime_checkable
+class TwinLink(Protocol):
+    """A ``ClientLink`` that can also push a twin's desired-properties patch (IoT Hub's
+    ``$iothub/twin/PATCH/properties/desired/?$version=N``); a head whose links cannot is simply not pushed to."""
+
+    def send_desired_patch(self, patch: bytes, version: int) -> None:
+        """Queue ``patch`` (JSON) to the client if it subscribed to desired patches; never blocks, never raises."""
         ...
 
 

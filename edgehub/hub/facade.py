@@ -28,7 +28,10 @@ Invariants:
 * twins live in the store's metadata (``twin/{identity}``), the recently used ones in memory too
   (``edgehub.hub.twins``); a reported patch (raw bytes from a head, or a ``Mapping``) is checked against
   ``twin_limits``, merged (JSON merge patch) and written durably before its new version is returned, or refused
-  with ``TwinError`` (IoT Hub's status) and nothing changed;
+  with ``TwinError`` (IoT Hub's status) and nothing changed; once written, it is routed as a twin change
+  notification (``FROM /twinChangeNotifications``; body ``{"version", "properties": {"reported": patch}}``);
+* a module's twin GET answers the desired properties its deployment gives it (``set_module_desired``), and a
+  change is pushed to it at once as the merge patch from what it had, on a link that can (``TwinLink``);
 * cloud-to-device messages (``edgehub.hub.c2d``) and direct methods (``edgehub.hub.methods``) live in their own
   modules; the facade only hands them the links (``connect``/``disconnect``) and the calls: ``cloud_to_device``
   and ``invoke_method`` (``edgehub.core.methods.CloudCommands``, for the upstream and for modules) and
@@ -42,8 +45,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -59,11 +63,21 @@ from edgehub.core import (
     TwinError,
 )
 from edgehub.core.endpoints import parse_module_endpoint
+from edgehub.core.message import TWIN_CHANGE_NOTIFICATION
 from edgehub.core.methods import MethodCall, MethodResult
 from edgehub.core.refusals import RefusalLog
 from edgehub.core.sas import DEFAULT_MAX_TOKEN_LIFETIME_S
 from edgehub.delivery import Endpoint, EndpointExecutor, ExecutorSettings
-from edgehub.hub import AuthResult, ClientLink, Credentials, IngestOutcome, Rejected, SessionInfo, Stored
+from edgehub.hub import (
+    AuthResult,
+    ClientLink,
+    Credentials,
+    IngestOutcome,
+    Rejected,
+    SessionInfo,
+    Stored,
+    TwinLink,
+)
 from edgehub.hub.c2d import C2dLimits, CloudToDevice
 from edgehub.hub.dedup import Claim, DuplicateWindow
 from edgehub.hub.identities import IdentityRegistry
@@ -71,7 +85,14 @@ from edgehub.hub.lanes import UpstreamLanes, UpstreamLanesStatus, UpstreamOption
 from edgehub.hub.methods import MethodDispatcher, MethodLimits
 from edgehub.hub.modules import DEFAULT_MAX_BATCH, ModuleEndpoint, ModuleMailboxes
 from edgehub.hub.stamps import Stamper
-from edgehub.hub.twins import DEFAULT_TWIN_LIMITS, TwinLimits, TwinStore, check_patch, parse_reported_patch
+from edgehub.hub.twins import (
+    DEFAULT_TWIN_LIMITS,
+    TwinLimits,
+    TwinStore,
+    check_patch,
+    merge_diff,
+    parse_reported_patch,
+)
 from edgehub.routing import Router
 from edgehub.store import EnqueueReceipt, Store
 
@@ -83,6 +104,9 @@ _EDGE_MESSAGE_ID: str = SystemProperty.EDGE_MESSAGE_ID.value
 _CONNECTION_MODULE_ID: str = SystemProperty.CONNECTION_MODULE_ID.value
 _SESSION_ID: str = SystemProperty.SESSION_ID.value
 _PARTITION_KEY: str = SystemProperty.PARTITION_KEY.value
+_MESSAGE_TYPE: str = SystemProperty.MESSAGE_TYPE.value
+_CONTENT_TYPE: str = SystemProperty.CONTENT_TYPE.value
+_CONTENT_ENCODING: str = SystemProperty.CONTENT_ENCODING.value
 
 
 class EdgeHub:
@@ -115,12 +139,17 @@ class EdgeHub:
         self.modules = ModuleMailboxes()
         self._batch = module_batch
         self._settings = executor_settings or ExecutorSettings()
+        # Each executor's own settings by endpoint id (a deployment gives endpoints their own policies); an
+        # executor started later (a route naming a new module input) takes what this says then.
+        self.executor_settings_for: Callable[[str], ExecutorSettings] = lambda _endpoint_id: self._settings
         self._given = {e.endpoint_id: e for e in endpoints}
         self.executors: dict[str, EndpointExecutor] = {}
         self._auth_methods: dict[str, str] = {}
         self._stack: contextlib.AsyncExitStack | None = None
         self._starting: dict[str, asyncio.Task[None]] = {}
         self.twins = TwinStore(store, twin_limits)
+        # module id -> (desired properties, version) from the deployment's modulesContent
+        self._module_desired: dict[str, tuple[dict[str, Any], int]] = {}
         self._twin_lock = asyncio.Lock()  # a patch is merged and written: one at a time, so none is lost
         self.refusals = refusals or RefusalLog(log, clock=self.clock)
         self.c2d = CloudToDevice(
@@ -180,7 +209,9 @@ class EdgeHub:
         endpoint = self._endpoint_for(endpoint_id)
         if endpoint is None:
             return
-        executor = EndpointExecutor(self.store, endpoint, clock=self.clock, settings=self._settings)
+        executor = EndpointExecutor(
+            self.store, endpoint, clock=self.clock, settings=self.executor_settings_for(endpoint_id)
+        )
         await self._stack.enter_async_context(executor)
         self.executors[endpoint_id] = executor
         log.info("hub.executor_started endpoint=%s", endpoint_id)
@@ -419,7 +450,27 @@ class EdgeHub:
         return self.twins.limits
 
     async def get_twin(self, identity: Identity) -> Mapping[str, Any]:
-        return self.twins.get(identity)
+        twin = self.twins.get(identity)
+        deployed = self._module_desired.get(identity.module_id) if identity.module_id is not None else None
+        if deployed is None:
+            return twin
+        desired, version = deployed
+        return {**twin, "desired": {**desired, "$version": version}}
+
+    def set_module_desired(self, module_id: str, desired: Mapping[str, Any] | None, version: int) -> None:
+        """The desired properties a deployment gives module ``module_id`` (None: none any more): what its twin GET
+        answers from now on, and pushed at once to the module if connected, as the merge patch from what it had."""
+        before = self._module_desired.get(module_id, ({}, 0))[0]
+        after = dict(desired) if desired is not None else {}
+        if desired is None:
+            self._module_desired.pop(module_id, None)
+        else:
+            self._module_desired[module_id] = (after, version)
+        patch = merge_diff(before, after)
+        link = self.modules.link_of(module_id)
+        if patch and isinstance(link, TwinLink):
+            link.send_desired_patch(json.dumps({**patch, "$version": version}).encode(), version)
+            log.info("hub.module_desired_pushed module=%s version=%d keys=%d", module_id, version, len(patch))
 
     async def update_reported(self, identity: Identity, patch: bytes | Mapping[str, Any]) -> int:
         try:
@@ -430,10 +481,32 @@ class EdgeHub:
                 check_patch(patch, self.twins.limits)
                 checked = patch
             async with self._twin_lock:
-                return await self.twins.update_reported(identity, checked)
+                version = await self.twins.update_reported(identity, checked)
         except TwinError as exc:
             self.refusals.refused(exc.refusal, peer=identity.id, client=identity.id, status=exc.status, detail=exc)
             raise
+        await self._twin_changed(identity, checked, version)
+        return version
+
+    async def _twin_changed(self, identity: Identity, patch: Mapping[str, Any], version: int) -> None:
+        """Route a twin change notification for a reported patch that was written (``FROM
+        /twinChangeNotifications``), as IoT Hub makes them: the patch under ``properties.reported``. The patch is
+        kept whatever becomes of its notification (a full queue refuses it: counted in the log, not an error)."""
+        if not self.router.routes:
+            return
+        reported = {k: v for k, v in patch.items() if not k.startswith("$")}
+        body = json.dumps({"version": version, "properties": {"reported": reported}}).encode()
+        system = {
+            _MESSAGE_TYPE: TWIN_CHANGE_NOTIFICATION,
+            _CONTENT_TYPE: "application/json",
+            _CONTENT_ENCODING: "utf-8",
+        }
+        properties = {"opType": "updateTwin", "deviceId": identity.device_id}
+        if identity.module_id is not None:
+            properties["moduleId"] = identity.module_id
+        [outcome] = await self.ingest(identity, [Message(body, properties=properties, system_properties=system)])
+        if isinstance(outcome, Rejected):
+            log.info("hub.twin_notification_refused identity=%s reason=%s", identity, outcome.reason)
 
 
 @dataclass(frozen=True, slots=True)

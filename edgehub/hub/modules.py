@@ -106,6 +106,11 @@ class ModuleMailboxes:
             box = self._boxes[module_id] = _Mailbox()
         return box
 
+    def link_of(self, module_id: str) -> ClientLink | None:
+        """The link ``module_id`` is connected on, or None."""
+        box = self._boxes.get(module_id)
+        return box.link if box is not None else None
+
     def is_connected(self, module_id: str) -> bool:
         box = self._boxes.get(module_id)
         return box is not None and box.link is not None

@@ -41,7 +41,15 @@ from edgehub.core import Identity, TwinError
 from edgehub.core.refusals import RefusalReason
 from edgehub.store import Store
 
-__all__ = ["DEFAULT_TWIN_LIMITS", "TwinLimits", "TwinStore", "check_patch", "merged", "parse_reported_patch"]
+__all__ = [
+    "DEFAULT_TWIN_LIMITS",
+    "TwinLimits",
+    "TwinStore",
+    "check_patch",
+    "merge_diff",
+    "merged",
+    "parse_reported_patch",
+]
 
 BAD_REQUEST = 400
 TOO_LARGE = 413
@@ -195,6 +203,25 @@ def merged(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any
         else:
             out[key] = json.loads(json.dumps(value)) if isinstance(value, list) else value
     return out
+
+
+def merge_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch that turns ``old`` into ``new`` (``merged(old, merge_diff(old, new)) == new``): removed keys
+    are null, changed objects are diffed, anything else changed is given whole. Recursion is bounded by the
+    documents' checked depth."""
+    out: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key, _ABSENT)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            inner = merge_diff(before, value)
+            if inner:
+                out[key] = inner
+        elif before is _ABSENT or before != value or type(before) is not type(value):
+            out[key] = value
+    return out
+
+
+_ABSENT = object()
 
 
 def _size(doc: Mapping[str, Any]) -> int:

@@ -16,7 +16,7 @@ import edgehub
 from edgehub.core import ConfigurationError, StoreError
 from edgehub.hub.lanes import UpstreamOptions
 from edgehub.hub.modules import DEFAULT_WINDOW
-from edgehub.manifest import MAX_PARTITIONS, load_desired_file
+from edgehub.manifest import MAX_PARTITIONS, ManifestError, load_desired_file, parse_deployment, read_manifest_file
 from edgehub.routing import Router
 from edgehub.runtime.admin_runtime import DEFAULT_ADMIN_PORT
 from edgehub.runtime.capacity_cli import capacity
@@ -70,8 +70,8 @@ main.add_command(capacity)
 
 def show_routes(manifest: Path) -> None:
     """Print the version and the compiled routes of ``manifest``."""
-    desired = load_desired_file(manifest)
-    router = Router(desired.route_specs())
+    deployment = parse_deployment(read_manifest_file(manifest))  # every problem at once, route errors included
+    desired, router = deployment.desired, deployment.router
     click.echo(f"edgehub {edgehub.__version__}")
     click.echo(f"manifest: {manifest}")
     for line in describe_routes(desired.route_specs(), router, desired.time_to_live_secs):
@@ -481,6 +481,11 @@ def run(
             unused = [key for key in _MQTT_LINK_KEYS if getattr(desired.upstream, key) is not None]
             if unused:
                 click.echo(f"upstream: manifest keys {', '.join(unused)} are the MQTT transport's; not used by upload")
+    except ManifestError as exc:
+        click.echo(f"{manifest}: refused", err=True)
+        for error in exc.errors:
+            click.echo(f"  {error}", err=True)
+        raise SystemExit(1) from None
     except ConfigurationError as exc:
         click.echo(str(exc), err=True)
         raise SystemExit(1) from None

@@ -38,6 +38,11 @@ is left out at the next start.
 The admin API (``HubConfig.admin_port``, ``edgehub run --admin-port``; ``edgehub.runtime.admin_runtime``) listens
 on 127.0.0.1 beside the MQTT head, from when the head listens until it stops.
 
+The deployment (issue 17): the manifest is checked whole before anything starts (``parse_deployment``), then a
+``DeploymentController`` (``edgehub.runtime.deployment``) applies it to the running hub, watches the file and
+applies it again when it changes, applies desired patches from the cloud over the first upstream lane's MQTT
+connection (``TwinChannel``) and reports back over it; the MQTT head's ACL asks the controller's grants.
+
 Limits (``HubConfig.limits``, ``HubLimits``; the CLI's ``--max-token-lifetime``, ``--store-quota``,
 ``--identity-share``): how far ahead a SAS token may expire (a year), the twins' sizes (``TwinLimits``), and the
 store's byte quota, by default derived at start from the free space of the store's filesystem
@@ -49,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import resource
 import time
@@ -72,11 +78,12 @@ from edgehub.hub.identities import IdentityRegistry
 from edgehub.hub.lanes import UpstreamOptions
 from edgehub.hub.modules import DEFAULT_WINDOW
 from edgehub.hub.twins import DEFAULT_TWIN_LIMITS, TwinLimits
-from edgehub.manifest import EdgeHubDesired, load_desired_file
-from edgehub.routing import Router
+from edgehub.manifest import EdgeHubDesired, parse_deployment, read_manifest_file
 from edgehub.runtime.admin_api import DesiredStateService
 from edgehub.runtime.admin_runtime import serve_admin
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
+from edgehub.runtime.deployment import DeploymentController
+from edgehub.runtime.deployment_settings import StartSettings, running_settings
 from edgehub.runtime.memory import ChurnCollector
 from edgehub.store import FsyncPolicy, Store, StoreQuota
 from edgehub.store.policy import DEFAULT_IDENTITY_SHARE, disk_store_quota
@@ -85,7 +92,9 @@ from edgehub.store.salvage import check_store
 from edgehub.upstream.landing import LandingZone
 from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, WireMode
 from edgehub.upstream.segment import Codec, SegmentName
+from edgehub.upstream.twin_channel import TwinChannel
 from edgehub.upstream.upload_transport import UploadTransport
+from protocol_heads.mqtt.iothub import Acl
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 
 __all__ = [
@@ -374,9 +383,11 @@ async def serve(
 ) -> None:
     """Run the hub until ``stop`` is set (see the module docstring). ``on_certs``, ``on_ready`` (the ports) and
     ``on_hub`` (the running facade, for a tool that watches its queues: ``bench.demo``) are called on the way up."""
-    desired = load_desired_file(config.manifest)
+    deployment = parse_deployment(read_manifest_file(config.manifest))  # refused whole, before anything starts
+    running_settings(deployment.desired, StartSettings())  # the values' own checks too (a retry policy's order)
+    desired = deployment.desired
     raise_descriptor_limit()
-    router = Router(desired.route_specs())
+    router = deployment.router
     certs = ensure_certs(config.data_dir / "certs", extra_names=(config.host_name,))
     if on_certs is not None:
         on_certs(certs)
@@ -385,6 +396,7 @@ async def serve(
     transport = transport_settings(desired, config)
     store = open_store(config.data_dir, default_ttl_s=float(desired.time_to_live_secs), fsync=config.fsync, verify=True)
     endpoints: list[Endpoint] = []
+    twin: TwinChannel | None = None
     try:
         store.store_quota = store_quota(store, store_path(config.data_dir), config.limits)
         if isinstance(transport, UploadUpstreamSettings):
@@ -392,6 +404,9 @@ async def serve(
         elif transport is not None:
             for lane_id in _lane_ids(store, options):
                 upstream = MqttUpstream(lane_settings(transport, lane_id), keeper=store)  # keeps its dictionary
+                if twin is None:  # the first lane's connection carries the hub's own twin (issue 17)
+                    twin = TwinChannel()
+                    upstream.attach_twin(twin)
                 await upstream.start()  # the executor closes it when the hub stops
                 endpoints.append(upstream)
         async with EdgeHub(
@@ -410,6 +425,21 @@ async def serve(
             cloud = next((e for e in endpoints if isinstance(e, MqttUpstream)), None)
             if cloud is not None:
                 cloud.serve_cloud(hub, refusals=hub.refusals)
+            controller = DeploymentController(
+                hub,
+                StartSettings(
+                    executor=ExecutorSettings(cleanup_interval_s=config.cleanup_interval_s),
+                    store_quota=store.store_quota,
+                    fsync=config.fsync,
+                    module_window=config.module_window,
+                    upstream=desired.upstream.model_dump(),
+                ),
+            )
+            await controller.start(config.manifest)  # the file, or what the store kept if it is unchanged
+            if twin is not None:
+                controller.on_reported(twin.report)
+                twin.report(controller.reported())
+                twin.bind(functools.partial(controller.patch_desired, source="cloud"))
             limits: dict[str, Any] = {
                 name: value
                 for name in (
@@ -426,21 +456,26 @@ async def serve(
                 tls_port=config.mqtts_port,
                 ssl_context=ssl_context,
                 outbound_window=config.module_window,
+                acl=Acl(publish_grants=controller.publish_grants, subscribe_grants=controller.subscribe_grants),
                 **limits,
             )
             async with (
                 MqttServer(hub, settings=settings) as server,
-                _admin(config, hub, server) as admin_port,
+                _admin(config, hub, server, desired=controller) as admin_port,
                 asyncio.TaskGroup() as tasks,
             ):
                 collector = tasks.create_task(ChurnCollector(server.limiter).run(), name="runtime.memory")
+                watcher = tasks.create_task(controller.watch(config.manifest), name="runtime.deployment_watch")
                 log.info("runtime.ready ports=%s admin_port=%s", server.ports, admin_port)
                 if on_ready is not None:
                     on_ready(dict(server.ports) | ({"admin": admin_port} if admin_port is not None else {}))
                 await stop.wait()
                 log.info("runtime.stopping")
                 collector.cancel()
+                watcher.cancel()
     finally:
+        if twin is not None:
+            await twin.close()
         for endpoint in endpoints:
             await endpoint.close()  # idempotent; covers a failure before the executor took it
         await store.close()

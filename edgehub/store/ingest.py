@@ -93,6 +93,11 @@ class Ingest:
         self._default_ttl_s = ttl_s
         self._one_route.clear()  # its TTLs came from the old default
 
+    def set_fsync(self, fsync: FsyncPolicy, fsync_interval_ms: int) -> None:
+        """Take a new fsync policy from the next group write on (a group being written keeps its own)."""
+        self._fsync = fsync
+        self._interval_s = fsync_interval_ms / 1000.0
+
     @property
     def groups_written(self) -> int:
         return self._committer.groups_written

@@ -63,6 +63,9 @@ class Maintenance:
         self._sync = sync
         self.lock = asyncio.Lock()
 
+    def set_sync(self, sync: bool) -> None:
+        self._sync = sync
+
     async def write_plain(self, ops: list[Op]) -> None:
         """A write that changes no counter."""
         await asyncio.to_thread(self._b.write, ops, sync=self._sync)

@@ -62,6 +62,7 @@ class RemovalReason(StrEnum):
     OVERFLOW = "overflow"  # evicted (discardOldest) or never stored (discardIncoming)
     DEADLETTER = "deadletter"  # moved to the endpoint's dead-letter queue
     PURGED = "purged"  # a dead letter deleted by ``purge_dead_letters``
+    DROPPED = "dropped"  # its endpoint was dropped by a deployment update that asked for it
 
 
 class StoredItem(msgspec.Struct, frozen=True, gc=False):

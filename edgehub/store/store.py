@@ -139,6 +139,7 @@ class Store:
             default_ttl_s=float(default_ttl_s),
         )
         self._maint = Maintenance(self._b, self._usage, self._held, sync=fsync is not FsyncPolicy.NONE)
+        self._fsync = fsync
         self._admission = Admission(
             self._usage,
             self._clock,
@@ -185,6 +186,20 @@ class Store:
     @default_policy.setter
     def default_policy(self, policy: QueuePolicy) -> None:
         self._admission.default_policy = policy
+
+    def set_fsync(self, fsync: FsyncPolicy, fsync_interval_ms: int = 10) -> None:
+        """Change the fsync policy while running (a deployment update): group writes from the next one on, and
+        maintenance writes (syncing unless ``none``)."""
+        if fsync_interval_ms < 0:
+            raise ValueError("fsync_interval_ms must be >= 0")
+        fsync = FsyncPolicy(fsync)
+        self._ingest.set_fsync(fsync, fsync_interval_ms)
+        self._maint.set_sync(fsync is not FsyncPolicy.NONE)
+        self._fsync = fsync
+
+    @property
+    def fsync(self) -> FsyncPolicy:
+        return self._fsync
 
     @property
     def endpoint_policies(self) -> dict[str, QueuePolicy]:

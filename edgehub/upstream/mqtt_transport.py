@@ -107,6 +107,7 @@ from edgehub.upstream.mqtt_settings import (
 from edgehub.upstream.mqtt_wire import SEGMENT_CONTENT_TYPE, Unit, dictionary_unit, publish_units, publish_wire_bytes
 from edgehub.upstream.reconnect import ConnectFailure, ReconnectSchedule, connect_failure_of
 from edgehub.upstream.segment import Codec
+from edgehub.upstream.twin_channel import TwinChannel
 
 __all__ = [
     "SEGMENT_CONTENT_TYPE",
@@ -166,6 +167,11 @@ class MqttUpstream:
         self._rtt_samples: deque[float] = deque(maxlen=64)
         self._cloud: CloudSide | None = None
         self._cloud_ready = asyncio.Event()  # the current connection's cloud subscriptions are acknowledged
+        self._twin: TwinChannel | None = None
+
+    def attach_twin(self, channel: TwinChannel) -> None:
+        """Speak IoT Hub's twin topics on this transport's connections (``edgehub.upstream.twin_channel``)."""
+        self._twin = channel
 
     # -- Endpoint ---------------------------------------------------------------------------------------------
 
@@ -253,6 +259,11 @@ class MqttUpstream:
         await self._cloud_ready.wait()
 
     def _on_cloud(self, conn: Connection, m: CloudMessage) -> None:
+        """A PUBLISH from the upstream (on the loop): the hub's own twin patches, or the cloud's side."""
+        if self._twin is not None and self._twin.takes(m.topic):
+            self._twin.received(m.topic, m.payload)
+            conn.ack(m.mid, m.qos)
+            return
         if self._cloud is None:
             conn.ack(m.mid, m.qos)  # not serving the cloud (yet): nothing subscribed this
             return
@@ -586,7 +597,11 @@ class MqttUpstream:
             self._progress.set()
             log.info("upstream.connected lane=%s host=%s port=%d connects=%d", s.lane, s.host, s.port, self._connects)
             self._on_reachable()
+            if self._twin is not None:
+                self._twin.connected(conn.client)
             await conn.lost.wait()
+            if self._twin is not None:
+                self._twin.disconnected()
             log.info("upstream.lost lane=%s reason=%s", s.lane, conn.lost_reason)
             self._progress.set()
             self._on_unreachable()

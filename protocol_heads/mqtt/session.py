@@ -60,6 +60,7 @@ from protocol_heads.mqtt.events import (
     UnsubscribeRequested,
 )
 from protocol_heads.mqtt.iothub import (
+    TelemetryTopic,
     TopicError,
     TwinRequest,
     delivery_user_properties,
@@ -68,6 +69,7 @@ from protocol_heads.mqtt.iothub import (
     method_request_topic,
     module_input_topic,
     parse_client_id,
+    parse_publish_topic,
     parse_twin_request,
     topic_matches,
     twin_response_topic,
@@ -128,6 +130,13 @@ class _Link:
             return 0
         conn = session.conn
         return 0 if conn.closed or not session.listening else conn.window_free
+
+    def send_desired_patch(self, patch: bytes, version: int) -> None:
+        """``TwinLink``: a desired-properties patch, QoS 0 as IoT Hub sends it, if the client subscribed to it."""
+        session = self._session
+        if session is not None:
+            session._respond(f"$iothub/twin/PATCH/properties/desired/?$version={version}", patch)
+            session.sock.schedule_flush()  # sent from outside a read: nothing else flushes it
 
     def send(self, delivery: Delivery) -> None:
         session = self._session
@@ -488,9 +497,11 @@ class Session:
                 continue
             settle.append((event.ticket, len(to_store), 0, None))
             to_store.append(msg)
-            if props is None:
+            if props is None and isinstance(parse_publish_topic(p.topic), TelemetryTopic):
                 # Without MQTT 5 properties a message's properties follow from the topic alone (the identity
                 # and auth method are the connection's): later messages on it share these (immutable) maps.
+                # Only the client's own telemetry topics, which the ACL always allows: a topic a grant allowed
+                # is checked every time, so a deployment that withdraws the grant stops it at the next PUBLISH.
                 if p.properties is not NO_PROPERTIES:
                     msg = self._message(identity, msgspec.structs.replace(p, properties=NO_PROPERTIES), now, None)
                 known.remember(p.topic, (msg.system_properties, msg.properties), _ENTRY_OVERHEAD + 3 * len(p.topic))

@@ -19,6 +19,10 @@ name on port 8883 over TLS) and ``ca`` (the PEM file the SDK trusts, as ``server
   "ready"}``, then for each of ``count`` calls print ``{"event": "method", "name", "payload"}`` and answer it
   with ``status`` and the payload ``{"answer": <name>, "request": <its payload>}``.
   A device client's ``receive`` gets cloud-to-device messages (``input_name`` null).
+* ``twin``: connect, install the desired-properties patch handler (the SDK subscribes then), print
+  ``{"event": "twin", "desired": ..., "reported": ...}`` from ``get_twin``; with ``report``, patch the reported
+  properties with it and print ``{"event": "reported"}``; print ``{"event": "ready"}``, then one
+  ``{"event": "patch", "patch": ...}`` line per desired patch received, until ``patches``.
 * ``connect``: connect and disconnect.
 
 Every line on stdout is one JSON object. A failure prints ``{"event": "error", "type": <SDK exception class>,
@@ -119,6 +123,25 @@ def methods(client: Any, spec: dict[str, Any]) -> None:
         client.send_method_response(MethodResponse.create_from_method_request(request, spec["status"], answer))
 
 
+def twin(client: Any, spec: dict[str, Any]) -> None:
+    patches: queue.Queue[Any] = queue.Queue()
+    client.connect()
+    client.on_twin_desired_properties_patch_received = patches.put  # returns once the SUBSCRIBE is acknowledged
+    doc = client.get_twin()
+    emit("twin", desired=doc["desired"], reported=doc["reported"])
+    if spec.get("report") is not None:
+        client.patch_twin_reported_properties(spec["report"])
+        emit("reported")
+    emit("ready")
+    for _ in range(spec.get("patches", 0)):
+        try:
+            patch = patches.get(timeout=spec["timeout_s"])
+        except queue.Empty:
+            emit("error", type="Timeout", detail=f"no desired patch within {spec['timeout_s']} s")
+            raise SystemExit(1) from None
+        emit("patch", patch=patch)
+
+
 def main(argv: list[str]) -> int:
     scenario, spec = argv[1], json.loads(argv[2])
     client = make_client(spec)
@@ -129,6 +152,8 @@ def main(argv: list[str]) -> int:
             receive(client, spec)
         elif scenario == "methods":
             methods(client, spec)
+        elif scenario == "twin":
+            twin(client, spec)
         elif scenario == "connect":
             client.connect()
         else:

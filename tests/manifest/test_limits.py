@@ -37,9 +37,18 @@ def test_json_nested_past_the_limit_is_refused_with_its_line_and_column(tmp_path
 
 
 def test_documents_nested_past_the_limit_are_refused_naming_the_path() -> None:
-    with pytest.raises(ManifestError, match=r"storeAndForwardConfiguration\.x\.0\.0.*nested deeper"):
-        load_desired({"schemaVersion": "1.1", "storeAndForwardConfiguration": {"x": nested(MAX_DEPTH)}})
-    load_desired({"schemaVersion": "1.1", "storeAndForwardConfiguration": {"x": nested(MAX_DEPTH - 3)}})
+    # A module twin's desired properties are free JSON: the depth bound is what limits them.
+    def manifest(depth: int) -> dict[str, Any]:
+        return {
+            "modulesContent": {
+                "$edgeHub": {"properties.desired": {"schemaVersion": "1.1"}},
+                "m": {"properties.desired": {"x": nested(depth)}},
+            }
+        }
+
+    with pytest.raises(ManifestError, match=r"modulesContent\.m\.properties\.desired\.x\.0.*nested deeper"):
+        load_desired(manifest(MAX_DEPTH))
+    load_desired(manifest(MAX_DEPTH - 5))
 
 
 def test_a_number_with_more_digits_than_python_converts_is_refused_with_its_position(tmp_path: Path) -> None:

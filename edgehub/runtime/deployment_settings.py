@@ -1,0 +1,203 @@
+"""From a checked deployment to the values the store and the executors run with (``RunningSettings``).
+
+The manifest's models leave every unset key None; here each is filled from the one home of its default
+(``QueuePolicy``, ``RetryPolicy``, ``ExecutorSettings``, the start-time ``StartSettings`` the command line gave), and
+the values' own checks run (``minimumDelaySecs`` above ``maximumDelaySecs`` is refused by ``RetryPolicy``). Every
+such refusal is collected with its location, so a deployment is refused with all of its problems at once.
+
+Invariants:
+* every executor has its own effective settings (``executor_settings(endpoint)``): the hub's retry policy, or the
+  endpoint's override unless the hub's says ``ignoreEndpointOverride``; ``maxDeliveryAttempts`` the endpoint's,
+  else the hub's; cleanup the store's;
+* a queue policy key the endpoint leaves out is the hub's (``delivery.queuePolicy``), and one the hub leaves out
+  is ``QueuePolicy``'s default;
+* what only a restart can change (the upstream's lanes and link, the module delivery window) is compared with what
+  the hub started with and named in ``restart_required``, never applied halfway.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any, TypeVar
+
+from edgehub.delivery import ExecutorSettings
+from edgehub.delivery.retry import BackoffFunction, RetryPolicy
+from edgehub.manifest import (
+    EdgeHubDesired,
+    ManifestError,
+    QueuePolicyConfiguration,
+    RetryPolicyConfiguration,
+)
+from edgehub.store import FsyncPolicy, Overflow, QueuePolicy, StoreQuota
+
+__all__ = ["RunningSettings", "StartSettings", "running_settings"]
+
+T = TypeVar("T")
+
+_RETRY_KEYS = {
+    "retriesWithNoDelay": "retries_with_no_delay",
+    "minimumDelayRetries": "minimum_delay_retries",
+    "minimumDelaySecs": "minimum_delay_s",
+    "maximumDelaySecs": "maximum_delay_s",
+    "backoffRetries": "backoff_retries",
+    "backoffFunction": "backoff_function",
+    "maximumDelayRetries": "maximum_delay_retries",
+    "jitter": "jitter",
+    "ignoreEndpointOverride": "ignore_endpoint_override",
+}
+_QUEUE_KEYS = {
+    "maxMessageSizeBytes": "max_message_size_bytes",
+    "maxQueueBytes": "max_bytes",
+    "maxQueueMessages": "max_messages",
+    "overflow": "overflow",
+    "enqueueTimeoutSecs": "enqueue_timeout_s",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartSettings:
+    """What the command line started the hub with: the base every deployment fills its unset keys from."""
+
+    executor: ExecutorSettings = field(default_factory=ExecutorSettings)
+    store_quota: StoreQuota = field(default_factory=StoreQuota)
+    fsync: FsyncPolicy = FsyncPolicy.ALWAYS
+    fsync_interval_ms: int = 10
+    module_window: int | None = None
+    upstream: dict[str, Any] = field(default_factory=dict)  # the manifest's upstream section at start
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunningSettings:
+    default_ttl_s: float
+    default_policy: QueuePolicy
+    endpoint_policies: dict[str, QueuePolicy]
+    store_quota: StoreQuota
+    fsync: FsyncPolicy
+    fsync_interval_ms: int
+    hub_executor: ExecutorSettings
+    endpoint_executors: dict[str, ExecutorSettings]
+    restart_required: tuple[str, ...] = ()
+
+    def executor_settings(self, endpoint_id: str) -> ExecutorSettings:
+        return self.endpoint_executors.get(endpoint_id, self.hub_executor)
+
+    def queue_policy(self, endpoint_id: str) -> QueuePolicy:
+        return self.endpoint_policies.get(endpoint_id, self.default_policy)
+
+
+def running_settings(desired: EdgeHubDesired, start: StartSettings) -> RunningSettings:
+    """See the module docstring; ``ManifestError`` listing every problem with its location."""
+    problems: list[str] = []
+
+    def build(where: str, make: Callable[[], T]) -> T | None:
+        try:
+            return make()
+        except ValueError as exc:
+            problems.append(f"{where}: {_manifest_names(str(exc))}")
+            return None
+
+    saf = desired.storeAndForwardConfiguration
+    delivery = desired.delivery
+    fsync = FsyncPolicy(saf.fsync) if saf.fsync is not None else start.fsync
+    if saf.fsyncIntervalMs is not None and fsync is not FsyncPolicy.INTERVAL:
+        problems.append("storeAndForwardConfiguration.fsyncIntervalMs: only with fsync 'interval'")
+    quota = build(
+        "storeAndForwardConfiguration",
+        lambda: replace(
+            start.store_quota,
+            **_given(
+                max_bytes=saf.maxStoreBytes,
+                max_messages=saf.maxStoreMessages,
+                identity_share=float(saf.identityShare) if saf.identityShare is not None else None,
+            ),
+        ),
+    )
+    default_policy = build("delivery.queuePolicy", lambda: _queue_policy(QueuePolicy(), delivery.queuePolicy))
+    hub_retry = build("delivery.retryPolicy", lambda: _retry_policy(start.executor.retry_policy, delivery.retryPolicy))
+    hub_executor = None
+    if hub_retry is not None:
+        hub_executor = build(
+            "storeAndForwardConfiguration",
+            lambda: replace(
+                start.executor,
+                retry_policy=hub_retry,
+                endpoint_retry_policy=None,
+                **_given(
+                    max_delivery_attempts=delivery.maxDeliveryAttempts,
+                    cleanup_interval_s=float(saf.cleanupIntervalSecs) if saf.cleanupIntervalSecs else None,
+                    check_entire_queue_on_cleanup=(saf.cleanupMode == "entireQueue") if saf.cleanupMode else None,
+                ),
+            ),
+        )
+    policies: dict[str, QueuePolicy] = {}
+    executors: dict[str, ExecutorSettings] = {}
+    for endpoint, conf in desired.endpoints.items():
+        where = f"endpoints.{endpoint}"
+        if default_policy is not None:
+            p = build(f"{where}.queuePolicy", partial(_queue_policy, default_policy, conf.queuePolicy))
+            if p is not None:
+                policies[endpoint] = p
+        override = None
+        if conf.retryPolicy is not None:
+            override = build(f"{where}.retryPolicy", partial(_retry_policy, RetryPolicy(), conf.retryPolicy))
+        if hub_executor is not None:
+            attempts = conf.maxDeliveryAttempts or hub_executor.max_delivery_attempts
+            executors[endpoint] = replace(hub_executor, endpoint_retry_policy=override, max_delivery_attempts=attempts)
+    if problems or quota is None or default_policy is None or hub_executor is None:
+        raise ManifestError(f"deployment refused: {'; '.join(problems)}", tuple(problems))
+    return RunningSettings(
+        default_ttl_s=float(desired.time_to_live_secs),
+        default_policy=default_policy,
+        endpoint_policies=policies,
+        store_quota=quota,
+        fsync=fsync,
+        fsync_interval_ms=saf.fsyncIntervalMs or start.fsync_interval_ms,
+        hub_executor=hub_executor,
+        endpoint_executors=executors,
+        restart_required=tuple(_restart_required(desired, start)),
+    )
+
+
+def _manifest_names(text: str) -> str:
+    """A value's error in the manifest's words (``minimum_delay_s`` is ``minimumDelaySecs`` there)."""
+    for key, name in (*_RETRY_KEYS.items(), *_QUEUE_KEYS.items()):
+        text = re.sub(rf"\b{name}\b", key, text)
+    return text
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _queue_policy(base: QueuePolicy, conf: QueuePolicyConfiguration) -> QueuePolicy:
+    changes = {_QUEUE_KEYS[k]: v for k, v in conf.model_dump().items() if v is not None}
+    if "overflow" in changes:
+        changes["overflow"] = Overflow(changes["overflow"])
+    if "enqueue_timeout_s" in changes:
+        changes["enqueue_timeout_s"] = float(changes["enqueue_timeout_s"])
+    return replace(base, **changes)
+
+
+def _retry_policy(base: RetryPolicy, conf: RetryPolicyConfiguration | None) -> RetryPolicy:
+    if conf is None:
+        return base
+    changes = {_RETRY_KEYS[k]: v for k, v in conf.model_dump().items() if v is not None}
+    if "backoff_function" in changes:
+        changes["backoff_function"] = BackoffFunction(changes["backoff_function"])
+    for name in ("minimum_delay_s", "maximum_delay_s", "jitter"):
+        if name in changes:
+            changes[name] = float(changes[name])
+    return replace(base, **changes)
+
+
+def _restart_required(desired: EdgeHubDesired, start: StartSettings) -> list[str]:
+    out = []
+    window = desired.delivery.moduleDeliveryWindow
+    if window is not None and window != start.module_window:
+        out.append(f"delivery.moduleDeliveryWindow (running with {start.module_window})")
+    now = desired.upstream.model_dump()
+    out.extend(f"upstream.{k}" for k, v in now.items() if start.upstream and start.upstream.get(k) != v)
+    return out
