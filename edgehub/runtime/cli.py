@@ -17,7 +17,6 @@ from edgehub.core import ConfigurationError, StoreError
 from edgehub.hub.lanes import UpstreamOptions
 from edgehub.hub.modules import DEFAULT_WINDOW
 from edgehub.manifest import MAX_PARTITIONS, ManifestError, load_desired_file, parse_deployment, read_manifest_file
-from edgehub.routing import Router
 from edgehub.runtime.admin_runtime import DEFAULT_ADMIN_PORT
 from edgehub.runtime.capacity_cli import capacity
 from edgehub.runtime.certs import HubCerts

@@ -17,6 +17,7 @@ import pytest
 from paho.mqtt.enums import MQTTProtocolVersion
 
 from edgehub.core.sas import ConnectionString
+from edgehub.runtime.admin_client import running_hub
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer
 from tests.e2e.hub_process import identity_add, start, stop
@@ -294,3 +295,50 @@ async def test_grants_from_mqtt_broker_take_effect_on_a_running_connection_at_it
         assert await publish("local/dev1/temp") == 0x87
         assert not dev.gone
         await dev.close()
+
+
+async def test_puts_and_patches_through_the_admin_api_apply_live_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    """The third way in (issue 17): the local admin API of a running ``edgehub run``, with the clients connected."""
+    data, manifest = tmp_path / "data", tmp_path / "m.json"
+    write_manifest(manifest, 1, {"a": to_sink("a", "first")})
+    dev_cs = await identity_add(data, "dev1")
+    sink_cs = await identity_add(data, "edge", "--module", "sink")
+    ca = data / "certs" / "ca.pem"
+    proc, port, _ = await start(data, manifest)
+    try:
+        client = await asyncio.to_thread(running_hub, data)
+        assert client is not None
+        sink = await connect(sink_cs, "edge/sink", port, ca)
+        dev = await connect(dev_cs, "dev1", port, ca, protocol=MQTTProtocolVersion.MQTTv5)
+        assert await send(dev, "a", 1) == 0
+        assert await received_on(sink) == "first"
+
+        # PATCH: a JSON merge patch adds a route; the same connections carry its messages.
+        patch = {"$version": 2, "routes": {"b": to_sink("b", "second")}}
+        code, answer = await asyncio.to_thread(client.request, "PATCH", "/twin/desired", patch)
+        assert (code, answer["code"], answer["version"]) == (200, 200, 2)  # type: ignore[index]
+        assert await send(dev, "b", 2) == 0
+        assert await received_on(sink) == "second"
+
+        # PUT: the whole desired properties replace the running ones (route b is gone, a goes elsewhere).
+        whole = {"schemaVersion": "1.1", "$version": 3, "routes": {"a": to_sink("a", "third")}}
+        code, answer = await asyncio.to_thread(client.request, "PUT", "/twin/desired", whole)
+        assert (code, answer["code"]) == (200, 200)  # type: ignore[index]
+        assert await send(dev, "a", 3) == 0
+        assert await received_on(sink) == "third"
+
+        # A bad PUT is a 400 with each error and its location; the running routes stay.
+        bad = {"schemaVersion": "1.1", "$version": 4, "routes": {"a": to_sink("a", "x")}, "storeAndForward": {}}
+        code, answer = await asyncio.to_thread(client.request, "PUT", "/twin/desired", bad, ok=(400,))
+        assert code == 400
+        assert any("storeAndForward" in e for e in answer["errors"])  # type: ignore[index]
+        _, reported = await asyncio.to_thread(client.request, "GET", "/twin/reported")
+        assert reported["lastDesiredVersion"] == 4  # type: ignore[index]
+        assert reported["lastDesiredStatus"]["code"] == 400  # type: ignore[index]
+        assert reported["runningDesiredVersion"] == 3  # type: ignore[index]
+        assert await send(dev, "a", 4) == 0
+        assert await received_on(sink) == "third"
+        await dev.close()
+        await sink.close()
+    finally:
+        assert (await stop(proc)).rstrip().endswith("stopped")
