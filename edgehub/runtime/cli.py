@@ -34,6 +34,8 @@ from edgehub.runtime.hub_runtime import (
 from edgehub.runtime.identity_cli import identity
 from edgehub.runtime.limits_cli import limit_options
 from edgehub.runtime.linksim_cli import link_sim
+from edgehub.runtime.profile_cli import describe_profile, profile_options
+from edgehub.runtime.profiles import Profile
 from edgehub.runtime.routes_cli import describe_routes, routes
 from edgehub.runtime.store_cli import store
 from edgehub.testing.linksim import parse_duration_s, parse_rate_bps
@@ -174,6 +176,7 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
 
 @main.command()
 @limit_options  # --max-token-lifetime, --store-quota, --identity-share (edgehub.runtime.limits_cli) as ``limits``
+@profile_options  # --profile, --fsync, --fsync-interval-ms (edgehub.runtime.profile_cli) as ``profile``
 @click.option("--manifest", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_MANIFEST)
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data"), show_default=True)
 @click.option("--mqtt-port", type=int, default=None, help="Plain MQTT over TCP (off unless given).")
@@ -332,6 +335,7 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
 )
 def run(
     limits: HubLimits,
+    profile: Profile,
     manifest: Path,
     data_dir: Path,
     mqtt_port: int | None,
@@ -426,9 +430,11 @@ def run(
         max_pending_connections=max_pending_connections,
         max_pending_per_address=max_pending_per_address,
         limits=limits,
+        profile=profile,
     )
     try:
         show_routes(manifest)
+        click.echo(describe_profile(profile))
         desired = load_desired_file(manifest)
         show_upstream(upstream_options(desired, config))
         show_transport(transport_settings(desired, config))
