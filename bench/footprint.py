@@ -106,7 +106,12 @@ def first_connection(port: int, cs: ConnectionString, ca: Path, proc: subprocess
             time.sleep(0.01)
             continue
         acked = threading.Event()
-        c.on_connect = lambda _c, _u, _f, rc, _p: acked.set() if rc == 0 else None
+
+        def on_connect(_c: Any, _u: Any, _f: Any, rc: Any, _p: Any, acked: threading.Event = acked) -> None:
+            if rc == 0:
+                acked.set()
+
+        c.on_connect = on_connect
         c.loop_start()
         if acked.wait(30):
             took = time.perf_counter() - t0
@@ -198,7 +203,8 @@ def main(argv: list[str] | None = None) -> None:
             time.sleep(QUIET_S)  # a benchmark, not a test: let the connections settle before reading memory
             idle = show(f"{args.devices} devices connected, idle", proc.pid)
 
-            start, done = mp.Event(), mp.Queue()
+            start = mp.Event()
+            done: mp.Queue[int] = mp.Queue()
             per = args.queued // PUBLISHERS
             procs = [
                 mp.Process(target=publisher, args=(f"pub{i}", plain, creds[f"pub{i}"].format(), per, start, done))

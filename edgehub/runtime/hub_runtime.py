@@ -226,6 +226,7 @@ def open_store(
             fsync=p.fsync,
             fsync_interval_ms=p.fsync_interval_ms,
             max_group=p.max_group,
+            held_max_bytes=p.held_max_bytes,
         )
     except StoreCorruptionError as exc:
         raise StoreCorruptionError(damaged_store_advice(exc, data_dir), path=exc.path) from exc

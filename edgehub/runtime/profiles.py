@@ -5,8 +5,9 @@ path (it ends in ``.toml``). A profile sets, for its board:
 
 * ``[rocksdb]``: RocksDB's memory budget (``edgehub.store.tuning.RocksTuning``: memtables, block cache, open
   files, background jobs);
-* ``[store]``: the fsync policy (``always``, ``interval``, ``none``) and its interval, and the most producers'
-  writes one group commit takes (``max_group``);
+* ``[store]``: the fsync policy (``always``, ``interval``, ``none``) and its interval, the most producers'
+  writes one group commit takes (``max_group``), and the bytes of just-written messages kept in memory for the
+  executors (``held_max_bytes``: while the link is down they stay until the bound, ~10 MB at the default);
 * ``[upstream]``: the most messages in one upstream batch (``max_batch_messages``; the MQTT transport's batch
   bytes stay with the link hints of the manifest, the upload transport's files hold at most this many).
 
@@ -29,6 +30,7 @@ from typing import Any
 
 from edgehub.core import ConfigurationError
 from edgehub.store import FsyncPolicy
+from edgehub.store.held import MAX_BYTES as HELD_MAX_BYTES
 from edgehub.store.tuning import RocksTuning
 
 __all__ = ["PROFILES_DIR", "Profile", "available_profiles", "load_profile", "parse_profile"]
@@ -48,6 +50,7 @@ class Profile:
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
     fsync_interval_ms: int = 10
     max_group: int = 1024
+    held_max_bytes: int = HELD_MAX_BYTES
     max_batch_messages: int | None = None  # None: each transport's own default
 
     def __post_init__(self) -> None:
@@ -55,6 +58,8 @@ class Profile:
             raise ValueError(f"fsync_interval_ms must be within 0 and 10000, not {self.fsync_interval_ms}")
         if not 1 <= self.max_group <= 65_536:
             raise ValueError(f"max_group must be within 1 and 65536, not {self.max_group}")
+        if not 0 <= self.held_max_bytes <= 1 << 30:
+            raise ValueError(f"held_max_bytes must be within 0 and 1 GiB, not {self.held_max_bytes}")
         if self.max_batch_messages is not None and not 1 <= self.max_batch_messages <= 100_000:
             raise ValueError(f"max_batch_messages must be within 1 and 100000, not {self.max_batch_messages}")
 
@@ -98,7 +103,7 @@ def parse_profile(data: Mapping[str, Any], *, name: str, source: str) -> Profile
     store = _table(data, "store", where)
     upstream = _table(data, "upstream", where)
     _known(rocks_table, set(RocksTuning.field_names()), f"{where} [rocksdb]")
-    _known(store, {"fsync", "fsync_interval_ms", "max_group"}, f"{where} [store]")
+    _known(store, {"fsync", "fsync_interval_ms", "max_group", "held_max_bytes"}, f"{where} [store]")
     _known(upstream, {"max_batch_messages"}, f"{where} [upstream]")
     try:
         rocks = RocksTuning(**{key: _int(value, f"{where} [rocksdb] {key}") for key, value in rocks_table.items()})
@@ -109,7 +114,7 @@ def parse_profile(data: Mapping[str, Any], *, name: str, source: str) -> Profile
             except ValueError:
                 choices = ", ".join(p.value for p in FsyncPolicy)
                 raise ConfigurationError(f"{where} [store] fsync: {store['fsync']!r} is not one of {choices}") from None
-        for key in ("fsync_interval_ms", "max_group"):
+        for key in ("fsync_interval_ms", "max_group", "held_max_bytes"):
             if key in store:
                 settings[key] = _int(store[key], f"{where} [store] {key}")
         if "max_batch_messages" in upstream:

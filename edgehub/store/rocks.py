@@ -483,11 +483,14 @@ class RocksBackend:
         self.close()
 
 
-def open_rocks_store(path: str | Path, *, tuning: RocksTuning | None = None, **settings: Any) -> Store:
-    """A ``Store`` over a RocksDB database at ``path`` (created if missing) with RocksDB's memory budget
-    ``tuning``; ``settings`` as ``Store`` takes them.
+def open_rocks_store(path: str | Path, **settings: Any) -> Store:
+    """A ``Store`` over a RocksDB database at ``path`` (created if missing); ``settings`` as ``Store`` takes them,
+    and ``tuning``: RocksDB's memory budget (a ``RocksTuning``; None: the built-in one).
 
     Kept here, not on ``Store``, so that importing ``edgehub.store`` never loads rocksdict (layer contract)."""
+    tuning = settings.pop("tuning", None)
+    if tuning is not None and not isinstance(tuning, RocksTuning):
+        raise TypeError(f"tuning must be a RocksTuning, not {type(tuning).__name__}")
     return Store(RocksBackend(path, tuning=tuning), **settings)
 
 

@@ -12,9 +12,9 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from edgehub.core import ConfigurationError
+from edgehub.core import ConfigurationError, Message, RouteResult
 from edgehub.manifest import load_desired_file
-from edgehub.runtime.hub_runtime import HubConfig, UploadUpstreamSettings, transport_settings
+from edgehub.runtime.hub_runtime import HubConfig, UploadUpstreamSettings, open_store, transport_settings
 from edgehub.runtime.profile_cli import profile_options
 from edgehub.runtime.profiles import PROFILES_DIR, Profile, available_profiles, load_profile
 from edgehub.store import FsyncPolicy
@@ -174,3 +174,18 @@ async def test_edgehub_run_with_a_profile_opens_its_store_with_the_profile_budge
     assert option_values(options, "db_write_buffer_size") == {str(8 * MIB)}
     assert option_values(options, "write_buffer_size") == {str(2 * MIB)}
     assert PROFILES_DIR.is_dir()
+
+
+async def test_open_store_keeps_the_profile_bound_on_messages_held_in_memory(tmp_path: Path) -> None:
+    profile = load_profile("pi-zero2w")
+    assert profile.held_max_bytes == 2 * MIB
+    store = open_store(tmp_path, profile=profile)
+    try:
+        route = [RouteResult("$upstream", 5)]
+        for _ in range(20):
+            await store.enqueue_many([(Message(body=b"x" * 2000), route) for _ in range(100)])
+        held, charged = store.held_in_memory
+        assert 0 < held < 2000
+        assert charged <= 2 * MIB
+    finally:
+        await store.close()
