@@ -1,7 +1,9 @@
 """Hardware profiles: the settings that fit one kind of gateway, read from a TOML file (``hardware/profiles/``).
 
 ``edgehub run --profile pi-zero2w`` loads ``hardware/profiles/pi-zero2w.toml`` (a name), or a file given by its
-path (it ends in ``.toml``). A profile sets, for its board:
+path (it ends in ``.toml``). A name is looked up in the checkout's ``hardware/profiles``, or, in an installed
+edgehub, where pip put them (``{sys.prefix}/share/edgehub/profiles``, pyproject.toml's data-files). A profile
+sets, for its board:
 
 * ``[rocksdb]``: RocksDB's memory budget (``edgehub.store.tuning.RocksTuning``: memtables, block cache, open
   files, background jobs);
@@ -22,6 +24,7 @@ integer or a string with a unit (``"4MiB"``); a profile file is at most 64 KiB.
 
 from __future__ import annotations
 
+import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,7 +38,14 @@ from edgehub.store.tuning import RocksTuning
 
 __all__ = ["PROFILES_DIR", "Profile", "available_profiles", "load_profile", "parse_profile"]
 
-PROFILES_DIR = Path(__file__).resolve().parents[2] / "hardware" / "profiles"
+
+
+def _profiles_dir() -> Path:
+    checkout = Path(__file__).resolve().parents[2] / "hardware" / "profiles"
+    return checkout if checkout.is_dir() else Path(sys.prefix) / "share" / "edgehub" / "profiles"
+
+
+PROFILES_DIR = _profiles_dir()
 _MAX_FILE_BYTES = 64 << 10
 _SIZE_UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
