@@ -39,7 +39,6 @@ from edgehub.store.tuning import RocksTuning
 __all__ = ["PROFILES_DIR", "Profile", "available_profiles", "load_profile", "parse_profile"]
 
 
-
 def _profiles_dir() -> Path:
     checkout = Path(__file__).resolve().parents[2] / "hardware" / "profiles"
     return checkout if checkout.is_dir() else Path(sys.prefix) / "share" / "edgehub" / "profiles"
