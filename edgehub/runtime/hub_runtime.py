@@ -73,7 +73,7 @@ from edgehub.routing import Router
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
 from edgehub.runtime.memory import ChurnCollector
 from edgehub.runtime.profiles import Profile
-from edgehub.store import Store, StoreQuota
+from edgehub.store import FsyncPolicy, Store, StoreQuota
 from edgehub.store.policy import DEFAULT_IDENTITY_SHARE, disk_store_quota
 from edgehub.store.rocks import open_rocks_store
 from edgehub.store.salvage import check_store
@@ -181,6 +181,11 @@ class HubConfig:
     max_pending_connections: int | None = None
     max_pending_per_address: int | None = None
     limits: HubLimits = field(default_factory=HubLimits)
+
+    @property
+    def fsync(self) -> FsyncPolicy:
+        """The store's fsync policy: the profile's (``--fsync`` applied over it)."""
+        return self.profile.fsync
 
 
 def raise_descriptor_limit() -> int:
