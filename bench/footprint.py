@@ -12,12 +12,17 @@ Usage: python -m bench.footprint [--queued 1000000] [--devices 10] [--profile pi
    answer), as in the outage that makes a backlog; read after 2 s quiet, the devices still connected. Also its
    peak (``rss_peak_mb``, VmHWM) while they came in.
 
+4. ``restart_s``, ``rss_restart_mb``: the hub stopped (SIGTERM) and started again with that backlog: the time to
+   the first accepted connection (a start reads every record of the store with its checksum first), its RSS
+   then and its peak.
+
 Where the memory goes, at each point: the RSS by mapping from /proc/PID/smaps (the Python heap and
 allocations, the RocksDB library, libpython, OpenSSL, ...) and RocksDB's own gauges are printed; the figures to
 compare with are the peers' on small devices: Azure IoT Edge's hub 57 to 166 MB, Greengrass's stream manager at
 least 70 MB. Targets: idle <= 45 MB, 1M queued <= 80 MB, start-up <= 1.5 s.
 
-Last line: one JSON object with rss_idle_mb, rss_1m_mb, rss_peak_mb, startup_s, queued.
+Last line: one JSON object with rss_idle_mb, rss_1m_mb, rss_peak_mb, startup_s, queued, restart_s, rss_restart_mb,
+rss_restart_peak_mb.
 """
 
 from __future__ import annotations
@@ -91,9 +96,13 @@ def device(client_id: str, port: int, cs: ConnectionString, ca: Path | None) -> 
     return c
 
 
-def first_connection(port: int, cs: ConnectionString, ca: Path, proc: subprocess.Popen[str], t0: float) -> float:
+def first_connection(
+    port: int, cs: ConnectionString, ca: Path, proc: subprocess.Popen[str], t0: float, *, timeout_s: float = 120
+) -> float:
     """Seconds from ``t0`` to the first CONNACK 0 on ``port`` (tries every 10 ms while the hub starts)."""
     while True:
+        if time.perf_counter() - t0 > timeout_s:
+            raise RuntimeError(f"no connection accepted in {timeout_s} s")
         if proc.poll() is not None:
             raise RuntimeError(f"edgehub run exited with {proc.returncode} before accepting a connection")
         if not ca.exists():  # the first start makes it
@@ -226,10 +235,23 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(120)
+
+        # 4. a restart with the backlog still queued: the store is read in full (checksums) before it listens
+        t2 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+        try:
+            restart_s = first_connection(tls, creds["dev0"], ca, proc, t2, timeout_s=900)
+            print(f"restart with {acked} queued, to the first accepted connection: {restart_s:.2f} s")
+            time.sleep(QUIET_S)
+            again = show(f"restarted with {acked} queued", proc.pid)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
     print(
         f"footprint under the {args.profile} profile: idle {idle['VmRSS']:.1f} MB with {args.devices} devices "
         f"(target <= 45), {full['VmRSS']:.1f} MB with {acked} queued (target <= 80; peak {full['VmHWM']:.1f}), "
-        f"start-up {startup_s:.2f} s (target <= 1.5). Peers on small devices: Azure IoT Edge hub 57-166 MB, "
+        f"start-up {startup_s:.2f} s (target <= 1.5); restarted with the backlog: {restart_s:.1f} s, "
+        f"{again['VmRSS']:.1f} MB (peak {again['VmHWM']:.1f}). Peers on small devices: Azure IoT Edge hub 57-166 MB, "
         "Greengrass stream manager >= 70 MB"
     )
     result = {
@@ -238,6 +260,9 @@ def main(argv: list[str] | None = None) -> None:
         "rss_peak_mb": round(full["VmHWM"], 1),
         "startup_s": round(startup_s, 3),
         "queued": acked,
+        "restart_s": round(restart_s, 2),
+        "rss_restart_mb": round(again["VmRSS"], 1),
+        "rss_restart_peak_mb": round(again["VmHWM"], 1),
     }
     print(json.dumps(result))
 
