@@ -36,6 +36,8 @@ from edgehub.runtime.identity_cli import identity
 from edgehub.runtime.limits_cli import limit_options
 from edgehub.runtime.linksim_cli import link_sim
 from edgehub.runtime.logs import LogFormat, configure_logging
+from edgehub.runtime.profile_cli import describe_profile, profile_options
+from edgehub.runtime.profiles import Profile
 from edgehub.runtime.routes_cli import describe_routes, routes
 from edgehub.runtime.sdnotify import SystemdNotifier
 from edgehub.runtime.status_cli import deadletter, status
@@ -186,6 +188,7 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
 
 @main.command()
 @limit_options  # --max-token-lifetime, --store-quota, --identity-share (edgehub.runtime.limits_cli) as ``limits``
+@profile_options  # --profile, --fsync, --fsync-interval-ms (edgehub.runtime.profile_cli) as ``profile``
 @click.option("--manifest", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_MANIFEST)
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data"), show_default=True)
 @click.option("--mqtt-port", type=int, default=None, help="Plain MQTT over TCP (off unless given).")
@@ -368,6 +371,7 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
 )
 def run(
     limits: HubLimits,
+    profile: Profile,
     manifest: Path,
     data_dir: Path,
     mqtt_port: int | None,
@@ -470,9 +474,11 @@ def run(
         max_pending_per_address=max_pending_per_address,
         limits=limits,
         admin_port=admin_port,
+        profile=profile,
     )
     try:
         show_routes(manifest)
+        click.echo(describe_profile(profile))
         desired = load_desired_file(manifest)
         show_upstream(upstream_options(desired, config))
         show_transport(transport_settings(desired, config))

@@ -48,6 +48,10 @@ Limits (``HubConfig.limits``, ``HubLimits``; the CLI's ``--max-token-lifetime``,
 store's byte quota, by default derived at start from the free space of the store's filesystem
 (``disk_store_quota``: what it holds plus half the free space, at most 32 GiB), with each identity's share of it
 (a quarter). No store quota at all only when asked for (``store_max_bytes=None``, ``--store-quota none``).
+
+The hardware profile (``HubConfig.profile``, ``edgehub run --profile``; ``edgehub.runtime.profiles``) gives the
+store its RocksDB memory budget, fsync policy and group size, and the upstream transports their batch size in
+messages (under the manifest's and the command line's settings, ``transport_settings``).
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
 from edgehub.runtime.deployment import DeploymentController
 from edgehub.runtime.deployment_settings import StartSettings, running_settings
 from edgehub.runtime.memory import ChurnCollector
+from edgehub.runtime.profiles import Profile
 from edgehub.store import FsyncPolicy, Store, StoreQuota
 from edgehub.store.policy import DEFAULT_IDENTITY_SHARE, disk_store_quota
 from edgehub.store.rocks import open_rocks_store
@@ -145,10 +150,13 @@ class UploadUpstreamSettings:
     url: str
     hub_id: str = "edgehub"
     max_uplink_bps: float | None = None  # maxUplinkBps: a cap on the bytes written, as on MQTT's PUBLISH bytes
+    max_batch_messages: int = 10_000  # the most messages in one segment file
 
     def __post_init__(self) -> None:
         if not self.url:
             raise ValueError("the landing zone url must not be empty")
+        if self.max_batch_messages < 1:
+            raise ValueError("max_batch_messages must be positive")
         SegmentName(hub_id=self.hub_id, lane=UPSTREAM_LANE, priority=0, first_offset=0, last_offset=0)  # validates
 
 
@@ -180,7 +188,7 @@ class HubConfig:
     host_name: str = DEFAULT_HOST_NAME
     module_window: int = DEFAULT_WINDOW  # deliveries in flight per module link
     cleanup_interval_s: float = ExecutorSettings().cleanup_interval_s  # delivered/expired references removed
-    fsync: FsyncPolicy = FsyncPolicy.ALWAYS
+    profile: Profile = field(default_factory=Profile)  # the board's store and batch settings (fsync among them)
     upstream: MqttUpstreamSettings | UploadUpstreamSettings | None = None  # None: $upstream stays queued
     # None: as the manifest's upstream section says (which defaults to 1 partition, detection off, 600 s).
     partitions: int | None = None
@@ -194,6 +202,11 @@ class HubConfig:
     max_pending_per_address: int | None = None
     limits: HubLimits = field(default_factory=HubLimits)
     admin_port: int | None = None  # the admin API on 127.0.0.1 (0: any free port; None: off; the CLI: 9600)
+
+    @property
+    def fsync(self) -> FsyncPolicy:
+        """The store's fsync policy: the profile's (``--fsync`` applied over it)."""
+        return self.profile.fsync
 
 
 def raise_descriptor_limit() -> int:
@@ -217,11 +230,13 @@ def open_store(
     data_dir: Path,
     *,
     default_ttl_s: float = 7200.0,
-    fsync: FsyncPolicy = FsyncPolicy.ALWAYS,
+    profile: Profile | None = None,
     verify: bool = False,
 ) -> Store:
-    """The hub's store in ``data_dir``. ``verify`` reads every record first (the hub does at start: a flipped byte
-    is found only by reading it). A damaged store raises ``StoreCorruptionError`` saying what to do."""
+    """The hub's store in ``data_dir``, with the RocksDB budget, fsync policy and group size of ``profile`` (None:
+    the built-in defaults). ``verify`` reads every record first (the hub does at start: a flipped byte is found
+    only by reading it). A damaged store raises ``StoreCorruptionError`` saying what to do."""
+    p = profile or Profile()
     data_dir.mkdir(parents=True, exist_ok=True)
     path = store_path(data_dir)
     try:
@@ -230,7 +245,15 @@ def open_store(
             started = time.monotonic()
             records = sum(check_store(path).values())
             log.info("store.verified path=%s records=%d seconds=%.3f", path, records, time.monotonic() - started)
-        return open_rocks_store(path, default_ttl_s=default_ttl_s, fsync=fsync)
+        return open_rocks_store(
+            path,
+            tuning=p.rocks,
+            default_ttl_s=default_ttl_s,
+            fsync=p.fsync,
+            fsync_interval_ms=p.fsync_interval_ms,
+            max_group=p.max_group,
+            held_max_bytes=p.held_max_bytes,
+        )
     except StoreCorruptionError as exc:
         raise StoreCorruptionError(damaged_store_advice(exc, data_dir), path=exc.path) from exc
 
@@ -285,14 +308,18 @@ def upstream_options(desired: EdgeHubDesired, config: HubConfig) -> UpstreamOpti
 def transport_settings(
     desired: EdgeHubDesired, config: HubConfig
 ) -> MqttUpstreamSettings | UploadUpstreamSettings | None:
-    """``config.upstream`` with the manifest's link settings applied, then the overrides; None without one. The
-    link settings are the MQTT transport's; an ``UploadUpstreamSettings`` takes ``maxUplinkBps`` only."""
-    up = desired.upstream
-    if isinstance(config.upstream, UploadUpstreamSettings):
-        cap = config.upstream_overrides.max_uplink_bps or (float(up.maxUplinkBps) if up.maxUplinkBps else None)
-        return replace(config.upstream, max_uplink_bps=cap) if cap is not None else config.upstream
+    """``config.upstream`` with the profile's batch size, then the manifest's link settings, then the overrides
+    applied; None without one. The link settings are the MQTT transport's: an ``UploadUpstreamSettings`` takes the
+    profile's batch size and ``maxUplinkBps`` only."""
     if config.upstream is None:
         return None
+    base = config.upstream
+    if config.profile.max_batch_messages is not None:
+        base = replace(base, max_batch_messages=config.profile.max_batch_messages)
+    up = desired.upstream
+    if isinstance(base, UploadUpstreamSettings):
+        cap = config.upstream_overrides.max_uplink_bps or (float(up.maxUplinkBps) if up.maxUplinkBps else None)
+        return replace(base, max_uplink_bps=cap) if cap is not None else base
     manifest: dict[str, object] = {
         "wire_mode": WireMode(up.wireMode) if up.wireMode is not None else None,
         "max_uplink_bps": float(up.maxUplinkBps) if up.maxUplinkBps is not None else None,
@@ -307,7 +334,7 @@ def transport_settings(
     cli: dict[str, object] = {name: getattr(o, name) for name in manifest}
     changes = {k: v for k, v in manifest.items() if v is not None} | {k: v for k, v in cli.items() if v is not None}
     try:
-        return replace(config.upstream, **changes)  # type: ignore[arg-type]
+        return replace(base, **changes)  # type: ignore[arg-type]
     except ValueError as exc:  # e.g. zstd without the zstandard package
         raise ConfigurationError(f"upstream: {exc}") from exc
 
@@ -344,6 +371,7 @@ def upload_lane(settings: UploadUpstreamSettings, lane_id: str) -> UploadTranspo
         lane=lane,
         endpoint_id=lane_id,
         max_uplink_bps=settings.max_uplink_bps,
+        max_batch_messages=settings.max_batch_messages,
     )
 
 
@@ -394,7 +422,9 @@ async def serve(
     ssl_context = server_ssl_context(certs) if config.mqtts_port is not None else None
     options = upstream_options(desired, config)
     transport = transport_settings(desired, config)
-    store = open_store(config.data_dir, default_ttl_s=float(desired.time_to_live_secs), fsync=config.fsync, verify=True)
+    store = open_store(
+        config.data_dir, default_ttl_s=float(desired.time_to_live_secs), profile=config.profile, verify=True
+    )
     endpoints: list[Endpoint] = []
     twin: TwinChannel | None = None
     try:

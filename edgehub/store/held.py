@@ -5,7 +5,8 @@ Items are added when their group write succeeded, dropped when committed or remo
 its ``QueueState.held``; this part bounds them all together.
 
 Invariants:
-* at most ``MAX_ITEMS`` items and ``MAX_BYTES`` charged bytes are held over all queues (past that, new ones are
+* at most ``max_items`` items and ``max_bytes`` charged bytes (default ``MAX_ITEMS``, ``MAX_BYTES``; a hardware
+  profile lowers them on a small board) are held over all queues (past that, new ones are
   read from the database);
 * an item is charged at least what it takes in memory: its charged size (the text of its body and properties)
   plus ``ITEM_BYTES`` and ``PROPERTY_BYTES`` per property, measured with tracemalloc
@@ -37,20 +38,24 @@ def held_bytes(item: StoredItem) -> int:
 
 
 class HeldCache:
-    __slots__ = ("bytes", "count")
+    __slots__ = ("bytes", "count", "max_bytes", "max_items")
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_items: int = MAX_ITEMS, max_bytes: int = MAX_BYTES) -> None:
+        if max_items < 0 or max_bytes < 0:
+            raise ValueError("max_items and max_bytes must be >= 0 (0: hold nothing)")
         self.count = 0
         self.bytes = 0
+        self.max_items = max_items
+        self.max_bytes = max_bytes
 
     def remember(self, queues: Mapping[QueueId, QueueState], items: Iterable[StoredItem]) -> None:
         """Hold these just-written items while the bounds allow (in order: the first that does not fit ends it)."""
-        count, size = self.count, self.bytes
-        if count >= MAX_ITEMS or size >= MAX_BYTES:
+        count, size, max_items, max_bytes = self.count, self.bytes, self.max_items, self.max_bytes
+        if count >= max_items or size >= max_bytes:
             return
         for item in items:
             charge = held_bytes(item)
-            if count >= MAX_ITEMS or size + charge > MAX_BYTES:
+            if count >= max_items or size + charge > max_bytes:
                 break
             queues[item.queue].held[item.offset] = item
             count += 1

@@ -47,25 +47,62 @@ import rocksdict
 from edgehub.core import StorageIOError, StoreClosedError, StoreCorruptionError, StoreError
 from edgehub.store.backend import DeleteTo, Op
 from edgehub.store.store import Store
+from edgehub.store.tuning import RocksTuning
 
 __all__ = ["WAL_MARK", "RocksBackend", "open_rocks_store", "repair_db"]
 
 log = logging.getLogger(__name__)
 
 
-# All memtables together stay under this, whatever the number of queues (column families): a gateway has
-# little memory, and the WAL already makes every write durable.
-_DB_WRITE_BUFFER_BYTES = 32 << 20
 _REOPEN_INTERVAL_S = 1.0  # while the disk stays full, a read-write reopen is tried at most this often
 WAL_MARK = "EDGEHUB-WAL-SYNCED"  # "<wal file name> <bytes synced>", in the store's folder
 _WAL_MARK_INTERVAL_S = 1.0
 
 
-def _options(*, salvage: bool = False) -> rocksdict.Options:
-    opts = rocksdict.Options(raw_mode=True)
+class _Budget:
+    """``RocksTuning`` as RocksDB options: the database's, and each column family's (memtable sizes and the table
+    factory are per family; one block cache object is shared by all, and kept across reopens)."""
+
+    def __init__(self, tuning: RocksTuning) -> None:
+        self.tuning = tuning
+        self._cache = rocksdict.Cache(tuning.block_cache_bytes) if tuning.block_cache_bytes is not None else None
+
+    def db(self, *, salvage: bool = False) -> rocksdict.Options:
+        opts = self.family()
+        opts.set_db_write_buffer_size(self.tuning.db_write_buffer_bytes)
+        if self.tuning.max_open_files is not None:
+            opts.set_max_open_files(self.tuning.max_open_files)
+        if self.tuning.max_background_jobs is not None:
+            opts.set_max_background_jobs(self.tuning.max_background_jobs)
+        return _options(opts, salvage=salvage)
+
+    def family(self) -> rocksdict.Options:
+        t = self.tuning
+        opts = rocksdict.Options(raw_mode=True)
+        if t.write_buffer_bytes is not None:
+            opts.set_write_buffer_size(t.write_buffer_bytes)
+        if t.max_write_buffers is not None:
+            opts.set_max_write_buffer_number(t.max_write_buffers)
+        if self._cache is not None:
+            table = rocksdict.BlockBasedOptions()
+            table.set_block_cache(self._cache)
+            # index and filter blocks inside the budget, not beside it (one per table file otherwise)
+            table.set_cache_index_and_filter_blocks(True)
+            table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+            opts.set_block_based_table_factory(table)
+        return opts
+
+    def cache_usage(self) -> int | None:
+        return None if self._cache is None else self._cache.get_usage()
+
+
+def _options(opts: rocksdict.Options | None = None, *, salvage: bool = False) -> rocksdict.Options:
+    """The database options every open takes, over ``opts`` (the memory budget's) or RocksDB's defaults."""
+    if opts is None:
+        opts = rocksdict.Options(raw_mode=True)
+        opts.set_db_write_buffer_size(RocksTuning().db_write_buffer_bytes)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
-    opts.set_db_write_buffer_size(_DB_WRITE_BUFFER_BYTES)
     opts.set_paranoid_checks(not salvage)
     # salvage: every WAL record that is whole, past any damaged one (a copy of the damaged store is kept)
     mode = rocksdict.DBRecoveryMode
@@ -146,10 +183,19 @@ class RocksBackend:
     """A RocksDB database at ``path``; column families are created on first use. ``read_only``: an existing
     database, opened without writing anything (its WAL replayed in memory only). ``salvage`` (read-only too): a
     damaged one, opened as leniently as RocksDB can (WAL records past a damaged one replayed, no paranoid checks,
-    no check of CURRENT or the WAL mark), to copy out what can still be read."""
+    no check of CURRENT or the WAL mark), to copy out what can still be read. ``tuning``: RocksDB's memory budget
+    (``edgehub.store.tuning``; a hardware profile's)."""
 
-    def __init__(self, path: str | Path, *, read_only: bool = False, salvage: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        read_only: bool = False,
+        salvage: bool = False,
+        tuning: RocksTuning | None = None,
+    ) -> None:
         read_only = read_only or salvage
+        self._budget = _Budget(tuning or RocksTuning())
         self._salvage = salvage
         self._path = str(path)
         if not read_only:
@@ -177,8 +223,8 @@ class RocksBackend:
         try:
             self._db = rocksdict.Rdict(
                 self._path,
-                _options(salvage=self._salvage),
-                column_families={n: rocksdict.Options(raw_mode=True) for n in names},
+                self._budget.db(salvage=self._salvage),
+                column_families={n: self._budget.family() for n in names},
                 access_type=access,
             )
         except Exception as exc:
@@ -232,6 +278,27 @@ class RocksBackend:
         if self._unopened is not None:
             raise StorageIOError(f"the store at {self._path} is not open: {self._unopened}")
 
+    @property
+    def tuning(self) -> RocksTuning:
+        return self._budget.tuning
+
+    def memory_usage(self) -> dict[str, int]:
+        """RocksDB's memory now, in bytes: memtables (every column family's), the block cache (when the budget
+        gives one), table readers (index and filter blocks held outside the cache)."""
+        self._live()
+        out = {
+            "memtables": sum(
+                cf.property_int_value("rocksdb.cur-size-all-mem-tables") or 0 for cf in self._cfs.values()
+            ),
+            "table_readers": sum(
+                cf.property_int_value("rocksdb.estimate-table-readers-mem") or 0 for cf in self._cfs.values()
+            ),
+        }
+        cache = self._budget.cache_usage()
+        if cache is not None:
+            out["block_cache"] = cache
+        return out
+
     def families(self) -> list[str]:
         self._live()
         return list(self._cfs)
@@ -244,7 +311,7 @@ class RocksBackend:
             if name in self._cfs:
                 return
             try:
-                cf = self._db.create_column_family(name, rocksdict.Options(raw_mode=True))
+                cf = self._db.create_column_family(name, self._budget.family())
             except Exception as exc:
                 raise StorageIOError(f"cannot create column family {name!r}: {exc}") from exc
             self._handles[name] = self._db.get_column_family_handle(name)
@@ -417,10 +484,14 @@ class RocksBackend:
 
 
 def open_rocks_store(path: str | Path, **settings: Any) -> Store:
-    """A ``Store`` over a RocksDB database at ``path`` (created if missing); ``settings`` as ``Store`` takes them.
+    """A ``Store`` over a RocksDB database at ``path`` (created if missing); ``settings`` as ``Store`` takes them,
+    and ``tuning``: RocksDB's memory budget (a ``RocksTuning``; None: the built-in one).
 
     Kept here, not on ``Store``, so that importing ``edgehub.store`` never loads rocksdict (layer contract)."""
-    return Store(RocksBackend(path), **settings)
+    tuning = settings.pop("tuning", None)
+    if tuning is not None and not isinstance(tuning, RocksTuning):
+        raise TypeError(f"tuning must be a RocksTuning, not {type(tuning).__name__}")
+    return Store(RocksBackend(path, tuning=tuning), **settings)
 
 
 def repair_db(path: str | Path) -> None:

@@ -67,7 +67,7 @@ from edgehub.store.codec import (
     unpack_u64,
 )
 from edgehub.store.dead_letters import DeadLetters
-from edgehub.store.held import HeldCache
+from edgehub.store.held import MAX_BYTES, HeldCache
 from edgehub.store.ingest import Ingest, Pending
 from edgehub.store.maintenance import Maintenance
 from edgehub.store.metadata import Metadata
@@ -110,6 +110,7 @@ class Store:
         default_policy: QueuePolicy | None = None,
         endpoint_policies: Mapping[str, QueuePolicy] | None = None,
         store_quota: StoreQuota | None = None,
+        held_max_bytes: int = MAX_BYTES,
     ) -> None:
         if fsync_interval_ms < 0:
             raise ValueError("fsync_interval_ms must be >= 0")
@@ -125,7 +126,7 @@ class Store:
         self._closed = False
         self._usage = UsageBook(self._b)
         self.removed = self._usage.removed
-        self._held = HeldCache()
+        self._held = HeldCache(max_bytes=held_max_bytes)
         self._ingest = Ingest(
             self._b,
             self._queues,
@@ -415,7 +416,7 @@ class Store:
     def held_in_memory(self) -> tuple[int, int]:
         """Written references kept in memory with their messages for the executors' reads (so an executor that
         keeps up does not read and decode them back from the database): (messages, estimated bytes). Bounded
-        by 16,384 messages and 16 MiB; released as they are committed or removed."""
+        by 16,384 messages and ``held_max_bytes`` (16 MiB by default); released as they are committed or removed."""
         return self._held.count, self._held.bytes
 
     def read(self, queue: QueueId, from_offset: int, limit: int) -> list[StoredItem]:

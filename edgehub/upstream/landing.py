@@ -26,8 +26,6 @@ import uuid
 from enum import StrEnum
 from typing import Any
 
-import fsspec
-
 from edgehub.core import FailureKind, TransportError
 from edgehub.upstream.segment import SegmentName
 
@@ -62,6 +60,8 @@ class LandingZone:
         if not url:
             raise ValueError("landing zone url must not be empty")
         try:
+            import fsspec  # here, not at the top: a hub that uploads nothing does not load it (~15 MB of RSS)
+
             fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
         except (ImportError, ValueError) as exc:
             # An unknown protocol or a missing plugin: retrying will not help.

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# An arm64 Debian root that runs edgehub on its own aarch64 wheels, on an x86-64 host, through qemu-user.
+#
+#   hardware/arm64/root.sh            make (or reuse) the root; print its path on the last line
+#
+# Idempotent, and each step is skipped when already done, so `make test-arm64` pays for the root once:
+#   1. Debian's qemu-user-static and mmdebstrap, from apt, if missing.
+#   2. binfmt_misc mounted, and qemu-user-static's aarch64 entry (/usr/lib/binfmt.d/qemu-aarch64.conf) written to
+#      its register file: the kernel then runs any aarch64 ELF through /usr/libexec/qemu-binfmt/aarch64-binfmt-P.
+#      The entry has the F flag (the interpreter is opened when registered), so it works inside a chroot too.
+#   3. `mmdebstrap --arch=arm64` bookworm with Python 3.11 into $EDGEHUB_ARM64_CACHE/root
+#      (default ~/.cache/edgehub-arm64, outside the git tree), with the host's CA bundle, pip configuration,
+#      resolv.conf and an /etc/hosts naming localhost copied in (package installs go the way they go on the host).
+#   4. A venv at /opt/edgehub in the root with edgehub's dependencies from pyproject.toml as aarch64 wheels
+#      (rocksdict, msgspec, uvloop, cryptography, pydantic-core, ...), redone when those dependencies change.
+# Root is needed (binfmt_misc, chroot).
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+cache="${EDGEHUB_ARM64_CACHE:-$HOME/.cache/edgehub-arm64}"
+root="$cache/root"
+suite=bookworm
+mirror="${EDGEHUB_ARM64_MIRROR:-http://deb.debian.org/debian}"
+
+step() { printf 'arm64: %s (%ds)\n' "$*" "$SECONDS" >&2; }
+
+if [ "$(id -u)" != 0 ]; then
+  echo "arm64: needs root (binfmt_misc registration and chroot)" >&2
+  exit 2
+fi
+
+# 1. the tools
+missing=""
+command -v mmdebstrap >/dev/null || missing="$missing mmdebstrap"
+[ -e /usr/lib/binfmt.d/qemu-aarch64.conf ] || missing="$missing qemu-user-static"
+if [ -n "$missing" ]; then
+  step "installing$missing"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+
+# 2. binfmt_misc and the aarch64 entry
+binfmt=/proc/sys/fs/binfmt_misc
+if [ ! -e "$binfmt/register" ]; then
+  step "mounting binfmt_misc"
+  mount -t binfmt_misc binfmt_misc "$binfmt"
+fi
+if [ ! -e "$binfmt/qemu-aarch64" ]; then
+  step "registering qemu-aarch64 with binfmt_misc"
+  grep -v '^#' /usr/lib/binfmt.d/qemu-aarch64.conf | grep . > "$binfmt/register"
+fi
+grep -q '^enabled' "$binfmt/qemu-aarch64" || { echo "arm64: the qemu-aarch64 binfmt entry is disabled" >&2; exit 1; }
+
+# 3. the Debian root
+if [ ! -e "$root/.edgehub-root-ok" ]; then
+  step "making the arm64 Debian root in $root"
+  rm -rf "$root"
+  mkdir -p "$cache"
+  mmdebstrap --quiet --arch=arm64 --variant=apt \
+    --include=python3,python3-venv,ca-certificates \
+    --aptopt='Acquire::Check-Valid-Until "false"' \
+    "$suite" "$root" "$mirror"
+  touch "$root/.edgehub-root-ok"
+fi
+# refreshed every time: cheap, and the host's may have changed
+install -m 0644 /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
+[ -e /etc/resolv.conf ] && cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' > "$root/etc/hosts"
+[ -e /etc/pip.conf ] && install -m 0644 /etc/pip.conf "$root/etc/pip.conf"
+if [ -e "$HOME/.config/pip/pip.conf" ]; then
+  # without the host's local wheel folders and file:// indexes: they are not in the root (and hold x86-64 wheels)
+  mkdir -p "$root/root/.config/pip"
+  grep -v -E '^[[:space:]]*(find-links|extra-index-url)[[:space:]]*=[[:space:]]*(file:|/)' "$HOME/.config/pip/pip.conf" \
+    > "$root/root/.config/pip/pip.conf" || true
+fi
+[ "$(chroot "$root" uname -m)" = aarch64 ] || { echo "arm64: the root does not run as aarch64" >&2; exit 1; }
+
+# 4. the venv with edgehub's dependencies as aarch64 wheels
+reqs="$(python3 -c 'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' "$repo/pyproject.toml")"
+if [ ! -e "$root/opt/edgehub/.installed" ] || [ "$(cat "$root/opt/edgehub/.installed")" != "$reqs" ]; then
+  step "installing edgehub's dependencies into the root's venv (aarch64 wheels)"
+  printf '%s\n' "$reqs" > "$root/tmp/edgehub-requirements.txt"
+  chroot "$root" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_DEFAULT_TIMEOUT=180 sh -ec '
+      [ -x /opt/edgehub/bin/python ] || python3 -m venv /opt/edgehub
+      /opt/edgehub/bin/python -m pip install --quiet --only-binary=:all: -r /tmp/edgehub-requirements.txt
+    '
+  printf '%s' "$reqs" > "$root/opt/edgehub/.installed"
+fi
+step "root ready"
+echo "$root"
