@@ -96,7 +96,7 @@ from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.bandwidth import RateEstimator, TokenBucket
 from edgehub.upstream.dictionary import DictionaryKeeper, LaneDictionary
 from edgehub.upstream.mqtt_cloud import CloudMessage, CloudSide, subscriptions
-from edgehub.upstream.mqtt_connection import Connection, new_client
+from edgehub.upstream.mqtt_connection import Connection, connect_client, new_client
 from edgehub.upstream.mqtt_settings import (
     MqttProtocol,
     MqttUpstreamSettings,
@@ -518,7 +518,7 @@ class MqttUpstream:
         client = new_client(self.settings)
         conn = Connection(self, client, loop)
         try:
-            await asyncio.to_thread(client.connect, s.host, s.port, s.keepalive_s)
+            await asyncio.to_thread(connect_client, client, s)
         except (OSError, ssl.SSLError, ValueError) as exc:
             kind = FailureKind.TIMEOUT if isinstance(exc, TimeoutError) else FailureKind.TRANSIENT  # a silent link
             raise TransportError(f"connect to {s.host}:{s.port} failed: {exc!r}", kind=kind) from exc
