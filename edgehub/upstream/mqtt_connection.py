@@ -85,7 +85,7 @@ class Connection:
         content_type = getattr(props, "ContentType", None)
         correlation = getattr(props, "CorrelationData", None)
         m = CloudMessage(msg.topic, bytes(msg.payload), msg.qos, msg.mid, user, content_type, correlation)
-        self.loop.call_soon_threadsafe(self.owner._on_cloud, self, m)
+        self.loop.call_soon_threadsafe(self.owner._inbound.received, self, m)
 
     def _t_on_subscribe(self, c: paho.Client, u: Any, mid: int, rcs: Any, props: Any) -> None:
         self.loop.call_soon_threadsafe(self._on_suback, mid)
@@ -94,10 +94,10 @@ class Connection:
     def _on_suback(self, mid: int) -> None:
         self.subscribing.discard(mid)
         if not self.subscribing:
-            self.owner._cloud_subscribed(self)
+            self.owner._inbound.subscribed(self)
 
     def subscribe(self, filters: list[tuple[str, int]]) -> None:
-        """SUBSCRIBE to ``filters`` (one packet); ``owner._cloud_subscribed`` is called once every SUBACK is in."""
+        """SUBSCRIBE to ``filters`` (one packet); ``owner._inbound.subscribed`` is called once every SUBACK is in."""
         rc, mid = self.client.subscribe(filters)
         if rc == paho.MQTT_ERR_SUCCESS and mid is not None:
             self.subscribing.add(mid)
