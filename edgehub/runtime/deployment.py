@@ -115,6 +115,12 @@ class DeploymentController:
             out["running"] = _running_figures(settings, self._deployment, self._hub)
         return out
 
+    @property
+    def running_version(self) -> int | None:
+        """The ``$version`` of the desired properties that run (None before any): the upstream's twin channel puts
+        a fetched desired document only when its version is another."""
+        return self._version
+
     def desired(self) -> dict[str, object]:
         """The ``$edgeHub`` desired properties that run (with their ``$version``)."""
         return copy.deepcopy(self._desired)

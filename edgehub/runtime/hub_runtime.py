@@ -469,7 +469,11 @@ async def serve(
             if twin is not None:
                 controller.on_reported(twin.report)
                 twin.report(controller.reported())
-                twin.bind(functools.partial(controller.patch_desired, source="cloud"))
+                twin.bind(
+                    functools.partial(controller.patch_desired, source="cloud"),
+                    put=functools.partial(controller.put_desired, source="cloud"),
+                    running_version=lambda: controller.running_version,
+                )
             limits: dict[str, Any] = {
                 name: value
                 for name in (

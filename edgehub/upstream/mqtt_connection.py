@@ -8,6 +8,14 @@ a previous connection's PUBLISHes behind our back and what is in flight is exact
 ``inflight_bytes`` is the sum of the wire bytes of the PUBLISHes awaiting their PUBACK; once the connection is
 lost, every pending PUBLISH has failed and nothing more is acknowledged on it. The broker's PUBLISHes to us
 (device-bound messages, method calls: ``mqtt_cloud``) are acknowledged by us (paho's manual ack), once handled.
+
+The session outlives the connection (``session_expiry_s``, 1 day by default: MQTT 3.1.1 clean_session=False, MQTT
+5 clean_start=False with that session expiry interval), so the broker keeps our subscriptions and queues the QoS 1
+device-bound messages that come while the hub is away, and sends again those it sent but we had not acknowledged.
+It does not make our own PUBLISHes survive a connection: the broker keeps no state for QoS 1 PUBLISHes it
+received, and paho's resend of unacknowledged PUBLISHes on reconnect applies to the same client object only, which
+we never reuse. A PUBLISH whose PUBACK was lost is therefore failed to the executor and sent again in a later batch,
+as with a clean session; receivers remove the duplicate (``edge_message_id``, ``$.mid``).
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from edgehub.core import FailureKind, TransportError
 from edgehub.upstream.mqtt_cloud import CloudMessage
@@ -29,7 +39,7 @@ from edgehub.upstream.mqtt_wire import Unit
 if TYPE_CHECKING:
     from edgehub.upstream.mqtt_transport import MqttUpstream
 
-__all__ = ["Connection", "new_client"]
+__all__ = ["Connection", "connect_client", "new_client"]
 
 
 @dataclass(slots=True)
@@ -75,7 +85,7 @@ class Connection:
         content_type = getattr(props, "ContentType", None)
         correlation = getattr(props, "CorrelationData", None)
         m = CloudMessage(msg.topic, bytes(msg.payload), msg.qos, msg.mid, user, content_type, correlation)
-        self.loop.call_soon_threadsafe(self.owner._on_cloud, self, m)
+        self.loop.call_soon_threadsafe(self.owner._inbound.received, self, m)
 
     def _t_on_subscribe(self, c: paho.Client, u: Any, mid: int, rcs: Any, props: Any) -> None:
         self.loop.call_soon_threadsafe(self._on_suback, mid)
@@ -84,10 +94,10 @@ class Connection:
     def _on_suback(self, mid: int) -> None:
         self.subscribing.discard(mid)
         if not self.subscribing:
-            self.owner._cloud_subscribed(self)
+            self.owner._inbound.subscribed(self)
 
     def subscribe(self, filters: list[tuple[str, int]]) -> None:
-        """SUBSCRIBE to ``filters`` (one packet); ``owner._cloud_subscribed`` is called once every SUBACK is in."""
+        """SUBSCRIBE to ``filters`` (one packet); ``owner._inbound.subscribed`` is called once every SUBACK is in."""
         rc, mid = self.client.subscribe(filters)
         if rc == paho.MQTT_ERR_SUCCESS and mid is not None:
             self.subscribing.add(mid)
@@ -172,7 +182,7 @@ def new_client(s: MqttUpstreamSettings) -> paho.Client:
     client = paho.Client(
         callback_api_version=CallbackAPIVersion.VERSION2,
         client_id=s.client_id,
-        clean_session=None if v5 else True,
+        clean_session=None if v5 else s.session_expiry_s == 0,
         protocol=paho.MQTTv5 if v5 else paho.MQTTv311,
         reconnect_on_failure=False,  # one connection per client: see the module docstring
         manual_ack=True,  # a device-bound message is acknowledged once the hub has it durably (mqtt_cloud)
@@ -193,3 +203,15 @@ def new_client(s: MqttUpstreamSettings) -> paho.Client:
             ctx.load_cert_chain(s.tls.certfile, s.tls.keyfile)
         client.tls_set_context(ctx)
     return client
+
+
+def connect_client(client: paho.Client, s: MqttUpstreamSettings) -> None:
+    """Open ``client``'s connection to the broker (blocking: run it in a thread); on MQTT 5 with the session kept
+    for ``session_expiry_s`` (3.1.1 asks for it in ``new_client``, with clean_session)."""
+    if s.protocol is not MqttProtocol.V5:
+        client.connect(s.host, s.port, s.keepalive_s)
+        return
+    properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    if s.session_expiry_s:
+        properties.SessionExpiryInterval = s.session_expiry_s
+    client.connect(s.host, s.port, s.keepalive_s, clean_start=s.session_expiry_s == 0, properties=properties)

@@ -14,7 +14,10 @@ from edgehub.core.endpoints import UPSTREAM_ENDPOINT, UPSTREAM_LANE
 from edgehub.upstream.bandwidth import bdp_bytes
 from edgehub.upstream.segment import Codec, zstd_available
 
-__all__ = ["MqttProtocol", "MqttUpstreamSettings", "TlsSettings", "UpstreamStatus", "WireMode"]
+__all__ = ["MAX_SESSION_EXPIRY_S", "MqttProtocol", "MqttUpstreamSettings", "TlsSettings", "UpstreamStatus", "WireMode"]
+
+
+MAX_SESSION_EXPIRY_S = 30 * 86_400  # a broker keeps a session of ours (and what it queued for it) at most a month
 
 
 class WireMode(StrEnum):
@@ -80,6 +83,10 @@ class MqttUpstreamSettings:
     reconnect_max_s: float = 300.0
     reconnect_refused_min_s: float = 5.0
     max_cloud_devices: int = 1000  # devices subscribed for (device-bound messages, method calls); see mqtt_cloud
+    # How long the broker keeps this client's session (its subscriptions and the QoS 1 device-bound messages that
+    # came while the hub was away) after a connection is lost: MQTT 5's session expiry interval; on 3.1.1 any
+    # value but 0 is clean_session=False (the broker's own expiry applies). 0: a clean session on every connection.
+    session_expiry_s: int = 86_400
 
     def __post_init__(self) -> None:
         if (self.max_batch_bytes is not None and self.max_batch_bytes <= 0) or self.max_batch_messages <= 0:
@@ -93,6 +100,8 @@ class MqttUpstreamSettings:
             raise ValueError(f"compresslevel must be 1-{top} for {self.compression}")
         if self.compression is Codec.ZSTD and not zstd_available():
             raise ValueError("compression zstd needs the zstandard package: pip install edgehub[zstd]")
+        if not 0 <= self.session_expiry_s <= MAX_SESSION_EXPIRY_S:
+            raise ValueError(f"session_expiry_s must be 0-{MAX_SESSION_EXPIRY_S}")
         if self.max_cloud_devices < 0:
             raise ValueError("max_cloud_devices must be >= 0")
         if min(self.reconnect_min_s, self.reconnect_max_s, self.reconnect_refused_min_s) <= 0:

@@ -62,7 +62,8 @@ Wire modes
 
 The cloud's side (``mqtt_cloud``): once ``serve_cloud(commands)`` is called (the runtime does, for the first
 lane), every connection subscribes for the devices the hub serves, and the broker's device-bound messages and
-method calls go to the hub; their answers come back on this connection.
+method calls go to the hub; their answers come back on this connection. The session outlives a connection
+(``session_expiry_s``, see ``mqtt_connection``), so what the broker queued while the hub was away comes in then.
 
 Authentication: username/password; an IoT Hub SAS token (the password; the username defaults to
 ``{host}/{client_id}/?api-version=2021-04-12``); TLS with a CA file and optionally a client certificate.
@@ -74,7 +75,8 @@ outstanding and the PUBACK of each by packet id. paho's thread calls back throug
 
 Modules: ``mqtt_settings`` (the settings and status values), ``mqtt_wire`` (a batch or a message as PUBLISHes,
 and their wire bytes), ``mqtt_connection`` (one paho client and what it has in flight) and this one
-(``MqttUpstream``: the window, the uplink budget, acks into results, reconnects). The names importable from here
+(``MqttUpstream``: the window, the uplink budget, acks into results, reconnects); ``mqtt_inbound`` dispatches
+what the broker publishes to the hub (its twin, the cloud's side). The names importable from here
 before the split still are.
 """
 
@@ -95,8 +97,8 @@ from edgehub.core.refusals import RefusalLog
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.bandwidth import RateEstimator, TokenBucket
 from edgehub.upstream.dictionary import DictionaryKeeper, LaneDictionary
-from edgehub.upstream.mqtt_cloud import CloudMessage, CloudSide, subscriptions
-from edgehub.upstream.mqtt_connection import Connection, new_client
+from edgehub.upstream.mqtt_connection import Connection, connect_client, new_client
+from edgehub.upstream.mqtt_inbound import Inbound
 from edgehub.upstream.mqtt_settings import (
     MqttProtocol,
     MqttUpstreamSettings,
@@ -165,13 +167,11 @@ class MqttUpstream:
         self._wire_acked = 0
         self._bytes_per_message: float | None = None
         self._rtt_samples: deque[float] = deque(maxlen=64)
-        self._cloud: CloudSide | None = None
-        self._cloud_ready = asyncio.Event()  # the current connection's cloud subscriptions are acknowledged
-        self._twin: TwinChannel | None = None
+        self._inbound = Inbound(settings, clock=self._clock, current=lambda: self._conn)
 
     def attach_twin(self, channel: TwinChannel) -> None:
         """Speak IoT Hub's twin topics on this transport's connections (``edgehub.upstream.twin_channel``)."""
-        self._twin = channel
+        self._inbound.twin = channel
 
     # -- Endpoint ---------------------------------------------------------------------------------------------
 
@@ -225,61 +225,16 @@ class MqttUpstream:
     def serve_cloud(self, commands: CloudCommands, *, refusals: RefusalLog | None = None) -> None:
         """Hand the broker's device-bound messages and method calls to ``commands`` (``mqtt_cloud``), from the
         current connection (if any) on."""
-        self._cloud = CloudSide(
-            commands,
-            publish=self._cloud_publish,
-            refusals=refusals or RefusalLog(log, clock=self._clock),
-            clock=self._clock,
-        )
-        conn = self._conn
-        if conn is not None and conn.alive:
-            self._subscribe(conn)
-
-    def _subscribe(self, conn: Connection) -> None:
-        if self._cloud is None:
-            return
-        devices = list(self._cloud.commands.device_ids())[: self.settings.max_cloud_devices]
-        filters = subscriptions(devices)
-        self._cloud_ready.clear()
-        for i in range(0, len(filters), 100):  # a few SUBSCRIBE packets, not one of unbounded size
-            conn.subscribe(filters[i : i + 100])
-        if not conn.subscribing:
-            self._cloud_ready.set()  # nothing to wait for (no devices)
-        log.info(
-            "upstream.cloud_subscribed lane=%s devices=%d filters=%d", self.settings.lane, len(devices), len(filters)
-        )
-
-    def _cloud_subscribed(self, conn: Connection) -> None:
-        if conn is self._conn:
-            self._cloud_ready.set()
+        self._inbound.serve_cloud(commands, refusals)
 
     async def wait_cloud_ready(self) -> None:
         """Return once the current connection's subscriptions for the cloud's side are acknowledged (the broker
         delivers from then on). Bound it with ``asyncio.timeout``."""
-        await self._cloud_ready.wait()
-
-    def _on_cloud(self, conn: Connection, m: CloudMessage) -> None:
-        """A PUBLISH from the upstream (on the loop): the hub's own twin patches, or the cloud's side."""
-        if self._twin is not None and self._twin.takes(m.topic):
-            self._twin.received(m.topic, m.payload)
-            conn.ack(m.mid, m.qos)
-            return
-        if self._cloud is None:
-            conn.ack(m.mid, m.qos)  # not serving the cloud (yet): nothing subscribed this
-            return
-        self._cloud.handle(m, lambda: conn.ack(m.mid, m.qos))
-
-    def _cloud_publish(self, topic: str, payload: bytes) -> None:
-        conn = self._conn
-        if conn is not None and conn.alive:
-            conn.client.publish(topic, payload, qos=0)
-        else:
-            log.info("upstream.cloud_answer_dropped lane=%s topic=%s", self.settings.lane, topic[:128])
+        await self._inbound.ready.wait()
 
     async def close(self) -> None:
         self._closed = True
-        if self._cloud is not None:
-            await self._cloud.close()
+        await self._inbound.close()
         self._refused_wait = False
         self._wake.set()
         for task in list(self._dictionary_tasks):
@@ -518,7 +473,7 @@ class MqttUpstream:
         client = new_client(self.settings)
         conn = Connection(self, client, loop)
         try:
-            await asyncio.to_thread(client.connect, s.host, s.port, s.keepalive_s)
+            await asyncio.to_thread(connect_client, client, s)
         except (OSError, ssl.SSLError, ValueError) as exc:
             kind = FailureKind.TIMEOUT if isinstance(exc, TimeoutError) else FailureKind.TRANSIENT  # a silent link
             raise TransportError(f"connect to {s.host}:{s.port} failed: {exc!r}", kind=kind) from exc
@@ -592,16 +547,14 @@ class MqttUpstream:
             self._refusals = 0
             self._conn = conn
             self._connects += 1
-            self._subscribe(conn)
+            self._inbound.subscribe(conn)
             self._connected_event.set()
             self._progress.set()
             log.info("upstream.connected lane=%s host=%s port=%d connects=%d", s.lane, s.host, s.port, self._connects)
             self._on_reachable()
-            if self._twin is not None:
-                self._twin.connected(conn.client)
+            self._inbound.connected(conn)
             await conn.lost.wait()
-            if self._twin is not None:
-                self._twin.disconnected()
+            self._inbound.lost()
             log.info("upstream.lost lane=%s reason=%s", s.lane, conn.lost_reason)
             self._progress.set()
             self._on_unreachable()

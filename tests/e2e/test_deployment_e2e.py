@@ -18,6 +18,8 @@ from paho.mqtt.enums import MQTTProtocolVersion
 
 from edgehub.core.sas import ConnectionString
 from edgehub.runtime.admin_client import running_hub
+from edgehub.testing.cloud_twin import CloudTwinService
+from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer
 from tests.e2e.hub_process import identity_add, start, stop
@@ -342,3 +344,41 @@ async def test_puts_and_patches_through_the_admin_api_apply_live_and_a_bad_one_i
         await sink.close()
     finally:
         assert (await stop(proc)).rstrip().endswith("stopped")
+
+
+async def test_a_cloud_patch_sent_while_the_upstream_was_down_is_applied_from_the_twin_fetched_on_reconnect(
+    tmp_path: Path,
+) -> None:
+    data, manifest = tmp_path / "data", tmp_path / "m.json"
+    write_manifest(manifest, 1, {"a": to_sink("a", "first")})
+    dev_cs = await identity_add(data, "dev1")
+    sink_cs = await identity_add(data, "edge", "--module", "sink")
+    ca = data / "certs" / "ca.pem"
+    twin = {"schemaVersion": "1.1", "routes": {"a": to_sink("a", "first")}}
+    async with (
+        MosquittoPeer(tmp_path) as broker,
+        LinkSim(target_host=broker.host, target_port=broker.port) as link,
+        CloudTwinService(host=broker.host, port=broker.port, desired=twin) as cloud,
+    ):
+        proc, port, _ = await start(
+            data, manifest, "--upstream-mqtt", f"127.0.0.1:{link.port}", "--upstream-client-id", "gw"
+        )
+        try:
+            async with asyncio.timeout(60):
+                await cloud.wait_for(lambda: cloud.reported.get("lastDesiredVersion") == 1)
+                sink = await connect(sink_cs, "edge/sink", port, ca)
+                dev = await connect(dev_cs, "dev1", port, ca, protocol=MQTTProtocolVersion.MQTTv5)
+                link.cut()  # the hub's upstream is down while the cloud changes the desired properties
+                version = cloud.patch({"routes": {"a": to_sink("a", "second")}})
+                link.restore()
+                await cloud.wait_for(lambda: cloud.reported.get("lastDesiredVersion") == version)
+                assert cloud.reported["lastDesiredStatus"]["code"] == 200
+                assert cloud.reported["source"] == "cloud"
+                assert await send(dev, "a", 1) == 0
+                assert await received_on(sink) == "second"
+                assert not dev.gone
+                assert not sink.gone
+                await dev.close()
+                await sink.close()
+        finally:
+            assert (await stop(proc)).rstrip().endswith("stopped")

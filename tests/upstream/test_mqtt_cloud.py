@@ -22,8 +22,10 @@ from edgehub.hub.facade import EdgeHub
 from edgehub.routing import Router
 from edgehub.store import Store
 from edgehub.store.rocks import open_rocks_store
+from edgehub.testing.linksim import LinkSim
 from edgehub.testing.peers import MosquittoPeer
-from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, WireMode
+from edgehub.upstream.mqtt_settings import MAX_SESSION_EXPIRY_S
+from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstream, MqttUpstreamSettings, WireMode
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 from tests.protocol_heads.mqtt.conftest import DEV, DEVICE_KEY, HOST, MOD, MODULE_KEY, Paho, sas_password, username
 
@@ -40,10 +42,19 @@ class Cloudy:
 
 
 @asynccontextmanager
-async def served(data: Path, broker: MosquittoPeer) -> AsyncIterator[Cloudy]:
+async def served(
+    data: Path, broker: MosquittoPeer, *, port: int | None = None, protocol: MqttProtocol = MqttProtocol.V311
+) -> AsyncIterator[Cloudy]:
+    """The hub served by an upstream to ``broker`` (through ``port``, a link to it, when given)."""
     store = open_rocks_store(data / "store")
     settings = MqttUpstreamSettings(
-        host=broker.host, port=broker.port, client_id="gw", hub_id="gw", wire_mode=WireMode.MESSAGE
+        host=broker.host,
+        port=port or broker.port,
+        client_id="gw",
+        hub_id="gw",
+        wire_mode=WireMode.MESSAGE,
+        protocol=protocol,
+        reconnect_min_s=0.05,
     )
     upstream = MqttUpstream(settings)
     try:
@@ -98,6 +109,27 @@ async def test_a_device_bound_message_from_the_cloud_is_stored_then_reaches_the_
         await dev.close()
 
 
+@pytest.mark.parametrize("protocol", [MqttProtocol.V311, MqttProtocol.V5])
+async def test_a_device_bound_message_sent_while_the_upstream_is_down_waits_at_the_broker_and_reaches_the_device(
+    tmp_path: Path, broker: MosquittoPeer, protocol: MqttProtocol
+) -> None:
+    async with (
+        LinkSim(target_host=broker.host, target_port=broker.port) as link,
+        served(tmp_path, broker, port=link.port, protocol=protocol) as rig,
+    ):
+        dev = await connected(rig, DEV, DEVICE_KEY, "devices/dev1/messages/devicebound/#")
+        async with asyncio.timeout(20):
+            link.cut()  # the hub's upstream is down: the broker keeps its session and queues for it
+            await rig.upstream.wait_for(lambda: not rig.upstream.connected)
+            rig.cloud.publish("devices/dev1/messages/devicebound/$.mid=while-away", b"queued", qos=1)
+            await rig.cloud.publishes.get()  # the broker has it
+            link.restore()
+            got = await dev.messages.get()
+        assert got.payload == b"queued"
+        assert "$.mid=while-away" in got.topic
+        await dev.close()
+
+
 async def test_a_method_the_cloud_invokes_is_answered_by_the_module_and_a_call_to_one_away_gets_404(
     tmp_path: Path, broker: MosquittoPeer
 ) -> None:
@@ -121,3 +153,10 @@ async def test_a_method_the_cloud_invokes_is_answered_by_the_module_and_a_call_t
         assert answer.payload == b'{"hz": 5, "ok": true}'
         assert rig.store.usage("$upstream") == (0, 0)  # the answer went to the caller, not to routing
         await module.close()
+
+
+def test_the_session_expiry_is_bounded() -> None:
+    for bad in (-1, MAX_SESSION_EXPIRY_S + 1):
+        with pytest.raises(ValueError, match="session_expiry_s"):
+            MqttUpstreamSettings(host="h", client_id="gw", hub_id="gw", session_expiry_s=bad)
+    assert MqttUpstreamSettings(host="h", client_id="gw", hub_id="gw").session_expiry_s == 86_400

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from edgehub.testing.cloud_twin import CloudTwinService
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer
@@ -68,3 +69,59 @@ async def test_patches_reach_the_hub_in_order_and_reported_properties_are_sent_o
             assert applied.empty()
         await channel.close()
         await cloud.close()
+
+
+async def test_every_connection_fetches_the_twin_and_a_patch_missed_while_away_is_applied(tmp_path: Path) -> None:
+    async with (
+        MosquittoPeer(tmp_path) as broker,
+        LinkSim(target_host=broker.host, target_port=broker.port) as link,
+        CloudTwinService(host=broker.host, port=broker.port, desired={"routes": {"a": "x"}}) as cloud,
+    ):
+        channel = TwinChannel(max_patch_bytes=4096)
+        up = MqttUpstream(
+            MqttUpstreamSettings(host="127.0.0.1", port=link.port, client_id="gw", hub_id="gw", reconnect_min_s=0.05)
+        )
+        up.attach_twin(channel)
+        running: list[int | None] = [1]  # the hub runs version 1: the twin's own
+        puts: asyncio.Queue[dict[str, object]] = asyncio.Queue()
+
+        async def apply(patch: dict[str, object]) -> None:
+            raise AssertionError(f"no patch reaches a hub that was away: {patch}")
+
+        async def put(desired: dict[str, object]) -> None:
+            version = desired["$version"]
+            assert isinstance(version, int)
+            running[0] = version
+            await puts.put(desired)
+
+        channel.bind(apply, put=put, running_version=lambda: running[0])
+        async with asyncio.timeout(30), up:
+            await up.wait_connected()
+            await cloud.wait_for(lambda: cloud.gets == 1)  # the version that runs: nothing put
+            link.cut()
+            await up.wait_for(lambda: not up.connected)
+            version = cloud.patch({"routes": {"b": "y"}})  # QoS 0 to a hub that is away: lost, as with IoT Hub
+            link.restore()
+            assert await puts.get() == {"routes": {"a": "x", "b": "y"}, "$version": version}
+            # Fetched again on the next connection, at the version that now runs: not put again.
+            link.cut()
+            await up.wait_for(lambda: not up.connected)
+            link.restore()
+            await cloud.wait_for(lambda: cloud.gets == 3)
+            await up.wait_for(lambda: up.connected)
+            # A cloud that fails a GET changes nothing; the next good answer is applied.
+            cloud.answer_status = 429
+            link.cut()
+            await up.wait_for(lambda: not up.connected)
+            version = cloud.patch({"routes": {"c": "z"}})
+            link.restore()
+            await cloud.wait_for(lambda: cloud.gets == 4)
+            cloud.answer_status = 200
+            link.cut()
+            await up.wait_for(lambda: not up.connected)
+            link.restore()
+            got = await puts.get()
+            assert got["$version"] == version
+            assert channel.documents_applied == 2
+            assert puts.empty()
+        await channel.close()
