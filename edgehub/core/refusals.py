@@ -55,6 +55,9 @@ class RefusalReason(StrEnum):
     TLS_HANDSHAKE_FAILED = "tls_handshake_failed"
     NOT_READING = "not_reading"
     TOPIC_TOO_LONG = "topic_too_long"
+    TOKEN_EXPIRED = "token_expired"  # a connection's SAS token expired without renewal (AMQP CBS)
+    UNKNOWN_ADDRESS = "unknown_address"  # an AMQP link to or from a node the hub does not serve
+    TOO_MANY_LINKS = "too_many_links"  # AMQP links on one connection over the limit
 
 
 class RefusalLog:
