@@ -262,7 +262,7 @@ class AmqpConnection:
         if n > 0 and link.state & Endpoint.LOCAL_ACTIVE and not self.closed:
             link.flow(n)
 
-    def send(self, link: Link, tag: bytes, payload: bytes) -> Delivery:
+    def send(self, link: Link, tag: str, payload: bytes) -> Delivery:
         """Send ``payload`` (an encoded message) on outgoing ``link`` as one unsettled delivery."""
         delivery = link.delivery(tag)
         link.send(payload)

@@ -88,7 +88,7 @@ class _Link:
         self._session: Session | None = session
         self.link: Link | None = None  # proton's outgoing link, once the client attached it
         self.input_kind: AddressKind | None = None
-        self.pending: dict[bytes, int] = {}  # delivery tag → hub delivery id
+        self.pending: dict[str, int] = {}  # delivery tag → hub delivery id
         self._tags = itertools.count(1)
 
     @property
@@ -107,7 +107,7 @@ class _Link:
             raise DeliveryError("no link credit", endpoint=session.sock.peer, kind=FailureKind.TRANSIENT)
         input_name = delivery.input_name if self.input_kind == AddressKind.MODULE_INPUTS else None
         payload = amqp_from_message(delivery.message, input_name=input_name, redelivery=delivery.redelivery).encode()
-        tag = str(next(self._tags)).encode()
+        tag = str(next(self._tags))
         session.conn.send(link, tag, payload)
         self.pending[tag] = delivery.delivery_id
         session.sock.schedule_flush()
@@ -135,7 +135,7 @@ class Session:
         self._authenticating = False  # a put-token is being checked: other events wait (_waiting)
         self._waiting: list[ev.Event] = []
         self._last_group: asyncio.Future[None] | None = None  # settled when the latest group has been answered
-        self._expiry: asyncio.TimerHandle | None = None
+        self._expiry: asyncio.Task[None] | None = None  # closes the connection when its token expires
         self._expiry_s: int | None = None
 
     # --- input ------------------------------------------------------------------------------------------------
@@ -299,17 +299,15 @@ class Session:
         self._expiry_s = expiry_s
         if self._expiry is not None:
             self._expiry.cancel()
-        delay = max(0.0, expiry_s - self.settings.clock.time())
-        self._expiry = self._loop.call_later(delay, self._token_expired, expiry_s)
+        # On the settings' clock (a test steers it), as the hub checks the token's expiry on its own.
+        self._expiry = self._loop.create_task(self._token_expires(expiry_s), name=f"amqp.token {self.sock.peer}")
 
-    def _token_expired(self, expiry_s: int) -> None:
-        self._expiry = None
-        if self._expiry_s != expiry_s or self.conn.closed:
-            return
-        if self.settings.clock.time() < expiry_s:  # a steered clock: look again when it says so
-            self._expiry = self._loop.call_later(1.0, self._token_expired, expiry_s)
-            return
-        self._fail(RefusalReason.TOKEN_EXPIRED, UNAUTHORIZED, "the SAS token expired", expiry_s=expiry_s)
+    async def _token_expires(self, expiry_s: int) -> None:
+        clock = self.settings.clock
+        while clock.time() < expiry_s:
+            await clock.sleep(expiry_s - clock.time())
+        if self._expiry_s == expiry_s and not self.conn.closed:
+            self._fail(RefusalReason.TOKEN_EXPIRED, UNAUTHORIZED, "the SAS token expired", expiry_s=expiry_s)
 
     def _on_cbs(self, event: ev.MessageReceived) -> None:
         try:
@@ -346,7 +344,7 @@ class Session:
         if link is None or self.conn.closed or link.credit <= 0:
             return
         payload = cbs_response(request_id, status, text, reply_to).encode()
-        delivery = self.conn.send(link, b"cbs", payload)
+        delivery = self.conn.send(link, "cbs", payload)
         delivery.settle()  # answers are sent settled: nothing to wait for
 
     def take_over(self) -> None:

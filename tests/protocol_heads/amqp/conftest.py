@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import ssl
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from proton import Message as AmqpMessage
-from proton import SSLDomain
+from proton import SSLDomain, Timeout
 from proton.utils import BlockingConnection, BlockingReceiver, BlockingSender
 
 from edgehub.core import Identity
@@ -114,5 +116,37 @@ class ProtonClient:
         """Send unsettled and wait for the hub's outcome (raises ``SendException`` unless accepted)."""
         return await asyncio.to_thread(sender.send, message, TIMEOUT_S)
 
+    async def pump_until(self, condition: Callable[[], bool]) -> None:
+        """Let proton's client do its I/O (it sends a settlement only then) until ``condition`` holds. In short
+        turns: proton's wait looks at the condition only when an I/O event or its timeout ends a turn."""
+
+        def turns() -> None:
+            deadline = time.monotonic() + TIMEOUT_S
+            while not condition():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the hub did not get there in time")
+                with contextlib.suppress(Timeout):
+                    self.conn.wait(condition, 0.05)
+
+        await asyncio.to_thread(turns)
+
     async def close(self) -> None:
         await asyncio.to_thread(self.conn.close)
+
+
+async def receive(receiver: BlockingReceiver) -> AmqpMessage:
+    return await asyncio.to_thread(receiver.receive, TIMEOUT_S)
+
+
+async def accept(receiver: BlockingReceiver) -> None:
+    await asyncio.to_thread(receiver.accept)
+
+
+async def put_token(client: ProtonClient, audience: str, token: str) -> AmqpMessage:
+    """A CBS put-token as the Azure SDKs send it; the hub's answer."""
+    cbs_out = await client.sender("$cbs")
+    cbs_in = await client.receiver("$cbs")
+    request = AmqpMessage(body=token, id="req-1", reply_to="cbs")
+    request.properties = {"operation": "put-token", "type": "azure-devices.net:sastoken", "name": audience}
+    await client.send(cbs_out, request)
+    return await receive(cbs_in)
