@@ -243,6 +243,8 @@ def hub_run_args(manifest: Path, data: Path, port: int) -> list[str]:
         str(port),
         "--mqtts-port",
         "0",
+        "--amqps-port",
+        "0",
         "--module-window",
         str(MODULE_WINDOW),
         "--cleanup-interval",

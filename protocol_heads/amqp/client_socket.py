@@ -35,11 +35,9 @@ _TLS_SHUTDOWN_S = 5.0
 
 
 def _feed(transport: asyncio.BaseTransport, data: bytes) -> None:
-    """Hand ``data`` to the TLS protocol now on ``transport`` (asyncio's is a buffered one), as if just read."""
-    protocol = transport.get_protocol()
-    if not isinstance(protocol, asyncio.BufferedProtocol):
-        cast(asyncio.Protocol, protocol).data_received(data)
-        return
+    """Hand ``data`` to the TLS protocol now on ``transport``, as if just read: asyncio's and uvloop's are both
+    buffered protocols (uvloop's without subclassing asyncio's)."""
+    protocol = cast(asyncio.BufferedProtocol, transport.get_protocol())
     view = memoryview(data)
     while view:
         buf = memoryview(protocol.get_buffer(len(view)))

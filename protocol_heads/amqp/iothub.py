@@ -37,7 +37,7 @@ from urllib.parse import unquote
 from proton import Message as AmqpMessage
 from proton import symbol
 
-from edgehub.core import Identity, InvalidMessageError, Message, SystemProperty
+from edgehub.core import DeviceId, Identity, InvalidMessageError, Message, ModuleId, SystemProperty
 from edgehub.core.refusals import RefusalReason
 
 __all__ = [
@@ -107,7 +107,8 @@ _MAX_ADDRESS = 1024
 
 
 def _identity(device: str, module: str | None = None) -> Identity:
-    return Identity.parse(unquote(device) if module is None else f"{unquote(device)}/{unquote(module)}")
+    # Each segment on its own: "a%2Fb" as a device must not become device a, module b (Identity refuses "/").
+    return Identity(DeviceId(unquote(device)), ModuleId(unquote(module)) if module is not None else None)
 
 
 def parse_address(address: str, *, outgoing: bool) -> Address | None:
@@ -208,7 +209,8 @@ def _text(value: Any, what: str) -> str:
         except UnicodeDecodeError as exc:
             raise InvalidMessageError(f"{what} is not UTF-8 text") from exc
     elif isinstance(value, str):
-        text = value
+        # proton hands symbols (content-type) as a str subclass, which the store's encoder refuses: plain str.
+        text = value if type(value) is str else str.__str__(value)
     elif isinstance(value, bool | int | float) or value is None:
         text = "" if value is None else str(value)
     else:

@@ -432,6 +432,11 @@ class Session:
             log.warning("amqp.ingest_failed client=%s detail=%s", self.identity, exc)
             self.conn.close("amqp:internal-error", "store failure")
             self.sock.finish()
+        except Exception:
+            # A bug here must not leave the client's transfers unanswered for ever: end this connection only.
+            log.exception("amqp.ingest_crashed client=%s", self.identity)
+            self.conn.close("amqp:internal-error", "internal error")
+            self.sock.finish()
         finally:
             if not done.done():
                 done.set_result(None)

@@ -50,6 +50,8 @@ async def start(data: Path, manifest: Path, *extra: str) -> tuple[asyncio.subpro
         "0",
         "--mqtts-port",
         "0",
+        "--amqps-port",
+        "0",
         *extra,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,  # INFO lines per connection: nobody reads them here

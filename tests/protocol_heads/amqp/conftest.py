@@ -76,7 +76,7 @@ class ProtonClient:
         cls,
         port: int,
         *,
-        ca: TestCA | None = None,
+        ca: Path | None = None,
         user: str | None = None,
         password: str | None = None,
         mechs: str = "PLAIN",
@@ -87,7 +87,7 @@ class ProtonClient:
         if ca is not None:
             scheme = "amqps"
             domain = SSLDomain(SSLDomain.MODE_CLIENT)
-            domain.set_trusted_ca_db(str(ca.ca_pem))
+            domain.set_trusted_ca_db(str(ca))
             domain.set_peer_authentication(SSLDomain.VERIFY_PEER)
             if cert is not None:
                 domain.set_credentials(str(cert[0]), str(cert[1]), None)

@@ -23,7 +23,7 @@ async def test_device_over_tls_with_sasl_plain_sas_sends_telemetry_settled_after
     head: AmqpServer, hub: InMemoryHub, ca: TestCA
 ) -> None:
     client = await ProtonClient.connect(
-        head.ports["amqps"], ca=ca, user=f"dev1@sas.{HOST}", password=sas_token(DEV, DEVICE_KEY)
+        head.ports["amqps"], ca=ca.ca_pem, user=f"dev1@sas.{HOST}", password=sas_token(DEV, DEVICE_KEY)
     )
     try:
         sender = await client.sender("/devices/dev1/messages/events")
@@ -56,7 +56,7 @@ async def test_refused_message_is_rejected_with_the_quota_condition(
     head: AmqpServer, hub: InMemoryHub, ca: TestCA
 ) -> None:
     client = await ProtonClient.connect(
-        head.ports["amqps"], ca=ca, user=f"dev1@sas.{HOST}", password=sas_token(DEV, DEVICE_KEY)
+        head.ports["amqps"], ca=ca.ca_pem, user=f"dev1@sas.{HOST}", password=sas_token(DEV, DEVICE_KEY)
     )
     try:
         sender = await client.sender("/devices/dev1/messages/events")

@@ -56,7 +56,7 @@ async def test_a_bad_cbs_token_gets_401_and_no_telemetry_link(head: AmqpServer, 
 
 async def test_a_device_cannot_send_as_another(head: AmqpServer, hub: InMemoryHub, ca: TestCA) -> None:
     client = await ProtonClient.connect(
-        head.ports["amqps"], ca=ca, user=f"dev1@sas.{HOST}", password=sas_token(DEV, DEVICE_KEY)
+        head.ports["amqps"], ca=ca.ca_pem, user=f"dev1@sas.{HOST}", password=sas_token(DEV, DEVICE_KEY)
     )
     try:
         with pytest.raises(LinkDetached):
