@@ -7,7 +7,8 @@ The SASL exchange is ours (``sasl.py`` says why); the AMQP layer after it is pro
 and which we drive with ``push``/``peek``/``pop``. proton's reactor is never used.
 
 Invariants:
-* Every bound is enforced here: frame size (``max_frame_size``, proton refuses a larger frame with
+* Every bound is enforced here: bytes buffered per session (``session_capacity``, as proton's incoming
+  window), frame size (``max_frame_size``, proton refuses a larger frame with
   ``amqp:connection:framing-error``), sessions (``channel_max``), links per connection (``max_links``: more close
   the connection with ``amqp:resource-limit-exceeded``), message size (``max_message_size`` on incoming links:
   announced at attach; a transfer past it closes its link with ``amqp:link:message-size-exceeded``).
@@ -48,6 +49,7 @@ class AmqpConnection:
         max_links: int,
         max_message_size: int,
         idle_timeout_s: float,
+        session_capacity: int = 1 << 20,
         container_id: str = "edgehub",
     ) -> None:
         self.sasl = SaslServer(mechanisms)
@@ -56,6 +58,7 @@ class AmqpConnection:
         self.max_links = max_links
         self.max_message_size = max_message_size
         self.idle_timeout_s = idle_timeout_s
+        self.session_capacity = max(session_capacity, max_frame_size)
         self.container_id = container_id
         self.transport: Transport | None = None
         self.connection: Connection | None = None
@@ -134,7 +137,15 @@ class AmqpConnection:
             event = collector.peek()
             if event is None:
                 break
-            self._translate(event, out)
+            if not self._failed:
+                try:
+                    self._translate(event, out)
+                except Exception as exc:
+                    # proton decodes a field only when it is read (an address that is not UTF-8 raises
+                    # UnicodeDecodeError there): the client sent it, so it is the client's error.
+                    self._failed = True
+                    self.close(DECODE_ERROR, "a field could not be decoded")
+                    out.append(ev.ProtocolFailed(DECODE_ERROR, f"{type(exc).__name__}: {exc}"))
             collector.pop()
         return out
 
@@ -153,6 +164,11 @@ class AmqpConnection:
                 if not delivery.readable or delivery.aborted:
                     if delivery.aborted:
                         delivery.settle()
+                    return
+                if delivery.pending > self.max_message_size:  # whole in one frame, still over the limit
+                    out.append(ev.MessageTooLarge(link, delivery.pending))
+                    self.settle(delivery, MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
+                    self._close_link(link, MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
                     return
                 body = link.recv(delivery.pending) or b""
                 link.advance()
@@ -189,6 +205,9 @@ class AmqpConnection:
                 self._links -= 1
                 out.append(ev.LinkClosed(link))
         elif kind == Event.SESSION_REMOTE_OPEN:
+            # What proton buffers of a session's incoming transfers is bounded by its window, which proton
+            # derives from this capacity (frames of max_frame_size that fit): a client sends no more until read.
+            event.session.incoming_capacity = self.session_capacity
             event.session.open()
         elif kind == Event.SESSION_REMOTE_CLOSE:
             session = event.session

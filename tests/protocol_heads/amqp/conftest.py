@@ -106,8 +106,8 @@ class ProtonClient:
 
         return cls(await asyncio.to_thread(dial))
 
-    async def sender(self, address: str) -> BlockingSender:
-        return await asyncio.to_thread(self.conn.create_sender, address)
+    async def sender(self, address: str, name: str | None = None) -> BlockingSender:
+        return await asyncio.to_thread(self.conn.create_sender, address, None, name)
 
     async def receiver(self, address: str, credit: int = 10) -> BlockingReceiver:
         return await asyncio.to_thread(self.conn.create_receiver, address, credit)
