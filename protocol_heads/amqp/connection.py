@@ -20,9 +20,21 @@ Invariants:
 
 from __future__ import annotations
 
-from proton import Collector, Condition, Connection, Delivery, Disposition, Endpoint, Event, Link, Transport
+from proton import (
+    Collector,
+    Condition,
+    Connection,
+    Delivery,
+    Disposition,
+    Endpoint,
+    Event,
+    Link,
+    Transport,
+    symbol,
+)
 
 from protocol_heads.amqp import events as ev
+from protocol_heads.amqp.padding import pad
 from protocol_heads.amqp.sasl import SaslCode, SaslError, SaslServer
 
 __all__ = ["AmqpConnection"]
@@ -34,6 +46,12 @@ NOT_ALLOWED = "amqp:not-allowed"
 NOT_FOUND = "amqp:not-found"
 DECODE_ERROR = "amqp:decode-error"
 _OPENED = Endpoint.REMOTE_ACTIVE
+
+
+def _condition(name: str, description: str) -> Condition:
+    # With its info map, so that the error is a list of all three fields: Azure's pure-Python client reads
+    # a rejection's error by position (padding.py says more).
+    return Condition(name, description, {symbol("condition"): name})
 
 
 class AmqpConnection:
@@ -97,6 +115,9 @@ class AmqpConnection:
         transport.idle_timeout = self.idle_timeout_s
         connection = Connection()
         connection.container = self.container_id
+        # Our open carries its properties (the last of its fields): Azure's pure-Python AMQP client reads the open's
+        # fields by position and fails on one whose trailing fields were left off, as proton leaves empty ones.
+        connection.properties = {symbol("product"): "edgehub"}
         collector = Collector()
         connection.collect(collector)
         transport.bind(connection)
@@ -254,14 +275,14 @@ class AmqpConnection:
 
     def refuse_link(self, link: Link, condition: str, description: str) -> None:
         """Answer the attach with no terminus and detach with ``condition``."""
-        link.condition = Condition(condition, description)
+        link.condition = _condition(condition, description)
         link.open()
         link.close()
         self._links -= 1
 
     def _close_link(self, link: Link, condition: str, description: str) -> None:
         if link.state & Endpoint.LOCAL_ACTIVE:
-            link.condition = Condition(condition, description)
+            link.condition = _condition(condition, description)
             link.close()
             self._links -= 1
 
@@ -273,7 +294,7 @@ class AmqpConnection:
         if condition is None:
             delivery.update(Disposition.ACCEPTED)
         else:
-            delivery.local.condition = Condition(condition, description)
+            delivery.local.condition = _condition(condition, description)
             delivery.update(Disposition.REJECTED)
         delivery.settle()
 
@@ -293,7 +314,7 @@ class AmqpConnection:
         connection = self.connection
         if connection is not None and connection.state & Endpoint.LOCAL_ACTIVE:
             if condition is not None:
-                connection.condition = Condition(condition, description)
+                connection.condition = _condition(condition, description)
             connection.close()
         self.closed = True
 
@@ -310,7 +331,7 @@ class AmqpConnection:
                 chunk = transport.peek(pending)
                 if not chunk:
                     break
-                out += chunk
+                out += pad(bytes(chunk))
                 transport.pop(len(chunk))
         if not out:
             return b""

@@ -34,6 +34,7 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import unquote
 
+from cproton import pn_message_get_content_encoding, pn_message_get_content_type
 from proton import Message as AmqpMessage
 from proton import symbol
 
@@ -249,10 +250,13 @@ def message_from_amqp(identity: Identity, message: AmqpMessage, *, auth_method: 
         system[SystemProperty.MESSAGE_ID.value] = _text(message.id, "message-id")
     if message.correlation_id is not None:
         system[SystemProperty.CORRELATION_ID.value] = _text(message.correlation_id, "correlation-id")
-    if message.content_type:
-        system[SystemProperty.CONTENT_TYPE.value] = _text(message.content_type, "content-type")
-    if message.content_encoding:
-        system[SystemProperty.CONTENT_ENCODING.value] = _text(message.content_encoding, "content-encoding")
+    # proton's Message.content_type/content_encoding turn a null into symbol("None"): read the fields themselves.
+    content_type = pn_message_get_content_type(message._msg)
+    if content_type:
+        system[SystemProperty.CONTENT_TYPE.value] = _text(content_type, "content-type")
+    content_encoding = pn_message_get_content_encoding(message._msg)
+    if content_encoding:
+        system[SystemProperty.CONTENT_ENCODING.value] = _text(content_encoding, "content-encoding")
     if message.address:
         system[SystemProperty.TO.value] = _text(message.address, "to")
     if message.user_id:

@@ -94,6 +94,15 @@ def test_a_client_cannot_claim_another_connection_identity_and_a_device_has_no_o
     assert got.system_properties["connectionDeviceId"] == "dev1"
 
 
+def test_a_message_without_content_type_has_none() -> None:
+    # proton's accessor says symbol("None") for a null content-type: the mapping must not take it for one.
+    decoded = AmqpMessage()
+    decoded.decode(AmqpMessage(body=b"x").encode())
+    got = message_from_amqp(DEV, decoded, auth_method="sas")
+    assert SystemProperty.CONTENT_TYPE not in got.system_properties
+    assert SystemProperty.CONTENT_ENCODING not in got.system_properties
+
+
 def test_user_id_that_is_not_utf8_is_refused() -> None:
     m = AmqpMessage(body=b"x")
     m.user_id = b"\xff\xfe"
