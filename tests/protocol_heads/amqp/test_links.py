@@ -4,12 +4,15 @@ settlement as the checkpoint, redelivery after a reconnect."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import ssl
 
 import pytest
+from proton import ConnectionException
 from proton import Message as AmqpMessage
 from proton.utils import LinkDetached
 
-from edgehub.core import Message
+from edgehub.core import Identity, Message
 from edgehub.testing import InMemoryHub
 from edgehub.testing.certs import TestCA
 from edgehub.testing.clock import ManualClock
@@ -130,3 +133,27 @@ async def test_unsettled_input_is_redelivered_after_reconnect(head: AmqpServer, 
         assert hub.pending(MOD) == 0
     finally:
         await client.close()
+
+
+async def test_sasl_external_logs_in_with_the_tls_client_certificate(head: AmqpServer, ca: TestCA) -> None:
+    pair = ca.client("certdev")
+    der = ssl.PEM_cert_to_DER_cert(pair.cert.read_text())
+    hub = head.hub
+    assert isinstance(hub, InMemoryHub)
+    hub.add_identity(Identity.parse("certdev"), thumbprint=hashlib.sha256(der).hexdigest())
+    client = await ProtonClient.connect(head.ports["amqps"], ca=ca.ca_pem, mechs="EXTERNAL", cert=(pair.cert, pair.key))
+    try:
+        sender = await client.sender("/devices/certdev/messages/events")
+        await client.send(sender, AmqpMessage(body=b"by cert"))
+        [(who, stored)] = hub.stored
+        assert who == Identity.parse("certdev")
+        assert stored.system_properties["connectionAuthMethod"] == "x509"
+    finally:
+        await client.close()
+
+
+async def test_sasl_external_without_a_known_certificate_is_refused(head: AmqpServer, ca: TestCA) -> None:
+    pair = ca.client("stranger")
+    with pytest.raises(ConnectionException):
+        await ProtonClient.connect(head.ports["amqps"], ca=ca.ca_pem, mechs="EXTERNAL", cert=(pair.cert, pair.key))
+    assert head.connected == []
