@@ -1,6 +1,7 @@
 """Ingest and module-to-module throughput of the edgehub process against Debian's Mosquitto (persistence on).
 
 ``python -m bench.ingest [--publishers 4] [--messages 20000] [--m2m 20000] [--rounds 1]``
+(``--protocol amqp``: the same ingest workload over AMQP 1.0, ``bench/ingest_amqp.py``)
 
 1. Telemetry: ``--publishers`` paho-mqtt processes each send ``--messages`` QoS1 200-byte messages (up to 64 in
    flight) to the broker; a subscriber (an edgehub module on its input; a plain subscriber on Mosquitto) receives
@@ -330,7 +331,13 @@ def m2m_text(r: dict[str, float]) -> str:
 
 
 def main() -> None:
+    if "--protocol" in sys.argv and sys.argv[sys.argv.index("--protocol") + 1 :][:1] == ["amqp"]:
+        from bench import ingest_amqp  # the AMQP run: its own module (proton clients, RabbitMQ's AMQP 1.0)
+
+        ingest_amqp.main(sys.argv[1:])
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--protocol", choices=["mqtt", "amqp"], default="mqtt", help="amqp: bench.ingest_amqp's run")
     ap.add_argument("--publishers", type=int, default=4)
     # /proc gives CPU time in clock ticks (10 ms): at ~6 us a message, Mosquitto's 20,000 were 12 ticks, and one
     # tick more or less moved the ratio by 8 %. 80,000 messages keep that under 2 % on a fast host.
