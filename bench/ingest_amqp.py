@@ -19,10 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import re
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -181,10 +183,18 @@ def run_edgehub(work: Path, args: argparse.Namespace) -> dict[str, float]:
                 raise RuntimeError(f"only {sink.count} of {total} arrived")
             return sink.last
 
+        # EDGEHUB_BENCH_PYSPY=FILE: py-spy samples the hub through the AMQP phase (collapsed stacks to FILE).
+        spy = None
+        if os.environ.get("EDGEHUB_BENCH_PYSPY"):
+            spy_cmd = ["record", "-r", "250", "-f", "raw", "-o", os.environ["EDGEHUB_BENCH_PYSPY"], "--pid"]
+            spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), *spy_cmd, str(proc.pid)])
         rate, cpu = amqp_telemetry(
             f"amqp://127.0.0.1:{amqp_port}", users, args.messages, lambda: cpu_s(proc.pid), wait_done
         )
         sink.close()
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
         m_rate, m_cpu = telemetry(
             mqtt_port,
             proc.pid,

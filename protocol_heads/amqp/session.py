@@ -137,6 +137,7 @@ class Session:
         self._last_group: asyncio.Future[None] | None = None  # settled when the latest group has been answered
         self._expiry: asyncio.Task[None] | None = None  # closes the connection when its token expires
         self._expiry_s: int | None = None
+        self._decoder = AmqpMessage()  # reused for every transfer of this connection (decode clears it)
 
     # --- input ------------------------------------------------------------------------------------------------
 
@@ -450,8 +451,8 @@ class Session:
         to_store: list[Message] = []
         for event in group:
             try:
-                decoded = AmqpMessage()
-                decoded.decode(event.body)
+                decoded = self._decoder
+                decoded.decode(event.body)  # proton clears the message first: one per session, not per transfer
                 message = message_from_amqp(identity, decoded, auth_method=self.auth_method)
             except InvalidMessageError as exc:
                 self.sock.refused(exc.reason, detail=shown(str(exc), 200))
@@ -486,7 +487,8 @@ class Session:
             credit[event.link.name] = (link, n + 1)
         for link, n in credit.values():
             conn.give_credit(link, n)
-        self.sock.flush()
+        # The store answers many groups at once (group commit): one write per connection for all of them.
+        self.sock.schedule_flush()
 
     # --- end --------------------------------------------------------------------------------------------------
 
