@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from proton import Disposition
+from proton import Disposition, Endpoint
 from proton import Message as AmqpMessage
 from proton.utils import SendException
 
@@ -14,7 +14,7 @@ from edgehub.core.refusals import RefusalReason
 from edgehub.testing import InMemoryHub
 from edgehub.testing.certs import TestCA
 from protocol_heads.amqp import AmqpServer
-from tests.protocol_heads.amqp.conftest import DEV, DEVICE_KEY, HOST, ProtonClient, sas_token
+from tests.protocol_heads.amqp.conftest import DEV, DEVICE_KEY, HOST, EngineClient, ProtonClient, sas_token
 
 pytestmark = pytest.mark.interop
 
@@ -69,3 +69,26 @@ async def test_refused_message_is_rejected_with_the_quota_condition(
         assert [m.body for _, m in hub.stored] == [b"y"]
     finally:
         await client.close()
+
+
+async def test_a_transfer_stays_unsettled_until_the_hub_has_stored_it(head: AmqpServer, hub: InMemoryHub) -> None:
+    client = await EngineClient.connect(head.ports["amqp"], f"dev1@sas.{HOST}", sas_token(DEV, DEVICE_KEY))
+    try:
+        link = client.sender("/devices/dev1/messages/events", "telemetry")
+        await client.pump_until(lambda: link.credit > 0)
+        hub.hold()
+        delivery = link.delivery("1")
+        link.send(AmqpMessage(body=b"held").encode())
+        link.advance()
+        await client.pump_until(lambda: True)  # written
+        await hub.wait_held(1)
+        # A barrier: the hub answers a second link's attach after anything it said before it, in order.
+        barrier = client.sender("/devices/dev1/messages/events", "barrier")
+        await client.pump_until(lambda: bool(barrier.state & Endpoint.REMOTE_ACTIVE))
+        assert not delivery.settled  # nothing stored yet: not settled
+        hub.release()
+        await client.pump_until(lambda: delivery.settled)
+        assert delivery.remote_state == Disposition.ACCEPTED
+        assert [m.body for _, m in hub.stored] == [b"held"]
+    finally:
+        client.close()
