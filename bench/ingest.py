@@ -8,6 +8,8 @@
    them all. Reported: end-to-end msgs/s (first publish to last receipt) and the broker process's CPU time per
    message from /proc (user+system), for both, and their ratio. edgehub runs with ``fsync=always`` (a PUBACK
    means synced); Mosquitto's persistence writes its database on shutdown/autosave only, never per message.
+   The same telemetry runs over RabbitMQ's MQTT plugin (``bench/rabbitmq.py``, when ``rabbitmq-server`` is
+   installed), the durable peer: its sink keeps a durable queue, and a QoS 1 PUBACK comes once that queue wrote it.
 2. Module to module: a module sends ``--m2m`` messages to its output, routed to another module's input, SDK-style
    topics; throughput and p50/p99 latency (send to receipt, one clock). The sender and the receiver are separate
    processes. The same clients run against Mosquitto (the receiver subscribed to the sender's topic), which says
@@ -37,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +76,8 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def client(client_id: str, port: int, cs: ConnectionString | None) -> mqtt.Client:
-    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311)
+def client(client_id: str, port: int, cs: ConnectionString | None, *, clean: bool = True) -> mqtt.Client:
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311, clean_session=clean)
     c.max_inflight_messages_set(64)
     c.max_queued_messages_set(0)
     if cs is not None:
@@ -108,13 +111,15 @@ def publisher(client_id: str, port: int, cs_text: str | None, topic: str, count:
 
 
 class Sink:
-    def __init__(self, client_id: str, port: int, cs: ConnectionString | None, topic: str, expect: int) -> None:
+    def __init__(
+        self, client_id: str, port: int, cs: ConnectionString | None, topic: str, expect: int, *, clean: bool = True
+    ) -> None:
         self.expect = expect
         self.count = 0
         self.latencies: list[float] = []
         self.last = 0.0
         self.done = threading.Event()
-        self.c = client(client_id, port, cs)
+        self.c = client(client_id, port, cs, clean=clean)
         self.c.on_message = self._on_message
         subscribed = threading.Event()
         self.c.on_subscribe = lambda *_: subscribed.set()
@@ -137,9 +142,23 @@ class Sink:
 
 
 def telemetry(
-    port: int, pid: int, creds: dict[str, str] | None, n_pub: int, n_msg: int, sink_id: str, sub: str
+    port: int,
+    pid: int,
+    creds: dict[str, str] | None,
+    n_pub: int,
+    n_msg: int,
+    sink_id: str,
+    sub: str,
+    *,
+    cpu: Callable[[], float] | None = None,
+    durable: bool = False,
 ) -> tuple[float, float]:
-    sink = Sink(sink_id, port, ConnectionString.parse(creds[sink_id]) if creds else None, sub, n_pub * n_msg)
+    """``cpu``: the broker's CPU seconds (default: process ``pid``'s); ``durable``: the sink keeps its session (a
+    broker's durable queue for it)."""
+    cpu_of = cpu if cpu is not None else (lambda: cpu_s(pid))
+    sink = Sink(
+        sink_id, port, ConnectionString.parse(creds[sink_id]) if creds else None, sub, n_pub * n_msg, clean=not durable
+    )
     start = mp.Event()
     procs = [
         mp.Process(
@@ -158,11 +177,11 @@ def telemetry(
     for p in procs:
         p.start()
     time.sleep(1.0)  # let every publisher connect (outside the measured window)
-    cpu0, t0 = cpu_s(pid), time.perf_counter()
+    cpu0, t0 = cpu_of(), time.perf_counter()
     start.set()
     ok = sink.done.wait(240)
     time.sleep(SETTLE_S)
-    t1, cpu1 = sink.last, cpu_s(pid)
+    t1, cpu1 = sink.last, cpu_of()
     for p in procs:
         p.join(30)
     sink.close()
@@ -326,6 +345,21 @@ def run_mosquitto(work: Path, args: argparse.Namespace) -> dict[str, float]:
     return {"rate": rate, "cpu": cpu, "m2m": m_rate, "p50": p50, "p99": p99, "m2m_cpu": m_cpu}
 
 
+def run_rabbitmq_mqtt(work: Path, args: argparse.Namespace) -> dict[str, float] | None:
+    """The same telemetry over RabbitMQ's MQTT plugin, the durable peer: QoS 1 into the sink's durable queue,
+    PUBACK once written (Mosquitto acks before any sync). None when RabbitMQ is not installed."""
+    from bench import rabbitmq  # psutil and RabbitMQ: only for this peer
+
+    if not rabbitmq.available():
+        return None
+    with rabbitmq.RabbitMq(work) as rmq:
+        rate, cpu = telemetry(
+            rmq.mqtt_port, 0, None, args.publishers, args.messages, "rsink", "devices/+/messages/events/#",
+            cpu=rmq.cpu_s, durable=True,
+        )  # fmt: skip
+    return {"rate": rate, "cpu": cpu}
+
+
 def m2m_text(r: dict[str, float]) -> str:
     return f"{r['m2m']:.0f} msgs/s, p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms, {r['m2m_cpu']:.1f} CPU us/msg"
 
@@ -349,6 +383,7 @@ def main() -> None:
     args = ap.parse_args()
     mosqs: list[dict[str, float]] = []
     edges: list[dict[str, float]] = []
+    rabbits: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         for n in range(args.rounds):
             work = Path(tmp) / f"round{n}"
@@ -356,6 +391,12 @@ def main() -> None:
             mosq = run_mosquitto(work, args)
             print(f"mosquitto: {mosq['rate']:.0f} msgs/s end to end, {mosq['cpu']:.1f} CPU us/msg (broker)")
             print(f"mosquitto, module to module: {m2m_text(mosq)}")
+            rabbit = run_rabbitmq_mqtt(work, args)
+            if rabbit is not None:
+                print(
+                    f"rabbitmq mqtt (durable): {rabbit['rate']:.0f} msgs/s end to end, {rabbit['cpu']:.1f} CPU us/msg"
+                )
+                rabbits.append(rabbit)
             edge = run_edgehub(work, args)
             print(f"edgehub:   {edge['rate']:.0f} msgs/s end to end, {edge['cpu']:.1f} CPU us/msg (hub, fsync always)")
             print(f"edgehub, module to module: {m2m_text(edge)}")
@@ -379,6 +420,9 @@ def main() -> None:
         "mosquitto_m2m_p99_ms": round(mosq["p99"], 2),
         "m2m_cpu_us_per_msg": round(edge["m2m_cpu"], 1),
         "mosquitto_m2m_cpu_us_per_msg": round(mosq["m2m_cpu"], 1),
+        # RabbitMQ's MQTT plugin (durable queue), None where rabbitmq-server is not installed.
+        "rabbitmq_mqtt_msgs_per_s": round(statistics.median(r["rate"] for r in rabbits), 1) if rabbits else None,
+        "rabbitmq_mqtt_cpu_us_per_msg": round(statistics.median(r["cpu"] for r in rabbits), 1) if rabbits else None,
         "rounds": args.rounds,
     }
     print(json.dumps(result))
