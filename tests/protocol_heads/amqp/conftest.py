@@ -196,5 +196,7 @@ class EngineClient:
         link.open()
         return link
 
-    def close(self) -> None:
+    async def close(self) -> None:
         self.writer.close()
+        with contextlib.suppress(ConnectionError):
+            await self.writer.wait_closed()  # the socket is gone before the test's loop is

@@ -91,4 +91,4 @@ async def test_a_transfer_stays_unsettled_until_the_hub_has_stored_it(head: Amqp
         assert delivery.remote_state == Disposition.ACCEPTED
         assert [m.body for _, m in hub.stored] == [b"held"]
     finally:
-        client.close()
+        await client.close()

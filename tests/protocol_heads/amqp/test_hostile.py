@@ -37,6 +37,7 @@ async def test_garbage_gets_the_sasl_header_and_a_close_while_others_go_on(tight
         assert answer == b"AMQP\x03\x01\x00\x00"
     finally:
         writer.close()
+        await writer.wait_closed()  # the socket is gone before the test's loop is
     client = await device(tight.ports["amqp"])
     try:
         await client.send(await client.sender("/devices/dev1/messages/events"), AmqpMessage(body=b"fine"))
