@@ -320,6 +320,10 @@ class ClientSocket(asyncio.Protocol):
                 with contextlib.suppress(Exception):
                     await self._lost
             finally:
+                if not self._lost.done() and self.transport is not None:
+                    # Cancelled (the server stops) while a TLS goodbye was still pending: drop the socket now, or
+                    # it outlives the loop, unclosed.
+                    self.transport.abort()
                 self.dispose()
 
     def dispose(self) -> None:
