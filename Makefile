@@ -13,9 +13,10 @@ VENV        := .venv
 BIN         := $(VENV)/bin
 STAMP       := $(VENV)/.installed
 EXTRAS      := dev,spark,demo
-# Debian packages the tests need: Mosquitto (the peer broker and its clients), iproute2 (tc, netns),
-# and what python-qpid-proton's build needs when the AMQP head lands.
-APT_PACKAGES := mosquitto mosquitto-clients iproute2 openssl
+# Debian packages the tests need: Mosquitto (the peer broker and its clients), iproute2 (tc, netns), and what
+# python-qpid-proton's build needs (PyPI has no Linux wheel for it): a C compiler, Python's headers, OpenSSL's
+# headers and pkg-config (the AMQP head does its own SASL, so libsasl2-dev is not needed).
+APT_PACKAGES := mosquitto mosquitto-clients iproute2 openssl gcc python3-dev libssl-dev pkg-config
 PYTEST_ARGS ?=
 # The Azure IoT device SDK for Python, for the interop tests (tests/e2e/test_azure_sdk.py). It pins paho-mqtt<2
 # and edgehub uses 2.x, so it has a venv of its own, which the tests run as a subprocess.

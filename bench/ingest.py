@@ -1,12 +1,15 @@
 """Ingest and module-to-module throughput of the edgehub process against Debian's Mosquitto (persistence on).
 
 ``python -m bench.ingest [--publishers 4] [--messages 20000] [--m2m 20000] [--rounds 1]``
+(``--protocol amqp``: the same ingest workload over AMQP 1.0, ``bench/ingest_amqp.py``)
 
 1. Telemetry: ``--publishers`` paho-mqtt processes each send ``--messages`` QoS1 200-byte messages (up to 64 in
    flight) to the broker; a subscriber (an edgehub module on its input; a plain subscriber on Mosquitto) receives
    them all. Reported: end-to-end msgs/s (first publish to last receipt) and the broker process's CPU time per
    message from /proc (user+system), for both, and their ratio. edgehub runs with ``fsync=always`` (a PUBACK
    means synced); Mosquitto's persistence writes its database on shutdown/autosave only, never per message.
+   The same telemetry runs over RabbitMQ's MQTT plugin (``bench/rabbitmq.py``, when ``rabbitmq-server`` is
+   installed), the durable peer: its sink keeps a durable queue, and a QoS 1 PUBACK comes once that queue wrote it.
 2. Module to module: a module sends ``--m2m`` messages to its output, routed to another module's input, SDK-style
    topics; throughput and p50/p99 latency (send to receipt, one clock). The sender and the receiver are separate
    processes. The same clients run against Mosquitto (the receiver subscribed to the sender's topic), which says
@@ -36,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +76,8 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def client(client_id: str, port: int, cs: ConnectionString | None) -> mqtt.Client:
-    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311)
+def client(client_id: str, port: int, cs: ConnectionString | None, *, clean: bool = True) -> mqtt.Client:
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311, clean_session=clean)
     c.max_inflight_messages_set(64)
     c.max_queued_messages_set(0)
     if cs is not None:
@@ -107,13 +111,15 @@ def publisher(client_id: str, port: int, cs_text: str | None, topic: str, count:
 
 
 class Sink:
-    def __init__(self, client_id: str, port: int, cs: ConnectionString | None, topic: str, expect: int) -> None:
+    def __init__(
+        self, client_id: str, port: int, cs: ConnectionString | None, topic: str, expect: int, *, clean: bool = True
+    ) -> None:
         self.expect = expect
         self.count = 0
         self.latencies: list[float] = []
         self.last = 0.0
         self.done = threading.Event()
-        self.c = client(client_id, port, cs)
+        self.c = client(client_id, port, cs, clean=clean)
         self.c.on_message = self._on_message
         subscribed = threading.Event()
         self.c.on_subscribe = lambda *_: subscribed.set()
@@ -136,9 +142,23 @@ class Sink:
 
 
 def telemetry(
-    port: int, pid: int, creds: dict[str, str] | None, n_pub: int, n_msg: int, sink_id: str, sub: str
+    port: int,
+    pid: int,
+    creds: dict[str, str] | None,
+    n_pub: int,
+    n_msg: int,
+    sink_id: str,
+    sub: str,
+    *,
+    cpu: Callable[[], float] | None = None,
+    durable: bool = False,
 ) -> tuple[float, float]:
-    sink = Sink(sink_id, port, ConnectionString.parse(creds[sink_id]) if creds else None, sub, n_pub * n_msg)
+    """``cpu``: the broker's CPU seconds (default: process ``pid``'s); ``durable``: the sink keeps its session (a
+    broker's durable queue for it)."""
+    cpu_of = cpu if cpu is not None else (lambda: cpu_s(pid))
+    sink = Sink(
+        sink_id, port, ConnectionString.parse(creds[sink_id]) if creds else None, sub, n_pub * n_msg, clean=not durable
+    )
     start = mp.Event()
     procs = [
         mp.Process(
@@ -157,11 +177,11 @@ def telemetry(
     for p in procs:
         p.start()
     time.sleep(1.0)  # let every publisher connect (outside the measured window)
-    cpu0, t0 = cpu_s(pid), time.perf_counter()
+    cpu0, t0 = cpu_of(), time.perf_counter()
     start.set()
     ok = sink.done.wait(240)
     time.sleep(SETTLE_S)
-    t1, cpu1 = sink.last, cpu_s(pid)
+    t1, cpu1 = sink.last, cpu_of()
     for p in procs:
         p.join(30)
     sink.close()
@@ -243,6 +263,8 @@ def hub_run_args(manifest: Path, data: Path, port: int) -> list[str]:
         str(port),
         "--mqtts-port",
         "0",
+        "--amqps-port",
+        "0",
         "--module-window",
         str(MODULE_WINDOW),
         "--cleanup-interval",
@@ -323,12 +345,33 @@ def run_mosquitto(work: Path, args: argparse.Namespace) -> dict[str, float]:
     return {"rate": rate, "cpu": cpu, "m2m": m_rate, "p50": p50, "p99": p99, "m2m_cpu": m_cpu}
 
 
+def run_rabbitmq_mqtt(work: Path, args: argparse.Namespace) -> dict[str, float] | None:
+    """The same telemetry over RabbitMQ's MQTT plugin, the durable peer: QoS 1 into the sink's durable queue,
+    PUBACK once written (Mosquitto acks before any sync). None when RabbitMQ is not installed."""
+    from bench import rabbitmq  # psutil and RabbitMQ: only for this peer
+
+    if not rabbitmq.available():
+        return None
+    with rabbitmq.RabbitMq(work) as rmq:
+        rate, cpu = telemetry(
+            rmq.mqtt_port, 0, None, args.publishers, args.messages, "rsink", "devices/+/messages/events/#",
+            cpu=rmq.cpu_s, durable=True,
+        )  # fmt: skip
+    return {"rate": rate, "cpu": cpu}
+
+
 def m2m_text(r: dict[str, float]) -> str:
     return f"{r['m2m']:.0f} msgs/s, p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms, {r['m2m_cpu']:.1f} CPU us/msg"
 
 
 def main() -> None:
+    if "--protocol" in sys.argv and sys.argv[sys.argv.index("--protocol") + 1 :][:1] == ["amqp"]:
+        from bench import ingest_amqp  # the AMQP run: its own module (proton clients, RabbitMQ's AMQP 1.0)
+
+        ingest_amqp.main(sys.argv[1:])
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--protocol", choices=["mqtt", "amqp"], default="mqtt", help="amqp: bench.ingest_amqp's run")
     ap.add_argument("--publishers", type=int, default=4)
     # /proc gives CPU time in clock ticks (10 ms): at ~6 us a message, Mosquitto's 20,000 were 12 ticks, and one
     # tick more or less moved the ratio by 8 %. 80,000 messages keep that under 2 % on a fast host.
@@ -340,6 +383,7 @@ def main() -> None:
     args = ap.parse_args()
     mosqs: list[dict[str, float]] = []
     edges: list[dict[str, float]] = []
+    rabbits: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         for n in range(args.rounds):
             work = Path(tmp) / f"round{n}"
@@ -347,6 +391,12 @@ def main() -> None:
             mosq = run_mosquitto(work, args)
             print(f"mosquitto: {mosq['rate']:.0f} msgs/s end to end, {mosq['cpu']:.1f} CPU us/msg (broker)")
             print(f"mosquitto, module to module: {m2m_text(mosq)}")
+            rabbit = run_rabbitmq_mqtt(work, args)
+            if rabbit is not None:
+                print(
+                    f"rabbitmq mqtt (durable): {rabbit['rate']:.0f} msgs/s end to end, {rabbit['cpu']:.1f} CPU us/msg"
+                )
+                rabbits.append(rabbit)
             edge = run_edgehub(work, args)
             print(f"edgehub:   {edge['rate']:.0f} msgs/s end to end, {edge['cpu']:.1f} CPU us/msg (hub, fsync always)")
             print(f"edgehub, module to module: {m2m_text(edge)}")
@@ -370,6 +420,9 @@ def main() -> None:
         "mosquitto_m2m_p99_ms": round(mosq["p99"], 2),
         "m2m_cpu_us_per_msg": round(edge["m2m_cpu"], 1),
         "mosquitto_m2m_cpu_us_per_msg": round(mosq["m2m_cpu"], 1),
+        # RabbitMQ's MQTT plugin (durable queue), None where rabbitmq-server is not installed.
+        "rabbitmq_mqtt_msgs_per_s": round(statistics.median(r["rate"] for r in rabbits), 1) if rabbits else None,
+        "rabbitmq_mqtt_cpu_us_per_msg": round(statistics.median(r["cpu"] for r in rabbits), 1) if rabbits else None,
         "rounds": args.rounds,
     }
     print(json.dumps(result))

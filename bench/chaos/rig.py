@@ -143,6 +143,7 @@ class Hub:
             "--data-dir", str(data),
             "--mqtt-port", "0",
             "--mqtts-port", "0",
+            "--amqps-port", "0",
             "--upstream-mqtt", f"127.0.0.1:{upstream_port}",
             "--upstream-client-id", "gw",
             "--duplicate-detection",

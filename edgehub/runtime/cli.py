@@ -193,6 +193,8 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("data"), show_default=True)
 @click.option("--mqtt-port", type=int, default=None, help="Plain MQTT over TCP (off unless given).")
 @click.option("--mqtts-port", type=int, default=8883, show_default=True, help="MQTT over TLS.")
+@click.option("--amqp-port", type=int, default=None, help="Plain AMQP 1.0 over TCP (off unless given).")
+@click.option("--amqps-port", type=int, default=5671, show_default=True, help="AMQP 1.0 over TLS.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
 @click.option("--host-name", default=DEFAULT_HOST_NAME, show_default=True, help="The hub's IoT Hub host name.")
 @click.option(
@@ -376,6 +378,8 @@ def run(
     data_dir: Path,
     mqtt_port: int | None,
     mqtts_port: int,
+    amqp_port: int | None,
+    amqps_port: int,
     host: str,
     host_name: str,
     module_window: int,
@@ -460,6 +464,8 @@ def run(
         host=host,
         mqtt_port=mqtt_port,
         mqtts_port=mqtts_port,
+        amqp_port=amqp_port,
+        amqps_port=amqps_port,
         host_name=host_name,
         module_window=module_window,
         cleanup_interval_s=cleanup_interval,
@@ -582,7 +588,9 @@ async def _serve(config: HubConfig) -> None:
 
     def ready(ports: dict[str, int]) -> None:
         admin = ports.pop("admin", None)
-        where = ", ".join(f"{kind} {config.host}:{port}" for kind, port in sorted(ports.items()))
+        # MQTT's listeners first (scripts read "listening: tls HOST:PORT"), then AMQP's.
+        order = sorted(ports.items(), key=lambda item: (item[0].startswith("amqp"), item[0]))
+        where = ", ".join(f"{kind} {config.host}:{port}" for kind, port in order)
         click.echo(f"listening: {where}", nl=True)
         if admin is not None:
             click.echo(f"admin API: http://127.0.0.1:{admin} (bearer token in {config.data_dir / 'admin.token'})")

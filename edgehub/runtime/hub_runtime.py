@@ -1,4 +1,5 @@
-"""The composition root: the store, the router, the hub facade and the MQTT head, wired and run until stopped.
+"""The composition root: the store, the router, the hub facade and the MQTT and AMQP heads, wired and run until
+stopped.
 
 ``serve(config, stop=event)`` runs until ``stop`` is set (the CLI sets it on SIGTERM/SIGINT), then stops in
 order: the listeners and their clients first (so no ack is promised after the store closes), then the
@@ -63,6 +64,7 @@ import logging
 import resource
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -99,6 +101,7 @@ from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, 
 from edgehub.upstream.segment import Codec, SegmentName
 from edgehub.upstream.twin_channel import TwinChannel
 from edgehub.upstream.upload_transport import UploadTransport
+from protocol_heads.amqp import AmqpServer, AmqpSettings
 from protocol_heads.mqtt.iothub import Acl
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 
@@ -185,6 +188,9 @@ class HubConfig:
     host: str = "127.0.0.1"  # loopback unless asked: a fresh hub with no identities should not face a network
     mqtt_port: int | None = None  # plain TCP, off unless given
     mqtts_port: int | None = 8883
+    # The AMQP head: TLS (the CLI's default is 5671) and plain TCP, each off unless given (None).
+    amqp_port: int | None = None
+    amqps_port: int | None = None
     host_name: str = DEFAULT_HOST_NAME
     module_window: int = DEFAULT_WINDOW  # deliveries in flight per module link
     cleanup_interval_s: float = ExecutorSettings().cleanup_interval_s  # delivered/expired references removed
@@ -419,7 +425,8 @@ async def serve(
     certs = ensure_certs(config.data_dir / "certs", extra_names=(config.host_name,))
     if on_certs is not None:
         on_certs(certs)
-    ssl_context = server_ssl_context(certs) if config.mqtts_port is not None else None
+    tls = config.mqtts_port is not None or config.amqps_port is not None
+    ssl_context = server_ssl_context(certs) if tls else None
     options = upstream_options(desired, config)
     transport = transport_settings(desired, config)
     store = open_store(
@@ -493,16 +500,25 @@ async def serve(
                 acl=Acl(publish_grants=controller.publish_grants, subscribe_grants=controller.subscribe_grants),
                 **limits,
             )
-            async with (
-                MqttServer(hub, settings=settings) as server,
-                _admin(config, hub, server, desired=controller) as admin_port,
-                asyncio.TaskGroup() as tasks,
-            ):
+            async with MqttServer(hub, settings=settings) as server, AsyncExitStack() as heads:
+                ports = dict(server.ports)
+                if config.amqp_port is not None or config.amqps_port is not None:
+                    amqp = AmqpSettings(
+                        host=config.host,
+                        tcp_port=config.amqp_port,
+                        tls_port=config.amqps_port,
+                        ssl_context=ssl_context,
+                        outbound_window=config.module_window,
+                        **limits,
+                    )
+                    ports.update((await heads.enter_async_context(AmqpServer(hub, settings=amqp))).ports)
+                admin_port = await heads.enter_async_context(_admin(config, hub, server, desired=controller))
+                tasks = await heads.enter_async_context(asyncio.TaskGroup())
                 collector = tasks.create_task(ChurnCollector(server.limiter).run(), name="runtime.memory")
                 watcher = tasks.create_task(controller.watch(config.manifest), name="runtime.deployment_watch")
-                log.info("runtime.ready ports=%s admin_port=%s", server.ports, admin_port)
+                log.info("runtime.ready ports=%s admin_port=%s", ports, admin_port)
                 if on_ready is not None:
-                    on_ready(dict(server.ports) | ({"admin": admin_port} if admin_port is not None else {}))
+                    on_ready(ports | ({"admin": admin_port} if admin_port is not None else {}))
                 await stop.wait()
                 log.info("runtime.stopping")
                 collector.cancel()

@@ -1,1 +1,19 @@
-"""AMQP 1.0 head (python-qpid-proton engine under our asyncio loop). Not built yet."""
+"""AMQP 1.0 head: python-qpid-proton's engine under our own asyncio socket loop (not proton's reactor), split as
+the MQTT head is.
+
+Sans-IO, no sockets, no clocks:
+
+* ``sasl``: the SASL exchange (ours: proton's cannot check a SAS token); ``connection``: one connection
+  (``AmqpConnection``: SASL, then proton's ``Transport``/``Connection``/``Collector``), bytes in, ``events`` out.
+* ``iothub``: Azure IoT Hub's AMQP conventions (link addresses, usernames, ``$cbs``, the message mapping).
+
+The asyncio adapter:
+
+* ``client_socket``: one connection's socket side (reads, TLS start, pausing, the idle timer, flushing).
+* ``session``: one connection's session side (login, links, ingest groups and settlement, deliveries).
+* ``server``: the listeners (``AmqpServer``); ``settings``: ``AmqpSettings``, every limit with its safe default.
+"""
+
+from protocol_heads.amqp.server import AmqpServer, AmqpSettings
+
+__all__ = ["AmqpServer", "AmqpSettings"]

@@ -57,6 +57,8 @@ async def start(
         str(data),
         "--mqtts-port",
         "0",
+        "--amqps-port",
+        "0",
         *extra,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -51,6 +51,8 @@ async def start(data: Path, manifest: Path, *extra: str) -> tuple[asyncio.subpro
         "--mqtts-port",
         "0",
         "--no-upstream",  # what reaches $upstream stays in the store: no upload's work in the figures
+        "--amqps-port",
+        "0",
         *extra,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,  # INFO lines per connection: nobody reads them here

@@ -117,7 +117,7 @@ def message_bodies(output: str) -> int:
 def assert_run_refuses(data: Path, manifest: Path, damage: str) -> None:
     """``edgehub run`` exits 1 at once, saying the damage, the path and the recovery, and changes nothing."""
     before = snapshot(data / "store")
-    run = edgehub("run", "--manifest", str(manifest), "--data-dir", str(data), "--mqtts-port", "0")
+    run = edgehub("run", "--manifest", str(manifest), "--data-dir", str(data), "--mqtts-port", "0", "--amqps-port", "0")
     assert run.returncode == 1, run
     assert "Traceback" not in run.stderr
     assert "listening" not in run.stdout

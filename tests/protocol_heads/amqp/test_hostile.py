@@ -1,0 +1,80 @@
+"""The AMQP head against bad input: each refusal ends only the client that sent it, with AMQP's own error."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from proton import ConnectionException
+from proton import Message as AmqpMessage
+from proton.utils import LinkDetached, SendException
+
+from edgehub.testing import InMemoryHub
+from protocol_heads.amqp import AmqpServer, AmqpSettings
+from tests.protocol_heads.amqp.conftest import DEV, DEVICE_KEY, HOST, ProtonClient, sas_token
+
+pytestmark = pytest.mark.interop
+
+
+@pytest.fixture
+async def tight(hub: InMemoryHub) -> AsyncIterator[AmqpServer]:
+    settings = AmqpSettings(tcp_port=0, tls_port=None, max_message_size=1024, max_links=3, connect_timeout_s=5.0)
+    async with AmqpServer(hub, settings=settings) as server:
+        yield server
+
+
+async def device(port: int) -> ProtonClient:
+    return await ProtonClient.connect(port, user=f"dev1@sas.{HOST}", password=sas_token(DEV, DEVICE_KEY))
+
+
+async def test_garbage_gets_the_sasl_header_and_a_close_while_others_go_on(tight: AmqpServer, hub: InMemoryHub) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", tight.ports["amqp"])
+    try:
+        writer.write(b"GET / HTTP/1.1\r\n\r\n")
+        async with asyncio.timeout(5):
+            answer = await reader.read()  # to EOF: the hub closed it
+        assert answer == b"AMQP\x03\x01\x00\x00"
+    finally:
+        writer.close()
+        await writer.wait_closed()  # the socket is gone before the test's loop is
+    client = await device(tight.ports["amqp"])
+    try:
+        await client.send(await client.sender("/devices/dev1/messages/events"), AmqpMessage(body=b"fine"))
+        assert [m.body for _, m in hub.stored] == [b"fine"]
+    finally:
+        await client.close()
+    assert tight.refusals.total >= 1
+
+
+async def test_a_message_over_the_link_limit_closes_the_link_with_message_size_exceeded(
+    tight: AmqpServer, hub: InMemoryHub
+) -> None:
+    client = await device(tight.ports["amqp"])
+    try:
+        sender = await client.sender("/devices/dev1/messages/events")
+        with pytest.raises((LinkDetached, SendException)) as info:
+            await client.send(sender, AmqpMessage(body=b"x" * 4096))
+        if isinstance(info.value, LinkDetached):
+            assert "message-size-exceeded" in str(info.value)
+        assert hub.stored == []
+    finally:
+        await client.close()
+
+
+async def test_links_over_the_limit_close_the_connection_with_resource_limit_exceeded(tight: AmqpServer) -> None:
+    client = await device(tight.ports["amqp"])
+    try:
+        for n in range(3):
+            await client.sender("/devices/dev1/messages/events", name=f"l{n}")
+        with pytest.raises(ConnectionException, match="resource-limit-exceeded"):
+            await client.sender("/devices/dev1/messages/events", name="one too many")
+    finally:
+        await client.close()
+
+
+async def test_a_wrong_password_is_refused_in_sasl_and_counted_by_the_throttle(tight: AmqpServer) -> None:
+    with pytest.raises(ConnectionException, match=r"unauthorized|Authentication"):
+        await ProtonClient.connect(tight.ports["amqp"], user=f"dev1@sas.{HOST}", password="SharedAccessSignature x")
+    assert tight.connected == []
+    assert tight.refusals.total == 1
