@@ -130,7 +130,7 @@ class _Link:
             raise DeliveryError("client is gone", endpoint="mqtt", kind=FailureKind.TRANSIENT)
         conn = session.conn
         peer = session.sock.peer
-        if conn.closed or session.identity is None:
+        if session.identity is None:
             raise DeliveryError("client is not connected", endpoint=peer, kind=FailureKind.TRANSIENT)
         m = delivery.message
         if delivery.input_name is None:
@@ -152,7 +152,9 @@ class _Link:
         except PeerPacketTooLarge as exc:
             raise DeliveryError(str(exc), endpoint=peer, kind=FailureKind.PERMANENT) from exc
         except LocalProtocolError as exc:
-            raise DeliveryError(str(exc), endpoint=peer, kind=FailureKind.TRANSIENT) from exc
+            # A closed connection is one such misuse (the state table refuses the send): said plainly.
+            text = "client is not connected" if conn.closed else str(exc)
+            raise DeliveryError(text, endpoint=peer, kind=FailureKind.TRANSIENT) from exc
         assert packet_id is not None
         self.pending[packet_id] = delivery.delivery_id
         # The hub sends a window of deliveries at a time: one write for all of them, not a syscall each.
