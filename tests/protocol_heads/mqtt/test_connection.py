@@ -8,11 +8,28 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgehub.core import LocalProtocolError
-from protocol_heads.mqtt.codec import (
+from protocol_heads.mqtt.connection import (
+    ROWS,
+    TRANSITIONS,
+    TRIGGER_OF,
+    ConnectionState,
+    ConnectRequested,
+    DeliveryAcked,
+    Disconnected,
+    Event,
+    MessageReceived,
+    ProtocolFailed,
+    ServerConnection,
+    SubscribeRequested,
+    Trigger,
+    UnsubscribeRequested,
+)
+from protocol_heads.mqtt.decoder import Decoder
+from protocol_heads.mqtt.encoder import encode
+from protocol_heads.mqtt.packets import (
     MQTT_50,
     ConnAck,
     Connect,
-    Decoder,
     Disconnect,
     Packet,
     PingReq,
@@ -30,23 +47,6 @@ from protocol_heads.mqtt.codec import (
     Subscription,
     UnsubAck,
     Unsubscribe,
-    encode,
-)
-from protocol_heads.mqtt.connection import (
-    ROWS,
-    TRANSITIONS,
-    TRIGGER_OF,
-    ConnectionState,
-    ConnectRequested,
-    DeliveryAcked,
-    Disconnected,
-    Event,
-    MessageReceived,
-    ProtocolFailed,
-    ServerConnection,
-    SubscribeRequested,
-    Trigger,
-    UnsubscribeRequested,
 )
 
 
