@@ -143,8 +143,10 @@ class UsageBook:
 
     def release(self, deltas: Usage) -> None:
         """A group write finished (or failed): its reservation goes."""
+        inflight = self.inflight
         for k, (c, b) in deltas.items():
-            add(self.inflight, k, -c, -b)
+            ic, ib = inflight[k]  # reserved before, so there
+            inflight[k] = (ic - c, ib - b)
         if deltas:
             self.space_freed.set()
 

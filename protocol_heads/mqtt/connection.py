@@ -195,8 +195,8 @@ class ServerConnection:
 
     @property
     def window_free(self) -> int:
-        """How many more outbound QoS 1 messages may be sent now."""
-        return max(0, self._window - len(self._inflight))
+        """How many more outbound QoS 1 messages may be sent now (none once the connection is closed)."""
+        return 0 if self.state is _CLOSED else max(0, self._window - len(self._inflight))
 
     def inflight(self) -> dict[int, Publish]:
         """Outbound QoS 1 messages not yet acknowledged, by packet id, in send order."""

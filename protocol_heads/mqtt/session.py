@@ -121,8 +121,7 @@ class _Link:
         session = self._session
         if session is None:
             return 0
-        conn = session.conn
-        return 0 if conn.closed else conn.window_free
+        return session.conn.window_free
 
     def send(self, delivery: Delivery) -> None:
         session = self._session

@@ -347,6 +347,18 @@ def test_outbound_window_limits_inflight_and_pubacks_free_it() -> None:
     assert list(pair.server.inflight()) == [ids[1]]
 
 
+def test_a_closed_connection_has_no_window_and_refuses_a_send() -> None:
+    pair = Pair(outbound_window=4)
+    pair.connect()
+    pair.received()
+    pair.server.send_message("in", b"a")
+    assert pair.server.window_free == 3
+    pair.server.close()
+    assert pair.server.window_free == 0  # the hub's pump asks this alone before it sends
+    with pytest.raises(LocalProtocolError, match="send_message in state closed"):
+        pair.server.send_message("in", b"b")
+
+
 def test_a_read_of_plain_pubacks_settles_deliveries_without_events() -> None:
     pair = Pair(MQTT_50, outbound_window=4)
     assert pair.server.receive_acks(b"\x40\x02\x00\x01") is None  # not connected yet
