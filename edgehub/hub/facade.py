@@ -40,14 +40,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from types import TracebackType
-from typing import Any, Self, cast
+from types import MappingProxyType, TracebackType
+from typing import Any, Self
 
 from edgehub.core import (
     Clock,
     Identity,
     IngestRejected,
     Message,
+    RouteResult,
     SystemClock,
     SystemProperty,
     TwinError,
@@ -74,6 +75,7 @@ _EDGE_MESSAGE_ID: str = SystemProperty.EDGE_MESSAGE_ID.value
 _CONNECTION_MODULE_ID: str = SystemProperty.CONNECTION_MODULE_ID.value
 _SESSION_ID: str = SystemProperty.SESSION_ID.value
 _PARTITION_KEY: str = SystemProperty.PARTITION_KEY.value
+_NO_CLAIMS: Mapping[int, Claim] = MappingProxyType({})  # the duplicate window's stage when it is off
 
 
 class EdgeHub:
@@ -214,15 +216,17 @@ class EdgeHub:
         outcomes: list[IngestOutcome | None] = [None] * len(stamped)
         self._check_partitions(identity, stamped, outcomes)
         endpoints: set[str] = set()
-        start = 0
-        while start < len(stamped):
-            end, claims, twin = self._claim_ids(identity, stamped, outcomes, start)
+        start, n = 0, len(stamped)
+        while start < n:
+            end, claims, twin = (
+                (n, _NO_CLAIMS, None) if self._dedup is None else self._claim_ids(identity, stamped, outcomes, start)
+            )
             await self._store_segment(identity, stamped, outcomes, range(start, end), claims, arrived, endpoints)
             if twin is not None:
                 await asyncio.shield(twin)  # settled: the message at ``end`` is claimed in the next turn
             start = end
         await self._notify(endpoints)
-        return cast(list[IngestOutcome], outcomes)  # each message got its outcome in one of the stages
+        return outcomes  # type: ignore[return-value]  # each message got its outcome in one of the stages
 
     def _check_partitions(
         self, identity: Identity, messages: Sequence[Message], outcomes: list[IngestOutcome | None]
@@ -244,8 +248,7 @@ class EdgeHub:
         of the segment to store now), the claims by index, and the settlement of the copy in flight."""
         claims: dict[int, Claim] = {}
         dedup = self._dedup
-        if dedup is None:
-            return len(messages), claims, None
+        assert dedup is not None
         for i in range(start, len(messages)):
             message_id = messages[i].message_id
             if outcomes[i] is not None or not message_id:
@@ -267,7 +270,7 @@ class EdgeHub:
         messages: Sequence[Message],
         outcomes: list[IngestOutcome | None],
         segment: range,
-        claims: dict[int, Claim],
+        claims: Mapping[int, Claim],
         arrived_mono_s: float | None,
         endpoints: set[str],
     ) -> None:
@@ -275,11 +278,16 @@ class EdgeHub:
         wait until they are durable and set their outcomes; note the endpoints they went to. A claim is
         accepted once its message is durable, abandoned if it was refused or its write failed (or was not
         waited for: the device's retry must then be taken)."""
-        todo = [i for i in segment if outcomes[i] is None]
+        route, assign = self.router.route, self.lanes.assign
+        todo: list[int] = []
+        items: list[tuple[Message, Sequence[RouteResult]]] = []
+        for i in segment:
+            if outcomes[i] is None:
+                m = messages[i]
+                todo.append(i)
+                items.append((m, assign(m, route(m))))
         if not todo:
             return
-        route, assign = self.router.route, self.lanes.assign
-        items = [(m, assign(m, route(m))) for m in [messages[i] for i in todo]]
         metadata = [claims[i].metadata if i in claims else None for i in todo] if claims else None
         try:
             results, durable = await self.store.admit_many(

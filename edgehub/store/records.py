@@ -9,11 +9,8 @@ cycle, hence ``gc=False``).
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
 
 import msgspec
 
@@ -43,10 +40,10 @@ DEFAULT_TTL_S = 7200.0
 _STAMPS = frozenset((SystemProperty.EDGE_MESSAGE_ID.value, SystemProperty.ENQUEUED_TIME.value))
 
 
-# charged_size(message): the size quotas and ``maxMessageSizeBytes`` see: ``message.size_bytes()`` less
-# ``edgeMessageId`` and ``enqueuedTime`` (the hub stamps them before handing a message over). A partial, not a
-# function calling size_bytes: one Python frame per message, not two.
-charged_size: Final[Callable[[Message], int]] = functools.partial(Message.size_bytes, leaving_out=_STAMPS)
+def charged_size(message: Message) -> int:
+    """The size quotas and ``maxMessageSizeBytes`` see: ``message.size_bytes()`` less ``edgeMessageId`` and
+    ``enqueuedTime`` (the hub stamps them before handing a message over)."""
+    return message.size_bytes(leaving_out=_STAMPS)
 
 
 class FsyncPolicy(StrEnum):

@@ -48,6 +48,7 @@ _REMOVED_MAINT = b"stats/r/m"  # {reason: n}: the maintenance writes
 # Set once the identities' counters cover every message (see ``_count_identities``).
 _IDENTITIES_COUNTED = b"stats/identities-counted"
 _SCAN_CHUNK = 4096
+_NONE = (0, 0)
 
 
 def owner_of(system_properties: Mapping[str, str]) -> str | None:
@@ -125,12 +126,10 @@ class UsageBook:
             self._mark_identities = False
 
     def usage(self, key: str) -> tuple[int, int]:
-        total_c = total_b = 0
-        for d in (self._ingest, self._maint, self.inflight):
-            c, b = d.get(key, (0, 0))
-            total_c += c
-            total_b += b
-        return total_c, total_b
+        ic, ib = self._ingest.get(key, _NONE)
+        mc, mb = self._maint.get(key, _NONE)
+        fc, fb = self.inflight.get(key, _NONE)
+        return ic + mc + fc, ib + mb + fb
 
     def reserve(self, group_deltas: Usage, deltas: Usage) -> None:
         """Reserve ``deltas`` (in flight) and add them to the deltas of their group write."""
