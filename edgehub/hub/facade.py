@@ -20,10 +20,9 @@ Invariants:
 * ``ingest`` is one path with optional stages (partition check, duplicate window, the store's admission): it
   routes and enqueues the messages of a group in their order, and the store's group commit writes them in one
   batch; a message that waits (for room, or for a copy of itself in flight to settle) holds the ones after it,
-  and none overtakes another. It
-  answers ``Stored`` only once a message is durable in every routed queue (a message no route takes is
-  answered ``Stored`` too, as IoT Hub does: the device did nothing wrong), ``Rejected(reason)`` for an
-  ``IngestRejected``, and raises only ``StoreError``;
+  and none overtakes another. It answers ``Stored`` only once a message is durable in every routed queue (a
+  message no route takes is answered ``Stored`` too, as IoT Hub does: the device did nothing wrong),
+  ``Rejected(reason)`` for an ``IngestRejected``, and raises only ``StoreError``;
 * the hub, not the head, is the authority for ``connectionDeviceId``, ``connectionModuleId`` and
   ``connectionAuthMethod`` (stamped from the authenticated identity);
 * twins live in the store's metadata (``twin/{identity}``), the recently used ones in memory too
