@@ -28,7 +28,7 @@ from urllib.parse import quote, unquote
 
 from edgehub.core.clock import Clock
 from edgehub.core.errors import AuthenticationError
-from edgehub.core.identity import Identity
+from edgehub.core.identity import DeviceId, Identity, ModuleId
 
 __all__ = [
     "DEFAULT_MAX_TOKEN_LIFETIME_S",
@@ -178,7 +178,8 @@ class ConnectionString:
 
     @property
     def identity(self) -> Identity:
-        return Identity.parse(self.device_id if self.module_id is None else f"{self.device_id}/{self.module_id}")
+        # Each part checked on its own: DeviceId=a/b is no device (joined and parsed, it would name module b of a).
+        return Identity(DeviceId(self.device_id), None if self.module_id is None else ModuleId(self.module_id))
 
     @classmethod
     def parse(cls, text: str) -> ConnectionString:

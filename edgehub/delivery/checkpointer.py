@@ -44,7 +44,7 @@ class Checkpointer:
                 self._done.add(o)
         self._owed.update(o for o in remaining if o > self._committed)
         limit = min(self._owed) - 1 if self._owed else max(self._done, default=self._committed)
-        advanced = sorted(o for o in self._done if o <= limit)
+        advanced = sorted([o for o in self._done if o <= limit])
         if advanced:
             self._committed = max(self._committed, advanced[-1])
             self._done.difference_update(advanced)

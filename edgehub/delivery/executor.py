@@ -364,7 +364,7 @@ class EndpointExecutor:
     async def _take_batch(self, q: QueueId, qs: _QueueState, items: list[StoredItem]) -> list[StoredItem]:
         """Advance the cursor past ``items`` and propose them; drop (and remove) the expired ones."""
         qs.cursor = items[-1].offset + 1
-        qs.checkpointer.propose(it.offset for it in items)
+        qs.checkpointer.propose([it.offset for it in items])
         now = self._clock.time()
         expired = [it.offset for it in items if it.expires_at_s <= now]
         if not expired:

@@ -143,9 +143,12 @@ class CloudToDevice:
                     reason=RefusalReason.DEVICE_QUEUE_FULL,
                 )
             # The device is the owner its store share counts: a flood for one device cannot take the store.
-            receipt, durable = await self.store.admit(message, [result], sender=device_id)
-        if durable is not None:
-            await durable
+            [outcome], durable = await self.store.admit_many([(message, [result])], sender=device_id)
+        if durable:  # written after the lock: the next message's check sees this one's usage already
+            await asyncio.gather(*durable)
+        if isinstance(outcome, IngestRejected):
+            raise outcome
+        receipt = outcome
         if not receipt.refs:
             raise QuotaExceededError(f"the store dropped the message for {device_id} (its overflow policy)")
         self.accepted += 1

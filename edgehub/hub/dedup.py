@@ -19,8 +19,9 @@ Invariants:
   taken, not dropped;
 * **a restart remembers the window**: ``load`` reads the records back (the hub's clock decides what is still in
   the window);
-* **two copies in flight at once** (a retry in the same read as its original): the second waits for the first
-  to be settled, then is a duplicate if the first was stored, and goes on as new if it was not;
+* **two copies in flight at once** (a retry in the same read as its original): the second is claimed only once
+  the first is settled (``in_flight``), then is a duplicate if the first was stored, and goes on as new if it
+  was not;
 * **bounded**: ids that left the window (or were pushed out by ``max_entries``, oldest first) are forgotten
   and their keys deleted, a few at a time, in the group writes of later accepted messages. Forgetting can
   only let a duplicate through, never drop a new message. Expired keys left on disk by a crash are filtered
@@ -189,11 +190,17 @@ class DuplicateWindow:
     def _doom(self, pairs: list[tuple[str, str]]) -> None:
         self._doomed.update((_key(i, m), None) for i, m in pairs)
 
-    async def claim(self, identity: str, message_id: str) -> Claim | None:
-        """None when the message is a duplicate (counted); else a ``Claim`` to store it under."""
+    def in_flight(self, identity: str, message_id: str) -> asyncio.Future[bool] | None:
+        """A copy of this message claimed and not settled yet: the future of its settlement (True: stored), which
+        decides whether this one is a duplicate. ``claim`` the message once it is done; None: nothing in flight."""
+        return self._pending.get((identity, message_id))
+
+    def claim(self, identity: str, message_id: str) -> Claim | None:
+        """None when the message is a duplicate (counted); else a ``Claim`` to store it under. Only while no copy
+        is in flight (``in_flight``): that one decides first (ValueError)."""
         key = (identity, message_id)
-        while (twin := self._pending.get(key)) is not None:
-            await asyncio.shield(twin)  # the copy in flight decides: stored (we are a duplicate) or not (we go on)
+        if key in self._pending:
+            raise ValueError(f"message id {message_id!r} of {identity} is claimed already, and not settled")
         if self._detector.is_duplicate(identity, message_id):
             return None
         self._pending[key] = asyncio.get_running_loop().create_future()

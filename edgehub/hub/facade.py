@@ -17,12 +17,12 @@ Partitions and duplicates (``upstream=UpstreamOptions(...)``, the manifest's ``u
   write never marks a message seen and a restart remembers the window.
 
 Invariants:
-* ``ingest`` routes and enqueues the messages of a group in their order, and the store's group commit writes
-  them in one batch; with duplicate detection (or quotas, in the store) each is admitted in turn, so one that
-  waits (for room, or for a copy of itself in flight) holds the ones after it and none overtakes another. It
-  answers ``Stored`` only once a message is durable in every routed queue (a message no route takes is
-  answered ``Stored`` too, as IoT Hub does: the device did nothing wrong), ``Rejected(reason)`` for an
-  ``IngestRejected``, and raises only ``StoreError``;
+* ``ingest`` is one path with optional stages (partition check, duplicate window, the store's admission): it
+  routes and enqueues the messages of a group in their order, and the store's group commit writes them in one
+  batch; a message that waits (for room, or for a copy of itself in flight to settle) holds the ones after it,
+  and none overtakes another. It answers ``Stored`` only once a message is durable in every routed queue (a
+  message no route takes is answered ``Stored`` too, as IoT Hub does: the device did nothing wrong),
+  ``Rejected(reason)`` for an ``IngestRejected``, and raises only ``StoreError``;
 * the hub, not the head, is the authority for ``connectionDeviceId``, ``connectionModuleId`` and
   ``connectionAuthMethod`` (stamped from the authenticated identity);
 * twins live in the store's metadata (``twin/{identity}``), the recently used ones in memory too
@@ -44,12 +44,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any, Self
 
 from edgehub.core import (
@@ -94,7 +92,7 @@ from edgehub.hub.twins import (
     parse_reported_patch,
 )
 from edgehub.routing import Router
-from edgehub.store import EnqueueReceipt, Store
+from edgehub.store import Store
 
 __all__ = ["EdgeHub"]
 
@@ -107,6 +105,7 @@ _PARTITION_KEY: str = SystemProperty.PARTITION_KEY.value
 _MESSAGE_TYPE: str = SystemProperty.MESSAGE_TYPE.value
 _CONTENT_TYPE: str = SystemProperty.CONTENT_TYPE.value
 _CONTENT_ENCODING: str = SystemProperty.CONTENT_ENCODING.value
+_NO_CLAIMS: Mapping[int, Claim] = MappingProxyType({})  # the duplicate window's stage when it is off
 
 
 class EdgeHub:
@@ -239,61 +238,6 @@ class EdgeHub:
         drop = _CONNECTION_MODULE_ID if identity.module_id is None else None
         return self._stamper.stamp_group(messages, self._identity_stamps(identity), drop=drop)
 
-    async def _ingest_in_turn(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:
-        """With duplicate detection: each message claims its id and is admitted to the store in turn (a claim
-        or a wait for room holds the ones after it, so they keep their order), then all are awaited together."""
-        arrived = self.store.clock.monotonic()
-        stamped = self._stamp(identity, messages)
-        refused = self._partition_refusals(identity, stamped)
-        return await self._settle_admitted(
-            [refused[i] if i in refused else await self._admit_one(identity, m, arrived) for i, m in enumerate(stamped)]
-        )
-
-    async def _admit_one(
-        self, identity: Identity, message: Message, arrived_mono_s: float | None = None
-    ) -> IngestOutcome | _Admitted:
-        """Claim, route and admit one stamped message (``Store.admit``): its outcome if that is known already
-        (refused, or a duplicate), else what is left to await."""
-        claim = None
-        if self._dedup is not None and message.message_id:
-            claim = await self._dedup.claim(identity.id, message.message_id)
-            if claim is None:
-                log.debug("hub.duplicate_dropped identity=%s message_id=%s", identity, message.message_id)
-                return Stored(None, duplicate=True)
-        try:
-            results = self.lanes.assign(message, self.router.route(message))
-            receipt, durable = await self.store.admit(
-                message,
-                results,
-                metadata=claim.metadata if claim else None,
-                arrived_mono_s=arrived_mono_s,
-                sender=identity.id,
-            )
-        except IngestRejected as exc:
-            if claim is not None:
-                claim.abandoned()
-            return self._rejected(identity, exc)
-        except BaseException:
-            if claim is not None:
-                claim.abandoned()  # not durable as far as we know: the device's retry must be taken
-            raise
-        if claim is not None:
-            if durable is None:
-                claim.accepted()
-            else:
-                # Settled when its write is, not when the caller gets to it: a copy of the same id later in the
-                # group waits on this claim while it is admitted.
-                durable.add_done_callback(functools.partial(_settle_claim, claim))
-        return _Admitted(receipt, durable)
-
-    async def _settle_admitted(self, admitted: list[IngestOutcome | _Admitted]) -> list[IngestOutcome]:
-        """Wait until every admitted message is durable, wake the executors of their queues; the outcomes."""
-        durable = [a.durable for a in admitted if isinstance(a, _Admitted) and a.durable is not None]
-        if durable:
-            await asyncio.gather(*durable)
-        await self._notify({q.endpoint for a in admitted if isinstance(a, _Admitted) for q, _ in a.receipt.refs})
-        return [Stored(a.receipt.message.edge_message_id) if isinstance(a, _Admitted) else a for a in admitted]
-
     async def _start_executor_once(self, endpoint_id: str) -> None:
         task = self._starting.get(endpoint_id)
         if task is None:
@@ -302,51 +246,116 @@ class EdgeHub:
         await asyncio.shield(task)
 
     async def ingest(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:
-        if self._dedup is not None:  # each message claims its id in the duplicate window, one after the other
-            return await self._ingest_in_turn(identity, messages)
-        # One message too: a group of one is most groups of a publisher that waits for its acks (paho sends the
-        # first message after an ack burst alone), and the group path awaits one write, not a gather of futures.
-        return await self._ingest_group(identity, messages)
+        """The one ingest path, for a group (one read of a connection) as for one message, in stages: stamps,
+        the partition check, the duplicate window (when on), then routing, the store's admission and one group
+        write (``Store.admit_many``: a coroutine and a future per message would cost more than routing it).
 
-    async def _ingest_group(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:
-        """A group (one read of a connection) routed here and stored in one write: a coroutine and a future
-        per message cost more than routing it (bench.ingest's profile)."""
-        outcomes: list[IngestOutcome | None] = [None] * len(messages)
-        items: list[tuple[Message, Sequence[RouteResult]]] = []
-        at: list[int] = []
+        The duplicate window may cut the group in segments: a message whose id is still in flight (a copy
+        earlier in the group, or in another write) is claimed once the segment before it is durable and that
+        copy is settled. Only such a group carries its arrival time over to the store (its waits for room end
+        ``enqueue_timeout_s`` after it)."""
+        arrived = self.store.clock.monotonic() if self._dedup is not None else None
         stamped = self._stamp(identity, messages)
-        route, assign = self.router.route, self.lanes.assign
-        refused = self._partition_refusals(identity, stamped)
-        for i, message in enumerate(stamped):
-            if refused and i in refused:
-                outcomes[i] = refused[i]
-                continue
-            items.append((message, assign(message, route(message))))
-            at.append(i)
+        outcomes: list[IngestOutcome | None] = [None] * len(stamped)
+        self._check_partitions(identity, stamped, outcomes)
         endpoints: set[str] = set()
-        for i, result in zip(
-            at, await self.store.enqueue_many(items, sender=identity.id) if items else [], strict=True
-        ):
-            if isinstance(result, IngestRejected):
-                outcomes[i] = self._rejected(identity, result)
-                continue
-            for q, _ in result.refs:
-                endpoints.add(q.endpoint)
-            outcomes[i] = Stored(result.message.system_properties.get(_EDGE_MESSAGE_ID))
+        start, n = 0, len(stamped)
+        while start < n:
+            end, claims, twin = (
+                (n, _NO_CLAIMS, None) if self._dedup is None else self._claim_ids(identity, stamped, outcomes, start)
+            )
+            await self._store_segment(identity, stamped, outcomes, range(start, end), claims, arrived, endpoints)
+            if twin is not None:
+                await asyncio.shield(twin)  # settled: the message at ``end`` is claimed in the next turn
+            start = end
         await self._notify(endpoints)
-        return [o for o in outcomes if o is not None]
+        return outcomes  # type: ignore[return-value]  # each message got its outcome in one of the stages
 
-    def _partition_refusals(self, identity: Identity, messages: Sequence[Message]) -> dict[int, Rejected]:
-        """The refusals (by index) of the messages whose ``sessionId`` and ``partitionKey`` disagree."""
-        refused: dict[int, Rejected] = {}
+    def _check_partitions(
+        self, identity: Identity, messages: Sequence[Message], outcomes: list[IngestOutcome | None]
+    ) -> None:
+        """The partition stage: refuse the messages whose ``sessionId`` and ``partitionKey`` disagree."""
         for i, message in enumerate(messages):
             sp = message.system_properties
             if _SESSION_ID in sp and _PARTITION_KEY in sp:  # only when both are set can they disagree
                 try:
                     check_partition_properties(message)
                 except IngestRejected as exc:
-                    refused[i] = self._rejected(identity, exc)
-        return refused
+                    outcomes[i] = self._rejected(identity, exc)
+
+    def _claim_ids(
+        self, identity: Identity, messages: Sequence[Message], outcomes: list[IngestOutcome | None], start: int
+    ) -> tuple[int, dict[int, Claim], asyncio.Future[bool] | None]:
+        """The duplicate window's stage, from ``start`` on: each message with a ``messageId`` claims it (a
+        duplicate is answered here), up to the first whose id is still in flight. That message's index (the end
+        of the segment to store now), the claims by index, and the settlement of the copy in flight."""
+        claims: dict[int, Claim] = {}
+        dedup = self._dedup
+        assert dedup is not None
+        for i in range(start, len(messages)):
+            message_id = messages[i].message_id
+            if outcomes[i] is not None or not message_id:
+                continue
+            twin = dedup.in_flight(identity.id, message_id)
+            if twin is not None:
+                return i, claims, twin
+            claim = dedup.claim(identity.id, message_id)
+            if claim is None:
+                log.debug("hub.duplicate_dropped identity=%s message_id=%s", identity, message_id)
+                outcomes[i] = Stored(None, duplicate=True)
+            else:
+                claims[i] = claim
+        return len(messages), claims, None
+
+    async def _store_segment(
+        self,
+        identity: Identity,
+        messages: Sequence[Message],
+        outcomes: list[IngestOutcome | None],
+        segment: range,
+        claims: Mapping[int, Claim],
+        arrived_mono_s: float | None,
+        endpoints: set[str],
+    ) -> None:
+        """Route the segment's messages that have no outcome yet, admit and write them (one call to the store),
+        wait until they are durable and set their outcomes; note the endpoints they went to. A claim is
+        accepted once its message is durable, abandoned if it was refused or its write failed (or was not
+        waited for: the device's retry must then be taken)."""
+        route, assign = self.router.route, self.lanes.assign
+        todo: list[int] = []
+        items: list[tuple[Message, Sequence[RouteResult]]] = []
+        for i in segment:
+            if outcomes[i] is None:
+                m = messages[i]
+                todo.append(i)
+                items.append((m, assign(m, route(m))))
+        if not todo:
+            return
+        metadata = [claims[i].metadata if i in claims else None for i in todo] if claims else None
+        try:
+            results, durable = await self.store.admit_many(
+                items, sender=identity.id, metadata=metadata, arrived_mono_s=arrived_mono_s
+            )
+            if len(durable) == 1:
+                await durable[0]
+            elif durable:
+                await asyncio.gather(*durable)
+        except BaseException:
+            for unsettled in claims.values():
+                unsettled.abandoned()
+            raise
+        for i, result in zip(todo, results, strict=True):
+            claim = claims.get(i)
+            if isinstance(result, IngestRejected):
+                if claim is not None:
+                    claim.abandoned()
+                outcomes[i] = self._rejected(identity, result)
+                continue
+            if claim is not None:
+                claim.accepted()
+            for q, _ in result.refs:
+                endpoints.add(q.endpoint)
+            outcomes[i] = Stored(result.message.system_properties.get(_EDGE_MESSAGE_ID))
 
     def _rejected(self, identity: Identity, exc: IngestRejected) -> Rejected:
         """The outcome of a refused message, logged through ``refusals`` (a flood of them logs a few lines)."""
@@ -507,18 +516,3 @@ class EdgeHub:
         [outcome] = await self.ingest(identity, [Message(body, properties=properties, system_properties=system)])
         if isinstance(outcome, Rejected):
             log.info("hub.twin_notification_refused identity=%s reason=%s", identity, outcome.reason)
-
-
-@dataclass(frozen=True, slots=True)
-class _Admitted:
-    """A message the store has admitted: its receipt, and the future of its write (None: nothing to write)."""
-
-    receipt: EnqueueReceipt
-    durable: asyncio.Future[None] | None
-
-
-def _settle_claim(claim: Claim, durable: asyncio.Future[None]) -> None:
-    if durable.cancelled() or durable.exception() is not None:
-        claim.abandoned()
-    else:
-        claim.accepted()

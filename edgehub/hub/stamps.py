@@ -32,7 +32,7 @@ class Stamper:
     """Makes the stamps, cheaply (``uuid.uuid4`` builds a UUID object, ``datetime.isoformat`` a datetime), and
     puts them on messages; times come from ``clock``.
 
-    ``edge_message_id``: a version-4 UUID from a pool of ``os.urandom`` bytes (uuid4's own source).
+    ``edge_message_ids(n)``: version-4 UUIDs from a pool of ``os.urandom`` bytes (uuid4's own source).
     ``iso_utc(t)``: exactly ``datetime.fromtimestamp(t, UTC).isoformat()`` (same rounding: half to even on the
     microsecond), with the date and time of day formatted once per second."""
 
@@ -45,19 +45,23 @@ class Stamper:
         self._second = math.nan
         self._second_text = ""
 
-    def edge_message_id(self) -> str:
-        # One slice of a hex pool whose version and variant bits were set for all its ids at once (two
-        # translate calls per pool): a slice per id, not int arithmetic and formatting.
-        pos = self._pos
-        pool = self._pool
-        if pos >= len(pool):
-            raw = bytearray(os.urandom(_RANDOM_POOL_BYTES))
-            raw[6::16] = raw[6::16].translate(_UUID4_VERSION)
-            raw[8::16] = raw[8::16].translate(_UUID4_VARIANT)
-            pool = self._pool = raw.hex()
-            pos = 0
-        self._pos = end = pos + 32
-        return pool[pos:end]
+    def edge_message_ids(self, n: int) -> list[str]:
+        """``n`` fresh ids (a group's, in one call: not a call per message)."""
+        # Slices of a hex pool whose version and variant bits were set for all its ids at once (two translate
+        # calls per pool): a slice per id, not int arithmetic and formatting.
+        ids: list[str] = []
+        while len(ids) < n:
+            pos, pool = self._pos, self._pool
+            if pos >= len(pool):
+                raw = bytearray(os.urandom(_RANDOM_POOL_BYTES))
+                raw[6::16] = raw[6::16].translate(_UUID4_VERSION)
+                raw[8::16] = raw[8::16].translate(_UUID4_VARIANT)
+                pool = self._pool = raw.hex()
+                pos = 0
+            end = min(len(pool), pos + 32 * (n - len(ids)))
+            ids += [pool[i : i + 32] for i in range(pos, end, 32)]
+            self._pos = end
+        return ids
 
     def iso_utc(self, epoch_s: float) -> str:
         frac, whole = math.modf(epoch_s)
@@ -78,16 +82,16 @@ class Stamper:
         with ``updates`` set (after removing ``drop``), a fresh ``edgeMessageId`` each, and one
         ``enqueuedTime`` (the clock, read once) for all that lack them."""
         enqueued = self.iso_utc(self._clock.time())
-        new_id = self.edge_message_id
+        ids = self.edge_message_ids(len(messages))  # one each, whether it is used or not: random bytes are cheap
         out: list[Message] = []
-        for message in messages:
+        for message, new_id in zip(messages, ids, strict=True):
             sp = message.system_properties
             stamped = dict(sp)
             if drop is not None:
                 stamped.pop(drop, None)
             stamped.update(updates)
             if _EDGE_MESSAGE_ID not in sp:
-                stamped[_EDGE_MESSAGE_ID] = new_id()
+                stamped[_EDGE_MESSAGE_ID] = new_id
             if _ENQUEUED_TIME not in sp:
                 stamped[_ENQUEUED_TIME] = enqueued
             out.append(Message(message.body, message.properties, stamped))

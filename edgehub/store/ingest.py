@@ -29,7 +29,7 @@ from edgehub.store.held import HeldCache
 from edgehub.store.queue_state import QueueState
 from edgehub.store.queues import QueueId
 from edgehub.store.records import MESSAGES, FsyncPolicy, StoredItem
-from edgehub.store.usage import STORE_WIDE, Usage, UsageBook, add
+from edgehub.store.usage import Usage, UsageBook, add
 
 __all__ = ["Ingest", "Pending"]
 
@@ -149,19 +149,16 @@ class Ingest:
         queues: Mapping[QueueId, float],
         size: int,
         now: float,
-        deltas: Usage,
         owner: str | None,
     ) -> tuple[tuple[QueueId, int], ...]:
-        """Add the (stamped) message's body and references to ``pending``, and the usage they add to ``deltas``
-        (the caller reserves it); its refs. ``owner`` (the sender's usage key) goes on the held items; the
-        caller adds the sender's usage (for a group from one sender, once: it is the group's STORE_WIDE delta).
+        """Add the (stamped) message's body and references to ``pending``; its refs. ``owner`` (the sender's
+        usage key) goes on the held items. The caller reserves the usage they add (``usage.group_usage``).
 
-        Synchronous from offset hand-out to reservation, so a group of messages gets consecutive offsets."""
+        Synchronous from offset hand-out to the return, so a group of messages gets consecutive offsets."""
         key = self._next_message_key
         self._next_message_key = key + 1
         ops, items, states = pending.ops, pending.items, self._queues
         sole = len(queues) == 1
-        add(deltas, STORE_WIDE, 1, size)
         pkey = pack_u64(key)
         # The body before its references, so that a reader of a backend that applies a batch op by op (the
         # memory backend) never meets a reference without its body; encoded once the references are known.
@@ -174,7 +171,6 @@ class Ingest:
             off = state.hand_out()
             refs.append((q, off))
             named.append((state.name, off))
-            add(deltas, q.endpoint, 1, size)
             ops.append((state.name, pack_u64(off), encode_ref_fields(key, now, ttl, size)))
             items.append(StoredItem(q, off, message, key, now, ttl, size, sole, owner))
         ops[body_at] = (MESSAGES, pkey, encode_message(message, named))
@@ -182,14 +178,18 @@ class Ingest:
         return tuple(refs)
 
     async def _write_group(self, group: list[Pending]) -> None:
-        deltas: Usage = {}
         ops: list[Op] = []
         overflow = 0
         for p in group:
             ops += p.ops
             overflow += p.overflow
-            for k, (c, b) in p.deltas.items():
-                add(deltas, k, c, b)
+        if len(group) == 1:
+            deltas = group[0].deltas  # the one producer's (a Pending is written once, never reused)
+        else:
+            deltas = {}
+            for p in group:
+                for k, (c, b) in p.deltas.items():
+                    add(deltas, k, c, b)
         tally = self._usage.ingest_tally(deltas, overflow)
         ops += tally.ops
         try:

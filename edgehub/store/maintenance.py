@@ -19,7 +19,9 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import operator
 from collections.abc import Sequence
 
 from edgehub.store.backend import Backend, DeleteTo, Op
@@ -220,15 +222,17 @@ class Maintenance:
 
 def _delivered_deltas(endpoint: str, sole: list[StoredItem]) -> Usage:
     """The usage that delivered held items (each its body's only reference) stop taking."""
-    size = sum([it.size_bytes for it in sole])
+    size = sum(map(_SIZE, sole))
     n = len(sole)
     deltas: Usage = {endpoint: (-n, -size), STORE_WIDE: (-n, -size)}
-    owners = [it.owner for it in sole]
-    if owners.count(owners[0]) == n:  # one sender, the usual case: one delta
-        if owners[0] is not None:
-            deltas[owners[0]] = (-n, -size)
-    else:
-        for it in sole:
-            if it.owner is not None:
-                add(deltas, it.owner, -1, -it.size_bytes)
+    # Per sender, a run at a time: a queue holds its senders' messages in runs (each group write is one
+    # sender's), so this is one step per run, not per message, however the senders interleave.
+    for owner, run in itertools.groupby(sole, _OWNER):
+        if owner is not None:
+            items = list(run)
+            add(deltas, owner, -len(items), -sum(map(_SIZE, items)))
     return deltas
+
+
+_OWNER = operator.attrgetter("owner")
+_SIZE = operator.attrgetter("size_bytes")

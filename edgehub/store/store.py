@@ -4,6 +4,8 @@ API the hub facade and the executors call (on one event loop, except ``read_dura
 
     store = open_rocks_store(path, clock=clock, fsync=FsyncPolicy.ALWAYS)  # edgehub.store.rocks; or Store.in_memory()
     receipt = await store.enqueue(message, route_results)   # returns when durable (per the fsync policy)
+    outcomes = await store.enqueue_many([(message, route_results), ...], sender=identity_id)  # a group
+    outcomes, writes = await store.admit_many(items, sender=..., metadata=...)  # the same in two steps
     items = store.read(queue, from_offset, limit)           # references at or after from_offset, in order
     held, start, more = store.read_start(queue, from_offset, limit)  # the part memory answers (held_in_memory)
     items = held + store.read_durable(queue, start, more)    # the rest from the database (thread-safe)
@@ -88,7 +90,7 @@ from edgehub.store.records import (
     StoredItem,
     charged_size,
 )
-from edgehub.store.usage import OWNER, STORE_WIDE, Usage, UsageBook, add, owner_of
+from edgehub.store.usage import OWNER, STORE_WIDE, Usage, UsageBook, group_usage, owner_of
 
 __all__ = ["CHECKPOINTS", "MESSAGES", "Store"]  # the families for tools (edgehub.runtime.store_cli)
 
@@ -285,86 +287,84 @@ class Store:
         ``metadata``: metadata keys to set (or, with None, delete) in the same atomic group write as the message,
         so they are durable exactly when it is (the hub's duplicate window). They are written whenever the
         message is accepted, also when it is routed nowhere; never when ``enqueue`` raises."""
-        receipt, durable = await self.admit(message, route_results, metadata=metadata)
-        if durable is not None:
-            await durable
-        return receipt
-
-    async def admit(
-        self,
-        message: Message,
-        route_results: Sequence[RouteResult],
-        *,
-        metadata: Mapping[str, bytes | None] | None = None,
-        arrived_mono_s: float | None = None,
-        sender: str | None = None,
-    ) -> tuple[EnqueueReceipt, asyncio.Future[None] | None]:
-        """``enqueue`` in two steps: return once the message has its offsets (after any wait for room) and is
-        queued for the next group write, with the future that is done when it is durable (None: nothing to
-        write). Raises what ``enqueue`` raises before that point. Messages admitted one after the other get
-        their offsets, and are written, in that order: a producer keeps its order by admitting its messages
-        one at a time and then awaiting the futures.
-
-        ``arrived_mono_s`` (the store clock's monotonic time): when the message arrived, if it waited for its
-        turn behind others; a wait for room ends ``enqueue_timeout_s`` after it (default: now). ``sender``: the
-        identity id (``device`` or ``device/module``) that sent it, whose share it counts against (default: the
-        message's ``connectionDeviceId``/``connectionModuleId``, as the hub stamps them)."""
-        self._live()
-        [outcome], durable = await self._take([(message, route_results)], sender, arrived_mono_s, metadata)
+        [outcome] = await self.enqueue_many(
+            [(message, route_results)], metadata=None if metadata is None else [metadata]
+        )
         if isinstance(outcome, IngestRejected):
             raise outcome
-        return outcome, durable[0] if durable else None
+        return outcome
 
     async def enqueue_many(
-        self, items: Sequence[tuple[Message, Sequence[RouteResult]]], *, sender: str | None = None
+        self,
+        items: Sequence[tuple[Message, Sequence[RouteResult]]],
+        *,
+        sender: str | None = None,
+        metadata: Sequence[Mapping[str, bytes | None] | None] | None = None,
     ) -> list[EnqueueReceipt | IngestRejected]:
         """Store a producer's group of messages (one read of a connection); return when all are durable.
 
         One receipt or refusal per message, in order: what ``enqueue`` would return or raise for each. A failed
-        write raises, as ``enqueue`` does, for the whole group. ``sender``: the identity that sent the whole
-        group, as ``admit`` takes it."""
-        self._live()
-        outcomes, durable = await self._take(items, sender, None, None)
+        write raises, as ``enqueue`` does, for the whole group. ``sender`` and ``metadata``: as ``admit_many``
+        takes them."""
+        outcomes, durable = await self.admit_many(items, sender=sender, metadata=metadata)
         if len(durable) == 1:
             await durable[0]
         elif durable:
             await asyncio.gather(*durable)
         return outcomes
 
-    async def _take(
+    async def admit_many(
         self,
         items: Sequence[tuple[Message, Sequence[RouteResult]]],
-        sender: str | None,
-        arrived_mono_s: float | None,
-        metadata: Mapping[str, bytes | None] | None,
+        *,
+        sender: str | None = None,
+        metadata: Sequence[Mapping[str, bytes | None] | None] | None = None,
+        arrived_mono_s: float | None = None,
     ) -> tuple[list[EnqueueReceipt | IngestRejected], list[asyncio.Future[None]]]:
-        """The one ingest path: each message is routed to its queues, admitted, given its offsets and added to
-        the pending group write, in order; the outcome per message and the futures of the writes it queued.
+        """The store's one ingest entry (``enqueue_many`` in two steps): admit each message, give it its offsets
+        and queue it for the next group write, in order; return each message's outcome (a receipt, or the
+        refusal ``enqueue`` would raise) and the futures of the writes queued: once they are all done, every
+        accepted message is durable; a failed write fails its futures. Producers that admit their groups one
+        after the other get their offsets, and are written, in that order.
 
         Admission is a stage: a group the admission clears as a whole (``edgehub.store.admission``) is checked
-        only against the default size limit; else each message is checked in turn, and one that must wait
-        for room first queues what is pending (so the ones before it are written while it waits) and holds
-        the ones after it, each wait bounded from the group's arrival. ``metadata`` (one message only) is
-        written with the message, if it is accepted."""
+        only against the default size limit; else each message is checked in turn, and one that must wait for
+        room first queues what is pending (so the ones before it are written while it waits) and holds the
+        ones after it. The usage the group adds is reserved once for the group (``usage.group_usage``), or
+        per message when they are admitted in turn (the next one's check must see it).
+
+        ``sender``: the identity id (``device`` or ``device/module``) that sent the whole group, whose share it
+        counts against (default: each message's ``connectionDeviceId``/``connectionModuleId``, as the hub stamps
+        them). ``metadata``: per message, the metadata keys to write with it if it is accepted (see
+        ``enqueue``). ``arrived_mono_s`` (the store clock's monotonic time): when the group arrived, if it
+        waited before it got here; a wait for room ends ``enqueue_timeout_s`` after it (default: now)."""
+        self._live()
         admission = self._admission
         sender_key = None if sender is None else OWNER + sender
         sizes = [charged_size(m) for m, _ in items]
-        owners = (
-            [sender_key] * len(items) if sender_key is not None else [owner_of(m.system_properties) for m, _ in items]
-        )
+        owners = None if sender_key is not None else [owner_of(m.system_properties) for m, _ in items]
         in_turn = admission.needs_turns() or (
-            admission.store_quota.max_bytes is not None
-            and not admission.group_fits(sizes, None if sender_key is not None else owners, sender_key)
+            admission.store_quota.max_bytes is not None and not admission.group_fits(sizes, owners, sender_key)
         )
         if in_turn and arrived_mono_s is None:
             arrived_mono_s = self._clock.monotonic()
         limit = admission.default_policy.max_message_size_bytes
         now = self._clock.time()
         pending = Pending([], {}, [])
-        deltas: Usage = {}
         durable: list[asyncio.Future[None]] = []
         out: list[EnqueueReceipt | IngestRejected] = []
-        for (message, route_results), size, owner in zip(items, sizes, owners, strict=True):
+        # The stored messages' queues, sizes and senders, for the group's usage (not admitted in turn).
+        routed: list[Mapping[QueueId, float]] = []
+        stored: list[int] = []
+        senders: list[str | None] | None = None if owners is None else []
+        n = len(items)
+        for (message, route_results), size, owner, meta in zip(
+            items,
+            sizes,
+            owners if owners is not None else [sender_key] * n,
+            metadata if metadata is not None else [None] * n,
+            strict=True,  # a metadata list of another length is misuse: ValueError
+        ):
             queues = self._ingest.routes(route_results)
             if queues and in_turn:
                 per_endpoint: dict[str, int] = {}
@@ -388,18 +388,23 @@ class Store:
             elif queues and size > limit:
                 out.append(too_large(size, limit))
                 continue
-            if metadata:
-                pending.ops += Metadata.ops(metadata)
+            if meta:
+                pending.ops += Metadata.ops(meta)
             refs: tuple[tuple[QueueId, int], ...] = ()
             if queues:
-                refs = self._ingest.add_message(pending, message, queues, size, now, deltas, owner)
-                if sender_key is None and owner is not None:
-                    add(deltas, owner, 1, size)
+                refs = self._ingest.add_message(pending, message, queues, size, now, owner)
                 if in_turn:  # reserved at once, so the next message's check sees it
-                    self._reserve(pending, deltas, sender_key)
-                    deltas = {}
+                    self._reserve(
+                        pending, group_usage([queues], [size], None if owners is None else [owner]), sender_key
+                    )
+                else:
+                    routed.append(queues)
+                    stored.append(size)
+                    if senders is not None:
+                        senders.append(owner)
             out.append(EnqueueReceipt(message, refs))
-        self._reserve(pending, deltas, sender_key)
+        if stored:
+            self._reserve(pending, group_usage(routed, stored, senders), sender_key)
         if pending.ops or pending.overflow:
             durable.append(self._ingest.enqueue(pending))
         return out, durable

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -27,9 +27,10 @@ import msgspec
 from edgehub.core import SystemProperty
 from edgehub.store.backend import Backend, Op
 from edgehub.store.codec import decode_message, pack_u64, unpack_u64
+from edgehub.store.queues import QueueId
 from edgehub.store.records import MESSAGES, META, RemovalReason, charged_size
 
-__all__ = ["OWNER", "STORE_WIDE", "Usage", "UsageBook", "add", "owner_key", "owner_of"]
+__all__ = ["OWNER", "STORE_WIDE", "Usage", "UsageBook", "add", "group_usage", "owner_key", "owner_of"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ _REMOVED_MAINT = b"stats/r/m"  # {reason: n}: the maintenance writes
 # Set once the identities' counters cover every message (see ``_count_identities``).
 _IDENTITIES_COUNTED = b"stats/identities-counted"
 _SCAN_CHUNK = 4096
+_NONE = (0, 0)
 
 
 def owner_of(system_properties: Mapping[str, str]) -> str | None:
@@ -63,6 +65,35 @@ def owner_key(device: str | None, module: str | None) -> str | None:
 def add(into: Usage, key: str, count: int, size: int) -> None:
     c, b = into.get(key, (0, 0))
     into[key] = (c + count, b + size)
+
+
+def group_usage(
+    routed: Sequence[Collection[QueueId]], sizes: Sequence[int], owners: Sequence[str | None] | None
+) -> Usage:
+    """What stored messages add to the usage, counted once for them all: each message once store-wide (and to
+    its sender's key, with ``owners``), and to its endpoint once per reference. ``routed``: each message's
+    queues; ``sizes``: their charged sizes.
+
+    A group routed alike (one connection's read on one route: the usual case) is counted per endpoint in one
+    step, not per message."""
+    n = len(sizes)
+    if not n:
+        return {}
+    total = sum(sizes)
+    deltas: Usage = {STORE_WIDE: (n, total)}
+    first = routed[0]
+    if routed.count(first) == n:
+        for q in first:
+            add(deltas, q.endpoint, n, total)
+    else:
+        for queues, size in zip(routed, sizes, strict=True):
+            for q in queues:
+                add(deltas, q.endpoint, 1, size)
+    if owners is not None:
+        for owner, size in zip(owners, sizes, strict=True):
+            if owner is not None:
+                add(deltas, owner, 1, size)
+    return deltas
 
 
 @dataclass(slots=True)
@@ -95,12 +126,10 @@ class UsageBook:
             self._mark_identities = False
 
     def usage(self, key: str) -> tuple[int, int]:
-        total_c = total_b = 0
-        for d in (self._ingest, self._maint, self.inflight):
-            c, b = d.get(key, (0, 0))
-            total_c += c
-            total_b += b
-        return total_c, total_b
+        ic, ib = self._ingest.get(key, _NONE)
+        mc, mb = self._maint.get(key, _NONE)
+        fc, fb = self.inflight.get(key, _NONE)
+        return ic + mc + fc, ib + mb + fb
 
     def ingested(self, key: str) -> tuple[int, int]:
         """(messages, bytes) ever written under ``key`` by ingest (durable writes only; never goes down)."""
@@ -117,8 +146,10 @@ class UsageBook:
 
     def release(self, deltas: Usage) -> None:
         """A group write finished (or failed): its reservation goes."""
+        inflight = self.inflight
         for k, (c, b) in deltas.items():
-            add(self.inflight, k, -c, -b)
+            ic, ib = inflight[k]  # reserved before, so there
+            inflight[k] = (ic - c, ib - b)
         if deltas:
             self.space_freed.set()
 

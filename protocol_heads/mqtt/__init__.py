@@ -3,8 +3,8 @@
 Sans-IO, no sockets, no clocks:
 
 * ``packets``: the packet values (frozen msgspec Structs), their codes and the codec's errors.
-* ``decoder`` / ``encoder``: bytes in → packets out, packets in → bytes out; ``codec`` re-exports both with the
-  packets, as one import for their users.
+* ``decoder`` / ``encoder``: bytes in → packets out, packets in → bytes out (each name is imported from its
+  home module; there is no re-exporting module).
 * ``fastpaths``: the per-message shortcuts (a PUBLISH on a known topic, PUBACK-only reads, a delivery's and an
   ack's bytes), each pinned to its general path by tests/protocol_heads/mqtt/test_fastpaths.py.
 * ``states``: the connection's transition table; ``events``: what a connection tells the server; ``acks``: the

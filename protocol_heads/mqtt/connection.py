@@ -195,8 +195,8 @@ class ServerConnection:
 
     @property
     def window_free(self) -> int:
-        """How many more outbound QoS 1 messages may be sent now."""
-        return max(0, self._window - len(self._inflight))
+        """How many more outbound QoS 1 messages may be sent now (none once the connection is closed)."""
+        return 0 if self.state is _CLOSED else max(0, self._window - len(self._inflight))
 
     def inflight(self) -> dict[int, Publish]:
         """Outbound QoS 1 messages not yet acknowledged, by packet id, in send order."""
@@ -251,7 +251,7 @@ class ServerConnection:
         ids = plain_puback_ids(data)
         if ids is None:
             return None
-        return [pid for pid in ids if self._acked(pid)]
+        return self._acked(ids)
 
     def _handle(self, packet: Packet, events: list[Event]) -> None:
         """One packet from the client, through the table (its next state, looked up by its type), then its handler."""
@@ -264,7 +264,7 @@ class ServerConnection:
         if isinstance(packet, Publish):  # the per-message packets first
             self._on_publish(packet, events)
         elif isinstance(packet, PubAck):
-            if self._acked(packet.packet_id):
+            if self._acked((packet.packet_id,)):
                 events.append(DeliveryAcked(packet.packet_id, packet.reason_code))
         elif isinstance(packet, Connect):
             self._on_connect(packet, events)
@@ -285,9 +285,11 @@ class ServerConnection:
         if nxt is not self.state:
             self._move(nxt)
 
-    def _acked(self, packet_id: int) -> bool:
-        """The client acknowledged outbound ``packet_id``: it leaves the window. False if it was not in flight."""
-        return self._inflight.pop(packet_id, None) is not None
+    def _acked(self, packet_ids: Iterable[int]) -> list[int]:
+        """The client acknowledged these outbound packet ids: they leave the window. The ones that were in flight
+        (a read of PUBACKs is settled in one call, not one per message)."""
+        pop = self._inflight.pop
+        return [pid for pid in packet_ids if pop(pid, None) is not None]
 
     def _on_connect(self, c: Connect, events: list[Event]) -> None:
         self.connect = c

@@ -128,8 +128,7 @@ class _Link:
         session = self._session
         if session is None:
             return 0
-        conn = session.conn
-        return 0 if conn.closed or not session.listening else conn.window_free
+        return session.conn.window_free if session.listening else 0  # a closed connection's window is 0
 
     def send_desired_patch(self, patch: bytes, version: int) -> None:
         """``TwinLink``: a desired-properties patch, QoS 0 as IoT Hub sends it, if the client subscribed to it."""
@@ -144,7 +143,7 @@ class _Link:
             raise DeliveryError("client is gone", endpoint="mqtt", kind=FailureKind.TRANSIENT)
         conn = session.conn
         peer = session.sock.peer
-        if conn.closed or session.identity is None:
+        if session.identity is None:
             raise DeliveryError("client is not connected", endpoint=peer, kind=FailureKind.TRANSIENT)
         m = delivery.message
         if delivery.input_name is None:
@@ -166,7 +165,9 @@ class _Link:
         except PeerPacketTooLarge as exc:
             raise DeliveryError(str(exc), endpoint=peer, kind=FailureKind.PERMANENT) from exc
         except LocalProtocolError as exc:
-            raise DeliveryError(str(exc), endpoint=peer, kind=FailureKind.TRANSIENT) from exc
+            # A closed connection is one such misuse (the state table refuses the send): said plainly.
+            text = "client is not connected" if conn.closed else str(exc)
+            raise DeliveryError(text, endpoint=peer, kind=FailureKind.TRANSIENT) from exc
         assert packet_id is not None
         self.pending[packet_id] = delivery.delivery_id
         # The hub sends a window of deliveries at a time: one write for all of them, not a syscall each.

@@ -13,7 +13,7 @@ import ssl
 from dataclasses import dataclass, field
 
 from edgehub.core import Clock, SystemClock
-from protocol_heads.mqtt.codec import TOPIC_CACHE_BYTES
+from protocol_heads.mqtt.caches import TOPIC_CACHE_BYTES
 from protocol_heads.mqtt.iothub import Acl
 
 __all__ = ["MqttSettings", "connection_cap"]

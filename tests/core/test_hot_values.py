@@ -14,8 +14,8 @@ from edgehub.delivery.endpoint import QueuedMessage
 from edgehub.hub import Delivery, Rejected, Stored
 from edgehub.store import QueueId
 from edgehub.store.records import EnqueueReceipt, Reference, StoredItem
-from protocol_heads.mqtt.codec import PubAck, Publish
 from protocol_heads.mqtt.connection import DeliveryAcked, MessageReceived
+from protocol_heads.mqtt.packets import PubAck, Publish
 
 MSG = Message(b"x", {"a": "1"})
 Q = QueueId("ep", 1)

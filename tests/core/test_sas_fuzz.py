@@ -177,3 +177,9 @@ def test_hub_authenticate_raises_only_authentication_error(
                     pass
 
     asyncio.run(attempt())
+
+
+def test_a_device_id_with_a_slash_is_no_device() -> None:
+    # Found by the test above: DeviceId=0/0 parsed, and its identity named module 0 of device 0.
+    with pytest.raises(ValueError, match="invalid device id"):
+        ConnectionString.parse("HostName=h;DeviceId=0/0")

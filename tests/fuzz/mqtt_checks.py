@@ -13,15 +13,6 @@ from __future__ import annotations
 import pytest
 
 from edgehub.core import RemoteProtocolError
-from protocol_heads.mqtt.codec import (
-    Decoder,
-    MalformedPacket,
-    Packet,
-    PacketTooLarge,
-    ProtocolViolation,
-    ReasonCode,
-    encode,
-)
 from protocol_heads.mqtt.connection import (
     ConnectionState,
     ConnectRequested,
@@ -35,6 +26,9 @@ from protocol_heads.mqtt.connection import (
     SubscribeRequested,
     UnsubscribeRequested,
 )
+from protocol_heads.mqtt.decoder import Decoder
+from protocol_heads.mqtt.encoder import encode
+from protocol_heads.mqtt.packets import MalformedPacket, Packet, PacketTooLarge, ProtocolViolation, ReasonCode
 
 __all__ = ["DECLARED", "check_connection", "check_decoder", "check_round_trip", "decode_all"]
 

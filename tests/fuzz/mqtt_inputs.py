@@ -12,7 +12,8 @@ import itertools
 
 from hypothesis import strategies as st
 
-from protocol_heads.mqtt.codec import (
+from protocol_heads.mqtt.encoder import encode
+from protocol_heads.mqtt.packets import (
     MAX_VARINT,
     MQTT_50,
     MQTT_311,
@@ -36,7 +37,6 @@ from protocol_heads.mqtt.codec import (
     UnsubAck,
     Unsubscribe,
     Will,
-    encode,
 )
 
 __all__ = [

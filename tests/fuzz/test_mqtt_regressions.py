@@ -10,8 +10,10 @@ import pytest
 
 from edgehub.core import Identity
 from edgehub.testing import InMemoryHub
-from protocol_heads.mqtt.codec import MQTT_50, MQTT_311, Connect, Decoder, ProtocolViolation, encode
 from protocol_heads.mqtt.connection import ConnectRequested, ProtocolFailed, ServerConnection
+from protocol_heads.mqtt.decoder import Decoder
+from protocol_heads.mqtt.encoder import encode
+from protocol_heads.mqtt.packets import MQTT_50, MQTT_311, Connect, ProtocolViolation
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 
 

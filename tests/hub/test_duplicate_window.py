@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from edgehub.core import Identity, Message
+from edgehub.core.refusals import RefusalReason
 from edgehub.hub import Rejected, Stored
 from edgehub.hub.dedup import DEDUP_PREFIX
 from edgehub.hub.facade import EdgeHub
@@ -45,6 +46,35 @@ async def test_two_copies_in_one_group_store_the_first_and_drop_the_second() -> 
         assert second == Stored(None, duplicate=True)
         assert queued(store) == [b"a"]
         assert hub.duplicates_dropped == 1
+
+
+async def test_a_copy_later_in_a_group_is_dropped_and_the_messages_around_it_are_stored_in_order() -> None:
+    # The copy of m-1 waits for the first one to be settled, which needs the messages before it written first:
+    # the group is stored in two writes, in order, and answered as one.
+    store = Store.in_memory()
+    async with hub_over(store, ManualClock()) as hub:
+        group = [msg("m-1", b"a"), msg("m-2", b"b"), msg("m-1", b"c"), msg("m-3", b"d")]
+        outcomes = await asyncio.wait_for(hub.ingest(DEV, group), 10)
+        assert [o.duplicate for o in outcomes if isinstance(o, Stored)] == [False, False, True, False]
+        assert queued(store) == [b"a", b"b", b"d"]
+        assert [k for k, _ in store.metadata_items(DEDUP_PREFIX)] == [
+            "dedup/dev1/m-1",
+            "dedup/dev1/m-2",
+            "dedup/dev1/m-3",
+        ]
+        assert store.groups_written == 2
+
+
+async def test_a_refused_first_copy_lets_its_second_copy_in_the_same_group_through() -> None:
+    store = Store.in_memory(default_policy=QueuePolicy(max_message_size_bytes=200))
+    async with hub_over(store, ManualClock()) as hub:
+        refused, taken = await asyncio.wait_for(hub.ingest(DEV, [msg("m-1", b"x" * 300), msg("m-1", b"small")]), 10)
+        assert isinstance(refused, Rejected)
+        assert refused.reason == RefusalReason.MESSAGE_TOO_LARGE
+        assert isinstance(taken, Stored)
+        assert not taken.duplicate
+        assert queued(store) == [b"small"]
+        assert hub.duplicates_dropped == 0
 
 
 async def test_the_record_of_an_accepted_id_is_in_the_metadata_and_goes_once_its_window_has_passed() -> None:

@@ -177,3 +177,42 @@ def test_disk_store_quota_is_what_the_store_holds_plus_half_the_free_space_cappe
     got = disk_store_quota(tmp_path, 1000, cap_bytes=1 << 62)
     assert abs(got - (1000 + free // 2)) <= 1 << 20  # the disk may move a little between the two looks
     assert disk_store_quota(tmp_path, 1000, cap_bytes=5000) == 5000
+
+
+async def test_a_group_is_counted_per_endpoint_and_per_sender_whether_routed_alike_or_not(
+    store_factory: StoreFactory,
+) -> None:
+    # The usage of a group is counted once for the group: check it against the sums message by message, for a
+    # group routed alike (one step) and for one whose messages go to different endpoints (one per message).
+    s = store_factory()
+    try:
+        await s.enqueue_many([(msg("devA"), BOTH_ROUTES) for _ in range(3)], sender="devA")
+        assert (s.usage("up"), s.usage("side"), s.usage(None)) == ((3, 1500), (3, 1500), (3, 1500))
+        assert s.identity_usage("devA") == (3, 1500)
+        mixed = [(msg("devB", 300), UP_ROUTE), (msg("devC", 200), BOTH_ROUTES), (msg("devB", 100), [])]
+        await s.enqueue_many(mixed)  # no sender named: each message's own (its connectionDeviceId)
+        assert (s.usage("up"), s.usage("side"), s.usage(None)) == ((5, 2000), (4, 1700), (5, 2000))
+        assert (s.identity_usage("devB"), s.identity_usage("devC")) == ((1, 300), (1, 200))  # routed nowhere: 0
+    finally:
+        await s.close()
+    s = store_factory()  # the counts were written with the groups
+    try:
+        assert (s.usage("up"), s.usage("side"), s.usage(None)) == ((5, 2000), (4, 1700), (5, 2000))
+        assert (s.identity_usage("devA"), s.identity_usage("devB")) == ((3, 1500), (1, 300))
+    finally:
+        await s.close()
+
+
+async def test_a_commit_uncounts_each_sender_when_their_groups_interleave_in_a_queue(
+    store_factory: StoreFactory,
+) -> None:
+    s = store_factory()
+    try:
+        for sender, size in [("devA", 500), ("devB", 300), ("devA", 400), ("devB", 200)]:
+            await s.enqueue_many([(msg(sender, size), UP_ROUTE) for _ in range(2)], sender=sender)
+        assert (s.identity_usage("devA"), s.identity_usage("devB")) == ((4, 1800), (4, 1000))
+        await s.commit(UP, 5)  # delivered and held in memory: removed with the commit, runs A, B, A
+        assert (s.identity_usage("devA"), s.identity_usage("devB")) == ((0, 0), (2, 400))
+        assert s.usage("up") == (2, 400)
+    finally:
+        await s.close()

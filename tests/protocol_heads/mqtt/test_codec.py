@@ -9,12 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgehub.core import LocalProtocolError, RemoteProtocolError
-from protocol_heads.mqtt.codec import (
+from protocol_heads.mqtt.decoder import Decoder, decode_varint
+from protocol_heads.mqtt.encoder import encode, encode_varint
+from protocol_heads.mqtt.packets import (
     MQTT_50,
     Auth,
     ConnAck,
     Connect,
-    Decoder,
     Disconnect,
     MalformedPacket,
     Packet,
@@ -36,9 +37,6 @@ from protocol_heads.mqtt.codec import (
     UnsubAck,
     Unsubscribe,
     Will,
-    decode_varint,
-    encode,
-    encode_varint,
 )
 
 # --- packet builders, written independently of the codec (as paho's tests do) -------------------------------

@@ -8,11 +8,28 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgehub.core import LocalProtocolError
-from protocol_heads.mqtt.codec import (
+from protocol_heads.mqtt.connection import (
+    ROWS,
+    TRANSITIONS,
+    TRIGGER_OF,
+    ConnectionState,
+    ConnectRequested,
+    DeliveryAcked,
+    Disconnected,
+    Event,
+    MessageReceived,
+    ProtocolFailed,
+    ServerConnection,
+    SubscribeRequested,
+    Trigger,
+    UnsubscribeRequested,
+)
+from protocol_heads.mqtt.decoder import Decoder
+from protocol_heads.mqtt.encoder import encode
+from protocol_heads.mqtt.packets import (
     MQTT_50,
     ConnAck,
     Connect,
-    Decoder,
     Disconnect,
     Packet,
     PingReq,
@@ -30,23 +47,6 @@ from protocol_heads.mqtt.codec import (
     Subscription,
     UnsubAck,
     Unsubscribe,
-    encode,
-)
-from protocol_heads.mqtt.connection import (
-    ROWS,
-    TRANSITIONS,
-    TRIGGER_OF,
-    ConnectionState,
-    ConnectRequested,
-    DeliveryAcked,
-    Disconnected,
-    Event,
-    MessageReceived,
-    ProtocolFailed,
-    ServerConnection,
-    SubscribeRequested,
-    Trigger,
-    UnsubscribeRequested,
 )
 
 
@@ -345,6 +345,18 @@ def test_outbound_window_limits_inflight_and_pubacks_free_it() -> None:
     assert pair.send(PubAck(ids[0])) == [DeliveryAcked(ids[0], 0)]
     assert pair.server.window_free == 1
     assert list(pair.server.inflight()) == [ids[1]]
+
+
+def test_a_closed_connection_has_no_window_and_refuses_a_send() -> None:
+    pair = Pair(outbound_window=4)
+    pair.connect()
+    pair.received()
+    pair.server.send_message("in", b"a")
+    assert pair.server.window_free == 3
+    pair.server.close()
+    assert pair.server.window_free == 0  # the hub's pump asks this alone before it sends
+    with pytest.raises(LocalProtocolError, match="send_message in state closed"):
+        pair.server.send_message("in", b"b")
 
 
 def test_a_read_of_plain_pubacks_settles_deliveries_without_events() -> None:

@@ -8,10 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgehub.core import LocalProtocolError
-from protocol_heads.mqtt.codec import (
+from protocol_heads.mqtt.decoder import Decoder
+from protocol_heads.mqtt.encoder import encode
+from protocol_heads.mqtt.fastpaths import encode_qos1_publish, plain_puback_ids, puback_success
+from protocol_heads.mqtt.packets import (
     MQTT_50,
     MQTT_311,
-    Decoder,
     MalformedPacket,
     Packet,
     PacketTooLarge,
@@ -20,9 +22,7 @@ from protocol_heads.mqtt.codec import (
     ProtocolViolation,
     PubAck,
     Publish,
-    encode,
 )
-from protocol_heads.mqtt.fastpaths import encode_qos1_publish, plain_puback_ids, puback_success
 
 ALLOWED = (MalformedPacket, ProtocolViolation, PacketTooLarge)
 

@@ -21,7 +21,8 @@ from edgehub.core import Message
 from edgehub.testing import InMemoryHub
 from edgehub.testing.certs import TestCA
 from protocol_heads.mqtt.client_socket import ClientSocket
-from protocol_heads.mqtt.codec import (
+from protocol_heads.mqtt.encoder import encode
+from protocol_heads.mqtt.packets import (
     MQTT_50,
     ConnAck,
     Connect,
@@ -34,7 +35,6 @@ from protocol_heads.mqtt.codec import (
     SubAck,
     Subscribe,
     Subscription,
-    encode,
 )
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 from tests.protocol_heads.mqtt.conftest import DEV, DEVICE_KEY, HOST, sas_password, server_context, username

@@ -11,7 +11,8 @@ import logging
 import pytest
 
 from edgehub.testing import InMemoryHub
-from protocol_heads.mqtt.codec import Connect, Will, encode
+from protocol_heads.mqtt.encoder import encode
+from protocol_heads.mqtt.packets import Connect, Will
 from protocol_heads.mqtt.server import MqttServer
 from tests.protocol_heads.mqtt.conftest import DEV, DEVICE_KEY, sas_password, username
 
