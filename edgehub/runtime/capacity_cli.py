@@ -15,9 +15,9 @@ import re
 
 import click
 
+from edgehub.core.units import parse_rate_bps
 from edgehub.runtime.capacity import CapacityPlan, measure_overhead, overhead_bytes, plan
 from edgehub.runtime.limits_cli import parse_lifetime_s, parse_store_quota
-from edgehub.testing.linksim import parse_rate_bps
 
 __all__ = ["capacity", "format_plan", "parse_message_rate"]
 

@@ -14,6 +14,7 @@ from click.core import ParameterSource
 
 import edgehub
 from edgehub.core import ConfigurationError, StoreError
+from edgehub.core.units import parse_duration_s, parse_rate_bps
 from edgehub.hub.lanes import UpstreamOptions
 from edgehub.hub.modules import DEFAULT_WINDOW
 from edgehub.manifest import MAX_PARTITIONS, ManifestError, load_desired_file, parse_deployment, read_manifest_file
@@ -42,7 +43,6 @@ from edgehub.runtime.routes_cli import describe_routes, routes
 from edgehub.runtime.sdnotify import SystemdNotifier
 from edgehub.runtime.status_cli import deadletter, status
 from edgehub.runtime.store_cli import store
-from edgehub.testing.linksim import parse_duration_s, parse_rate_bps
 from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstreamSettings, TlsSettings, WireMode
 from edgehub.upstream.segment import Codec
 

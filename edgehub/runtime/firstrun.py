@@ -25,8 +25,8 @@ from pathlib import Path
 import click
 
 from edgehub.core.sas import ConnectionString
+from edgehub.core.units import parse_duration_s
 from edgehub.runtime.hub_runtime import HubConfig, UploadUpstreamSettings
-from edgehub.testing.linksim import parse_duration_s
 
 __all__ = ["DEMO_DEVICE", "connect_help", "connect_help_for", "default_landing", "edgehub_command", "sas_token"]
 

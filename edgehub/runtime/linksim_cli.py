@@ -24,10 +24,13 @@ import signal
 
 import click
 
-from edgehub.testing.linksim import LinkSim, OutageMode, parse_duration_s, parse_rate_bps
-from edgehub.testing.tcshape import TbfNamespace, TcError
+from edgehub.core.units import parse_duration_s, parse_rate_bps
 
-__all__ = ["link_sim"]
+__all__ = ["OUTAGE_MODES", "link_sim"]
+
+# OutageMode's values, written out: importing edgehub.testing here would load the test doubles into every
+# ``edgehub`` process, ``edgehub run``'s included (tests/runtime/test_linksim_cli.py keeps the two equal).
+OUTAGE_MODES = ("silent", "cut")
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -45,7 +48,7 @@ def _host_port(text: str) -> tuple[str, int]:
 @click.option("--delay", default="0ms", show_default=True, help="One-way delay, e.g. 300ms.")
 @click.option("--jitter", default="0ms", show_default=True, help="Uniform jitter around the delay.")
 @click.option("--outage", default=None, help="DOWN/PERIOD, e.g. 60s/300s.")
-@click.option("--outage-mode", type=click.Choice([m.value for m in OutageMode]), default="silent", show_default=True)
+@click.option("--outage-mode", type=click.Choice(OUTAGE_MODES), default="silent", show_default=True)
 def link_sim(
     listen: str | None,
     target: str | None,
@@ -57,6 +60,8 @@ def link_sim(
     outage_mode: str,
 ) -> None:
     """Run a shaped TCP link between LISTEN and TARGET (or shape a namespace's loopback with --tc-netns)."""
+    from edgehub.testing.linksim import LinkSim, OutageMode  # here: only this command needs the simulator
+
     if tc_netns is not None:
         _run_tc(tc_netns, rate, delay, jitter, outage)
         return
@@ -96,6 +101,8 @@ def link_sim(
 
 
 def _run_tc(name: str, rate: str | None, delay: str, jitter: str, outage: str | None) -> None:
+    from edgehub.testing.tcshape import TbfNamespace, TcError
+
     if not rate:
         raise click.UsageError("--tc-netns needs --rate")
     if parse_duration_s(delay) or parse_duration_s(jitter) or outage:

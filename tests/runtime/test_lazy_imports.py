@@ -1,5 +1,6 @@
 """A hub start loads only what serving needs: cryptography (~14 MB of RSS) only when it makes its certificates
-(the first start), fsspec (~15 MB) only for an upload transport. Checked in a fresh interpreter, since this one
+(the first start), fsspec (~15 MB) only for an upload transport, and never the test doubles of edgehub.testing
+(~0.9 MB; ``edgehub link-sim`` loads its simulator when it runs). Checked in a fresh interpreter, since this one
 has loaded both for other tests."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import edgehub.runtime.cli
 from edgehub.runtime.certs import ensure_certs, server_ssl_context
 server_ssl_context(ensure_certs(Path(sys.argv[1])))
-print(sorted(m for m in ("cryptography", "fsspec") if m in sys.modules))
+print(sorted(m for m in ("cryptography", "fsspec", "edgehub.testing") if m in sys.modules))
 """
 
 
@@ -26,7 +27,9 @@ def loaded_by_a_start(certs: Path) -> str:
     return out.stdout.strip()
 
 
-def test_a_start_with_certificates_in_place_loads_neither_cryptography_nor_fsspec(tmp_path: Path) -> None:
+def test_a_start_with_certificates_in_place_loads_neither_cryptography_nor_fsspec_nor_the_test_doubles(
+    tmp_path: Path,
+) -> None:
     assert ensure_certs(tmp_path / "certs").created
     assert loaded_by_a_start(tmp_path / "certs") == "[]"
 

@@ -9,6 +9,8 @@ import sys
 from click.testing import CliRunner
 
 from edgehub.runtime.cli import main
+from edgehub.runtime.linksim_cli import OUTAGE_MODES
+from edgehub.testing.linksim import OutageMode
 
 
 def _free_port() -> int:
@@ -16,6 +18,10 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def test_the_outage_modes_offered_are_the_simulators() -> None:
+    assert tuple(m.value for m in OutageMode) == OUTAGE_MODES
 
 
 def test_link_sim_refuses_a_rate_it_cannot_read() -> None:
