@@ -1,9 +1,7 @@
-"""The stamps the hub puts on every message on its way in (``edgehub.hub.stamps``): held to ``uuid4`` and
-``isoformat``, one copy per message, a forged module id dropped."""
+"""The stamps the hub puts on every message on its way in (``edgehub.hub.stamps``): ids unique per start and
+prefix, times held to ``isoformat``, one copy per message, a forged module id dropped."""
 
 from __future__ import annotations
-
-import uuid
 
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -24,14 +22,17 @@ def test_stamped_enqueued_time_reads_exactly_as_isoformat(epoch_s: float) -> Non
     assert STAMPER.iso_utc(epoch_s) == utc_from_epoch(epoch_s).isoformat()
 
 
-def test_stamped_edge_message_ids_are_distinct_version_4_uuids() -> None:
-    ids = [m.edge_message_id for m in STAMPER.stamp_group([Message(body=b"x")] * 5000, {})]
-    assert len(set(ids)) == len(ids)
-    for text in ids:
-        assert text is not None
-        assert len(text) == 32
-        parsed = uuid.UUID(hex=text)
-        assert (parsed.version, parsed.variant, parsed.hex) == (4, uuid.RFC_4122, text)
+def test_stamped_edge_message_ids_are_distinct_and_share_one_random_prefix_per_start() -> None:
+    stamper = Stamper(ManualClock())
+    ids = [m.edge_message_id for m in stamper.stamp_group([Message(body=b"x")] * 5000, {})]
+    ids += [m.edge_message_id for m in stamper.stamp_group([Message(body=b"y")] * 3, {})]
+    assert len(set(ids)) == len(ids) == 5003
+    assert all(text is not None and len(text) == 32 and int(text, 16) >= 0 for text in ids)
+    assert len({text[:16] for text in ids if text}) == 1  # one prefix per start
+    assert [int(text[16:], 16) for text in ids if text] == list(range(5003))  # then a counter, group after group
+    # another start (a new stamper) draws another prefix: ids stay unique per hub across restarts
+    other = Stamper(ManualClock()).edge_message_ids(1)[0]
+    assert other[:16] != ids[0][:16]  # type: ignore[index]
 
 
 def test_stamps_already_present_are_kept() -> None:
