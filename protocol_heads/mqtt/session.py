@@ -1,6 +1,6 @@
 """The session side of one MQTT connection: what the client is to the hub. It authenticates the client,
 acts on ``ServerConnection``'s events (subscriptions, deliveries' acks, will), hands each read's PUBLISHes to
-``Hub.ingest`` as one group, answers twin requests, and carries the hub's deliveries out (``_Link``).
+``Hub.ingest`` as one group, answers twin requests, and carries the hub's deliveries out (``SessionLink``, ``link.py``).
 
 It never touches the socket: bytes, timers and reading pauses belong to the socket side (``ClientSocket`` in
 ``client_socket.py``), which feeds it reads and which it asks to flush, pause or end.
@@ -31,24 +31,20 @@ import msgspec
 
 from edgehub.core import (
     AuthenticationError,
-    DeliveryError,
     EdgeHubError,
-    FailureKind,
     Identity,
     IngestRejected,
     InvalidMessageError,
-    LocalProtocolError,
     Message,
     StorageIOError,
     StoreError,
-    SystemProperty,
     TwinError,
 )
 from edgehub.core.refusals import RefusalReason
-from edgehub.hub import AuthResult, Credentials, Delivery, Rejected
+from edgehub.hub import AuthResult, Credentials, Rejected
 from protocol_heads.mqtt.caches import BudgetDict
 from protocol_heads.mqtt.children import Children
-from protocol_heads.mqtt.connection import PeerPacketTooLarge, ServerConnection
+from protocol_heads.mqtt.connection import ServerConnection
 from protocol_heads.mqtt.events import (
     ConnectRequested,
     DeliveryAcked,
@@ -63,11 +59,7 @@ from protocol_heads.mqtt.iothub import (
     TelemetryTopic,
     TopicError,
     TwinRequest,
-    delivery_user_properties,
-    device_bound_topic,
     message_from_publish,
-    method_request_topic,
-    module_input_topic,
     parse_client_id,
     parse_publish_topic,
     parse_twin_request,
@@ -75,8 +67,9 @@ from protocol_heads.mqtt.iothub import (
     twin_response_topic,
     username_identity,
 )
+from protocol_heads.mqtt.link import SessionLink
 from protocol_heads.mqtt.methods import ModuleCalls
-from protocol_heads.mqtt.packets import MQTT_50, NO_PROPERTIES, Connect, Properties, PropertyId, Publish, ReasonCode
+from protocol_heads.mqtt.packets import NO_PROPERTIES, Connect, PropertyId, Publish, ReasonCode
 
 if TYPE_CHECKING:
     from protocol_heads.mqtt.client_socket import ClientSocket
@@ -116,81 +109,6 @@ def shown(text: str, limit: int = 128) -> str:
     return text if text.isprintable() and " " not in text else repr(text)
 
 
-class _Link:
-    """The ``ClientLink`` the hub sends deliveries through."""
-
-    def __init__(self, session: Session) -> None:
-        self._session: Session | None = session  # None once the connection is disposed of (no cycle left)
-        self.pending: dict[int, int] = {}  # packet id → delivery id
-
-    @property
-    def window_free(self) -> int:
-        session = self._session
-        if session is None:
-            return 0
-        return session.conn.window_free if session.listening else 0  # a closed connection's window is 0
-
-    def send_desired_patch(self, patch: bytes, version: int) -> None:
-        """``TwinLink``: a desired-properties patch, QoS 0 as IoT Hub sends it, if the client subscribed to it."""
-        session = self._session
-        if session is not None:
-            session._respond(f"$iothub/twin/PATCH/properties/desired/?$version={version}", patch)
-            session.sock.schedule_flush()  # sent from outside a read: nothing else flushes it
-
-    def send(self, delivery: Delivery) -> None:
-        session = self._session
-        if session is None:
-            raise DeliveryError("client is gone", endpoint="mqtt", kind=FailureKind.TRANSIENT)
-        conn = session.conn
-        peer = session.sock.peer
-        if session.identity is None:
-            raise DeliveryError("client is not connected", endpoint=peer, kind=FailureKind.TRANSIENT)
-        m = delivery.message
-        if delivery.input_name is None:
-            topic = device_bound_topic(session.identity, m)
-        else:
-            topic = module_input_topic(session.identity, delivery.input_name, m)
-        props = NO_PROPERTIES  # a 3.1.1 client gets the topic's property bag only
-        if conn.protocol_level == MQTT_50:
-            values: dict[PropertyId, int | str | bytes] = {}
-            ct = m.system_properties.get(SystemProperty.CONTENT_TYPE)
-            if ct:
-                values[PropertyId.CONTENT_TYPE] = ct
-            cid = m.system_properties.get(SystemProperty.CORRELATION_ID)
-            if cid:
-                values[PropertyId.CORRELATION_DATA] = cid.encode()
-            props = Properties(values, delivery_user_properties(m))
-        try:
-            packet_id = conn.send_message(topic, m.body, qos=1, properties=props, dup=delivery.redelivery)
-        except PeerPacketTooLarge as exc:
-            raise DeliveryError(str(exc), endpoint=peer, kind=FailureKind.PERMANENT) from exc
-        except LocalProtocolError as exc:
-            # A closed connection is one such misuse (the state table refuses the send): said plainly.
-            text = "client is not connected" if conn.closed else str(exc)
-            raise DeliveryError(text, endpoint=peer, kind=FailureKind.TRANSIENT) from exc
-        assert packet_id is not None
-        self.pending[packet_id] = delivery.delivery_id
-        # The hub sends a window of deliveries at a time: one write for all of them, not a syscall each.
-        session.sock.schedule_flush()
-
-    relays_modules = False  # edgehub.hub.methods.MethodLink: it is the client's own link
-
-    def send_method_request(self, rid: str, name: str, payload: bytes, target: Identity) -> bool:
-        """``edgehub.hub.methods.MethodLink``: the call as QoS 0 (as IoT Hub sends them), if the client listens."""
-        session = self._session
-        if session is None or session.conn.closed:
-            return False
-        topic = method_request_topic(name, rid)
-        if not any(topic_matches(f, topic) for f in session.subscriptions):
-            return False  # IoT Hub answers 404 for a device that has not subscribed to its methods
-        try:
-            session.conn.send_message(topic, payload, qos=0)
-        except (PeerPacketTooLarge, LocalProtocolError):
-            return False
-        session.sock.schedule_flush()
-        return True
-
-
 class Session:
     """The session side of one connection (module docstring); ``sock`` is its socket side."""
 
@@ -202,7 +120,7 @@ class Session:
         self.conn = conn
         self.identity: Identity | None = None
         self.auth_method = ""
-        self.link = _Link(self)
+        self.link = SessionLink(self)
         self.subscriptions: set[str] = set()
         self.registered = False
         self.clean_exit = False
