@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
-import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,8 +17,7 @@ from edgehub.hub.modules import DEFAULT_WINDOW
 from edgehub.manifest import MAX_PARTITIONS, ManifestError, load_desired_file, parse_deployment, read_manifest_file
 from edgehub.runtime.admin_runtime import DEFAULT_ADMIN_PORT
 from edgehub.runtime.capacity_cli import capacity
-from edgehub.runtime.certs import HubCerts
-from edgehub.runtime.firstrun import connect_help_for, default_landing, edgehub_command, sas_token
+from edgehub.runtime.firstrun import default_landing, sas_token
 from edgehub.runtime.hub_runtime import (
     DEFAULT_HOST_NAME,
     HubConfig,
@@ -29,7 +25,6 @@ from edgehub.runtime.hub_runtime import (
     UploadUpstreamSettings,
     UpstreamOverrides,
     landing_zone,
-    serve,
     transport_settings,
     upstream_options,
 )
@@ -40,7 +35,7 @@ from edgehub.runtime.logs import LogFormat, configure_logging
 from edgehub.runtime.profile_cli import describe_profile, profile_options
 from edgehub.runtime.profiles import Profile
 from edgehub.runtime.routes_cli import describe_routes, routes
-from edgehub.runtime.sdnotify import SystemdNotifier
+from edgehub.runtime.serving import loop_factory, serve_until_signalled, start_failures, tune_gc
 from edgehub.runtime.status_cli import deadletter, status
 from edgehub.runtime.store_cli import store
 from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstreamSettings, TlsSettings, WireMode
@@ -506,100 +501,11 @@ def run(
         loop_name, factory = loop_factory(event_loop)
         click.echo(f"event loop: {loop_name}")
         with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(_serve(config))
+            runner.run(serve_until_signalled(config))
     except (ConfigurationError, StoreError, OSError, ExceptionGroup) as exc:
-        reasons = _start_failures(exc)
+        reasons = start_failures(exc)
         if reasons is None:
             raise
         click.echo(f"edgehub: {'; '.join(reasons)}", err=True)
         raise SystemExit(1) from None
     click.echo("stopped")
-
-
-def loop_factory(name: str) -> tuple[str, Callable[[], asyncio.AbstractEventLoop]]:
-    """The event loop ``edgehub run`` serves on (the name of the one it got, and its factory). uvloop by default
-    (its transports, handles and timers are C: less CPU per message, README "Design notes"); ``asyncio`` is the
-    fallback where uvloop is not installed (it has no Windows build)."""
-    if name == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            click.echo("edgehub: uvloop is not installed; serving on the asyncio event loop", err=True)
-        else:
-            return "uvloop", uvloop.new_event_loop
-    return "asyncio", asyncio.new_event_loop
-
-
-GC_THRESHOLDS = (50_000, 20, 100)
-
-
-def tune_gc() -> None:
-    """Fewer, cheaper cyclic collections for a long-running hub: what is loaded at start (some 10^5 objects of
-    imported modules) is frozen out of every collection, and a young collection runs every 50,000 container
-    allocations instead of 700. Garbage without cycles is freed at once whatever the thresholds; what closed
-    connections leave in cycles is collected after churn (``edgehub.runtime.memory``)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-
-
-_START_FAILURES = (ConfigurationError, StoreError, OSError)
-
-
-def _start_failures(exc: Exception) -> list[str] | None:
-    """What to tell the user when ``exc`` is one of the failures a start can meet (a port already taken, a
-    locked store), also when the task groups of the head and the executors wrapped them; None for anything
-    else, which is a bug and keeps its traceback."""
-    if not isinstance(exc, ExceptionGroup):
-        return [str(exc)]
-    expected, rest = exc.split(_START_FAILURES)
-    if expected is None or rest is not None:
-        return None
-    leaves: list[str] = []
-    stack: list[BaseException] = [expected]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, BaseExceptionGroup):
-            stack.extend(reversed(e.exceptions))
-        else:
-            leaves.append(str(e))
-    return leaves
-
-
-async def _serve(config: HubConfig) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    systemd = SystemdNotifier.from_environment()  # READY=1, WATCHDOG=1, STOPPING=1 under Type=notify
-
-    def stopping() -> None:
-        if not stop.is_set():
-            systemd.stopping()
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping)
-
-    ca_pems: list[Path] = []
-
-    def certs(c: HubCerts) -> None:
-        verb = "created" if c.created else "using"
-        click.echo(f"{verb} TLS certificates in {c.ca_pem.parent}; clients trust {c.ca_pem}")
-        ca_pems.append(c.ca_pem)
-
-    def ready(ports: dict[str, int]) -> None:
-        admin = ports.pop("admin", None)
-        # MQTT's listeners first (scripts read "listening: tls HOST:PORT"), then AMQP's.
-        order = sorted(ports.items(), key=lambda item: (item[0].startswith("amqp"), item[0]))
-        where = ", ".join(f"{kind} {config.host}:{port}" for kind, port in order)
-        click.echo(f"listening: {where}", nl=True)
-        if admin is not None:
-            click.echo(f"admin API: http://127.0.0.1:{admin} (bearer token in {config.data_dir / 'admin.token'})")
-        click.echo(f"store: {config.data_dir / 'store'}; ready")
-        help_lines = connect_help_for(config, ports, ca_pems[0], edgehub=edgehub_command())
-        for line in help_lines:
-            click.echo(line)
-        sys.stdout.flush()
-        systemd.ready(f"listening: {where}")
-
-    async with systemd.watchdog():
-        await serve(config, stop=stop, on_certs=certs, on_ready=ready)

@@ -46,6 +46,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -69,6 +70,7 @@ from edgehub.store.codec import (
     unpack_u64,
 )
 from edgehub.store.dead_letters import DeadLetters
+from edgehub.store.eviction import evict_one
 from edgehub.store.held import MAX_BYTES, HeldCache
 from edgehub.store.ingest import Ingest, Pending
 from edgehub.store.maintenance import Maintenance
@@ -146,7 +148,7 @@ class Store:
         self._admission = Admission(
             self._usage,
             self._clock,
-            self._evict_one,
+            functools.partial(evict_one, self),
             default_policy=default_policy,
             endpoint_policies=endpoint_policies,
             store_quota=store_quota,
@@ -539,21 +541,9 @@ class Store:
         state = self._queues.get(queue)
         return 0 if state is None else await self._maint.remove_delivered(state, chunk)
 
-    async def _evict_one(self, endpoint: str | None) -> bool:
-        """discardOldest's step: from the head of the lowest-priority non-empty queue (of ``endpoint``, or of
-        any endpoint), remove the delivered references there, else the oldest one. False: nothing to evict."""
-        candidates = [q for q in self.queues(endpoint) if self.references(q, 0, 1)]
-        if not candidates:
-            return False
-        victim = max(candidates, key=lambda q: (q.priority, q.endpoint))  # lowest priority
-        head = self.references(victim, self._queues[victim].head_hint, 16)
-        committed = self._queues[victim].checkpoint.committed
-        delivered = [r.offset for r in head if r.offset <= committed]
-        if delivered:
-            await self.remove(victim, delivered, RemovalReason.DELIVERED)
-        else:
-            await self.remove(victim, [head[0].offset], RemovalReason.OVERFLOW)
-        return True
+    def head_hint(self, queue: QueueId) -> int:
+        """An offset at or below the queue's first live reference (where its reads start)."""
+        return self._queues[queue].head_hint
 
     # -- dead letters and metadata ------------------------------------------------------------------------
     async def dead_letter(self, item: StoredItem, *, reason: str, attempts: int, error: str | None = None) -> int:

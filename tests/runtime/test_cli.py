@@ -10,8 +10,9 @@ import pytest
 from click.testing import CliRunner
 from fsspec.registry import known_implementations
 
-from edgehub.runtime.cli import DEFAULT_MANIFEST, GC_THRESHOLDS, main, show_transport, tune_gc
+from edgehub.runtime.cli import DEFAULT_MANIFEST, main, show_transport
 from edgehub.runtime.hub_runtime import UploadUpstreamSettings
+from edgehub.runtime.serving import GC_THRESHOLDS, tune_gc
 
 
 def write(path: Path, doc: object) -> str:
