@@ -10,6 +10,11 @@ from an empty lake and checkpoint, each in its own ``spark-submit``/Python proce
 the previous one's warm JVM. The figure is input records over the job's own run time (the ``ingest.run_done``
 line), so JVM and cluster start-up are not counted.
 
+Floor: ``bench.spark_floor`` at local[1], pinned as the job's local[1] is, on the same landing zone in the same
+rounds: Spark reading the same gzip'ed JSON lines with the same schema and writing them to Parquet, nothing else.
+``job_over_floor`` = the job's median local[1] records/s over the floor's (1.0: the job costs no more than
+parsing and writing its input).
+
 Peer: local[1] is the baseline; ``scaling_ratio`` = median local[2] records/s / median local[1] records/s.
 Each local[N] run is given N cores (its process's CPU affinity, which the JVM inherits and sizes its compiler
 and GC threads by), as a cluster manager gives an executor of N cores N cores: the ratio is what a second core
@@ -130,6 +135,21 @@ def run_local(
     return _run_done(done.stdout)
 
 
+_FLOOR_ROWS = re.compile(r"floor\.rows written=([0-9]+)")
+
+
+def run_floor(landing: Path, work: Path, *, lines: int, cores: set[int] | None) -> tuple[float, float]:
+    """One run of the floor job (``bench.spark_floor``) at local[1] in its own process; (elapsed_s, cpu_s)."""
+    cmd = [sys.executable, "-m", "bench.spark_floor", "--master", "local[1]", "--landing", str(landing)]
+    cmd += ["--out", str(work / "floor")]
+    pin = None if cores is None else (lambda: os.sched_setaffinity(0, cores))
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=1800, preexec_fn=pin)
+    rows = _FLOOR_ROWS.search(done.stdout)
+    if rows is None or int(rows.group(1)) != lines:
+        raise RuntimeError(f"the floor job wrote {rows and rows.group(1)} rows, not {lines}:\n{done.stdout[-2000:]}")
+    return _run_done(done.stdout)
+
+
 def run_cluster(landing: Path, work: Path) -> tuple[float, float]:
     """(elapsed_s of the run, CPU seconds of every cluster process from start to stop)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -167,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         if ns.no_pin
         else [("local[1]", "local[1]", 1), ("local[2]", "local[2]", 2), ("local[1] unpinned", "local[1]", None)]
     )
+    # The floor (bench.spark_floor: read, parse with the same schema, write Parquet) at local[1], pinned as the
+    # job's local[1] is, in the same rounds.
+    modes.append(("floor local[1]", "floor", None if ns.no_pin else 1))
     load_before = os.getloadavg()
     contended = 0
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
@@ -179,9 +202,12 @@ def main(argv: list[str] | None = None) -> int:
             for n, (label, master, pin) in enumerate(modes if round_no % 2 == 0 else modes[::-1]):
                 contended += _load_check(f"round {round_no + 1} {label}")
                 work = root / f"run-{round_no}-{n}"
-                took, cpu_s = run_local(
-                    master, root / "landing", work, driver_memory=ns.driver_memory, cores=_cores(pin)
-                )
+                if master == "floor":
+                    took, cpu_s = run_floor(root / "landing", work, lines=lines, cores=_cores(pin))
+                else:
+                    took, cpu_s = run_local(
+                        master, root / "landing", work, driver_memory=ns.driver_memory, cores=_cores(pin)
+                    )
                 shutil.rmtree(work, ignore_errors=True)
                 runs[label].append((took, cpu_s))
                 print(
@@ -219,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         "records_per_s_local1": round(lines / elapsed("local[1]")),
         "records_per_s_local2": round(lines / elapsed("local[2]")),
         "scaling_ratio": round(elapsed("local[1]") / elapsed("local[2]"), 3),
+        "floor_records_per_s_local1": round(lines / elapsed("floor local[1]")),
+        "job_over_floor": round(elapsed("floor local[1]") / elapsed("local[1]"), 3),
         "records_per_s_local1_unpinned": round(lines / elapsed(unpinned)),
         "scaling_ratio_unpinned": round(elapsed(unpinned) / elapsed("local[2]"), 3),
         "cpu_s_local1": round(cpu("local[1]"), 1),

@@ -105,7 +105,9 @@ def _system_properties(r: Column) -> Column:
 
 
 def classify(lines: DataFrame) -> DataFrame:
-    """Lines (``value``, ``source_file``, ``ingest_at``) to typed rows with a ``reason`` (null when good)."""
+    """Lines (``value``, ``source_file``, ``ingest_at``) to typed rows with a ``reason`` (null when good) and the
+    raw ``line``, kept for bad rows only (all the quarantine needs): a good row's line would be carried through the
+    dedup shuffle and the batch's cache for nothing."""
     rec = F.from_json("value", _PARSE_SCHEMA, {"columnNameOfCorruptRecord": _CORRUPT, "mode": "PERMISSIVE"})
     parsed = lines.select("value", "source_file", "ingest_at", rec.alias("r"))
     r = F.col("r")
@@ -131,7 +133,7 @@ def classify(lines: DataFrame) -> DataFrame:
         .when(body.isNull(), F.lit("body_not_base64"))
     )
     return parsed.select(
-        "value",
+        F.when(reason.isNotNull(), F.col("value")).alias("line"),
         "source_file",
         "ingest_at",
         reason.alias("reason"),
@@ -173,7 +175,7 @@ def deduplicated(classified: DataFrame, dedup_window: str) -> DataFrame:
     # they came from, so they never merge with a good row (two byte-identical bad lines in one file are one row).
     good_key = F.concat(F.lit("m:"), F.col("hub_id"), F.lit(":"), F.col("edge_message_id"))
     key = F.when(F.col("reason").isNull(), good_key).otherwise(
-        F.concat(F.lit("q:"), F.col("source_file"), F.lit(":"), F.sha2(F.col("value"), 256))
+        F.concat(F.lit("q:"), F.col("source_file"), F.lit(":"), F.sha2(F.col("line"), 256))
     )
     return (
         classified.withColumn("dedup_key", key)

@@ -67,6 +67,9 @@ def build_session(
         # 128 MB per input partition and 4 MB counted per file opened, a 100-file batch became 4 partitions of
         # 31/31/31/7 files: two cores finish unevenly and more cores sit idle. 16 MB gives ~4 files a partition.
         "spark.sql.files.maxPartitionBytes": "16m",
+        # No micro-batch without new data: such a batch only moves the dedup watermark and evicts old keys, which
+        # the next batch with data does as well, and each costs a planned, committed, metered run of the sink.
+        "spark.sql.streaming.noDataMicroBatches.enabled": "false",
         **(extra_conf or {}),
     }
     for key, value in conf.items():

@@ -191,13 +191,8 @@ def _write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
     lake.delete("_staging", tag)
 
     day = run.checkpoint.batch_at(batch_id).date().isoformat()
-    # The batch is computed once (classification, dedup state) and kept for the writes below; the raw line is
-    # kept for bad rows only, which is all the quarantine needs.
-    rows = batch.select(
-        *BRONZE_COLUMNS[:-1],  # ingest_date is the folder
-        "reason",
-        F.when(F.col("reason").isNotNull(), F.col("value")).alias("line"),
-    ).persist()
+    # The batch is computed once (classification, dedup state) and kept for the writes below.
+    rows = batch.select(*BRONZE_COLUMNS[:-1], "reason", "line").persist()  # ingest_date is the folder
     try:
         tally = rows.agg(
             F.count(F.when(F.col("reason").isNull(), 1)).alias("good"),

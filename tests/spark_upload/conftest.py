@@ -23,13 +23,3 @@ def spark() -> Iterator[SparkSession]:
         yield session
     finally:
         session.stop()
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The cluster test takes minutes: it runs when asked for by marker (``-m cluster``), not in every run."""
-    if "cluster" in (config.option.markexpr or ""):
-        return
-    kept = [item for item in items if item.get_closest_marker("cluster") is None]
-    if len(kept) != len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
-        items[:] = kept
