@@ -190,6 +190,12 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
 @click.option("--mqtts-port", type=int, default=8883, show_default=True, help="MQTT over TLS.")
 @click.option("--amqp-port", type=int, default=None, help="Plain AMQP 1.0 over TCP (off unless given).")
 @click.option("--amqps-port", type=int, default=5671, show_default=True, help="AMQP 1.0 over TLS.")
+@click.option(
+    "--no-amqp",
+    is_flag=True,
+    default=False,
+    help="Serve no AMQP at all (the AMQP head needs python-qpid-proton, which has no wheel for every platform).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
 @click.option("--host-name", default=DEFAULT_HOST_NAME, show_default=True, help="The hub's IoT Hub host name.")
 @click.option(
@@ -375,6 +381,7 @@ def run(
     mqtts_port: int,
     amqp_port: int | None,
     amqps_port: int,
+    no_amqp: bool,
     host: str,
     host_name: str,
     module_window: int,
@@ -459,8 +466,8 @@ def run(
         host=host,
         mqtt_port=mqtt_port,
         mqtts_port=mqtts_port,
-        amqp_port=amqp_port,
-        amqps_port=amqps_port,
+        amqp_port=None if no_amqp else amqp_port,
+        amqps_port=None if no_amqp else amqps_port,
         host_name=host_name,
         module_window=module_window,
         cleanup_interval_s=cleanup_interval,

@@ -101,7 +101,6 @@ from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, 
 from edgehub.upstream.segment import Codec, SegmentName
 from edgehub.upstream.twin_channel import TwinChannel
 from edgehub.upstream.upload_transport import UploadTransport
-from protocol_heads.amqp import AmqpServer, AmqpSettings
 from protocol_heads.mqtt.iothub import Acl
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 
@@ -503,6 +502,10 @@ async def serve(
             async with MqttServer(hub, settings=settings) as server, AsyncExitStack() as heads:
                 ports = dict(server.ports)
                 if config.amqp_port is not None or config.amqps_port is not None:
+                    # Imported only when AMQP is served: python-qpid-proton is built from source where PyPI has
+                    # no wheel (aarch64), and a hub started with --no-amqp runs without it.
+                    from protocol_heads.amqp import AmqpServer, AmqpSettings
+
                     amqp = AmqpSettings(
                         host=config.host,
                         tcp_port=config.amqp_port,

@@ -86,6 +86,7 @@ def main() -> None:
             str(data),
             "--mqtts-port",
             "0",
+            "--no-amqp",  # python-qpid-proton has no aarch64 wheel: the root installs wheels only (root.sh)
             "--profile",
             "pi-zero2w",
             "--upstream-upload",

@@ -1,7 +1,8 @@
 """A hub start loads only what serving needs: cryptography (~14 MB of RSS) only when it makes its certificates
 (the first start), fsspec (~15 MB) only for an upload transport, and never the test doubles of edgehub.testing
-(~0.9 MB; ``edgehub link-sim`` loads its simulator when it runs). Checked in a fresh interpreter, since this one
-has loaded both for other tests."""
+(~0.9 MB; ``edgehub link-sim`` loads its simulator when it runs), nor python-qpid-proton until the hub serves
+AMQP (``--no-amqp`` runs without it: it has no aarch64 wheel). Checked in a fresh interpreter, since this one has
+loaded them all for other tests."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import edgehub.runtime.cli
 from edgehub.runtime.certs import ensure_certs, server_ssl_context
 server_ssl_context(ensure_certs(Path(sys.argv[1])))
-print(sorted(m for m in ("cryptography", "fsspec", "edgehub.testing") if m in sys.modules))
+print(sorted(m for m in ("cryptography", "fsspec", "edgehub.testing", "proton") if m in sys.modules))
 """
 
 
