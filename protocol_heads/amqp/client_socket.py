@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import ssl
 from typing import TYPE_CHECKING, cast
@@ -23,6 +22,7 @@ from edgehub.core.refusals import RefusalReason
 from edgehub.hub import Cap, Ticket
 from protocol_heads.amqp.connection import AmqpConnection
 from protocol_heads.amqp.session import Session
+from protocol_heads.tls import peer_certificate
 
 if TYPE_CHECKING:
     from protocol_heads.amqp.server import AmqpServer
@@ -236,20 +236,7 @@ class ClientSocket(asyncio.Protocol):
         """The client certificate's SHA-256 thumbprint and common name, and whether it was verified."""
         if self.transport is None:
             return None, None, False
-        ssl_object = self.transport.get_extra_info("ssl_object")
-        if ssl_object is None:
-            return None, None, False
-        der = ssl_object.getpeercert(binary_form=True)
-        if not der:
-            return None, None, False
-        cn = None
-        info = ssl_object.getpeercert()
-        if info:
-            for rdn in info.get("subject", ()):
-                for key, value in rdn:
-                    if key == "commonName":
-                        cn = value
-        return hashlib.sha256(der).hexdigest(), cn, bool(info)
+        return peer_certificate(self.transport.get_extra_info("ssl_object"))
 
     # --- the connection's task ------------------------------------------------------------------------------
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
 import logging
 import os
 import socket
@@ -49,6 +48,7 @@ from edgehub.hub import Cap, Ticket
 from protocol_heads.mqtt.connection import ServerConnection
 from protocol_heads.mqtt.packets import ReasonCode
 from protocol_heads.mqtt.session import Session
+from protocol_heads.tls import peer_certificate
 
 if TYPE_CHECKING:
     from protocol_heads.mqtt.server import MqttServer
@@ -341,20 +341,7 @@ class ClientSocket(asyncio.BufferedProtocol):
     def peer_certificate(self) -> tuple[str | None, str | None, bool]:
         """The client certificate's SHA-256 thumbprint and common name, and whether it was verified."""
         assert self.transport is not None
-        ssl_object = self.transport.get_extra_info("ssl_object")
-        if ssl_object is None:
-            return None, None, False
-        der = ssl_object.getpeercert(binary_form=True)
-        if not der:
-            return None, None, False
-        cn = None
-        info = ssl_object.getpeercert()
-        if info:
-            for rdn in info.get("subject", ()):
-                for key, value in rdn:
-                    if key == "commonName":
-                        cn = value
-        return hashlib.sha256(der).hexdigest(), cn, bool(info)
+        return peer_certificate(self.transport.get_extra_info("ssl_object"))
 
     # --- the connection's task -----------------------------------------------------------------------------
 
