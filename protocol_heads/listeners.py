@@ -10,7 +10,9 @@ Invariants:
   descriptor limit, see ``connection_cap``), and failed logins are throttled per address and claimed identity
   (``LoginThrottle``).
 * Every refusal goes through the server's one ``RefusalLog`` (``refusals``), on the head's own logger.
-* One live session per identity (``_clients``): a new login takes the session over.
+* One live session per identity (``_clients``): a new login takes the session over; ``close_identity`` ends it
+  when the identity's credentials are removed or rotated (the admin API), and a login that was checking them
+  meanwhile checks them again (``authenticate``).
 """
 
 from __future__ import annotations
@@ -22,11 +24,22 @@ import ssl
 from types import TracebackType
 from typing import ClassVar, Generic, Protocol, Self, TypeVar
 
+from edgehub.core import AuthenticationError
 from edgehub.core.refusals import RefusalLog
-from edgehub.hub import ConnectionLimiter, Hub, LoginThrottle
+from edgehub.hub import AuthResult, ConnectionLimiter, Credentials, Hub, LoginThrottle
 from protocol_heads.limits import HeadSettings, connection_cap
 
-__all__ = ["ClientTask", "HeadServer"]
+__all__ = ["ClientTask", "HeadServer", "Revocable"]
+
+_LOGIN_ATTEMPTS = 3  # authentications of one login while revocations overlap it (admin actions: rare)
+
+
+class Revocable(Protocol):
+    """A live session the server can end because its identity's credentials were removed or changed."""
+
+    def revoke(self) -> None:
+        """Close now, telling the client why in the protocol's words; the session leaves the hub as on any end."""
+        ...
 
 
 class ClientTask(Protocol):
@@ -40,7 +53,7 @@ class ClientTask(Protocol):
 
 
 SettingsT = TypeVar("SettingsT", bound=HeadSettings)
-SessionT = TypeVar("SessionT")
+SessionT = TypeVar("SessionT", bound=Revocable)
 
 
 class HeadServer(Generic[SettingsT, SessionT]):
@@ -63,6 +76,7 @@ class HeadServer(Generic[SettingsT, SessionT]):
         self._tg = asyncio.TaskGroup()
         self._servers: list[asyncio.Server] = []
         self._clients: dict[str, SessionT] = {}  # identity id → its live session
+        self.revocations = 0  # close_identity calls so far: a login that overlapped one checks its credentials again
         self._tasks: set[asyncio.Task[None]] = set()
         self.refusals = RefusalLog(self.log, clock=settings.clock)
         self.limiter = ConnectionLimiter(
@@ -128,6 +142,28 @@ class HeadServer(Generic[SettingsT, SessionT]):
     def connected(self) -> list[str]:
         """Identity ids with a live, authenticated connection."""
         return sorted(self._clients)
+
+    def close_identity(self, identity_id: str) -> int:
+        """Close the live connection of ``identity_id`` now (its credentials were removed or changed; the
+        session's ``revoke`` says how its client is told). A login of the identity in progress checks its
+        credentials again before it registers (``authenticate``). The connections closed (0 or 1)."""
+        self.revocations += 1
+        session = self._clients.get(identity_id)
+        if session is None:
+            return 0
+        session.revoke()
+        return 1
+
+    async def authenticate(self, creds: Credentials) -> AuthResult:
+        """``hub.authenticate``, once more when an identity's credentials were revoked while it ran
+        (``close_identity``): a login that checked a key just removed must not register after the removal closed
+        the identity's connections. The caller registers the session without awaiting anything after this."""
+        for _ in range(_LOGIN_ATTEMPTS):
+            seen = self.revocations
+            result = await self.hub.authenticate(creds)
+            if self.revocations == seen:
+                return result
+        raise AuthenticationError(f"the credentials of {creds.identity} changed during login")
 
     def _start(self, client: ClientTask) -> None:
         task = self._tg.create_task(self._run_client(client), name=f"{self.protocol}.client {client.peer}")

@@ -10,8 +10,8 @@ Invariants (beside ``HeadServer``'s: named client tasks that never cancel the se
 login throttles, one ``RefusalLog`` on this module's logger, one live session per identity):
 * Every connection reads into the server's one read buffer (``_read_buffer``; ``client_socket`` says why that is
   safe).
-* ``close_identity`` ends an identity's session when its credentials are removed or rotated (the admin API), and
-  a login that was checking them meanwhile checks them again.
+* ``close_identity`` (``HeadServer``'s) ends an identity's session when its credentials are removed or rotated
+  (the admin API): an MQTT 5 client gets DISCONNECT 0x98 (administrative action), and no will is published.
 """
 
 from __future__ import annotations
@@ -39,18 +39,6 @@ class MqttServer(HeadServer[MqttSettings, Session]):
     def __init__(self, hub: Hub, *, settings: MqttSettings) -> None:
         super().__init__(hub, settings=settings)
         self._read_buffer = memoryview(bytearray(READ_SIZE))  # every connection reads into it (see above)
-        self.revocations = 0  # close_identity calls so far: a login that overlapped one checks its credentials again
 
     def _socket(self, tls: ssl.SSLContext | None) -> ClientSocket:
         return ClientSocket(self, tls)
-
-    def close_identity(self, identity_id: str) -> int:
-        """Close the live connection of ``identity_id`` now (its credentials were removed or changed): an MQTT 5
-        client gets DISCONNECT 0x98 (administrative action), and no will is published. A login of the identity
-        in progress checks its credentials again before it registers. The connections closed (0 or 1)."""
-        self.revocations += 1
-        session = self._clients.get(identity_id)
-        if session is None:
-            return 0
-        session.revoke()
-        return 1
