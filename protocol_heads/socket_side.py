@@ -10,7 +10,9 @@ Invariants:
   protocol hears of a connection only after its handshake, so handshakes piled up uncounted), and shares the
   login's timeout. Reading is paused from accept until then; what the socket read anyway (uvloop starts reading
   after ``connection_made`` even when reading is paused: the ClientHello) is handed to the TLS layer first.
-* Once the connection has ended (``finish``), no read is taken and reading stays paused.
+* Once the connection has ended (``finish``), no read is taken and reading stays paused, but for the TLS layer's
+  own once the socket is being closed (``close``): a closed connection always lets go of its socket and its place
+  under the caps, within ``TLS_SHUTDOWN_S`` of ``close``.
 * Every refusal line goes through the server's ``RefusalLog``, keyed by source address, naming the client.
 """
 
@@ -268,6 +270,22 @@ class SocketSide(Generic[ServerT, SettingsT, ConnT]):
     def _scheduled_flush(self) -> None:
         self._flush_scheduled = False
         self.flush()
+
+    def close(self) -> None:
+        """Close the socket (once: later calls do nothing): a TLS one says goodbye (close_notify) first, for at
+        most ``TLS_SHUTDOWN_S``."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.close()
+        if self._tls is not None:
+            # asyncio's TLS layer, told of the peer's EOF while its reader was paused (finish pauses it), waits for
+            # reading to resume before it shuts down, ignores close() meanwhile and arms no shutdown timeout: a
+            # client that hung up as soon as it had its answer (a refused login) held its socket and its pre-login
+            # slot until the server stopped. Reading again lets the layer finish; what it still decrypts is dropped
+            # (the connection has ended). uvloop's layer shuts down on EOF at once; resuming does nothing there.
+            with contextlib.suppress(RuntimeError, NotImplementedError):
+                transport.resume_reading()
 
     # --- what the session asks of the socket ----------------------------------------------------------------
 

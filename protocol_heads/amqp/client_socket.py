@@ -161,8 +161,7 @@ class ClientSocket(SocketSide["AmqpServer", AmqpSettings, AmqpConnection], async
             self.session.cancel()
             self.finish()
             self.flush()
-            if self.transport is not None:
-                self.transport.close()
+            self.close()
             try:
                 with contextlib.suppress(Exception):
                     await self._lost

@@ -224,12 +224,6 @@ class ClientSocket(SocketSide["MqttServer", MqttSettings, ServerConnection], asy
             return
         self._keepalive = self._loop.call_at(due, self._check_keepalive)
 
-    # --- writing -------------------------------------------------------------------------------------------
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
     # --- the connection's task -----------------------------------------------------------------------------
 
     def _claimed(self) -> str | None:
