@@ -1,1 +1,7 @@
-"""Protocol heads: MQTT and AMQP. They see only edgehub.hub and edgehub.core."""
+"""Protocol heads: MQTT and AMQP. They see only edgehub.hub and edgehub.core.
+
+What both heads share has one home here: ``limits`` (``HeadSettings``, ``connection_cap``), ``listeners``
+(``HeadServer``: listeners, admission, login throttles, client tasks), ``socket_side`` (``SocketSide``: admission
+at accept, the TLS start, pacing, flushing, refusal lines, the connection's task) and ``tls`` (the client
+certificate). Each head subclasses them with its protocol's own.
+"""

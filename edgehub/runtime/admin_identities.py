@@ -5,8 +5,8 @@ An identity is added with one way to log in (``IdentitySpec.auth``): ``sas`` (a 
 ``x509`` (a certificate's SHA-256 thumbprint), ``x509-ca`` (any certificate that chains to the hub's CAs and
 names the identity as its CN) or ``password`` (kept as a scrypt hash). Adding to an identity that exists adds
 that way to it (a key given replaces the old key). ``remove`` deletes the identity's record; ``rotate-key``
-gives it a fresh symmetric key. Both close its live connections at once (``close_connections``, the MQTT head's
-``close_identity`` on a running hub); its queued messages and its twin stay.
+gives it a fresh symmetric key. Both close its live connections at once (``close_connections``, every protocol
+head's ``close_identity`` on a running hub); its queued messages and its twin stay.
 
 Routes (``identity_routes``; bearer token as for every admin route):
 

@@ -4,7 +4,8 @@
 listens on 127.0.0.1:``port`` (0: any free port), writes ``DATA/admin.port`` once it listens, and removes that
 file when it stops. It serves the deployment routes when given a ``DesiredStateService`` (the composition root's
 ``DeploymentController``), the identity routes on the hub's own registry (closing a removed or rotated
-identity's connections through the MQTT head), ``/status`` (with a ``RateTracker`` sampling the store every 5 s
+identity's connections through every protocol head that serves: the MQTT head's and ``other_heads``, the AMQP head
+when it runs), ``/status`` (with a ``RateTracker`` sampling the store every 5 s
 for the in and out rates), the dead-letter routes and ``/metrics``.
 
 The default port is 9600, the port Azure IoT Edge's hub serves its metrics on, so scrape configurations written
@@ -17,8 +18,9 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from edgehub.core.refusals import RefusalLog
 from edgehub.hub.facade import EdgeHub
@@ -30,11 +32,18 @@ from edgehub.runtime.admin_identities import IdentityAdmin, identity_routes
 from edgehub.runtime.admin_status import RateTracker, status_routes
 from protocol_heads.mqtt.server import MqttServer
 
-__all__ = ["DEFAULT_ADMIN_PORT", "serve_admin"]
+__all__ = ["DEFAULT_ADMIN_PORT", "LiveConnections", "serve_admin"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ADMIN_PORT = 9600
+
+
+class LiveConnections(Protocol):
+    """A protocol head's live connections, as the admin API closes them (``HeadServer.close_identity``): typed
+    here so that the AMQP head (python-qpid-proton) is imported only when it serves."""
+
+    def close_identity(self, identity_id: str) -> int: ...
 
 
 @contextlib.asynccontextmanager
@@ -44,13 +53,20 @@ async def serve_admin(
     port: int,
     hub: EdgeHub,
     server: MqttServer,
+    other_heads: Sequence[LiveConnections] = (),
     desired: DesiredStateService | None = None,
     limits: AdminLimits | None = None,
 ) -> AsyncIterator[AdminHttpServer]:
     token = ensure_token(data_dir)
     refusals = RefusalLog(log)
     api = AdminApi(token=token, refusals=refusals, desired=desired)
-    api.add_routes(identity_routes(IdentityAdmin(hub.identities, server.close_identity)))
+    heads: tuple[LiveConnections, ...] = (server, *other_heads)
+
+    def close_identity(identity_id: str) -> int:
+        """Every head's connections of ``identity_id`` (a device may be connected over MQTT and AMQP at once)."""
+        return sum(head.close_identity(identity_id) for head in heads)
+
+    api.add_routes(identity_routes(IdentityAdmin(hub.identities, close_identity)))
     rates = RateTracker(hub.store)
     api.add_routes(status_routes(hub.store, hub, server, rates))
     api.add_routes(deadletter_routes(DeadLetterAdmin(hub.store, functools.partial(_wake, hub))))

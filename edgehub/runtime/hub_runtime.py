@@ -63,7 +63,7 @@ import functools
 import logging
 import resource
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -86,7 +86,7 @@ from edgehub.hub.modules import DEFAULT_WINDOW
 from edgehub.hub.twins import DEFAULT_TWIN_LIMITS, TwinLimits
 from edgehub.manifest import EdgeHubDesired, parse_deployment, read_manifest_file
 from edgehub.runtime.admin_api import DesiredStateService
-from edgehub.runtime.admin_runtime import serve_admin
+from edgehub.runtime.admin_runtime import LiveConnections, serve_admin
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
 from edgehub.runtime.deployment import DeploymentController
 from edgehub.runtime.deployment_settings import StartSettings, running_settings
@@ -395,14 +395,22 @@ def _lane_ids(store: Store, options: UpstreamOptions) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def _admin(
-    config: HubConfig, hub: EdgeHub, server: MqttServer, *, desired: DesiredStateService | None = None
+    config: HubConfig,
+    hub: EdgeHub,
+    server: MqttServer,
+    *,
+    other_heads: Sequence[LiveConnections] = (),
+    desired: DesiredStateService | None = None,
 ) -> AsyncIterator[int | None]:
     """The admin API while the hub serves (its port), unless ``config.admin_port`` is None; ``desired`` serves
-    its deployment routes (the ``DeploymentController``; without one they answer 503)."""
+    its deployment routes (the ``DeploymentController``; without one they answer 503); identities it removes or
+    rotates lose their connections on ``server`` and ``other_heads``."""
     if config.admin_port is None:
         yield None
         return
-    async with serve_admin(config.data_dir, port=config.admin_port, hub=hub, server=server, desired=desired) as http:
+    async with serve_admin(
+        config.data_dir, port=config.admin_port, hub=hub, server=server, other_heads=other_heads, desired=desired
+    ) as http:
         yield http.port
 
 
@@ -501,6 +509,7 @@ async def serve(
             )
             async with MqttServer(hub, settings=settings) as server, AsyncExitStack() as heads:
                 ports = dict(server.ports)
+                other_heads: list[LiveConnections] = []
                 if config.amqp_port is not None or config.amqps_port is not None:
                     # Imported only when AMQP is served: python-qpid-proton is built from source where PyPI has
                     # no wheel (aarch64), and a hub started with --no-amqp runs without it.
@@ -514,8 +523,12 @@ async def serve(
                         outbound_window=config.module_window,
                         **limits,
                     )
-                    ports.update((await heads.enter_async_context(AmqpServer(hub, settings=amqp))).ports)
-                admin_port = await heads.enter_async_context(_admin(config, hub, server, desired=controller))
+                    amqp_server = await heads.enter_async_context(AmqpServer(hub, settings=amqp))
+                    ports.update(amqp_server.ports)
+                    other_heads.append(amqp_server)
+                admin_port = await heads.enter_async_context(
+                    _admin(config, hub, server, other_heads=other_heads, desired=controller)
+                )
                 tasks = await heads.enter_async_context(asyncio.TaskGroup())
                 collector = tasks.create_task(ChurnCollector(server.limiter).run(), name="runtime.memory")
                 watcher = tasks.create_task(controller.watch(config.manifest), name="runtime.deployment_watch")

@@ -12,6 +12,8 @@ The asyncio adapter:
 * ``client_socket``: one connection's socket side (reads, TLS start, pausing, the idle timer, flushing).
 * ``session``: one connection's session side (login, links, ingest groups and settlement, deliveries).
 * ``server``: the listeners (``AmqpServer``); ``settings``: ``AmqpSettings``, every limit with its safe default.
+
+The three build on what both heads share (``protocol_heads.socket_side``, ``listeners``, ``limits``).
 """
 
 from protocol_heads.amqp.server import AmqpServer, AmqpSettings

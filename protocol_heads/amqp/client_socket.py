@@ -2,9 +2,11 @@
 ``AmqpConnection`` (through the session side, ``Session``), and keeps the connection's timers and pauses.
 
 Invariants (as the MQTT head's ``client_socket``):
-* Connections are counted from accept (``ConnectionLimiter``); over a cap the socket is closed at once.
-* The TLS handshake runs in the connection's task (``loop.start_tls``), and the handshake, SASL and the login (a
-  ``$cbs`` token after SASL ANONYMOUS) share one timeout (``connect_timeout_s``).
+* Admission at accept, the TLS start and the end of a connection are ``SocketSide``'s
+  (``protocol_heads.socket_side``, shared with the MQTT head); the handshake, SASL and the login (a ``$cbs`` token
+  after SASL ANONYMOUS) share one timeout (``connect_timeout_s``).
+* Bytes decrypted before ``start_tls`` has returned the TLS transport wait for it (``_held``): answers written
+  before would go out in the clear on the raw socket.
 * Reading pauses while the session has ``max_groups_in_flight`` groups waiting on the hub, and while the socket's
   write buffer is over its high-water mark; once the connection has ended, reading stays paused.
 * The idle timer (proton's ``tick``) runs on one timer handle per connection, moved on when it fires.
@@ -16,13 +18,13 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from edgehub.core.refusals import RefusalReason
-from edgehub.hub import Cap, Ticket
 from protocol_heads.amqp.connection import AmqpConnection
 from protocol_heads.amqp.session import Session
-from protocol_heads.tls import peer_certificate
+from protocol_heads.amqp.settings import AmqpSettings
+from protocol_heads.socket_side import SocketSide
 
 if TYPE_CHECKING:
     from protocol_heads.amqp.server import AmqpServer
@@ -31,36 +33,13 @@ __all__ = ["ClientSocket"]
 
 log = logging.getLogger(__name__)
 
-_TLS_SHUTDOWN_S = 5.0
 
-
-def _feed(transport: asyncio.BaseTransport, data: bytes) -> None:
-    """Hand ``data`` to the TLS protocol now on ``transport``, as if just read: asyncio's and uvloop's are both
-    buffered protocols (uvloop's without subclassing asyncio's)."""
-    protocol = cast(asyncio.BufferedProtocol, transport.get_protocol())
-    view = memoryview(data)
-    while view:
-        buf = memoryview(protocol.get_buffer(len(view)))
-        n = min(len(buf), len(view))
-        buf[:n] = view[:n]
-        protocol.buffer_updated(n)
-        view = view[n:]
-
-
-class ClientSocket(asyncio.Protocol):
+class ClientSocket(SocketSide["AmqpServer", AmqpSettings, AmqpConnection], asyncio.Protocol):
     """One connection's socket side (module docstring); ``session`` is its session side, ``conn`` the protocol."""
 
     def __init__(self, server: AmqpServer, tls: ssl.SSLContext | None) -> None:
-        self.server = server
-        self.settings = s = server.settings
-        self.transport: asyncio.Transport | None = None
-        self._tls = tls
-        self._early: bytearray | None = bytearray() if tls is not None else None
-        self.peer = "?"
-        self.address = "?"
-        self._port: object = "?"
-        self.client_id: str | None = None
-        self.ticket: Ticket | None = None
+        super().__init__(server, tls)
+        s = server.settings
         mechanisms = ("EXTERNAL", "PLAIN", "ANONYMOUS") if tls is not None else ("PLAIN", "ANONYMOUS")
         self.conn = AmqpConnection(
             mechanisms=mechanisms,
@@ -71,43 +50,18 @@ class ClientSocket(asyncio.Protocol):
             idle_timeout_s=s.idle_timeout_s,
         )
         self.session = Session(server, self, self.conn)
-        self._loop = asyncio.get_running_loop()
-        self._flush_scheduled = False
-        self._ended = False
-        self._end: asyncio.Future[None] = self._loop.create_future()
-        self._lost: asyncio.Future[None] = self._loop.create_future()
-        self._groups_in_flight = 0
-        self._writing_paused = False
-        self._reading_paused = False
         self._tick: asyncio.TimerHandle | None = None
         self._held: list[bytes] | None = None  # reads while start_tls runs (data_received)
 
     # --- asyncio.Protocol ----------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        peername = transport.get_extra_info("peername")
-        if isinstance(peername, tuple) and len(peername) >= 2:
-            self.address = str(peername[0])
-            self._port = peername[1]
-            self.peer = f"{peername[0]}:{peername[1]}"
-        admitted = self.server.limiter.admit(self.address)
-        if isinstance(admitted, Cap):
-            self.refused(RefusalReason.TOO_MANY_CONNECTIONS, cap=admitted.value)
-            self._ended = True
-            self.transport.abort()
-            self.dispose()
-            return
-        self.ticket = admitted
-        if self._tls is not None:
-            self.transport.pause_reading()  # the ClientHello waits for start_tls (run)
-        self.server._start(self)
+        if self._admit(transport):
+            self.server._start(self)
 
     def data_received(self, data: bytes) -> None:
-        if self._early is not None:  # TLS bytes before the handshake began: keep them for it
-            self._early += data
-            if self.transport is not None:
-                self.transport.pause_reading()
+        if self._early is not None:  # TLS bytes before the handshake began: kept for it
+            self._keep_early(data)
             return
         if self._ended:
             return
@@ -151,22 +105,7 @@ class ClientSocket(asyncio.Protocol):
         if self._ended or transport is None or transport.is_closing() or self._early is not None:
             return
         pause = self._writing_paused or self._groups_in_flight >= self.settings.max_groups_in_flight
-        if pause != self._reading_paused:
-            self._reading_paused = pause
-            if pause:
-                transport.pause_reading()
-            else:
-                transport.resume_reading()
-
-    def group_started(self) -> None:
-        self._groups_in_flight += 1
-        if self._groups_in_flight >= self.settings.max_groups_in_flight:
-            self._update_reading()
-
-    def group_done(self) -> None:
-        self._groups_in_flight -= 1
-        if self._reading_paused:
-            self._update_reading()
+        self._set_reading(transport, pause)
 
     def _arm_tick(self) -> None:
         if self._tick is not None or self._ended:
@@ -187,112 +126,33 @@ class ClientSocket(asyncio.Protocol):
             self.refused(RefusalReason.KEEPALIVE_TIMEOUT, timeout_s=self.settings.idle_timeout_s)
             self.finish()
 
-    def finish(self) -> None:
-        """Take no more reads; the connection's task goes on to clean up (and close the socket)."""
-        if self._ended:
-            return
-        self._ended = True
+    def _stop_timers(self) -> None:
         if self._tick is not None:
             self._tick.cancel()
             self._tick = None
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            with contextlib.suppress(RuntimeError, NotImplementedError):
-                transport.pause_reading()
-        self.flush()
-        if not self._end.done():
-            self._end.set_result(None)
-
-    # --- writing --------------------------------------------------------------------------------------------
-
-    def flush(self) -> None:
-        data = self.conn.data_to_send()
-        transport = self.transport
-        if data and transport is not None and not transport.is_closing():
-            transport.write(data)
-
-    def schedule_flush(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._scheduled_flush)
-
-    def _scheduled_flush(self) -> None:
-        self._flush_scheduled = False
-        self.flush()
-
-    # --- what the session asks of the socket ----------------------------------------------------------------
-
-    def authenticated(self, client_id: str) -> None:
-        self.client_id = client_id
-        if self.ticket is not None:
-            self.ticket.authenticated()
-
-    def refused(self, reason: RefusalReason | str, *, client: str | None = None, **detail: object) -> None:
-        if client is None:
-            client = self.client_id
-        self.server.refusals.refused(reason, peer=self.address, client=client, port=self._port, **detail)
-
-    def peer_certificate(self) -> tuple[str | None, str | None, bool]:
-        """The client certificate's SHA-256 thumbprint and common name, and whether it was verified."""
-        if self.transport is None:
-            return None, None, False
-        return peer_certificate(self.transport.get_extra_info("ssl_object"))
 
     # --- the connection's task ------------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        s = self.settings
-        timeout_s = s.busy_connect_timeout_s if self.server.limiter.busy else s.connect_timeout_s
-        try:
-            async with asyncio.timeout(timeout_s):
-                if self._tls is not None and not await self._start_tls(self._tls, timeout_s):
-                    return
-                await asyncio.wait({self.session.logged_in, self._end}, return_when=asyncio.FIRST_COMPLETED)
-        except TimeoutError:
-            self.refused(RefusalReason.CONNECT_TIMEOUT, client=self.session.claimed(), timeout_s=timeout_s)
-            self.conn.close(UNAUTHORIZED_TIMEOUT, "no login in time")
-            self.flush()
-            if self.transport is not None:
-                self.transport.abort()
-            return
-        await self._end
+    async def _log_in(self) -> bool:
+        """SASL (and a ``$cbs`` token after ANONYMOUS) happen as reads arrive: wait for the session to say so, or
+        for the end."""
+        await asyncio.wait({self.session.logged_in, self._end}, return_when=asyncio.FIRST_COMPLETED)
+        return True
+
+    def _claimed(self) -> str | None:
+        return self.session.claimed()
+
+    def _login_timed_out(self) -> None:
+        self.conn.close(UNAUTHORIZED_TIMEOUT, "no login in time")
         self.flush()
 
-    async def _start_tls(self, context: ssl.SSLContext, timeout_s: float) -> bool:
-        raw = self.transport
-        assert raw is not None
-        if self._ended or raw.is_closing():
-            return False
-        early, self._early = self._early, None
+    def _tls_starting(self) -> None:
         self._held = []
-        if early:
-            self._loop.call_soon(_feed, raw, bytes(early))
-        try:
-            tls = await self._loop.start_tls(
-                raw,
-                self,
-                context,
-                server_side=True,
-                ssl_handshake_timeout=timeout_s,
-                ssl_shutdown_timeout=_TLS_SHUTDOWN_S,
-            )
-        except BaseException as exc:
-            raw.abort()
-            self.finish()
-            if not self._lost.done():
-                self._lost.set_result(None)
-            if isinstance(exc, OSError):
-                self.refused(RefusalReason.TLS_HANDSHAKE_FAILED, error=type(exc).__name__)
-                return False
-            raise
-        if tls is None:
-            raw.abort()
-            return False
-        self.transport = tls
+
+    def _tls_started(self) -> None:
         held, self._held = self._held, None
         for data in held or ():
             self.data_received(data)
-        return True
 
     async def cleanup(self) -> None:
         try:
@@ -301,8 +161,7 @@ class ClientSocket(asyncio.Protocol):
             self.session.cancel()
             self.finish()
             self.flush()
-            if self.transport is not None:
-                self.transport.close()
+            self.close()
             try:
                 with contextlib.suppress(Exception):
                     await self._lost
@@ -315,9 +174,7 @@ class ClientSocket(asyncio.Protocol):
 
     def dispose(self) -> None:
         """Let go of everything that could lead back here, so reference counting alone frees the connection."""
-        if self.ticket is not None:
-            self.ticket.release()
-            self.ticket = None
+        super().dispose()
         if self._tick is not None:
             self._tick.cancel()
             self._tick = None

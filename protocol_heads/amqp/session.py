@@ -13,7 +13,8 @@ Invariants:
   waits (at most ``max_waiting_events``) and is handled once the token is checked.
 * A SAS token's expiry is kept: a connection whose token expires without a new ``put-token`` is closed with
   ``amqp:unauthorized-access``.
-* One live connection per identity: a newer one takes over and the older is closed (``amqp:connection:forced``).
+* One live connection per identity: a newer one takes over and the older is closed (``amqp:connection:forced``);
+  one whose identity's credentials are removed or rotated is closed with ``amqp:unauthorized-access``.
 * A module's (or device's) settlement is the checkpoint: ``Hub.delivered`` is called only when the client
   settled; what was unsettled when the link or connection went is redelivered by the hub on the next link.
 """
@@ -265,7 +266,7 @@ class Session:
             self.sock.refused(RefusalReason.NOT_AUTHORIZED, client=shown(creds.identity.id), why="second identity")
             return False
         try:
-            result = await self.hub.authenticate(creds)
+            result = await server.authenticate(creds)  # checked again if a revocation overlapped it
         except AuthenticationError as exc:
             server.address_throttle.failed(keys[0])
             server.throttle.failed(keys[1])
@@ -351,6 +352,12 @@ class Session:
     def take_over(self) -> None:
         """A newer connection of the same identity won: say so and close."""
         self.conn.close(_FORCED, "a newer connection of this identity took over")
+        self.sock.finish()
+
+    def revoke(self) -> None:
+        """The identity's credentials were removed or rotated (``HeadServer.close_identity``): close now."""
+        log.info("amqp.identity_revoked client=%s", self.identity)
+        self.conn.close(UNAUTHORIZED, "the identity's credentials were removed or changed")
         self.sock.finish()
 
     # --- links ------------------------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ The asyncio adapter:
 * ``client_socket``: one connection's socket side (reads, quick-ack, pausing, keepalive, TLS start, flushing).
 * ``session``: one connection's session side (login, events, ingest groups, twins, subscriptions, will).
 * ``server``: the listeners (``MqttServer``); ``settings``: ``MqttSettings``, every limit with its safe default.
+
+The three build on what both heads share (``protocol_heads.socket_side``, ``listeners``, ``limits``).
 """
 
 from protocol_heads.mqtt.server import MqttServer, MqttSettings

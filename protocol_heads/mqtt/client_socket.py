@@ -19,9 +19,8 @@ Invariants:
 * Reading pauses while the session has ``max_groups_in_flight`` groups waiting on the hub, while the socket's write
   buffer is over its high-water mark (a client that does not read its acks is not read either), and before login
   once more than a read's worth waits; once the connection has ended, reading stays paused.
-* Connections are counted from accept (``ConnectionLimiter``); the TLS handshake runs in the connection's task
-  (``loop.start_tls``: with ``create_server(ssl=...)`` the protocol hears of a connection only after its handshake,
-  so handshakes piled up uncounted), and the handshake, CONNECT and login share one timeout.
+* Admission at accept, the TLS start and the end of a connection are ``SocketSide``'s
+  (``protocol_heads.socket_side``, shared with the AMQP head); the handshake, CONNECT and login share one timeout.
 * A client silent for 1.5x its keepalive is closed (MQTT 5: 0x8D). Silence is kept by one timer per connection,
   moved on only when it fires, and not counted while reading is paused by us; but a client that does not read
   (its write buffer stays over the high-water mark) for its keepalive timeout, or ``not_reading_timeout_s``
@@ -41,14 +40,14 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from edgehub.core.refusals import RefusalReason
-from edgehub.hub import Cap, Ticket
 from protocol_heads.mqtt.connection import ServerConnection
 from protocol_heads.mqtt.packets import ReasonCode
 from protocol_heads.mqtt.session import Session
-from protocol_heads.tls import peer_certificate
+from protocol_heads.mqtt.settings import MqttSettings
+from protocol_heads.socket_side import SocketSide
 
 if TYPE_CHECKING:
     from protocol_heads.mqtt.server import MqttServer
@@ -59,39 +58,14 @@ log = logging.getLogger(__name__)
 
 READ_SIZE = 256 * 1024  # the server's one read buffer; also what may wait unread before login
 _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only; see the module docstring
-# How long a closing TLS connection waits for the peer's close_notify (asyncio's default: 30 s, the connection's
-# buffers held all along).
-_TLS_SHUTDOWN_S = 5.0
 
 
-def _feed(transport: asyncio.BaseTransport, data: bytes) -> None:
-    """Hand ``data`` to the (buffered) protocol now on ``transport``, as if the socket had just read it."""
-    protocol = cast(asyncio.BufferedProtocol, transport.get_protocol())
-    view = memoryview(data)
-    while view:
-        buf = memoryview(protocol.get_buffer(len(view)))
-        n = min(len(buf), len(view))
-        buf[:n] = view[:n]
-        protocol.buffer_updated(n)
-        view = view[n:]
-
-
-class ClientSocket(asyncio.BufferedProtocol):
+class ClientSocket(SocketSide["MqttServer", MqttSettings, ServerConnection], asyncio.BufferedProtocol):
     """One connection's socket side (module docstring); ``session`` is its session side, ``conn`` the protocol."""
 
     def __init__(self, server: MqttServer, tls: ssl.SSLContext | None) -> None:
-        self.server = server
-        self.settings = s = server.settings
-        self.transport: asyncio.Transport | None = None
-        self._tls = tls  # the handshake still to run in the connection's task, or None (plain TCP)
-        # What the socket said before start_tls took it over (uvloop starts reading after connection_made even
-        # when it paused reading): the ClientHello, handed to the TLS layer first. None: TLS is on or not used.
-        self._early: bytearray | None = bytearray() if tls is not None else None
-        self.peer = "?"  # address:port, for task names
-        self.address = "?"  # the source address: the key of the pre-login caps, the throttle and refusal lines
-        self._port: object = "?"
-        self.client_id: str | None = None  # the authenticated identity, for refusal lines
-        self.ticket: Ticket | None = None  # this connection's place under the ConnectionLimiter's caps
+        super().__init__(server, tls)
+        s = server.settings
         self.conn = ServerConnection(
             max_packet_size=s.max_packet_size,
             receive_maximum=s.receive_maximum,
@@ -99,19 +73,11 @@ class ClientSocket(asyncio.BufferedProtocol):
             topic_cache_bytes=s.topic_cache_bytes,
         )
         self.session = Session(server, self, self.conn)
-        self._flush_scheduled = False
-        self._loop = asyncio.get_running_loop()
         # Reads before the client is live (CONNECT, and what follows it while the hub authenticates).
         self._inbox: deque[bytes] = deque()
         self._inbox_bytes = 0
         self._data_waiter: asyncio.Future[None] | None = None
         self._live = False  # authenticated: reads go straight to the session
-        self._ended = False  # no more reads are taken (closed, EOF, lost, keepalive, crash)
-        self._end: asyncio.Future[None] = self._loop.create_future()  # set when _ended is
-        self._lost: asyncio.Future[None] = self._loop.create_future()  # set by connection_lost
-        self._groups_in_flight = 0
-        self._writing_paused = False
-        self._reading_paused = False
         self._keepalive: asyncio.TimerHandle | None = None
         self._not_reading: asyncio.TimerHandle | None = None  # armed while writing is paused (module docstring)
         self._last_read = 0.0
@@ -121,23 +87,8 @@ class ClientSocket(asyncio.BufferedProtocol):
     # --- asyncio.BufferedProtocol --------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
-        peername = transport.get_extra_info("peername")
-        if isinstance(peername, tuple) and len(peername) >= 2:
-            self.address = str(peername[0])
-            self._port = peername[1]
-            self.peer = f"{peername[0]}:{peername[1]}"
-        admitted = self.server.limiter.admit(self.address)
-        if isinstance(admitted, Cap):
-            # Closed at once, before any handshake or buffer: a flood costs a descriptor for an instant.
-            self.refused(RefusalReason.TOO_MANY_CONNECTIONS, cap=admitted.value)
-            self._ended = True
-            self.transport.abort()
-            self.dispose()
+        if not self._admit(transport):
             return
-        self.ticket = admitted
-        if self._tls is not None:
-            self.transport.pause_reading()  # the ClientHello waits for start_tls (run)
         sock = transport.get_extra_info("socket")
         if _QUICKACK is not None and sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # A socket object of our own, on a duplicate of the descriptor (closed in connection_lost): uvloop's
@@ -152,10 +103,8 @@ class ClientSocket(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         data = bytes(self.server._read_buffer[:nbytes])
-        if self._early is not None:  # TLS bytes before the handshake began: keep them for it (see __init__)
-            self._early += data
-            if self.transport is not None:
-                self.transport.pause_reading()
+        if self._early is not None:  # TLS bytes before the handshake began: kept for it
+            self._keep_early(data)
             return
         if self._live:
             if self._quickack is not None and self.session.awaiting_acks:  # see the module docstring
@@ -230,23 +179,7 @@ class ClientSocket(asyncio.BufferedProtocol):
             or self._groups_in_flight >= self.settings.max_groups_in_flight
             or (not self._live and self._inbox_bytes > READ_SIZE)
         )
-        if pause != self._reading_paused:
-            self._reading_paused = pause
-            if pause:
-                transport.pause_reading()
-            else:
-                transport.resume_reading()
-
-    def group_started(self) -> None:
-        """The session handed a group to the hub: at ``max_groups_in_flight`` reading pauses."""
-        self._groups_in_flight += 1
-        if self._groups_in_flight >= self.settings.max_groups_in_flight:
-            self._update_reading()
-
-    def group_done(self) -> None:
-        self._groups_in_flight -= 1
-        if self._reading_paused:
-            self._update_reading()
+        self._set_reading(transport, pause)
 
     def _wake_reader(self) -> None:
         waiter = self._data_waiter
@@ -268,23 +201,12 @@ class ClientSocket(asyncio.BufferedProtocol):
         self._update_reading()
         return data
 
-    def finish(self) -> None:
-        """Take no more reads; the connection's task goes on to clean up (and close the socket)."""
-        if self._ended:
-            return
-        self._ended = True
+    def _stop_timers(self) -> None:
         self._live = False
         if self._keepalive is not None:
             self._keepalive.cancel()
             self._keepalive = None
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            with contextlib.suppress(RuntimeError, NotImplementedError):  # TLS after close_notify, for one
-                transport.pause_reading()
-        self.flush()
         self._wake_reader()
-        if not self._end.done():
-            self._end.set_result(None)
 
     def _check_keepalive(self) -> None:
         timeout = self.conn.keepalive_timeout_s
@@ -302,65 +224,18 @@ class ClientSocket(asyncio.BufferedProtocol):
             return
         self._keepalive = self._loop.call_at(due, self._check_keepalive)
 
-    # --- writing -------------------------------------------------------------------------------------------
-
-    def flush(self) -> None:
-        data = self.conn.data_to_send()
-        transport = self.transport
-        if data and transport is not None and not transport.is_closing():
-            transport.write(data)
-
-    def schedule_flush(self) -> None:
-        """Flush once, at the end of this turn of the event loop (whatever else is sent in it goes along)."""
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._scheduled_flush)
-
-    def _scheduled_flush(self) -> None:
-        self._flush_scheduled = False
-        self.flush()
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-    # --- what the session asks of the socket ---------------------------------------------------------------
-
-    def authenticated(self, client_id: str) -> None:
-        """The client logged in as ``client_id``: no longer counted against the pre-login caps."""
-        self.client_id = client_id
-        if self.ticket is not None:
-            self.ticket.authenticated()
-
-    def refused(self, reason: RefusalReason | str, *, client: str | None = None, **detail: object) -> None:
-        """One refusal line through the server's RefusalLog: keyed by source address, naming the client."""
-        if client is None:
-            client = self.client_id
-        self.server.refusals.refused(reason, peer=self.address, client=client, port=self._port, **detail)
-
-    def peer_certificate(self) -> tuple[str | None, str | None, bool]:
-        """The client certificate's SHA-256 thumbprint and common name, and whether it was verified."""
-        assert self.transport is not None
-        return peer_certificate(self.transport.get_extra_info("ssl_object"))
-
     # --- the connection's task -----------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        s = self.settings
+    def _claimed(self) -> str | None:
+        return self.session.claimed()
+
+    async def _log_in(self) -> bool:
+        """CONNECT and the login (``SocketSide.run``); then, synchronously, what the client pipelined and what came
+        while the hub authenticated, and the client is live."""
         session = self.session
-        timeout_s = s.busy_connect_timeout_s if self.server.limiter.busy else s.connect_timeout_s
-        try:
-            async with asyncio.timeout(timeout_s):
-                if self._tls is not None and not await self._start_tls(self._tls, timeout_s):
-                    return
-                pipelined = await session.open()
-        except TimeoutError:
-            self.refused(RefusalReason.CONNECT_TIMEOUT, client=session.claimed(), timeout_s=timeout_s)
-            if self.transport is not None:
-                self.transport.abort()  # nothing to say to it: no goodbye to wait for
-            return
+        pipelined = await session.open()
         if pipelined is None:
-            return
+            return False
         session.dispatch(pipelined)
         # What came while the hub authenticated (even if the client has hung up since), then live: from here
         # on buffer_updated hands every read to the session.
@@ -378,43 +253,6 @@ class ClientSocket(asyncio.BufferedProtocol):
         if self._live and keepalive_s is not None:
             self._last_read = self._loop.time()
             self._keepalive = self._loop.call_at(self._last_read + keepalive_s, self._check_keepalive)
-        await self._end
-        self.flush()
-
-    async def _start_tls(self, context: ssl.SSLContext, timeout_s: float) -> bool:
-        """The TLS handshake on the accepted socket; False (socket closed) when it fails."""
-        raw = self.transport
-        assert raw is not None
-        if self._ended or raw.is_closing():  # gone before its handshake began
-            return False
-        early, self._early = self._early, None
-        if early:
-            # Runs after start_tls has put its TLS protocol on the socket, before that protocol's connection_made
-            # (both scheduled by start_tls, after this): the bytes wait in its input buffer for the handshake.
-            self._loop.call_soon(_feed, raw, bytes(early))
-        try:
-            tls = await self._loop.start_tls(
-                raw,
-                self,
-                context,
-                server_side=True,
-                ssl_handshake_timeout=timeout_s,
-                ssl_shutdown_timeout=_TLS_SHUTDOWN_S,
-            )
-        except BaseException as exc:
-            # The protocol hears nothing of a handshake that failed (no connection_lost): end here.
-            raw.abort()
-            self.finish()
-            if not self._lost.done():
-                self._lost.set_result(None)
-            if isinstance(exc, OSError):  # ssl.SSLError, a reset, the handshake timeout (ConnectionAbortedError)
-                self.refused(RefusalReason.TLS_HANDSHAKE_FAILED, error=type(exc).__name__)
-                return False
-            raise
-        if tls is None:  # closed meanwhile
-            raw.abort()
-            return False
-        self.transport = tls
         return True
 
     async def cleanup(self) -> None:
@@ -429,7 +267,7 @@ class ClientSocket(asyncio.BufferedProtocol):
                 self.conn.close(ReasonCode.SERVER_SHUTTING_DOWN, reason="server shutting down")
             self.finish()
             self.close()
-            # The buffers go now, not when the socket is gone (a TLS goodbye may take _TLS_SHUTDOWN_S).
+            # The buffers go now, not when the socket is gone (a TLS goodbye may take TLS_SHUTDOWN_S).
             self._inbox.clear()
             self._inbox_bytes = 0
             self.conn.discard_input()
@@ -443,9 +281,7 @@ class ClientSocket(asyncio.BufferedProtocol):
         """Let go of everything that could lead back here, so that reference counting alone frees this connection
         and its buffers once the loop lets go of it: ``edgehub run`` runs the cycle collector rarely (tune_gc),
         and cycles of closed connections held their buffers until it did. Last thing a connection does."""
-        if self.ticket is not None:
-            self.ticket.release()
-            self.ticket = None
+        super().dispose()
         for handle in (self._keepalive, self._not_reading):
             if handle is not None:
                 handle.cancel()

@@ -41,7 +41,7 @@ from edgehub.core import (
     TwinError,
 )
 from edgehub.core.refusals import RefusalReason
-from edgehub.hub import AuthResult, Credentials, Rejected
+from edgehub.hub import Credentials, Rejected
 from protocol_heads.mqtt.caches import BudgetDict
 from protocol_heads.mqtt.children import Children
 from protocol_heads.mqtt.connection import ServerConnection
@@ -99,7 +99,6 @@ _LOGIN_REFUSALS: Mapping[int, RefusalReason] = {
     ReasonCode.CLIENT_IDENTIFIER_NOT_VALID: RefusalReason.BAD_CLIENT_ID,
     ReasonCode.BAD_USERNAME_OR_PASSWORD: RefusalReason.BAD_USERNAME,
 }
-_LOGIN_ATTEMPTS = 3  # authentications of one login while revocations overlap it (admin actions: rare)
 _ENTRY_OVERHEAD = 512  # a telemetry cache entry's two property maps and tuple, beside its topic's text
 
 
@@ -227,7 +226,7 @@ class Session:
         thumbprint, cn, verified = self.sock.peer_certificate()
         creds = Credentials(claimed, c.username, c.password, thumbprint, cn, verified)
         try:
-            result = await self._login(creds)
+            result = await self.server.authenticate(creds)  # checked again if a revocation overlapped it
         except AuthenticationError as exc:
             return self._refuse(keys, ReasonCode.NOT_AUTHORIZED, "authentication failed", c, detail=exc)
         if result.identity != claimed:
@@ -251,18 +250,6 @@ class Session:
         log.info("mqtt.connected client=%s level=%d auth=%s", self.identity, c.protocol_level, self.auth_method)
         self.hub.link_ready(self.identity, self.link)
         return pipelined
-
-    async def _login(self, creds: Credentials) -> AuthResult:
-        """``hub.authenticate``, once more when an identity's credentials were revoked while it ran
-        (``MqttServer.close_identity``): a login that checked a key just removed must not register after the
-        removal closed the identity's connections. Nothing awaits between the last check and registering."""
-        server = self.server
-        for _ in range(_LOGIN_ATTEMPTS):
-            seen = server.revocations
-            result = await self.hub.authenticate(creds)
-            if server.revocations == seen:
-                return result
-        raise AuthenticationError(f"the credentials of {creds.identity} changed during login")
 
     def _refuse(
         self, keys: tuple[str, str], reason: int, text: str, c: Connect, *, detail: object = None

@@ -11,6 +11,7 @@ import edgehub.hub.admission
 import edgehub.hub.throttle
 import edgehub.testing.hub
 from edgehub.core import sas
+from protocol_heads import limits, listeners, socket_side, tls
 from protocol_heads.mqtt import (
     acks,
     caches,
@@ -47,6 +48,10 @@ from protocol_heads.mqtt import (
         settings,
         states,
         sas,
+        limits,
+        listeners,
+        socket_side,
+        tls,
         edgehub.hub,
         edgehub.hub.admission,
         edgehub.hub.throttle,

@@ -1,0 +1,96 @@
+"""Cloud-to-device messages to a device connected over AMQP, through the real hub (RocksDB store in tmp_path, the
+AMQP head on 127.0.0.1 port 0, proton's own client): what ``EdgeHub.cloud_to_device`` stored (what the upstream's
+cloud link calls for each device-bound message) reaches the device on its device-bound link, and the device's
+settlement is the checkpoint: what it left unsettled comes again after it reconnects."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from edgehub.core import Message
+from edgehub.core.endpoints import device_endpoint
+from edgehub.hub.facade import EdgeHub
+from edgehub.routing import Router
+from edgehub.store import Store
+from edgehub.store.rocks import open_rocks_store
+from protocol_heads.amqp import AmqpServer, AmqpSettings
+from tests.protocol_heads.amqp.conftest import DEV, DEVICE_KEY, HOST, ProtonClient, accept, receive, sas_token
+
+pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]
+
+DEVICEBOUND = device_endpoint("dev1")
+ADDRESS = "/devices/dev1/messages/devicebound"
+
+
+@asynccontextmanager
+async def served(data: Path) -> AsyncIterator[tuple[EdgeHub, AmqpServer, Store]]:
+    store = open_rocks_store(data / "store")
+    try:
+        router = Router({"up": "FROM /messages/* INTO $upstream"})
+        async with EdgeHub(store=store, router=router, host_name=HOST) as hub:
+            await hub.identities.add_symmetric_key(DEV, DEVICE_KEY)
+            settings = AmqpSettings(tcp_port=0, tls_port=None, connect_timeout_s=5.0)
+            async with AmqpServer(hub, settings=settings) as server:
+                yield hub, server, store
+    finally:
+        await store.close()
+
+
+async def device(server: AmqpServer, hub: EdgeHub) -> ProtonClient:
+    token = sas_token(DEV, DEVICE_KEY, expiry_s=int(hub.clock.time()) + 3600)  # within the hub's token lifetime
+    return await ProtonClient.connect(server.ports["amqp"], user=f"dev1@sas.{HOST}", password=token)
+
+
+def c2d(body: bytes) -> Message:
+    return Message(body, {"cmd": "on"}, {"messageId": body.decode()})
+
+
+async def test_a_device_bound_message_reaches_an_amqp_device_and_its_settlement_checkpoints_it(tmp_path: Path) -> None:
+    async with served(tmp_path) as (hub, server, store):
+        await hub.cloud_to_device("dev1", c2d(b"m1"))  # returns once durable
+        [queue] = store.queues(DEVICEBOUND)
+        before = store.checkpoint(queue).committed
+        client = await device(server, hub)
+        try:
+            receiver = await client.receiver(ADDRESS, credit=5)
+            got = await receive(receiver)
+            assert got.body == b"m1"
+            assert got.id == "m1"
+            assert got.properties == {"cmd": "on"}
+            assert store.checkpoint(queue).committed == before  # not settled yet: not delivered
+            await accept(receiver)
+            await client.pump_until(lambda: store.checkpoint(queue).committed > before)
+            assert store.checkpoint(queue).committed == before + 1
+        finally:
+            await client.close()
+
+
+async def test_what_an_amqp_device_left_unsettled_comes_again_after_it_reconnects(tmp_path: Path) -> None:
+    async with served(tmp_path) as (hub, server, store):
+        await hub.cloud_to_device("dev1", c2d(b"m1"))
+        await hub.cloud_to_device("dev1", c2d(b"m2"))
+        [queue] = store.queues(DEVICEBOUND)
+        before = store.checkpoint(queue).committed
+        client = await device(server, hub)
+        receiver = await client.receiver(ADDRESS, credit=5)
+        assert (await receive(receiver)).body == b"m1"
+        await accept(receiver)
+        assert (await receive(receiver)).body == b"m2"  # received, never settled
+        await client.pump_until(lambda: store.checkpoint(queue).committed > before)
+        await client.close()
+        assert store.checkpoint(queue).committed == before + 1  # m1 only
+
+        client = await device(server, hub)
+        try:
+            receiver = await client.receiver(ADDRESS, credit=5)
+            again = await receive(receiver)
+            assert again.body == b"m2"
+            assert again.delivery_count == 1
+            await accept(receiver)
+            await client.pump_until(lambda: store.checkpoint(queue).committed >= before + 2)
+        finally:
+            await client.close()
