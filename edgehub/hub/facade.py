@@ -63,6 +63,7 @@ from edgehub.core import (
 from edgehub.core.endpoints import parse_module_endpoint
 from edgehub.core.message import TWIN_CHANGE_NOTIFICATION
 from edgehub.core.methods import MethodCall, MethodResult
+from edgehub.core.opstats import OpStats
 from edgehub.core.refusals import RefusalLog
 from edgehub.core.sas import DEFAULT_MAX_TOKEN_LIFETIME_S
 from edgehub.delivery import Endpoint, EndpointExecutor, ExecutorSettings
@@ -155,6 +156,10 @@ class EdgeHub:
             store, known=lambda i: self.identities.get(i) is not None, limits=c2d_limits, max_batch=module_batch
         )
         self.methods = MethodDispatcher(clock=self.clock, refusals=self.refusals, limits=method_limits)
+        # Counted once per operation, for /metrics (edgehub.core.opstats): "edge" as Azure's source and target,
+        # the hub itself answered (twins live in its store).
+        self.twin_gets = OpStats("source", "id")
+        self.reported_updates = OpStats("target", "id")
         self.upstream = upstream or UpstreamOptions()
         self.lanes = UpstreamLanes(
             self.upstream, store=store, endpoint_of=self._given.get, executor_of=self.executors.get
@@ -459,12 +464,14 @@ class EdgeHub:
         return self.twins.limits
 
     async def get_twin(self, identity: Identity) -> Mapping[str, Any]:
+        started = self.clock.monotonic()
         twin = self.twins.get(identity)
         deployed = self._module_desired.get(identity.module_id) if identity.module_id is not None else None
-        if deployed is None:
-            return twin
-        desired, version = deployed
-        return {**twin, "desired": {**desired, "$version": version}}
+        if deployed is not None:
+            desired, version = deployed
+            twin = {**twin, "desired": {**desired, "$version": version}}
+        self.twin_gets.add("edge", identity.id, seconds=self.clock.monotonic() - started)
+        return twin
 
     def set_module_desired(self, module_id: str, desired: Mapping[str, Any] | None, version: int) -> None:
         """The desired properties a deployment gives module ``module_id`` (None: none any more): what its twin GET
@@ -482,6 +489,7 @@ class EdgeHub:
             log.info("hub.module_desired_pushed module=%s version=%d keys=%d", module_id, version, len(patch))
 
     async def update_reported(self, identity: Identity, patch: bytes | Mapping[str, Any]) -> int:
+        started = self.clock.monotonic()
         try:
             checked: Mapping[str, Any]
             if isinstance(patch, bytes):
@@ -494,6 +502,8 @@ class EdgeHub:
         except TwinError as exc:
             self.refusals.refused(exc.refusal, peer=identity.id, client=identity.id, status=exc.status, detail=exc)
             raise
+        finally:  # every call, refused ones too (Azure counts calls); the time is the patch's write
+            self.reported_updates.add("edge", identity.id, seconds=self.clock.monotonic() - started)
         await self._twin_changed(identity, checked, version)
         return version
 

@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from edgehub.core.opstats import OpStats
 from edgehub.hub.facade import EdgeHub
 from edgehub.runtime.admin_api import RouteHandler
 from edgehub.runtime.admin_http import Request, Response
@@ -112,6 +113,19 @@ class HubCollector(Collector):
                 value=self._server.refusals.total,
             )
         yield from self._uplink()
+        yield from self._operations()
+
+    def _operations(self) -> Iterator[Metric]:
+        """The counts and times kept per operation (``edgehub.core.opstats``)."""
+        hub = self._hub
+        yield from _counted("edgehub_gettwin", "GetTwin calls", hub.twin_gets)
+        yield _timed("edgehub_gettwin_duration_seconds", "Time taken to get twin", hub.twin_gets)
+        yield from _counted("edgehub_reported_properties", "Reported properties update calls", hub.reported_updates)
+        yield _timed(
+            "edgehub_reported_properties_update_duration_seconds",
+            "Time taken to update reported properties",
+            hub.reported_updates,
+        )
 
     def _uplink(self) -> Iterator[Metric]:
         sent = CounterMetricFamily("edgehub_messages_sent", "Messages sent upstream and acknowledged", labels=["to"])
@@ -135,6 +149,21 @@ class HubCollector(Collector):
             wire.add_metric(name, t.wire_bytes_acked)
             connects.add_metric(name, t.connects)
         yield from (sent, connected, rate, rtt, inflight, wire, connects)
+
+
+def _counted(name: str, documentation: str, stats: OpStats) -> Iterator[Metric]:
+    family = CounterMetricFamily(name, documentation, labels=list(stats.labels))
+    for values, count, _ in stats.items():
+        family.add_metric(list(values), count)
+    yield family
+
+
+def _timed(name: str, documentation: str, stats: OpStats) -> Metric:
+    """A summary of ``_count`` and ``_sum`` only: times are summed per operation, not sampled for quantiles."""
+    family = SummaryMetricFamily(name, documentation, labels=list(stats.labels))
+    for values, count, seconds in stats.items():
+        family.add_metric(list(values), count_value=count, sum_value=seconds)
+    return family
 
 
 def metrics_routes(hub: EdgeHub, server: MqttServer | None = None) -> list[tuple[str, str, RouteHandler, bool]]:

@@ -1,0 +1,89 @@
+"""``/metrics`` of a running hub (real ``EdgeHub`` over RocksDB in tmp_path, MQTT head on 127.0.0.1, paho clients)
+moves each per-operation metric by what a client did: scraped before and after, and the difference asserted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from edgehub.runtime.admin_client import AdminClient
+from edgehub.runtime.admin_files import read_port, read_token
+from edgehub.runtime.admin_runtime import serve_admin
+from tests.e2e.conftest import DEV, Rig, running_hub, sas, username
+from tests.protocol_heads.mqtt.conftest import Paho
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@dataclass
+class Scraper:
+    rig: Rig
+    client: AdminClient
+
+    async def scrape(self) -> Samples:
+        status, raw = await asyncio.to_thread(self.client.raw, "GET", "/metrics")
+        assert status == 200
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(raw.decode())
+            for s in family.samples
+        }
+
+
+def moved(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+@asynccontextmanager
+async def scraped_hub(tmp_path: Path, **routes: str) -> AsyncIterator[Scraper]:
+    async with (
+        running_hub(tmp_path, **({"routes": routes} if routes else {})) as rig,  # type: ignore[arg-type]
+        serve_admin(tmp_path, port=0, hub=rig.hub, server=rig.server),
+    ):
+        port, token = read_port(tmp_path), read_token(tmp_path)
+        assert port is not None
+        assert token is not None
+        yield Scraper(rig, AdminClient(port, token, timeout_s=10.0))
+
+
+@asynccontextmanager
+async def device(rig: Rig) -> AsyncIterator[Paho]:
+    dev = Paho.make(DEV.id)
+    assert await dev.connect(rig.tcp, user=username(DEV), password=sas(DEV)) == 0
+    try:
+        yield dev
+    finally:
+        await dev.close()
+
+
+async def test_a_twin_get_and_a_reported_patch_move_their_counters_and_summaries(tmp_path: Path) -> None:
+    async with scraped_hub(tmp_path) as hub, device(hub.rig) as dev:
+        dev.client.subscribe("$iothub/twin/res/#", qos=0)
+        async with asyncio.timeout(10):
+            await dev.subscribes.get()
+        before = await hub.scrape()
+        dev.publish("$iothub/twin/GET/?$rid=1", b"", qos=0)
+        async with asyncio.timeout(10):
+            twin = json.loads((await dev.messages.get()).payload)
+        assert "reported" in twin
+        dev.publish("$iothub/twin/PATCH/properties/reported/?$rid=2", b'{"temp": 21}', qos=0)
+        dev.publish("$iothub/twin/PATCH/properties/reported/?$rid=3", b"[not json", qos=0)  # refused: a call too
+        async with asyncio.timeout(10):
+            topics = [(await dev.messages.get()).topic for _ in range(2)]
+        assert topics == ["$iothub/twin/res/204/?$rid=2&$version=2", "$iothub/twin/res/400/?$rid=3"]
+        after = await hub.scrape()
+    ids = {"source": "edge", "id": DEV.id}
+    assert moved(before, after, "edgehub_gettwin_total", **ids) == 1
+    assert moved(before, after, "edgehub_gettwin_duration_seconds_count", **ids) == 1
+    assert moved(before, after, "edgehub_gettwin_duration_seconds_sum", **ids) >= 0
+    target = {"target": "edge", "id": DEV.id}
+    assert moved(before, after, "edgehub_reported_properties_total", **target) == 2
+    assert moved(before, after, "edgehub_reported_properties_update_duration_seconds_count", **target) == 2
+    assert moved(before, after, "edgehub_reported_properties_update_duration_seconds_sum", **target) > 0
