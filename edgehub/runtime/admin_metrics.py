@@ -126,6 +126,8 @@ class HubCollector(Collector):
             "Time taken to update reported properties",
             hub.reported_updates,
         )
+        yield from _counted("edgehub_direct_methods", "Direct method calls", hub.methods.calls)
+        yield _timed("edgehub_direct_method_duration_seconds", "Time taken to call direct method", hub.methods.calls)
 
     def _uplink(self) -> Iterator[Metric]:
         sent = CounterMetricFamily("edgehub_messages_sent", "Messages sent upstream and acknowledged", labels=["to"])

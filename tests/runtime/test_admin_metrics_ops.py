@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from edgehub.runtime.admin_client import AdminClient
 from edgehub.runtime.admin_files import read_port, read_token
 from edgehub.runtime.admin_runtime import serve_admin
-from tests.e2e.conftest import DEV, Rig, running_hub, sas, username
+from tests.e2e.conftest import DEV, SENSOR, Rig, running_hub, sas, username
 from tests.protocol_heads.mqtt.conftest import Paho
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -87,3 +87,36 @@ async def test_a_twin_get_and_a_reported_patch_move_their_counters_and_summaries
     assert moved(before, after, "edgehub_reported_properties_total", **target) == 2
     assert moved(before, after, "edgehub_reported_properties_update_duration_seconds_count", **target) == 2
     assert moved(before, after, "edgehub_reported_properties_update_duration_seconds_sum", **target) > 0
+
+
+async def test_a_modules_method_call_to_a_device_moves_direct_methods_total_and_its_duration(tmp_path: Path) -> None:
+    async with scraped_hub(tmp_path) as hub, device(hub.rig) as dev:
+        module = Paho.make(SENSOR.id)
+        assert await module.connect(hub.rig.tcp, user=username(SENSOR), password=sas(SENSOR)) == 0
+        try:
+            dev.client.subscribe("$iothub/methods/POST/#", qos=0)
+            module.client.subscribe("$iothub/dev1/methods/res/#", qos=0)
+            module.client.subscribe("$iothub/edge/nobody/methods/res/#", qos=0)
+            async with asyncio.timeout(10):
+                await dev.subscribes.get()
+                await module.subscribes.get()
+                await module.subscribes.get()
+            before = await hub.scrape()
+            module.publish("$iothub/dev1/methods/POST/reboot/?$rid=7", b"{}", qos=0)
+            async with asyncio.timeout(10):
+                request = await dev.messages.get()
+                rid = request.topic.rsplit("$rid=", 1)[1]
+                dev.publish(f"$iothub/methods/res/200/?$rid={rid}", b'{"ok": true}', qos=0)
+                answer = await module.messages.get()
+            assert answer.topic == "$iothub/dev1/methods/res/200/?$rid=7"
+            module.publish("$iothub/edge/nobody/methods/POST/x/?$rid=8", b"{}", qos=0)  # 404: a call too
+            async with asyncio.timeout(10):
+                assert (await module.messages.get()).topic == "$iothub/edge/nobody/methods/res/404/?$rid=8"
+            after = await hub.scrape()
+        finally:
+            await module.close()
+    calls = {"from": SENSOR.id, "to": DEV.id}
+    assert moved(before, after, "edgehub_direct_methods_total", **calls) == 1
+    assert moved(before, after, "edgehub_direct_method_duration_seconds_count", **calls) == 1
+    assert moved(before, after, "edgehub_direct_method_duration_seconds_sum", **calls) > 0
+    assert moved(before, after, "edgehub_direct_methods_total", **{"from": SENSOR.id, "to": "edge/nobody"}) == 1
