@@ -51,6 +51,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any, Self
 
 from edgehub.core import (
+    AuthenticationError,
     Clock,
     Identity,
     IngestRejected,
@@ -64,7 +65,7 @@ from edgehub.core.endpoints import parse_module_endpoint
 from edgehub.core.message import TWIN_CHANGE_NOTIFICATION
 from edgehub.core.methods import MethodCall, MethodResult
 from edgehub.core.opstats import OpStats
-from edgehub.core.refusals import RefusalLog
+from edgehub.core.refusals import RefusalLog, RefusalReason
 from edgehub.core.sas import DEFAULT_MAX_TOKEN_LIFETIME_S
 from edgehub.delivery import Endpoint, EndpointExecutor, ExecutorSettings
 from edgehub.hub import (
@@ -160,6 +161,10 @@ class EdgeHub:
         # the hub itself answered (twins live in its store).
         self.twin_gets = OpStats("source", "id")
         self.reported_updates = OpStats("target", "id")
+        self.client_connects = OpStats("id")
+        self.client_disconnects = OpStats("id")
+        # Logins the hub refused, by reason only: a claimed id is the client's word, not a label to keep.
+        self.connect_failures = OpStats("reason")
         self.upstream = upstream or UpstreamOptions()
         self.lanes = UpstreamLanes(
             self.upstream, store=store, endpoint_of=self._given.get, executor_of=self.executors.get
@@ -222,7 +227,11 @@ class EdgeHub:
 
     # -- Hub: auth and ingest -------------------------------------------------------------------------------
     async def authenticate(self, credentials: Credentials) -> AuthResult:
-        result = await self.identities.authenticate(credentials)
+        try:
+            result = await self.identities.authenticate(credentials)
+        except AuthenticationError:
+            self.connect_failures.add(RefusalReason.BAD_CREDENTIALS.value)
+            raise
         self._auth_methods[result.identity.id] = result.auth_method
         return result
 
@@ -392,6 +401,7 @@ class EdgeHub:
 
     # -- Hub: links -----------------------------------------------------------------------------------------
     async def connect(self, identity: Identity, link: ClientLink, *, clean_session: bool) -> SessionInfo:
+        self.client_connects.add(identity.id)
         self.methods.connect(identity, link)
         if identity.module_id is None:
             self.c2d.mailboxes.connect(identity, link)
@@ -413,6 +423,7 @@ class EdgeHub:
         return False
 
     async def disconnect(self, identity: Identity, link: ClientLink) -> None:
+        self.client_disconnects.add(identity.id)  # a link taken over by a newer login too: it was disconnected
         self.methods.disconnect(identity, link)
         if identity.module_id is not None:
             self.modules.disconnect(identity, link)

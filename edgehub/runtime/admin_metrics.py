@@ -27,6 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from edgehub.core.opstats import OpStats
+from edgehub.core.refusals import RefusalReason
 from edgehub.hub.facade import EdgeHub
 from edgehub.runtime.admin_api import RouteHandler
 from edgehub.runtime.admin_http import Request, Response
@@ -107,6 +108,7 @@ class HubCollector(Collector):
             yield GaugeMetricFamily(
                 "edgehub_connected_clients", "Clients logged in now", value=len(self._server.connected)
             )
+            yield from self._clients(self._server)
             yield CounterMetricFamily(
                 "edgehub_refusals",
                 "Refusals of the MQTT head (logins, limits, packets)",
@@ -114,6 +116,19 @@ class HubCollector(Collector):
             )
         yield from self._uplink()
         yield from self._operations()
+
+    def _clients(self, server: MqttServer) -> Iterator[Metric]:
+        """Logins: those the hub refused (credentials), those the MQTT head's login throttle refused, connects and
+        disconnects (counted by the hub once per login and per connection end, for every head)."""
+        hub = self._hub
+        failed = CounterMetricFamily("edgehub_client_connect_failed", "Logins refused, by reason", labels=["reason"])
+        for (reason,), count, _ in hub.connect_failures.items():
+            failed.add_metric([reason], count)
+        throttled = server.throttle.refused + server.address_throttle.refused
+        failed.add_metric([RefusalReason.LOGIN_THROTTLED.value], throttled)
+        yield failed
+        yield from _counted("edgehub_client_connect_success", "Successful logins", hub.client_connects)
+        yield from _counted("edgehub_client_disconnect", "Connections ended after login", hub.client_disconnects)
 
     def _operations(self) -> Iterator[Metric]:
         """The counts and times kept per operation (``edgehub.core.opstats``)."""

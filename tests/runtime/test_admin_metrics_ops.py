@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +34,12 @@ class Scraper:
             for family in text_string_to_metric_families(raw.decode())
             for s in family.samples
         }
+
+    async def scrape_until(self, done: Callable[[Samples], bool]) -> Samples:
+        """Scraped again until ``done(samples)`` (each scrape a real round trip); bounded by the caller."""
+        while not done(samples := await self.scrape()):
+            pass
+        return samples
 
 
 def moved(before: Samples, after: Samples, name: str, **labels: str) -> float:
@@ -120,3 +126,25 @@ async def test_a_modules_method_call_to_a_device_moves_direct_methods_total_and_
     assert moved(before, after, "edgehub_direct_method_duration_seconds_count", **calls) == 1
     assert moved(before, after, "edgehub_direct_method_duration_seconds_sum", **calls) > 0
     assert moved(before, after, "edgehub_direct_methods_total", **{"from": SENSOR.id, "to": "edge/nobody"}) == 1
+
+
+async def test_logins_move_connect_failed_by_reason_connect_success_and_disconnect(tmp_path: Path) -> None:
+    async with scraped_hub(tmp_path) as hub:
+        before = await hub.scrape()
+        limit = hub.rig.server.settings.max_login_failures
+        codes = []
+        for _ in range(limit + 1):  # the last one is refused by the login throttle, before the credentials
+            bad = Paho.make(DEV.id)
+            codes.append(await bad.connect(hub.rig.tcp, user=username(DEV), password="not-a-token"))
+            await bad.close()
+        assert all(code != 0 for code in codes)
+        module = Paho.make(SENSOR.id)
+        assert await module.connect(hub.rig.tcp, user=username(SENSOR), password=sas(SENSOR)) == 0
+        await module.close()
+        key = ("edgehub_client_disconnect_total", (("id", SENSOR.id),))
+        async with asyncio.timeout(10):
+            after = await hub.scrape_until(lambda s: s.get(key, 0) - before.get(key, 0) == 1)
+    assert moved(before, after, "edgehub_client_connect_failed_total", reason="bad_credentials") == limit
+    assert moved(before, after, "edgehub_client_connect_failed_total", reason="login_throttled") == 1
+    assert moved(before, after, "edgehub_client_connect_success_total", id=SENSOR.id) == 1
+    assert moved(before, after, "edgehub_client_connect_success_total", id=DEV.id) == 0
