@@ -276,7 +276,7 @@ class UpstreamLanes:
             held_messages=held,
             held_bytes=held_bytes,
             undelivered_messages=undelivered,
-            batches_sent=executor.batches_sent if executor is not None else 0,
+            batches_sent=executor.sends.batches if executor is not None else 0,
             transport=endpoint.status() if isinstance(endpoint, _ReportsStatus) else None,
         )
 

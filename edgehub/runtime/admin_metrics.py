@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from edgehub.core.endpoints import parse_device_endpoint, parse_module_endpoint
 from edgehub.core.opstats import OpStats
 from edgehub.core.refusals import RefusalReason
 from edgehub.hub.facade import EdgeHub
@@ -114,6 +115,7 @@ class HubCollector(Collector):
                 "Refusals of the MQTT head (logins, limits, packets)",
                 value=self._server.refusals.total,
             )
+        yield from self._sends()
         yield from self._uplink()
         yield from self._operations()
 
@@ -144,8 +146,23 @@ class HubCollector(Collector):
         yield from _counted("edgehub_direct_methods", "Direct method calls", hub.methods.calls)
         yield _timed("edgehub_direct_method_duration_seconds", "Time taken to call direct method", hub.methods.calls)
 
+    def _sends(self) -> Iterator[Metric]:
+        """What each endpoint's executor sent, counted per batch settled (``SendStats``)."""
+        labels = ["to", "to_route_input"]
+        sent = CounterMetricFamily("edgehub_messages_sent", "Messages sent and acknowledged", labels=labels)
+        took = SummaryMetricFamily("edgehub_message_send_duration_seconds", "Time taken to send batches", labels=labels)
+        for endpoint_id, executor in sorted(self._hub.executors.items()):
+            module = parse_module_endpoint(endpoint_id)
+            device = parse_device_endpoint(endpoint_id)
+            # Azure's labels: a module and its input; a device (cloud-to-device); the upstream (lane) with no input.
+            to = list(module) if module is not None else [device if device is not None else endpoint_id, ""]
+            stats = executor.sends
+            sent.add_metric(to, stats.messages)
+            took.add_metric(to, count_value=stats.batches, sum_value=stats.seconds)
+        yield sent
+        yield took
+
     def _uplink(self) -> Iterator[Metric]:
-        sent = CounterMetricFamily("edgehub_messages_sent", "Messages sent upstream and acknowledged", labels=["to"])
         connected = GaugeMetricFamily("edgehub_upstream_connected", "1 while the lane's link is up", labels=["lane"])
         rate = GaugeMetricFamily("edgehub_upstream_rate_bps", "Achieved upstream rate, bits/s", labels=["lane"])
         rtt = GaugeMetricFamily("edgehub_upstream_rtt_seconds", "Least PUBLISH-to-PUBACK time lately", labels=["lane"])
@@ -157,7 +174,6 @@ class HubCollector(Collector):
             if t is None:
                 continue
             name = [lane.endpoint_id]
-            sent.add_metric(name, t.messages_acked)
             connected.add_metric(name, 1 if t.connected else 0)
             rate.add_metric(name, t.achieved_bps)
             if t.rtt_min_s is not None:
@@ -165,7 +181,7 @@ class HubCollector(Collector):
             inflight.add_metric(name, t.inflight_bytes)
             wire.add_metric(name, t.wire_bytes_acked)
             connects.add_metric(name, t.connects)
-        yield from (sent, connected, rate, rtt, inflight, wire, connects)
+        yield from (connected, rate, rtt, inflight, wire, connects)
 
 
 def _counted(name: str, documentation: str, stats: OpStats) -> Iterator[Metric]:

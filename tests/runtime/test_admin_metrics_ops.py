@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from edgehub.runtime.admin_client import AdminClient
 from edgehub.runtime.admin_files import read_port, read_token
 from edgehub.runtime.admin_runtime import serve_admin
-from tests.e2e.conftest import DEV, SENSOR, Rig, running_hub, sas, username
+from tests.e2e.conftest import DEV, FILTER, SENSOR, Rig, running_hub, sas, username
 from tests.protocol_heads.mqtt.conftest import Paho
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -148,3 +148,24 @@ async def test_logins_move_connect_failed_by_reason_connect_success_and_disconne
     assert moved(before, after, "edgehub_client_connect_failed_total", reason="login_throttled") == 1
     assert moved(before, after, "edgehub_client_connect_success_total", id=SENSOR.id) == 1
     assert moved(before, after, "edgehub_client_connect_success_total", id=DEV.id) == 0
+
+
+async def test_messages_delivered_to_a_module_input_move_messages_sent_and_send_duration(tmp_path: Path) -> None:
+    async with scraped_hub(tmp_path) as hub, device(hub.rig) as dev:
+        before = await hub.scrape()
+        for i in range(3):
+            dev.publish("devices/dev1/messages/events/", f"m{i}".encode())
+        module = Paho.make(FILTER.id)
+        assert await module.connect(hub.rig.tcp, user=username(FILTER), password=sas(FILTER)) == 0
+        try:
+            module.client.subscribe("devices/edge/modules/filter/inputs/#", qos=1)
+            async with asyncio.timeout(10):
+                got = [(await module.messages.get()).payload for _ in range(3)]
+                key = ("edgehub_messages_sent_total", (("to", "filter"), ("to_route_input", "in1")))
+                after = await hub.scrape_until(lambda s: s.get(key, 0) - before.get(key, 0) == 3)
+        finally:
+            await module.close()
+    assert sorted(got) == [b"m0", b"m1", b"m2"]
+    to = {"to": "filter", "to_route_input": "in1"}
+    assert moved(before, after, "edgehub_message_send_duration_seconds_count", **to) >= 1  # one per batch
+    assert moved(before, after, "edgehub_message_send_duration_seconds_sum", **to) > 0
