@@ -194,6 +194,9 @@ def aggregate_status(statuses: Sequence[UpstreamStatus]) -> UpstreamStatus:
         wire_bytes_acked=wire,
         wire_bytes_per_message=wire / acked if acked else 0.0,
         rtt_min_s=min((s.rtt_min_s for s in statuses if s.rtt_min_s is not None), default=None),
+        offline_count=sum(s.offline_count for s in statuses),
+        offline_s=sum(s.offline_s for s in statuses),
+        offline_ended=sum(s.offline_ended for s in statuses),
     )
 
 

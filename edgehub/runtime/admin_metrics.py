@@ -169,6 +169,10 @@ class HubCollector(Collector):
         inflight = GaugeMetricFamily("edgehub_upstream_inflight_bytes", "Unacknowledged bytes", labels=["lane"])
         wire = CounterMetricFamily("edgehub_upstream_wire_bytes", "PUBLISH bytes acknowledged", labels=["lane"])
         connects = CounterMetricFamily("edgehub_upstream_connects", "Successful connects", labels=["lane"])
+        offline = CounterMetricFamily("edgehub_offline_count", "Upstream connections lost", labels=["lane"])
+        offline_s = SummaryMetricFamily(
+            "edgehub_offline_duration_seconds", "Time from a lost upstream connection to the next", labels=["lane"]
+        )
         for lane in self._hub.upstream_status().lanes:
             t = lane.transport
             if t is None:
@@ -181,7 +185,9 @@ class HubCollector(Collector):
             inflight.add_metric(name, t.inflight_bytes)
             wire.add_metric(name, t.wire_bytes_acked)
             connects.add_metric(name, t.connects)
-        yield from (connected, rate, rtt, inflight, wire, connects)
+            offline.add_metric(name, t.offline_count)
+            offline_s.add_metric(name, count_value=t.offline_ended, sum_value=t.offline_s)  # outages that ended
+        yield from (connected, rate, rtt, inflight, wire, connects, offline, offline_s)
 
 
 def _counted(name: str, documentation: str, stats: OpStats) -> Iterator[Metric]:

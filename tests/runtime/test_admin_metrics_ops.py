@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from edgehub.delivery import Endpoint
 from edgehub.runtime.admin_client import AdminClient
 from edgehub.runtime.admin_files import read_port, read_token
 from edgehub.runtime.admin_runtime import serve_admin
+from edgehub.testing.linksim import LinkSim
+from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
 from tests.e2e.conftest import DEV, FILTER, SENSOR, Rig, running_hub, sas, username
 from tests.protocol_heads.mqtt.conftest import Paho
 
@@ -48,9 +51,9 @@ def moved(before: Samples, after: Samples, name: str, **labels: str) -> float:
 
 
 @asynccontextmanager
-async def scraped_hub(tmp_path: Path, **routes: str) -> AsyncIterator[Scraper]:
+async def scraped_hub(tmp_path: Path, endpoints: Sequence[Endpoint] = ()) -> AsyncIterator[Scraper]:
     async with (
-        running_hub(tmp_path, **({"routes": routes} if routes else {})) as rig,  # type: ignore[arg-type]
+        running_hub(tmp_path, endpoints=endpoints) as rig,
         serve_admin(tmp_path, port=0, hub=rig.hub, server=rig.server),
     ):
         port, token = read_port(tmp_path), read_token(tmp_path)
@@ -169,3 +172,29 @@ async def test_messages_delivered_to_a_module_input_move_messages_sent_and_send_
     to = {"to": "filter", "to_route_input": "in1"}
     assert moved(before, after, "edgehub_message_send_duration_seconds_count", **to) >= 1  # one per batch
     assert moved(before, after, "edgehub_message_send_duration_seconds_sum", **to) > 0
+
+
+async def test_an_upstream_outage_moves_offline_count_and_offline_duration(tmp_path: Path, link: LinkSim) -> None:
+    settings = MqttUpstreamSettings(
+        host="127.0.0.1", port=link.port, client_id="gw", hub_id="gw", reconnect_min_s=0.1, reconnect_max_s=0.5
+    )
+    up = MqttUpstream(settings)
+    await up.start()  # the executor closes it when the hub stops
+    async with scraped_hub(tmp_path, endpoints=[up]) as hub:
+        async with asyncio.timeout(10):
+            await up.wait_connected()
+        before = await hub.scrape()
+        link.cut()
+        async with asyncio.timeout(10):
+            await up.wait_for(lambda: up.status().offline_count == 1)  # checked as the loss is counted
+            during = await hub.scrape()
+        link.restore()
+        async with asyncio.timeout(10):
+            await up.wait_connected()
+        after = await hub.scrape()
+    lane = {"lane": "$upstream"}
+    assert moved(before, during, "edgehub_offline_count_total", **lane) == 1
+    assert moved(before, during, "edgehub_offline_duration_seconds_count", **lane) == 0  # not over yet
+    assert moved(before, after, "edgehub_offline_count_total", **lane) == 1
+    assert moved(before, after, "edgehub_offline_duration_seconds_count", **lane) == 1
+    assert moved(before, after, "edgehub_offline_duration_seconds_sum", **lane) > 0
