@@ -165,6 +165,7 @@ class EdgeHub:
         self.client_disconnects = OpStats("id")
         # Logins the hub refused, by reason only: a claimed id is the client's word, not a label to keep.
         self.connect_failures = OpStats("reason")
+        self.no_route = 0  # messages no route took: acknowledged, not stored
         self.upstream = upstream or UpstreamOptions()
         self.lanes = UpstreamLanes(
             self.upstream, store=store, endpoint_of=self._given.get, executor_of=self.executors.get
@@ -335,7 +336,8 @@ class EdgeHub:
         wait until they are durable and set their outcomes; note the endpoints they went to. A claim is
         accepted once its message is durable, abandoned if it was refused or its write failed (or was not
         waited for: the device's retry must then be taken)."""
-        route, assign = self.router.route, self.lanes.assign
+        router, assign = self.router, self.lanes.assign
+        route, unrouted = router.route, router.unrouted
         todo: list[int] = []
         items: list[tuple[Message, Sequence[RouteResult]]] = []
         for i in segment:
@@ -343,6 +345,8 @@ class EdgeHub:
                 m = messages[i]
                 todo.append(i)
                 items.append((m, assign(m, route(m))))
+        # Per group, from the router's count: kept here so that a new deployment's router does not reset it.
+        self.no_route += router.unrouted - unrouted
         if not todo:
             return
         metadata = [claims[i].metadata if i in claims else None for i in todo] if claims else None

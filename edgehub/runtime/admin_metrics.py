@@ -86,6 +86,7 @@ class HubCollector(Collector):
         for reason, name in _DROP_REASONS.items():
             dropped.add_metric([name], store.removed.get(reason, 0))
         dropped.add_metric(["duplicate"], hub.duplicates_dropped)
+        dropped.add_metric(["no_route"], hub.no_route)
         yield dropped
 
         removed = CounterMetricFamily(

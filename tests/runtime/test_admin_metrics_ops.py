@@ -198,3 +198,22 @@ async def test_an_upstream_outage_moves_offline_count_and_offline_duration(tmp_p
     assert moved(before, after, "edgehub_offline_count_total", **lane) == 1
     assert moved(before, after, "edgehub_offline_duration_seconds_count", **lane) == 1
     assert moved(before, after, "edgehub_offline_duration_seconds_sum", **lane) > 0
+
+
+async def test_messages_no_route_takes_move_messages_dropped_no_route(tmp_path: Path) -> None:
+    async with scraped_hub(tmp_path) as hub:
+        module = Paho.make(SENSOR.id)
+        assert await module.connect(hub.rig.tcp, user=username(SENSOR), password=sas(SENSOR)) == 0
+        try:
+            before = await hub.scrape()
+            # out1 has a route (to filter's input); out2 has none.
+            topic = "devices/edge/modules/sensor/messages/events/$.on={}"
+            mids = [module.publish(topic.format(out), b"x") for out in ("out2", "out2", "out2", "out1")]
+            async with asyncio.timeout(10):
+                acks = [await module.publishes.get() for _ in mids]
+            after = await hub.scrape()
+        finally:
+            await module.close()
+    assert sorted(acks) == sorted((mid, 0) for mid in mids)  # acknowledged all the same, as IoT Hub does
+    assert moved(before, after, "edgehub_messages_dropped_total", reason="no_route") == 3
+    assert moved(before, after, "edgehub_messages_received_total", id=SENSOR.id) == 1
