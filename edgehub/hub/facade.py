@@ -57,6 +57,7 @@ from edgehub.core import (
     IngestRejected,
     Message,
     RouteResult,
+    StoreError,
     SystemClock,
     SystemProperty,
     TwinError,
@@ -166,6 +167,7 @@ class EdgeHub:
         # Logins the hub refused, by reason only: a claimed id is the client's word, not a label to keep.
         self.connect_failures = OpStats("reason")
         self.no_route = 0  # messages no route took: acknowledged, not stored
+        self.unacked_store_failure = 0  # messages of groups the store failed to write: not acknowledged
         self.upstream = upstream or UpstreamOptions()
         self.lanes = UpstreamLanes(
             self.upstream, store=store, endpoint_of=self._given.get, executor_of=self.executors.get
@@ -358,9 +360,11 @@ class EdgeHub:
                 await durable[0]
             elif durable:
                 await asyncio.gather(*durable)
-        except BaseException:
+        except BaseException as exc:
             for unsettled in claims.values():
                 unsettled.abandoned()
+            if isinstance(exc, StoreError):  # ingest raises: the head acknowledges none of the group
+                self.unacked_store_failure += len(messages)
             raise
         for i, result in zip(todo, results, strict=True):
             claim = claims.get(i)

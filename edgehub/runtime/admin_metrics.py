@@ -89,6 +89,12 @@ class HubCollector(Collector):
         dropped.add_metric(["no_route"], hub.no_route)
         yield dropped
 
+        unack = CounterMetricFamily(
+            "edgehub_messages_unack", "Messages not acknowledged: the store failed to write them", labels=["reason"]
+        )
+        unack.add_metric(["storage_failure"], hub.unacked_store_failure)
+        yield unack
+
         removed = CounterMetricFamily(
             "edgehub_store_removed", "References removed from the store's queues, by reason", labels=["reason"]
         )

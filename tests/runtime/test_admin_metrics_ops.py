@@ -20,6 +20,9 @@ from edgehub.testing.linksim import LinkSim
 from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
 from tests.e2e.conftest import DEV, FILTER, SENSOR, Rig, running_hub, sas, username
 from tests.protocol_heads.mqtt.conftest import Paho
+from tests.store.fulldisk import fill, small_disk
+
+__all__ = ["small_disk"]  # the fixture, imported for use here
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -217,3 +220,19 @@ async def test_messages_no_route_takes_move_messages_dropped_no_route(tmp_path: 
     assert sorted(acks) == sorted((mid, 0) for mid in mids)  # acknowledged all the same, as IoT Hub does
     assert moved(before, after, "edgehub_messages_dropped_total", reason="no_route") == 3
     assert moved(before, after, "edgehub_messages_received_total", id=SENSOR.id) == 1
+
+
+async def test_a_group_the_full_disk_refuses_moves_messages_unack_storage_failure(small_disk: Path) -> None:
+    async with scraped_hub(small_disk) as hub, device(hub.rig) as dev:
+        before = await hub.scrape()
+        fill(small_disk / "filler")
+        try:
+            mid = dev.publish("devices/dev1/messages/events/", b"x" * 100_000)
+            async with asyncio.timeout(10):
+                await dev.disconnects.get()  # MQTT 3.1.1: a refused message closes the connection, unacknowledged
+        finally:
+            (small_disk / "filler").unlink()
+        after = await hub.scrape()
+    assert mid > 0
+    assert moved(before, after, "edgehub_messages_unack_total", reason="storage_failure") == 1
+    assert moved(before, after, "edgehub_messages_received_total", id=DEV.id) == 0
