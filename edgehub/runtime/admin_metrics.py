@@ -12,9 +12,18 @@ scrape costs a walk over the queues and identities, and the per-message path cos
 collector's registry is the hub's own (not prometheus-client's global one), so two hubs in one process (tests)
 never mix.
 
+Where a count did not exist, it is kept where the work already happens, once per operation, group or batch,
+as a plain int or an ``edgehub.core.opstats.OpStats``, never a prometheus-client call: twin GETs and reported
+patches, logins, connects and disconnects, groups the store failed to write, and the router's unrouted count
+taken over per group (``EdgeHub``); method calls (``MethodDispatcher.calls``); each executor's batches settled
+(``EndpointExecutor.sends``); each MQTT upstream's lost connections and outage times (``UpstreamStatus``).
+
 Semantics worth knowing: ``edgehub_messages_received_total`` counts messages stored (durable) per sending
-identity; a message no route takes is acknowledged but not stored, and not counted. Counters kept in the store
-(received, removed) survive restarts, as the data they count does.
+identity; a message no route takes is acknowledged but not stored, and counted in
+``edgehub_messages_dropped_total{reason="no_route"}``. Counters kept in the store (received, removed) survive
+restarts, as the data they count does; the others start at 0 with the process, as Azure's do. Durations are
+summaries of ``_count`` and ``_sum`` only (no quantiles: nothing is sampled); ``message_send_duration`` times a
+batch, not a message (README, "Metrics", says where each name differs from Azure's).
 """
 
 from __future__ import annotations
@@ -43,11 +52,25 @@ _DROP_REASONS = {RemovalReason.TTL: "ttl_expiry", RemovalReason.OVERFLOW: "overf
 # The names we share with Azure IoT Edge's hub (its doc/BuiltInMetrics.md), and what we put under each.
 AZURE_NAMES = {
     "edgehub_messages_received_total": "messages stored from a client, per identity (id)",
-    "edgehub_messages_sent_total": "messages acknowledged upstream, per lane (to)",
+    "edgehub_messages_sent_total": "messages the endpoint acknowledged, per endpoint (to, to_route_input)",
+    "edgehub_message_send_duration_seconds": "time from handing a batch to its endpoint to its result, per batch",
     "edgehub_queue_length": "undelivered messages per endpoint and priority",
-    "edgehub_messages_dropped_total": "messages removed undelivered, per reason (ttl_expiry, overflow, duplicate)",
+    "edgehub_messages_dropped_total": "messages acknowledged but not delivered, per reason (ttl_expiry, overflow, "
+    "duplicate, no_route)",
+    "edgehub_messages_unack_total": "messages not acknowledged because the store failed to write them",
     "edgehub_message_size_bytes": "size of messages from clients, per identity (summary: _count and _sum)",
+    "edgehub_gettwin_total": "twin GETs the hub answered, per identity (source=edge, id)",
+    "edgehub_gettwin_duration_seconds": "time to answer a twin GET",
+    "edgehub_reported_properties_total": "reported-properties patches, refused ones too (target=edge, id)",
+    "edgehub_reported_properties_update_duration_seconds": "time to check and durably write a patch",
+    "edgehub_direct_methods_total": "direct method calls relayed, refused ones too (from, to)",
+    "edgehub_direct_method_duration_seconds": "time from a call to its answer (or its error)",
+    "edgehub_client_connect_failed_total": "logins refused, per reason (bad_credentials, login_throttled)",
+    "edgehub_client_connect_success_total": "logins accepted, per identity (id)",
+    "edgehub_client_disconnect_total": "connections ended after login, per identity (id)",
     "edgehub_connected_clients": "clients logged in now",
+    "edgehub_offline_count_total": "upstream connections lost, per lane",
+    "edgehub_offline_duration_seconds": "time from a lost upstream connection to the next, per lane",
 }
 
 

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from edgehub.delivery import Endpoint
 from edgehub.runtime.admin_client import AdminClient
 from edgehub.runtime.admin_files import read_port, read_token
+from edgehub.runtime.admin_metrics import AZURE_NAMES
 from edgehub.runtime.admin_runtime import serve_admin
 from edgehub.testing.linksim import LinkSim
 from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
@@ -40,6 +41,11 @@ class Scraper:
             for family in text_string_to_metric_families(raw.decode())
             for s in family.samples
         }
+
+    async def families(self) -> set[str]:
+        status, raw = await asyncio.to_thread(self.client.raw, "GET", "/metrics")
+        assert status == 200
+        return {family.name for family in text_string_to_metric_families(raw.decode())}
 
     async def scrape_until(self, done: Callable[[Samples], bool]) -> Samples:
         """Scraped again until ``done(samples)`` (each scrape a real round trip); bounded by the caller."""
@@ -195,6 +201,8 @@ async def test_an_upstream_outage_moves_offline_count_and_offline_duration(tmp_p
         async with asyncio.timeout(10):
             await up.wait_connected()
         after = await hub.scrape()
+        served = await hub.families()
+    assert {name.removesuffix("_total") for name in AZURE_NAMES} <= served  # each listed name is served
     lane = {"lane": "$upstream"}
     assert moved(before, during, "edgehub_offline_count_total", **lane) == 1
     assert moved(before, during, "edgehub_offline_duration_seconds_count", **lane) == 0  # not over yet
