@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgehub.delivery import Endpoint
@@ -24,6 +25,8 @@ from tests.protocol_heads.mqtt.conftest import Paho
 from tests.store.fulldisk import fill, small_disk
 
 __all__ = ["small_disk"]  # the fixture, imported for use here
+
+pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]  # paho clients and a Mosquitto upstream
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
