@@ -58,7 +58,7 @@ from typing import Self
 from edgehub.core import Clock, FailureKind, StoreClosedError, StoreError, SystemClock
 from edgehub.delivery.cleanup import cleanup_loop, remove_delivered_and_expired
 from edgehub.delivery.endpoint import Endpoint, PipelinedEndpoint, QueuedMessage, ReportsUnreachable, SendResult
-from edgehub.delivery.executor_state import DeadLetterReason, ExecutorSettings, _InFlight, _QueueState
+from edgehub.delivery.executor_state import DeadLetterReason, ExecutorSettings, SendStats, _InFlight, _QueueState
 from edgehub.delivery.fsm import Event, State
 from edgehub.delivery.retry import effective_policy
 from edgehub.store import QueueId, RemovalReason, Store, StoredItem
@@ -96,7 +96,7 @@ class EndpointExecutor:
         self._tasks: list[asyncio.Task[None]] = []
         self._pipelined: PipelinedEndpoint | None = endpoint if isinstance(endpoint, PipelinedEndpoint) else None
         self._inflight: deque[_InFlight] = deque()
-        self.batches_sent = 0
+        self.sends = SendStats()  # batches, messages acknowledged and send time: per batch settled
         self.batches_prefetched = 0  # batches read while the one before was in flight
         self.cleanups_run = 0
         self._changed = asyncio.Event()  # set after every send, commit, dead letter, prefetch and cleanup
@@ -446,13 +446,14 @@ class EndpointExecutor:
                 result = SendResult.all_failed(self._batch(f.q, f.qs, f.items), FailureKind.TRANSIENT, error)
             else:
                 result = f.result.result()
-            self.batches_sent += 1
+            self.sends.settled(result, self._clock.monotonic() - f.started_mono_s)
             self._changed.set()
             if self._queues.get(f.q) is f.qs:  # else the queue state was rebuilt after a store failure
                 await self._settle(f.q, f.qs, f.items, result, f.seq, f.probe)
 
     async def _send(self, q: QueueId, qs: _QueueState, items: Sequence[StoredItem]) -> SendResult:
         batch = self._batch(q, qs, items)
+        started = self._clock.monotonic()
         try:
             result = await self._endpoint.send(batch)
         except asyncio.CancelledError:
@@ -460,7 +461,7 @@ class EndpointExecutor:
         except Exception as exc:
             log.warning("endpoint.send_raised endpoint=%s error=%s", self._id, exc)
             result = SendResult.all_failed(batch, FailureKind.TRANSIENT, str(exc))
-        self.batches_sent += 1
+        self.sends.settled(result, self._clock.monotonic() - started)
         self._changed.set()
         return result
 
@@ -471,9 +472,10 @@ class EndpointExecutor:
         seq = self._next_seq()
         probe = self._unreachable  # parked: this send only finds out whether the endpoint is back
         if self._pipelined is not None:
+            started = self._clock.monotonic()
             fut = await self._submit(self._pipelined, q, qs, items)
             qs.inflight += 1
-            self._inflight.append(_InFlight(q, qs, items, seq, probe, fut))
+            self._inflight.append(_InFlight(q, qs, items, seq, probe, fut, started))
             fut.add_done_callback(lambda _: self._wake.set())
             return
         result = await self._send(q, qs, items)

@@ -23,7 +23,7 @@ from edgehub.delivery.fsm import Event, State, next_state
 from edgehub.delivery.retry import RetryPolicy
 from edgehub.store import QueueId, StoredItem
 
-__all__ = ["DeadLetterReason", "ExecutorSettings"]
+__all__ = ["DeadLetterReason", "ExecutorSettings", "SendStats"]
 
 
 class DeadLetterReason:
@@ -72,6 +72,24 @@ class _QueueState:
         self.failures = 0
 
 
+class SendStats:
+    """The executor's sends, counted once per batch when its result is in (never per message), for ``/metrics``:
+    batches settled, messages the endpoint acknowledged in them, and the seconds from handing each batch over to
+    its result, summed."""
+
+    __slots__ = ("batches", "messages", "seconds")
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self.messages = 0
+        self.seconds = 0.0
+
+    def settled(self, result: SendResult, seconds: float) -> None:
+        self.batches += 1
+        self.messages += len(result.succeeded)
+        self.seconds += seconds
+
+
 @dataclass(slots=True)
 class _InFlight:
     """A batch submitted to a pipelined endpoint, not settled yet."""
@@ -82,3 +100,4 @@ class _InFlight:
     seq: int
     probe: bool
     result: asyncio.Future[SendResult]
+    started_mono_s: float  # when it was handed to the endpoint, on the executor clock's monotonic scale

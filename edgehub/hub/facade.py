@@ -51,11 +51,13 @@ from types import MappingProxyType, TracebackType
 from typing import Any, Self
 
 from edgehub.core import (
+    AuthenticationError,
     Clock,
     Identity,
     IngestRejected,
     Message,
     RouteResult,
+    StoreError,
     SystemClock,
     SystemProperty,
     TwinError,
@@ -63,7 +65,8 @@ from edgehub.core import (
 from edgehub.core.endpoints import parse_module_endpoint
 from edgehub.core.message import TWIN_CHANGE_NOTIFICATION
 from edgehub.core.methods import MethodCall, MethodResult
-from edgehub.core.refusals import RefusalLog
+from edgehub.core.opstats import OpStats
+from edgehub.core.refusals import RefusalLog, RefusalReason
 from edgehub.core.sas import DEFAULT_MAX_TOKEN_LIFETIME_S
 from edgehub.delivery import Endpoint, EndpointExecutor, ExecutorSettings
 from edgehub.hub import (
@@ -155,6 +158,16 @@ class EdgeHub:
             store, known=lambda i: self.identities.get(i) is not None, limits=c2d_limits, max_batch=module_batch
         )
         self.methods = MethodDispatcher(clock=self.clock, refusals=self.refusals, limits=method_limits)
+        # Counted once per operation, for /metrics (edgehub.core.opstats): "edge" as Azure's source and target,
+        # the hub itself answered (twins live in its store).
+        self.twin_gets = OpStats("source", "id")
+        self.reported_updates = OpStats("target", "id")
+        self.client_connects = OpStats("id")
+        self.client_disconnects = OpStats("id")
+        # Logins the hub refused, by reason only: a claimed id is the client's word, not a label to keep.
+        self.connect_failures = OpStats("reason")
+        self.no_route = 0  # messages no route took: acknowledged, not stored
+        self.unacked_store_failure = 0  # messages of groups the store failed to write: not acknowledged
         self.upstream = upstream or UpstreamOptions()
         self.lanes = UpstreamLanes(
             self.upstream, store=store, endpoint_of=self._given.get, executor_of=self.executors.get
@@ -217,7 +230,11 @@ class EdgeHub:
 
     # -- Hub: auth and ingest -------------------------------------------------------------------------------
     async def authenticate(self, credentials: Credentials) -> AuthResult:
-        result = await self.identities.authenticate(credentials)
+        try:
+            result = await self.identities.authenticate(credentials)
+        except AuthenticationError:
+            self.connect_failures.add(RefusalReason.BAD_CREDENTIALS.value)
+            raise
         self._auth_methods[result.identity.id] = result.auth_method
         return result
 
@@ -321,7 +338,8 @@ class EdgeHub:
         wait until they are durable and set their outcomes; note the endpoints they went to. A claim is
         accepted once its message is durable, abandoned if it was refused or its write failed (or was not
         waited for: the device's retry must then be taken)."""
-        route, assign = self.router.route, self.lanes.assign
+        router, assign = self.router, self.lanes.assign
+        route, unrouted = router.route, router.unrouted
         todo: list[int] = []
         items: list[tuple[Message, Sequence[RouteResult]]] = []
         for i in segment:
@@ -329,6 +347,8 @@ class EdgeHub:
                 m = messages[i]
                 todo.append(i)
                 items.append((m, assign(m, route(m))))
+        # Per group, from the router's count: kept here so that a new deployment's router does not reset it.
+        self.no_route += router.unrouted - unrouted
         if not todo:
             return
         metadata = [claims[i].metadata if i in claims else None for i in todo] if claims else None
@@ -340,9 +360,11 @@ class EdgeHub:
                 await durable[0]
             elif durable:
                 await asyncio.gather(*durable)
-        except BaseException:
+        except BaseException as exc:
             for unsettled in claims.values():
                 unsettled.abandoned()
+            if isinstance(exc, StoreError):  # ingest raises: the head acknowledges none of the group
+                self.unacked_store_failure += len(messages)
             raise
         for i, result in zip(todo, results, strict=True):
             claim = claims.get(i)
@@ -387,6 +409,7 @@ class EdgeHub:
 
     # -- Hub: links -----------------------------------------------------------------------------------------
     async def connect(self, identity: Identity, link: ClientLink, *, clean_session: bool) -> SessionInfo:
+        self.client_connects.add(identity.id)
         self.methods.connect(identity, link)
         if identity.module_id is None:
             self.c2d.mailboxes.connect(identity, link)
@@ -408,6 +431,7 @@ class EdgeHub:
         return False
 
     async def disconnect(self, identity: Identity, link: ClientLink) -> None:
+        self.client_disconnects.add(identity.id)  # a link taken over by a newer login too: it was disconnected
         self.methods.disconnect(identity, link)
         if identity.module_id is not None:
             self.modules.disconnect(identity, link)
@@ -459,12 +483,14 @@ class EdgeHub:
         return self.twins.limits
 
     async def get_twin(self, identity: Identity) -> Mapping[str, Any]:
+        started = self.clock.monotonic()
         twin = self.twins.get(identity)
         deployed = self._module_desired.get(identity.module_id) if identity.module_id is not None else None
-        if deployed is None:
-            return twin
-        desired, version = deployed
-        return {**twin, "desired": {**desired, "$version": version}}
+        if deployed is not None:
+            desired, version = deployed
+            twin = {**twin, "desired": {**desired, "$version": version}}
+        self.twin_gets.add("edge", identity.id, seconds=self.clock.monotonic() - started)
+        return twin
 
     def set_module_desired(self, module_id: str, desired: Mapping[str, Any] | None, version: int) -> None:
         """The desired properties a deployment gives module ``module_id`` (None: none any more): what its twin GET
@@ -482,6 +508,7 @@ class EdgeHub:
             log.info("hub.module_desired_pushed module=%s version=%d keys=%d", module_id, version, len(patch))
 
     async def update_reported(self, identity: Identity, patch: bytes | Mapping[str, Any]) -> int:
+        started = self.clock.monotonic()
         try:
             checked: Mapping[str, Any]
             if isinstance(patch, bytes):
@@ -494,6 +521,8 @@ class EdgeHub:
         except TwinError as exc:
             self.refusals.refused(exc.refusal, peer=identity.id, client=identity.id, status=exc.status, detail=exc)
             raise
+        finally:  # every call, refused ones too (Azure counts calls); the time is the patch's write
+            self.reported_updates.add("edge", identity.id, seconds=self.clock.monotonic() - started)
         await self._twin_changed(identity, checked, version)
         return version
 

@@ -194,6 +194,9 @@ def aggregate_status(statuses: Sequence[UpstreamStatus]) -> UpstreamStatus:
         wire_bytes_acked=wire,
         wire_bytes_per_message=wire / acked if acked else 0.0,
         rtt_min_s=min((s.rtt_min_s for s in statuses if s.rtt_min_s is not None), default=None),
+        offline_count=sum(s.offline_count for s in statuses),
+        offline_s=sum(s.offline_s for s in statuses),
+        offline_ended=sum(s.offline_ended for s in statuses),
     )
 
 
@@ -276,7 +279,7 @@ class UpstreamLanes:
             held_messages=held,
             held_bytes=held_bytes,
             undelivered_messages=undelivered,
-            batches_sent=executor.batches_sent if executor is not None else 0,
+            batches_sent=executor.sends.batches if executor is not None else 0,
             transport=endpoint.status() if isinstance(endpoint, _ReportsStatus) else None,
         )
 

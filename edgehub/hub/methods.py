@@ -38,6 +38,7 @@ from edgehub.core.methods import (
     method_error,
     method_name_problem,
 )
+from edgehub.core.opstats import OpStats
 from edgehub.core.refusals import RefusalLog, RefusalReason
 
 __all__ = ["UPSTREAM_CALLER", "MethodDispatcher", "MethodLimits", "MethodLink"]
@@ -105,6 +106,8 @@ class MethodDispatcher:
         self._calls: dict[str, _Call] = {}  # request id -> call
         self._per_caller: dict[str, int] = {}
         self._rids = itertools.count(1)
+        # Every call and the time to its answer, by caller and target (Azure's from, to), for /metrics.
+        self.calls = OpStats("from", "to")
 
     @property
     def pending(self) -> int:
@@ -161,6 +164,13 @@ class MethodDispatcher:
 
     async def invoke(self, caller: str, target: Identity, call: MethodCall) -> MethodResult:
         """Relay ``call`` from ``caller`` to ``target`` and return its answer; never raises for what was sent."""
+        started = self._clock.monotonic()
+        try:
+            return await self._invoke(caller, target, call)
+        finally:  # refused and failed calls too, as Azure times every call
+            self.calls.add(caller, target.id, seconds=self._clock.monotonic() - started)
+
+    async def _invoke(self, caller: str, target: Identity, call: MethodCall) -> MethodResult:
         problem = self._problem(call)
         if problem is not None:
             return self._refuse(RefusalReason.METHOD_INVALID, MethodErrorCode.BAD_FORMAT, caller, target, problem)

@@ -36,13 +36,16 @@ class LoginThrottle:
         self._max_keys = max_keys
         self._clock = clock or SystemClock()
         self._failures: OrderedDict[str, tuple[float, int]] = OrderedDict()  # key -> (window start, count)
+        self.refused = 0  # logins ``blocked`` refused so far (for /metrics)
 
     def blocked(self, *keys: str) -> bool:
-        """Whether any of ``keys`` has used up its failures in the current window."""
+        """Whether any of ``keys`` has used up its failures in the current window (counted in ``refused``: a head
+        that asks two throttles in turn stops at the first that refuses, so a refusal is counted once)."""
         now = self._clock.monotonic()
         for key in keys:
             state = self._failures.get(key)
             if state is not None and now - state[0] < self.window_s and state[1] >= self.max_failures:
+                self.refused += 1
                 return True
         return False
 

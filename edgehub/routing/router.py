@@ -254,6 +254,7 @@ class Router:
             raise err
         self._routes = tuple(compiled)
         self.undefined_count = 0
+        self.unrouted = 0  # messages no route took (Azure's "no_route" drops), counted on that branch only
         # Which routes a message source can match depends on the source alone: cached per source (sources
         # are few: one per device kind, module and output), and cleared if a flood of odd sources fills it.
         # The hot loop reads (name, condition, result) triples, not the dataclasses.
@@ -273,6 +274,7 @@ class Router:
                 self._by_source.clear()
             self._by_source[message.source] = routes
         if not routes:
+            self.unrouted += 1
             return []
         ctx = EvalContext(message)
         best: dict[str, RouteResult] = {}
@@ -291,7 +293,10 @@ class Router:
                 best[result.endpoint] = result
         if undefined is not None:
             self._undefined(message, undefined)
-        return list(best.values())
+        if best:
+            return list(best.values())
+        self.unrouted += 1
+        return []
 
     def _undefined(self, message: Message, names: list[str]) -> None:
         # Counted always; logged once per message, and only when debug is on (it is the common case for a route

@@ -12,9 +12,18 @@ scrape costs a walk over the queues and identities, and the per-message path cos
 collector's registry is the hub's own (not prometheus-client's global one), so two hubs in one process (tests)
 never mix.
 
+Where a count did not exist, it is kept where the work already happens, once per operation, group or batch,
+as a plain int or an ``edgehub.core.opstats.OpStats``, never a prometheus-client call: twin GETs and reported
+patches, logins, connects and disconnects, groups the store failed to write, and the router's unrouted count
+taken over per group (``EdgeHub``); method calls (``MethodDispatcher.calls``); each executor's batches settled
+(``EndpointExecutor.sends``); each MQTT upstream's lost connections and outage times (``UpstreamStatus``).
+
 Semantics worth knowing: ``edgehub_messages_received_total`` counts messages stored (durable) per sending
-identity; a message no route takes is acknowledged but not stored, and not counted. Counters kept in the store
-(received, removed) survive restarts, as the data they count does.
+identity; a message no route takes is acknowledged but not stored, and counted in
+``edgehub_messages_dropped_total{reason="no_route"}``. Counters kept in the store (received, removed) survive
+restarts, as the data they count does; the others start at 0 with the process, as Azure's do. Durations are
+summaries of ``_count`` and ``_sum`` only (no quantiles: nothing is sampled); ``message_send_duration`` times a
+batch, not a message (README, "Metrics", says where each name differs from Azure's).
 """
 
 from __future__ import annotations
@@ -26,6 +35,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from edgehub.core.endpoints import parse_device_endpoint, parse_module_endpoint
+from edgehub.core.opstats import OpStats
+from edgehub.core.refusals import RefusalReason
 from edgehub.hub.facade import EdgeHub
 from edgehub.runtime.admin_api import RouteHandler
 from edgehub.runtime.admin_http import Request, Response
@@ -40,11 +52,25 @@ _DROP_REASONS = {RemovalReason.TTL: "ttl_expiry", RemovalReason.OVERFLOW: "overf
 # The names we share with Azure IoT Edge's hub (its doc/BuiltInMetrics.md), and what we put under each.
 AZURE_NAMES = {
     "edgehub_messages_received_total": "messages stored from a client, per identity (id)",
-    "edgehub_messages_sent_total": "messages acknowledged upstream, per lane (to)",
+    "edgehub_messages_sent_total": "messages the endpoint acknowledged, per endpoint (to, to_route_input)",
+    "edgehub_message_send_duration_seconds": "time from handing a batch to its endpoint to its result, per batch",
     "edgehub_queue_length": "undelivered messages per endpoint and priority",
-    "edgehub_messages_dropped_total": "messages removed undelivered, per reason (ttl_expiry, overflow, duplicate)",
+    "edgehub_messages_dropped_total": "messages acknowledged but not delivered, per reason (ttl_expiry, overflow, "
+    "duplicate, no_route)",
+    "edgehub_messages_unack_total": "messages not acknowledged because the store failed to write them",
     "edgehub_message_size_bytes": "size of messages from clients, per identity (summary: _count and _sum)",
+    "edgehub_gettwin_total": "twin GETs the hub answered, per identity (source=edge, id)",
+    "edgehub_gettwin_duration_seconds": "time to answer a twin GET",
+    "edgehub_reported_properties_total": "reported-properties patches, refused ones too (target=edge, id)",
+    "edgehub_reported_properties_update_duration_seconds": "time to check and durably write a patch",
+    "edgehub_direct_methods_total": "direct method calls relayed, refused ones too (from, to)",
+    "edgehub_direct_method_duration_seconds": "time from a call to its answer (or its error)",
+    "edgehub_client_connect_failed_total": "logins refused, per reason (bad_credentials, login_throttled)",
+    "edgehub_client_connect_success_total": "logins accepted, per identity (id)",
+    "edgehub_client_disconnect_total": "connections ended after login, per identity (id)",
     "edgehub_connected_clients": "clients logged in now",
+    "edgehub_offline_count_total": "upstream connections lost, per lane",
+    "edgehub_offline_duration_seconds": "time from a lost upstream connection to the next, per lane",
 }
 
 
@@ -83,7 +109,14 @@ class HubCollector(Collector):
         for reason, name in _DROP_REASONS.items():
             dropped.add_metric([name], store.removed.get(reason, 0))
         dropped.add_metric(["duplicate"], hub.duplicates_dropped)
+        dropped.add_metric(["no_route"], hub.no_route)
         yield dropped
+
+        unack = CounterMetricFamily(
+            "edgehub_messages_unack", "Messages not acknowledged: the store failed to write them", labels=["reason"]
+        )
+        unack.add_metric(["storage_failure"], hub.unacked_store_failure)
+        yield unack
 
         removed = CounterMetricFamily(
             "edgehub_store_removed", "References removed from the store's queues, by reason", labels=["reason"]
@@ -106,27 +139,75 @@ class HubCollector(Collector):
             yield GaugeMetricFamily(
                 "edgehub_connected_clients", "Clients logged in now", value=len(self._server.connected)
             )
+            yield from self._clients(self._server)
             yield CounterMetricFamily(
                 "edgehub_refusals",
                 "Refusals of the MQTT head (logins, limits, packets)",
                 value=self._server.refusals.total,
             )
+        yield from self._sends()
         yield from self._uplink()
+        yield from self._operations()
+
+    def _clients(self, server: MqttServer) -> Iterator[Metric]:
+        """Logins: those the hub refused (credentials), those the MQTT head's login throttle refused, connects and
+        disconnects (counted by the hub once per login and per connection end, for every head)."""
+        hub = self._hub
+        failed = CounterMetricFamily("edgehub_client_connect_failed", "Logins refused, by reason", labels=["reason"])
+        for (reason,), count, _ in hub.connect_failures.items():
+            failed.add_metric([reason], count)
+        throttled = server.throttle.refused + server.address_throttle.refused
+        failed.add_metric([RefusalReason.LOGIN_THROTTLED.value], throttled)
+        yield failed
+        yield from _counted("edgehub_client_connect_success", "Successful logins", hub.client_connects)
+        yield from _counted("edgehub_client_disconnect", "Connections ended after login", hub.client_disconnects)
+
+    def _operations(self) -> Iterator[Metric]:
+        """The counts and times kept per operation (``edgehub.core.opstats``)."""
+        hub = self._hub
+        yield from _counted("edgehub_gettwin", "GetTwin calls", hub.twin_gets)
+        yield _timed("edgehub_gettwin_duration_seconds", "Time taken to get twin", hub.twin_gets)
+        yield from _counted("edgehub_reported_properties", "Reported properties update calls", hub.reported_updates)
+        yield _timed(
+            "edgehub_reported_properties_update_duration_seconds",
+            "Time taken to update reported properties",
+            hub.reported_updates,
+        )
+        yield from _counted("edgehub_direct_methods", "Direct method calls", hub.methods.calls)
+        yield _timed("edgehub_direct_method_duration_seconds", "Time taken to call direct method", hub.methods.calls)
+
+    def _sends(self) -> Iterator[Metric]:
+        """What each endpoint's executor sent, counted per batch settled (``SendStats``)."""
+        labels = ["to", "to_route_input"]
+        sent = CounterMetricFamily("edgehub_messages_sent", "Messages sent and acknowledged", labels=labels)
+        took = SummaryMetricFamily("edgehub_message_send_duration_seconds", "Time taken to send batches", labels=labels)
+        for endpoint_id, executor in sorted(self._hub.executors.items()):
+            module = parse_module_endpoint(endpoint_id)
+            device = parse_device_endpoint(endpoint_id)
+            # Azure's labels: a module and its input; a device (cloud-to-device); the upstream (lane) with no input.
+            to = list(module) if module is not None else [device if device is not None else endpoint_id, ""]
+            stats = executor.sends
+            sent.add_metric(to, stats.messages)
+            took.add_metric(to, count_value=stats.batches, sum_value=stats.seconds)
+        yield sent
+        yield took
 
     def _uplink(self) -> Iterator[Metric]:
-        sent = CounterMetricFamily("edgehub_messages_sent", "Messages sent upstream and acknowledged", labels=["to"])
         connected = GaugeMetricFamily("edgehub_upstream_connected", "1 while the lane's link is up", labels=["lane"])
         rate = GaugeMetricFamily("edgehub_upstream_rate_bps", "Achieved upstream rate, bits/s", labels=["lane"])
         rtt = GaugeMetricFamily("edgehub_upstream_rtt_seconds", "Least PUBLISH-to-PUBACK time lately", labels=["lane"])
         inflight = GaugeMetricFamily("edgehub_upstream_inflight_bytes", "Unacknowledged bytes", labels=["lane"])
         wire = CounterMetricFamily("edgehub_upstream_wire_bytes", "PUBLISH bytes acknowledged", labels=["lane"])
         connects = CounterMetricFamily("edgehub_upstream_connects", "Successful connects", labels=["lane"])
+        offline = CounterMetricFamily("edgehub_offline_count", "Upstream connections lost", labels=["lane"])
+        offline_s = SummaryMetricFamily(
+            "edgehub_offline_duration_seconds", "Time from a lost upstream connection to the next", labels=["lane"]
+        )
         for lane in self._hub.upstream_status().lanes:
             t = lane.transport
             if t is None:
                 continue
             name = [lane.endpoint_id]
-            sent.add_metric(name, t.messages_acked)
             connected.add_metric(name, 1 if t.connected else 0)
             rate.add_metric(name, t.achieved_bps)
             if t.rtt_min_s is not None:
@@ -134,7 +215,24 @@ class HubCollector(Collector):
             inflight.add_metric(name, t.inflight_bytes)
             wire.add_metric(name, t.wire_bytes_acked)
             connects.add_metric(name, t.connects)
-        yield from (sent, connected, rate, rtt, inflight, wire, connects)
+            offline.add_metric(name, t.offline_count)
+            offline_s.add_metric(name, count_value=t.offline_ended, sum_value=t.offline_s)  # outages that ended
+        yield from (connected, rate, rtt, inflight, wire, connects, offline, offline_s)
+
+
+def _counted(name: str, documentation: str, stats: OpStats) -> Iterator[Metric]:
+    family = CounterMetricFamily(name, documentation, labels=list(stats.labels))
+    for values, count, _ in stats.items():
+        family.add_metric(list(values), count)
+    yield family
+
+
+def _timed(name: str, documentation: str, stats: OpStats) -> Metric:
+    """A summary of ``_count`` and ``_sum`` only: times are summed per operation, not sampled for quantiles."""
+    family = SummaryMetricFamily(name, documentation, labels=list(stats.labels))
+    for values, count, seconds in stats.items():
+        family.add_metric(list(values), count_value=count, sum_value=seconds)
+    return family
 
 
 def metrics_routes(hub: EdgeHub, server: MqttServer | None = None) -> list[tuple[str, str, RouteHandler, bool]]:

@@ -155,3 +155,6 @@ class UpstreamStatus:
     # about one round trip plus its own serialisation); None before the first ack. With ``achieved_bps`` it tells
     # whether the window fits the link: the configured window is not changed by it.
     rtt_min_s: float | None = None
+    offline_count: int = 0  # established connections lost
+    offline_s: float = 0.0  # from each loss to the next connect, summed over the outages that ended
+    offline_ended: int = 0  # outages that ended (a loss followed by a connect)

@@ -161,6 +161,12 @@ class MqttUpstream:
         )
         self._rate = RateEstimator(clock=self._clock)
         self._connects = 0
+        # Outages: connections lost, and the time from each loss to the next CONNACK (those that ended), for
+        # /metrics; counted once per loss and per connect.
+        self._offline_count = 0
+        self._offline_s = 0.0
+        self._offline_ended = 0
+        self._lost_at_mono_s: float | None = None
         self._peak_inflight = 0
         self._messages_acked = 0
         self._publishes_acked = 0
@@ -290,6 +296,9 @@ class MqttUpstream:
             wire_bytes_acked=self._wire_acked,
             wire_bytes_per_message=self._wire_acked / self._messages_acked if self._messages_acked else 0.0,
             rtt_min_s=min(self._rtt_samples, default=None),
+            offline_count=self._offline_count,
+            offline_s=self._offline_s,
+            offline_ended=self._offline_ended,
         )
 
     async def send(self, batch: Sequence[QueuedMessage]) -> SendResult:
@@ -547,6 +556,10 @@ class MqttUpstream:
             self._refusals = 0
             self._conn = conn
             self._connects += 1
+            if self._lost_at_mono_s is not None:
+                self._offline_s += self._clock.monotonic() - self._lost_at_mono_s
+                self._offline_ended += 1
+                self._lost_at_mono_s = None
             self._inbound.subscribe(conn)
             self._connected_event.set()
             self._progress.set()
@@ -554,6 +567,8 @@ class MqttUpstream:
             self._on_reachable()
             self._inbound.connected(conn)
             await conn.lost.wait()
+            self._offline_count += 1
+            self._lost_at_mono_s = self._clock.monotonic()
             self._inbound.lost()
             log.info("upstream.lost lane=%s reason=%s", s.lane, conn.lost_reason)
             self._progress.set()

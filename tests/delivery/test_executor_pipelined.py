@@ -102,7 +102,7 @@ async def test_a_failed_batch_is_retried_after_a_later_one_succeeded_and_the_che
         await ep.wait_submitted(2)
         ep.fail(0)
         ep.ack(1)
-        await ex.wait_for(lambda: ex.batches_sent == 2)
+        await ex.wait_for(lambda: ex.sends.batches == 2)
         await ex.wait_idle()
         assert store.checkpoint(P5).committed == -1  # m2, m3 are delivered, but m0 is still owed
         assert ex.state(5) is State.FAILING

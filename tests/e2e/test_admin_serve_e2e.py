@@ -59,7 +59,15 @@ async def test_the_running_hub_shows_its_uplink_in_status_and_metrics(tmp_path: 
             for i in range(2):
                 device.publish("devices/dev1/messages/events/", f"m{i}".encode())
             async with asyncio.timeout(20):
-                status = await status_until(client, lambda s: s["upstream"] and s["upstream"][0]["messages_acked"] == 2)
+                # Acknowledged, and committed (the executor counts a batch in messages_sent before it commits it).
+                status = await status_until(
+                    client,
+                    lambda s: (
+                        s["upstream"]
+                        and s["upstream"][0]["messages_acked"] == 2
+                        and all(q["length"] == 0 for q in s["queues"] if q["endpoint"] == "$upstream")
+                    ),
+                )
             await device.close()
             (lane,) = status["upstream"]
             assert lane["endpoint"] == "$upstream"
@@ -73,7 +81,7 @@ async def test_the_running_hub_shows_its_uplink_in_status_and_metrics(tmp_path: 
                 for family in text_string_to_metric_families(raw.decode())
                 for s in family.samples
             }
-            assert samples[("edgehub_messages_sent_total", (("to", "$upstream"),))] == 2
+            assert samples[("edgehub_messages_sent_total", (("to", "$upstream"), ("to_route_input", "")))] == 2
             assert samples[("edgehub_upstream_connected", (("lane", "$upstream"),))] == 1
             assert samples[("edgehub_messages_received_total", (("id", "dev1"),))] == 2
         finally:

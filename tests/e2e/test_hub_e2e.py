@@ -112,7 +112,7 @@ async def test_a_module_that_connects_later_gets_its_queued_messages_at_once(tmp
         assert queued(rig) == 3  # PUBACK came after the message was in the module's queue
         executor = rig.hub.executors[IN1]
         async with asyncio.timeout(10):
-            await executor.wait_for(lambda: executor.batches_sent >= 1)  # tried: the module is absent
+            await executor.wait_for(lambda: executor.sends.batches >= 1)  # tried: the module is absent
         # The retry wait is 600 s (LONG_WAIT): the module's arrival must cut it short.
         mod = await module(rig)
         async with asyncio.timeout(10):
