@@ -40,7 +40,7 @@ from edgehub.delivery.retry import effective_policy
 from edgehub.hub.facade import EdgeHub
 from edgehub.hub.twins import TwinLimits, check_patch
 from edgehub.manifest import MAX_MANIFEST_BYTES, Deployment, ManifestError, parse_deployment, read_manifest_file
-from edgehub.manifest.models import edgehub_section
+from edgehub.manifest.documents import edgehub_section
 from edgehub.runtime.deployment_settings import RunningSettings, StartSettings, running_settings
 from edgehub.runtime.deployment_state import (
     MAX_REPORTED_QUEUES,
