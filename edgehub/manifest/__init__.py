@@ -15,12 +15,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from edgehub.manifest.broker import BrokerConfiguration, grants_of
     from edgehub.manifest.deployment import EDGE_AGENT, EDGE_HUB, Deployment, parse_deployment
-    from edgehub.manifest.documents import MAX_DEPTH, MAX_MANIFEST_BYTES, ManifestError, read_manifest_file
+    from edgehub.manifest.documents import (
+        MAX_DEPTH,
+        MAX_MANIFEST_BYTES,
+        MAX_PARTITIONS,
+        ManifestError,
+        read_manifest_file,
+    )
     from edgehub.manifest.grants import ANY_IDENTITY, Grant
     from edgehub.manifest.models import (
         DEFAULT_DUPLICATE_WINDOW_SECS,
         DEFAULT_TTL_SECS,
-        MAX_PARTITIONS,
         EdgeHubDesired,
         RouteObject,
         StoreAndForwardConfiguration,
@@ -50,7 +55,7 @@ _HOMES = {
     "read_manifest_file": "documents",
     "DEFAULT_DUPLICATE_WINDOW_SECS": "models",
     "DEFAULT_TTL_SECS": "models",
-    "MAX_PARTITIONS": "models",
+    "MAX_PARTITIONS": "documents",
     "EdgeHubDesired": "models",
     "RouteObject": "models",
     "StoreAndForwardConfiguration": "models",

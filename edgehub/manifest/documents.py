@@ -24,6 +24,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_ERRORS",
     "MAX_MANIFEST_BYTES",
+    "MAX_PARTITIONS",
     "ManifestError",
     "edgehub_section",
     "read_manifest_file",
@@ -32,6 +33,7 @@ __all__ = [
 
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 64
+MAX_PARTITIONS = 64  # upstream.partitions (the command line's --upstream-partitions too)
 MAX_ERRORS = 100  # a document with more problems lists the first ones (and says how many more)
 _LONG_INTEGER = re.compile(r"[0-9]{4000,}")  # int() refuses more than 4,300 digits (sys.get_int_max_str_digits)
 

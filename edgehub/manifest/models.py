@@ -60,6 +60,7 @@ from edgehub.manifest.broker import BrokerConfiguration
 from edgehub.manifest.documents import (
     MAX_DEPTH,
     MAX_MANIFEST_BYTES,
+    MAX_PARTITIONS,
     ManifestError,
     _where,
     edgehub_section,
@@ -95,7 +96,6 @@ __all__ = [
 ]
 
 DEFAULT_DUPLICATE_WINDOW_SECS = 600
-MAX_PARTITIONS = 64
 MAX_ROUTES = 1024
 MAX_ENDPOINTS = 1024
 _SCHEMA = re.compile(r"^1\.([0-3])(?:\.0)?$")
