@@ -21,14 +21,14 @@ from typing import Any
 from edgehub.manifest import ManifestError, parse_deployment
 from edgehub.routing.parser import parse_route_ast
 from edgehub.routing.wire import route_to_wire
-from edgehub.runtime.deployment_plan import (
+from edgehub.runtime.deployment_answer import (
     MAX_DOCUMENT_BYTES,
     CheckAnswer,
     DeploymentPlan,
     PlannedRoute,
     encode_answer,
 )
-from edgehub.runtime.deployment_settings import StartSettings, desired_settings, settings_of
+from edgehub.runtime.deployment_wants import desired_settings
 
 __all__ = ["answer_for", "main", "plan_of"]
 
@@ -37,7 +37,9 @@ def plan_of(document: Any) -> DeploymentPlan:
     """``document`` checked in process: its plan, or ``ManifestError`` listing every problem."""
     deployment = parse_deployment(document)
     wanted = desired_settings(deployment.desired)
-    settings_of(wanted, StartSettings())  # the values' own checks too (a retry policy's order), every one now
+    # The values' own checks (a retry policy's order) run where they are filled in (settings_of: in the hub, and
+    # in runtime.deployment_plan.runnable for the commands that check): the store and the executors' types are
+    # not loaded here, so the check starts sooner.
     routes = [
         PlannedRoute(
             name, spec.route, spec.priority, spec.time_to_live_secs, route_to_wire(parse_route_ast(spec.route))

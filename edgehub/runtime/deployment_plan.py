@@ -24,7 +24,7 @@ import contextlib
 import json
 import logging
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -33,7 +33,14 @@ from edgehub.manifest.documents import MAX_MANIFEST_BYTES, ManifestError
 from edgehub.manifest.grants import Grant
 from edgehub.routing import RouteError, Router, RouteSpec
 from edgehub.routing.wire import route_from_wire
-from edgehub.runtime.deployment_settings import DesiredSettings, RunningSettings, StartSettings, settings_of
+from edgehub.runtime.deployment_answer import (
+    MAX_DOCUMENT_BYTES,
+    CheckAnswer,
+    DeploymentPlan,
+    PlannedRoute,
+    encode_answer,
+)
+from edgehub.runtime.deployment_settings import RunningSettings, StartSettings, settings_of
 
 __all__ = [
     "CHECK_MODULE",
@@ -58,49 +65,11 @@ CHECK_TIMEOUT_S = 60.0
 # The module twins are at most the manifest's size; a route's tree as JSON is some ten times its text.
 MAX_ANSWER_BYTES = 16 * MAX_MANIFEST_BYTES
 MAX_STDERR_BYTES = 4096
-MAX_DOCUMENT_BYTES = 8 * MAX_MANIFEST_BYTES  # as JSON with every non-ASCII character escaped
 
 
 class DeploymentCheckFailed(ManifestError):
     """The check itself failed (its process could not start, exited without an answer, timed out or answered
     something that is not an answer): the deployment is refused for that reason, the running one stays."""
-
-
-@dataclass(frozen=True, slots=True)
-class PlannedRoute:
-    name: str
-    text: str
-    priority: int | None
-    time_to_live_secs: int | None
-    tree: dict[str, Any]  # edgehub.routing.wire
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeploymentPlan:
-    """A deployment that passed the check, as plain values (see the module docstring)."""
-
-    routes: list[PlannedRoute]
-    settings: DesiredSettings
-    module_twins: dict[str, dict[str, Any]] = field(default_factory=dict)  # module id -> desired
-    unsupported: list[str] = field(default_factory=list)  # of the $edgeHub desired properties
-    module_unsupported: list[str] = field(default_factory=list)  # of modulesContent ($edgeAgent)
-    grants: list[Grant] = field(default_factory=list)
-
-    def section_only(self) -> DeploymentPlan:
-        """The plan of this deployment's ``$edgeHub`` desired properties alone (no modules)."""
-        return replace(self, module_twins={}, module_unsupported=[])
-
-
-@dataclass(frozen=True, slots=True)
-class CheckAnswer:
-    errors: list[str]  # empty: accepted, and ``plan`` is set
-    plan: DeploymentPlan | None = None
-
-
-def encode_answer(answer: CheckAnswer) -> bytes:
-    # The stdlib's JSON (ASCII, escaped): a string literal of a route may hold a lone surrogate ('\uD800'), which
-    # UTF-8 cannot carry.
-    return json.dumps(msgspec.to_builtins(answer)).encode("ascii")
 
 
 def decode_answer(raw: bytes) -> CheckAnswer:

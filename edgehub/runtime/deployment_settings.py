@@ -28,41 +28,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from edgehub.delivery import ExecutorSettings
 from edgehub.delivery.retry import BackoffFunction, RetryPolicy
 from edgehub.manifest.documents import ManifestError
+from edgehub.runtime.deployment_wants import QUEUE_KEYS, RETRY_KEYS, DesiredSettings, desired_settings
 from edgehub.store import FsyncPolicy, Overflow, QueuePolicy, StoreQuota
 
 if TYPE_CHECKING:  # the models are the manifest check's (a child process), not the serving hub's
     from edgehub.manifest import EdgeHubDesired
 
-__all__ = [
-    "DesiredSettings",
-    "EndpointWants",
-    "RunningSettings",
-    "StartSettings",
-    "desired_settings",
-    "running_settings",
-    "settings_of",
-]
+__all__ = ["RunningSettings", "StartSettings", "running_settings", "settings_of"]
 
 T = TypeVar("T")
-
-_RETRY_KEYS = {
-    "retriesWithNoDelay": "retries_with_no_delay",
-    "minimumDelayRetries": "minimum_delay_retries",
-    "minimumDelaySecs": "minimum_delay_s",
-    "maximumDelaySecs": "maximum_delay_s",
-    "backoffRetries": "backoff_retries",
-    "backoffFunction": "backoff_function",
-    "maximumDelayRetries": "maximum_delay_retries",
-    "jitter": "jitter",
-    "ignoreEndpointOverride": "ignore_endpoint_override",
-}
-_QUEUE_KEYS = {
-    "maxMessageSizeBytes": "max_message_size_bytes",
-    "maxQueueBytes": "max_bytes",
-    "maxQueueMessages": "max_messages",
-    "overflow": "overflow",
-    "enqueueTimeoutSecs": "enqueue_timeout_s",
-}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,70 +68,6 @@ class RunningSettings:
 
     def queue_policy(self, endpoint_id: str) -> QueuePolicy:
         return self.endpoint_policies.get(endpoint_id, self.default_policy)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EndpointWants:
-    """What a deployment sets for one endpoint, in the runtime's names; what it leaves out is absent."""
-
-    queue_policy: dict[str, Any] = field(default_factory=dict)  # QueuePolicy's fields
-    retry_policy: dict[str, Any] | None = None  # RetryPolicy's fields; None: no override
-    max_delivery_attempts: int | None = None
-    drop: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DesiredSettings:
-    """What a checked deployment sets, in the runtime's names, every key it leaves out absent (or None): plain
-    values, so the manifest check sends them from its child process (``edgehub.runtime.deployment_check``) and the
-    serving hub fills them in (``settings_of``) without the manifest's models."""
-
-    default_ttl_s: float
-    fsync: str | None = None
-    fsync_interval_ms: int | None = None
-    store_quota: dict[str, Any] = field(default_factory=dict)  # StoreQuota's fields
-    queue_policy: dict[str, Any] = field(default_factory=dict)  # the hub's, QueuePolicy's fields
-    retry_policy: dict[str, Any] | None = None  # the hub's, RetryPolicy's fields
-    executor: dict[str, Any] = field(default_factory=dict)  # ExecutorSettings' fields
-    endpoints: dict[str, EndpointWants] = field(default_factory=dict)
-    module_window: int | None = None
-    upstream: dict[str, Any] = field(default_factory=dict)  # the manifest's upstream section, every key
-
-
-def desired_settings(desired: EdgeHubDesired) -> DesiredSettings:
-    """What ``desired`` (validated) sets; see ``DesiredSettings``."""
-    saf = desired.storeAndForwardConfiguration
-    delivery = desired.delivery
-    return DesiredSettings(
-        default_ttl_s=float(desired.time_to_live_secs),
-        fsync=saf.fsync,
-        fsync_interval_ms=saf.fsyncIntervalMs,
-        store_quota=_given(
-            max_bytes=saf.maxStoreBytes,
-            max_messages=saf.maxStoreMessages,
-            identity_share=float(saf.identityShare) if saf.identityShare is not None else None,
-        ),
-        queue_policy=_renamed(_QUEUE_KEYS, delivery.queuePolicy.model_dump()),
-        retry_policy=_renamed(_RETRY_KEYS, delivery.retryPolicy.model_dump()),
-        executor=_given(
-            max_delivery_attempts=delivery.maxDeliveryAttempts,
-            cleanup_interval_s=float(saf.cleanupIntervalSecs) if saf.cleanupIntervalSecs else None,
-            check_entire_queue_on_cleanup=(saf.cleanupMode == "entireQueue") if saf.cleanupMode else None,
-        ),
-        endpoints={
-            endpoint: EndpointWants(
-                queue_policy=_renamed(_QUEUE_KEYS, conf.queuePolicy.model_dump()),
-                retry_policy=_renamed(_RETRY_KEYS, conf.retryPolicy.model_dump())
-                if conf.retryPolicy is not None
-                else None,
-                max_delivery_attempts=conf.maxDeliveryAttempts,
-                drop=conf.drop,
-            )
-            for endpoint, conf in desired.endpoints.items()
-        },
-        module_window=delivery.moduleDeliveryWindow,
-        upstream=desired.upstream.model_dump(),
-    )
 
 
 def running_settings(desired: EdgeHubDesired, start: StartSettings) -> RunningSettings:
@@ -220,18 +130,9 @@ def settings_of(wanted: DesiredSettings, start: StartSettings) -> RunningSetting
 
 def _manifest_names(text: str) -> str:
     """A value's error in the manifest's words (``minimum_delay_s`` is ``minimumDelaySecs`` there)."""
-    for key, name in (*_RETRY_KEYS.items(), *_QUEUE_KEYS.items()):
+    for key, name in (*RETRY_KEYS.items(), *QUEUE_KEYS.items()):
         text = re.sub(rf"\b{name}\b", key, text)
     return text
-
-
-def _given(**values: Any) -> dict[str, Any]:
-    return {k: v for k, v in values.items() if v is not None}
-
-
-def _renamed(names: dict[str, str], values: dict[str, Any]) -> dict[str, Any]:
-    """The keys of ``values`` that are set, under their runtime names."""
-    return {names[k]: v for k, v in values.items() if v is not None}
 
 
 def _queue_policy(base: QueuePolicy, wanted: dict[str, Any]) -> QueuePolicy:
