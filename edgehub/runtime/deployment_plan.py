@@ -49,6 +49,7 @@ __all__ = [
     "CheckAnswer",
     "DeploymentCheckFailed",
     "DeploymentPlan",
+    "PendingCheck",
     "PlannedRoute",
     "Runnable",
     "check_deployment",
@@ -120,48 +121,77 @@ async def check_deployment(document: Any, *, timeout_s: float = CHECK_TIMEOUT_S)
     """``document`` (a deployment manifest, or the ``$edgeHub`` desired properties alone) checked in a child
     process: its plan, or ``ManifestError`` listing every problem (``DeploymentCheckFailed`` when the check
     itself failed)."""
-    try:
-        data = json.dumps(document).encode("ascii")
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise ManifestError(f"(top): not a JSON document: {exc}") from None
-    if len(data) > MAX_DOCUMENT_BYTES:
-        raise ManifestError(f"(top): over the limit of {MAX_MANIFEST_BYTES} bytes for a manifest")
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-P",  # the check imports edgehub from where this hub does, never from the working directory
-            "-m",
-            CHECK_MODULE,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-    except OSError as exc:
-        raise _failed(f"cannot start {sys.executable}: {exc.strerror}") from None
-    try:
-        async with asyncio.timeout(timeout_s):
-            out, err, code = await _talk(proc, data)
-    except TimeoutError:
-        raise _failed(f"no answer in {timeout_s:g} s") from None
-    finally:
-        if proc.returncode is None:
+    return await (await PendingCheck.start(document, timeout_s=timeout_s)).answer()
+
+
+class PendingCheck:
+    """A check under way: its process started with the document on its way to it, so the caller can do other work
+    (a hub's start opens its store meanwhile) before it waits for the answer (``answer``, once). ``close`` ends a
+    check whose answer is no longer wanted."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, deadline: float, timeout_s: float) -> None:
+        self._proc = proc
+        self._deadline = deadline
+        self._timeout_s = timeout_s
+
+    @classmethod
+    async def start(cls, document: Any, *, timeout_s: float = CHECK_TIMEOUT_S) -> PendingCheck:
+        """``ManifestError`` at once for a document that cannot be sent; ``DeploymentCheckFailed`` when the check's
+        process cannot start."""
+        try:
+            data = json.dumps(document).encode("ascii")
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ManifestError(f"(top): not a JSON document: {exc}") from None
+        if len(data) > MAX_DOCUMENT_BYTES:
+            raise ManifestError(f"(top): over the limit of {MAX_MANIFEST_BYTES} bytes for a manifest")
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-P",  # the check imports edgehub from where this hub does, never from the working directory
+                "-m",
+                CHECK_MODULE,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except OSError as exc:
+            raise _failed(f"cannot start {sys.executable}: {exc.strerror}") from None
+        assert proc.stdin is not None
+        proc.stdin.write(data)  # buffered: what the pipe does not take now goes while the answer is awaited
+        return cls(proc, deadline, timeout_s)
+
+    async def answer(self) -> DeploymentPlan:
+        """The plan, or ``ManifestError`` listing every problem (``DeploymentCheckFailed``: the check failed)."""
+        try:
+            async with asyncio.timeout_at(self._deadline):
+                out, err, code = await _talk(self._proc)
+        except TimeoutError:
+            raise _failed(f"no answer in {self._timeout_s:g} s") from None
+        finally:
+            await self.close()
+        if code != 0 or out is None:
+            last = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["(nothing on stderr)"]
+            why = f"over {MAX_ANSWER_BYTES} bytes of answer" if out is None else f"exit code {code}"
+            log.warning("deployment.check_failed code=%s stderr=%r", code, err[-MAX_STDERR_BYTES:])
+            raise _failed(f"{why}: {last[0][:200]}")
+        answer = decode_answer(out)
+        if answer.errors or answer.plan is None:
+            errors = tuple(answer.errors) or ("(check): refused without a reason",)
+            raise ManifestError(f"deployment refused: {'; '.join(errors)}", errors)
+        return answer.plan
+
+    async def close(self) -> None:
+        """End the check's process if it still runs (idempotent)."""
+        if self._proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-    if code != 0 or out is None:
-        last = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["(nothing on stderr)"]
-        why = f"over {MAX_ANSWER_BYTES} bytes of answer" if out is None else f"exit code {code}"
-        log.warning("deployment.check_failed code=%s stderr=%r", code, err[-MAX_STDERR_BYTES:])
-        raise _failed(f"{why}: {last[0][:200]}")
-    answer = decode_answer(out)
-    if answer.errors or answer.plan is None:
-        errors = tuple(answer.errors) or ("(check): refused without a reason",)
-        raise ManifestError(f"deployment refused: {'; '.join(errors)}", errors)
-    return answer.plan
+                self._proc.kill()
+            await self._proc.wait()
 
 
-async def _talk(proc: asyncio.subprocess.Process, data: bytes) -> tuple[bytes | None, bytes, int]:
-    """Send ``data``, read the answer (None: over ``MAX_ANSWER_BYTES``) and the tail of stderr, wait for the exit."""
+async def _talk(proc: asyncio.subprocess.Process) -> tuple[bytes | None, bytes, int]:
+    """Finish sending the document, read the answer (None: over ``MAX_ANSWER_BYTES``) and the tail of stderr, and
+    wait for the exit."""
     assert proc.stdin is not None
     assert proc.stdout is not None
     assert proc.stderr is not None
@@ -169,7 +199,6 @@ async def _talk(proc: asyncio.subprocess.Process, data: bytes) -> tuple[bytes | 
 
     async def send() -> None:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # it exited early: its code says why
-            stdin.write(data)
             await stdin.drain()
             stdin.close()
 

@@ -90,7 +90,7 @@ from edgehub.runtime.admin_api import DesiredStateService
 from edgehub.runtime.admin_runtime import serve_admin
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
 from edgehub.runtime.deployment import DeploymentController
-from edgehub.runtime.deployment_plan import DeploymentPlan, check_deployment, runnable
+from edgehub.runtime.deployment_plan import DeploymentPlan, PendingCheck, runnable
 from edgehub.runtime.deployment_settings import StartSettings
 from edgehub.runtime.memory import ChurnCollector
 from edgehub.runtime.profiles import Profile
@@ -417,29 +417,47 @@ async def serve(
     on_certs: Callable[[HubCerts], None] | None = None,
     on_ready: Callable[[dict[str, int]], None] | None = None,
     on_hub: Callable[[EdgeHub], None] | None = None,
-    checked: tuple[Any, DeploymentPlan] | None = None,
+    on_checked: Callable[[DeploymentPlan], None] | None = None,
+    document: Any = None,
 ) -> None:
-    """Run the hub until ``stop`` is set (see the module docstring). ``on_certs``, ``on_ready`` (the ports) and
-    ``on_hub`` (the running facade, for a tool that watches its queues: ``bench.demo``) are called on the way up.
-    ``checked``: the manifest file's document and plan when the caller checked it (``edgehub run`` does, to print
-    its routes); otherwise it is checked here, before anything starts."""
-    if checked is None:
+    """Run the hub until ``stop`` is set (see the module docstring). ``on_certs``, ``on_checked`` (the manifest's
+    plan), ``on_ready`` (the ports) and ``on_hub`` (the running facade, for a tool that watches its queues:
+    ``bench.demo``) are called on the way up. ``document``: the manifest file's, when the caller read it.
+
+    The manifest is checked in a child process while this one opens its store (a restart's start-up is the longer
+    of the two, not their sum); on a first start (no data directory yet) the answer comes first, so a refused
+    manifest leaves nothing behind. A refused manifest stops the start (``ManifestError``) with the store closed."""
+    if document is None:
         document = read_manifest_file(config.manifest)
-        checked = document, await check_deployment(document)
-    wanted = checked[1].settings
-    router = runnable(checked[1], StartSettings()).router  # the controller applies the deployment whole below
-    raise_descriptor_limit()
-    certs = ensure_certs(config.data_dir / "certs", extra_names=(config.host_name,))
-    if on_certs is not None:
-        on_certs(certs)
-    tls = config.mqtts_port is not None or config.amqps_port is not None
-    ssl_context = server_ssl_context(certs) if tls else None
-    options = upstream_options(wanted.upstream, config)
-    transport = transport_settings(wanted.upstream, config)
-    store = open_store(config.data_dir, default_ttl_s=wanted.default_ttl_s, profile=config.profile, verify=True)
+    pending = await PendingCheck.start(document)
+    plan: DeploymentPlan | None = None
+    try:
+        if not config.data_dir.exists():
+            plan = await pending.answer()
+            if on_checked is not None:
+                on_checked(plan)
+        raise_descriptor_limit()
+        certs = ensure_certs(config.data_dir / "certs", extra_names=(config.host_name,))
+        tls = config.mqtts_port is not None or config.amqps_port is not None
+        ssl_context = server_ssl_context(certs) if tls else None
+        store = open_store(config.data_dir, profile=config.profile, verify=True)  # the TTL is the deployment's
+    except BaseException:
+        await pending.close()  # a start that fails before it wants the answer ends the check
+        raise
     endpoints: list[Endpoint] = []
     twin: TwinChannel | None = None
     try:
+        if plan is None:
+            plan = await pending.answer()
+            if on_checked is not None:
+                on_checked(plan)
+        if on_certs is not None:  # told after the plan, so a start's lines come in their order whatever came first
+            on_certs(certs)
+        wanted = plan.settings
+        store.default_ttl_s = wanted.default_ttl_s
+        router = runnable(plan, StartSettings()).router  # the controller applies the deployment whole below
+        options = upstream_options(wanted.upstream, config)
+        transport = transport_settings(wanted.upstream, config)
         store.store_quota = store_quota(store, store_path(config.data_dir), config.limits)
         if isinstance(transport, UploadUpstreamSettings):
             endpoints.extend(upload_lane(transport, lane_id) for lane_id in _lane_ids(store, options))
@@ -477,7 +495,7 @@ async def serve(
                     upstream=wanted.upstream,
                 ),
             )
-            await controller.start(config.manifest, checked=checked)  # the file, or the store's if unchanged
+            await controller.start(config.manifest, checked=(document, plan))  # or the store's if unchanged
             if twin is not None:
                 controller.on_reported(twin.report)
                 twin.report(controller.reported())

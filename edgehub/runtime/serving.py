@@ -76,9 +76,11 @@ def start_failures(exc: Exception) -> list[str] | None:
     return leaves
 
 
-async def serve_until_signalled(config: HubConfig, *, checked: tuple[Any, DeploymentPlan] | None = None) -> None:
+async def serve_until_signalled(
+    config: HubConfig, *, document: Any = None, on_checked: Callable[[DeploymentPlan], None] | None = None
+) -> None:
     """Serve ``config`` until SIGTERM or SIGINT, printing how to connect once ready (and telling systemd).
-    ``checked``: the manifest's document and plan, when the caller checked it."""
+    ``document``: the manifest file's, when the caller read it; ``on_checked`` is called with its plan."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     systemd = SystemdNotifier.from_environment()  # READY=1, WATCHDOG=1, STOPPING=1 under Type=notify
@@ -114,4 +116,4 @@ async def serve_until_signalled(config: HubConfig, *, checked: tuple[Any, Deploy
         systemd.ready(f"listening: {where}")
 
     async with systemd.watchdog():
-        await serve(config, stop=stop, on_certs=certs, on_ready=ready, checked=checked)
+        await serve(config, stop=stop, on_certs=certs, on_ready=ready, on_checked=on_checked, document=document)
