@@ -19,7 +19,8 @@ Invariants:
   one more than the last when it carries none;
 * the running desired properties, the module twins and the reported properties are kept in the store
   (``deployment/state``): a restart that finds the manifest file unchanged resumes from them (so a cloud patch
-  outlives the restart); a changed file is applied as it is.
+  outlives the restart); a changed file is applied as it is. The running deployment's checked plan is kept too
+  (``kept_plan``): a restart whose file is unchanged and still what runs applies it without checking it again.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ import hashlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import edgehub
 from edgehub.core import Clock, StoreError, SystemClock, TwinError
 from edgehub.core.endpoints import parse_module_endpoint
 from edgehub.core.refusals import RefusalLog, RefusalReason
@@ -46,6 +48,7 @@ from edgehub.runtime.deployment_plan import (
     DeploymentPlan,
     Runnable,
     check_deployment,
+    plan_from_value,
     runnable,
 )
 from edgehub.runtime.deployment_settings import RunningSettings, StartSettings
@@ -58,13 +61,15 @@ from edgehub.runtime.deployment_state import (
     merge_patch,
     queue_figures,
 )
-from edgehub.store import RemovalReason
+from edgehub.store import RemovalReason, Store
 
-__all__ = ["DeploymentController", "DesiredStatus"]
+__all__ = ["PLAN_FORMAT", "DeploymentController", "DesiredStatus", "kept_plan"]
 
 log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 1.0
+# A kept plan is run again only by the edgehub that made it (its checks and its plan's shape may change).
+PLAN_FORMAT = f"{edgehub.__version__}/1"
 REPORTED_SCHEMA = "1.0"
 
 
@@ -99,6 +104,7 @@ class DeploymentController:
         self._desired: dict[str, Any] = {}  # the $edgeHub desired properties that run
         self._module_twins: dict[str, Mapping[str, Any]] = {}
         self._deployment: Runnable | None = None
+        self._plan: DeploymentPlan | None = None  # of what runs, its $edgeHub section alone (kept in the store)
         self._settings: RunningSettings | None = None
         self._version: int | None = None  # of what runs
         self._last_version: int | None = None  # of the last update, applied or refused
@@ -236,7 +242,9 @@ class DeploymentController:
     async def _put(self, document: Any, *, source: str, plan: DeploymentPlan | None = None) -> DesiredStatus:
         version = _version_of(document)
         try:
-            deployment = runnable(plan if plan is not None else await self._check(document), self._start)
+            if plan is None:
+                plan = await self._check(document)
+            deployment = runnable(plan, self._start)
         except ManifestError as exc:
             reason = (
                 RefusalReason.DEPLOYMENT_CHECK_FAILED
@@ -255,6 +263,7 @@ class DeploymentController:
         self._desired = {**copy.deepcopy(section), "$version": version}
         changed = self._set_module_twins(deployment, in_manifest)
         self._deployment, self._settings = deployment, settings
+        self._plan = plan.section_only()
         self._version = self._last_version = version
         self._source = source
         self._status = DesiredStatus(200, "applied", (), version)
@@ -365,6 +374,8 @@ class DeploymentController:
             },
             "droppedOnUpdate": self._dropped,
             "fileDigest": self._file_digest,
+            "plan": asdict(self._plan) if self._plan is not None else None,
+            "planFormat": PLAN_FORMAT,
         }
         try:
             await self._hub.store.put_metadata(STATE_KEY, encode_state(state))
@@ -380,6 +391,18 @@ class DeploymentController:
             self._dropped = {k: v for k, v in dropped.items() if isinstance(v, int)}
         last = kept.get("lastDesiredVersion")
         self._last_version = last if isinstance(last, int) else None
+
+
+def kept_plan(store: Store, manifest: Path, document: Any) -> DeploymentPlan | None:
+    """The plan the store kept for the running deployment when a start may run it without checking the manifest
+    again: the file is unchanged since (its digest), the running desired properties are the file's (no cloud patch
+    since), and this edgehub made the plan. None otherwise: the file is then checked."""
+    kept = decode_state(store.get_metadata(STATE_KEY))
+    if kept is None or kept.get("planFormat") != PLAN_FORMAT or kept.get("fileDigest") != _digest(manifest):
+        return None
+    if _unversioned(kept.get("desired")) != _unversioned(_section(document)):
+        return None
+    return plan_from_value(kept.get("plan"))
 
 
 def _module_twin_problems(deployment: Runnable, limits: TwinLimits) -> list[str]:

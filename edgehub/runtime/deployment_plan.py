@@ -55,6 +55,7 @@ __all__ = [
     "check_deployment",
     "decode_answer",
     "encode_answer",
+    "plan_from_value",
     "runnable",
 ]
 
@@ -71,6 +72,14 @@ MAX_STDERR_BYTES = 4096
 class DeploymentCheckFailed(ManifestError):
     """The check itself failed (its process could not start, exited without an answer, timed out or answered
     something that is not an answer): the deployment is refused for that reason, the running one stays."""
+
+
+def plan_from_value(value: Any) -> DeploymentPlan | None:
+    """A plan kept as JSON values (``dataclasses.asdict``), or None when ``value`` is not one."""
+    try:
+        return msgspec.convert(value, DeploymentPlan)
+    except msgspec.ValidationError:
+        return None
 
 
 def decode_answer(raw: bytes) -> CheckAnswer:

@@ -89,7 +89,7 @@ from edgehub.manifest.documents import read_manifest_file
 from edgehub.runtime.admin_api import DesiredStateService
 from edgehub.runtime.admin_runtime import serve_admin
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
-from edgehub.runtime.deployment import DeploymentController
+from edgehub.runtime.deployment import DeploymentController, kept_plan
 from edgehub.runtime.deployment_plan import DeploymentPlan, PendingCheck, runnable
 from edgehub.runtime.deployment_settings import StartSettings
 from edgehub.runtime.memory import ChurnCollector
@@ -425,7 +425,8 @@ async def serve(
     ``bench.demo``) are called on the way up. ``document``: the manifest file's, when the caller read it.
 
     The manifest is checked in a child process while this one opens its store (a restart's start-up is the longer
-    of the two, not their sum); on a first start (no data directory yet) the answer comes first, so a refused
+    of the two, not their sum; one whose file is unchanged runs the plan the store kept and ends the check, see
+    ``kept_plan``); on a first start (no data directory yet) the answer comes first, so a refused
     manifest leaves nothing behind. A refused manifest stops the start (``ManifestError``) with the store closed."""
     if document is None:
         document = read_manifest_file(config.manifest)
@@ -448,7 +449,11 @@ async def serve(
     twin: TwinChannel | None = None
     try:
         if plan is None:
-            plan = await pending.answer()
+            plan = kept_plan(store, config.manifest, document)  # a restart with the file unchanged runs it again
+            if plan is not None:
+                await pending.close()
+            else:
+                plan = await pending.answer()
             if on_checked is not None:
                 on_checked(plan)
         if on_certs is not None:  # told after the plan, so a start's lines come in their order whatever came first

@@ -18,7 +18,7 @@ from edgehub.hub import Stored
 from edgehub.hub.facade import EdgeHub
 from edgehub.manifest import ManifestError, parse_deployment, read_manifest_file
 from edgehub.routing import Router
-from edgehub.runtime.deployment import DeploymentController
+from edgehub.runtime.deployment import DeploymentController, kept_plan
 from edgehub.runtime.deployment_check import plan_of
 from edgehub.runtime.deployment_plan import (
     DeploymentCheckFailed,
@@ -102,5 +102,30 @@ async def test_a_failed_check_refuses_the_update_with_its_reason_and_the_hub_kee
             assert "refused reason=deployment_check_failed peer=admin" in caplog.text
             [outcome] = await hub.ingest(Identity.parse("dev1"), [Message(b"x")])
             assert isinstance(outcome, Stored)  # still routed to $upstream under the running deployment
+    finally:
+        await store.close()
+
+
+async def test_a_restart_with_the_file_unchanged_runs_the_plan_the_store_kept_and_checks_any_other(
+    tmp_path: Path,
+) -> None:
+    first = {"schemaVersion": "1.1", "routes": {"a": "FROM /messages/* WHERE p = 'x' INTO $upstream"}}
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"modulesContent": {"$edgeHub": {"properties.desired": first}, "m": {}}}))
+    document = read_manifest_file(path)
+    store = open_rocks_store(tmp_path / "store")
+    try:
+        assert kept_plan(store, path, document) is None  # nothing kept yet
+        async with EdgeHub(store=store, router=Router({}), host_name="hub.test") as hub:
+            controller = DeploymentController(hub, StartSettings())
+            assert (await controller.start(path)).code == 200
+            assert kept_plan(store, path, document) == plan_of(document).section_only()
+            path.write_text(json.dumps({**first, "routes": {}}))  # the file changed: checked again
+            assert kept_plan(store, path, read_manifest_file(path)) is None
+            path.write_text(json.dumps({"modulesContent": {"$edgeHub": {"properties.desired": first}, "m": {}}}))
+            assert kept_plan(store, path, document) is not None
+            patch: dict[str, object] = {"routes": {"b": "FROM /messages/* INTO $upstream"}}
+            assert (await controller.patch_desired(patch, source="cloud")).code == 200
+            assert kept_plan(store, path, document) is None  # what runs is not the file's
     finally:
         await store.close()
