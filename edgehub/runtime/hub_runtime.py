@@ -449,11 +449,10 @@ async def serve(
     twin: TwinChannel | None = None
     try:
         if plan is None:
-            plan = kept_plan(store, config.manifest, document)  # a restart with the file unchanged runs it again
-            if plan is not None:
-                await pending.close()
-            else:
-                plan = await pending.answer()
+            try:  # a restart whose file is unchanged runs the plan the store kept, and the check is ended
+                plan = kept_plan(store, config.manifest, document) or await pending.answer()
+            finally:
+                await pending.close()  # idempotent
             if on_checked is not None:
                 on_checked(plan)
         if on_certs is not None:  # told after the plan, so a start's lines come in their order whatever came first
