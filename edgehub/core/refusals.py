@@ -66,6 +66,7 @@ class RefusalReason(StrEnum):
     METHOD_INVALID = "method_invalid"  # a direct method call with a bad name, payload or timeout
     TOO_MANY_CALLS = "too_many_calls"  # pending direct method calls at their bound (per connection, hub-wide)
     DEPLOYMENT_INVALID = "deployment_invalid"  # desired properties refused; the running configuration stays
+    DEPLOYMENT_CHECK_FAILED = "deployment_check_failed"  # the manifest check (a child process) failed or timed out
     TOKEN_EXPIRED = "token_expired"  # a connection's SAS token expired without renewal (AMQP CBS)
     UNKNOWN_ADDRESS = "unknown_address"  # an AMQP link to or from a node the hub does not serve
     TOO_MANY_LINKS = "too_many_links"  # AMQP links on one connection over the limit

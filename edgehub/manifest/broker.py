@@ -33,20 +33,17 @@ topic filter once its variables are filled (``#`` only last, ``+`` and ``#`` alo
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
-from edgehub.core import Identity
+from edgehub.manifest.grants import ANY_IDENTITY, VARIABLE, Grant
 
 __all__ = ["ANY_IDENTITY", "BrokerConfiguration", "Grant", "grants_of", "identity_id"]
 
-ANY_IDENTITY = "{{iot:identity}}"
 MAX_STATEMENTS = 256
 MAX_RULES = 64
 MAX_ITEMS = 256
-_VARIABLE = re.compile(r"\{\{([^{}]*)\}\}")
 _KNOWN_VARIABLES = {"iot:identity", "iot:device_id", "iot:module_id", "mqtt:client_id"}
 _ID_PART = re.compile(r"^[A-Za-z0-9\-.%_*?!(),:=@$'+#;]{1,128}$")
 Operation = Literal["mqtt:connect", "mqtt:publish", "mqtt:subscribe"]
@@ -111,30 +108,6 @@ class BrokerConfiguration(_Strict):
     bridges: list[Bridge] = Field(default_factory=list, max_length=MAX_ITEMS)
 
 
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """One allowed operation on one topic filter, for one identity id or (``identity`` None) for every one."""
-
-    identity: str | None
-    operation: Literal["publish", "subscribe"]
-    resource: str  # a topic filter, perhaps with variables
-
-    def applies_to(self, identity: Identity) -> bool:
-        if self.identity is not None and self.identity != identity.id:
-            return False
-        return identity.module_id is not None or "{{iot:module_id}}" not in self.resource
-
-    def topic_filter(self, identity: Identity) -> str:
-        """The resource with the variables filled from ``identity`` (call only when ``applies_to``)."""
-        values = {
-            "iot:identity": identity.id,
-            "iot:device_id": identity.device_id,
-            "iot:module_id": identity.module_id or "",
-            "mqtt:client_id": identity.id,
-        }
-        return _VARIABLE.sub(lambda m: values[m.group(1)], self.resource)
-
-
 def grants_of(broker: BrokerConfiguration) -> tuple[Grant, ...]:
     """The grants of the ``allow`` rules, in the manifest's order (``mqtt:connect`` makes none)."""
     out: list[Grant] = []
@@ -163,10 +136,10 @@ def identity_id(written: str) -> str | None:
 def _filter_problem(resource: str) -> str | None:
     if not resource or len(resource) > 1024:
         return "a topic filter of 1 to 1024 characters"
-    unknown = [v for v in _VARIABLE.findall(resource) if v not in _KNOWN_VARIABLES]
+    unknown = [v for v in VARIABLE.findall(resource) if v not in _KNOWN_VARIABLES]
     if unknown:
         return f"unknown variable {{{{{unknown[0]}}}}} (known: {', '.join(sorted(_KNOWN_VARIABLES))})"
-    levels = _VARIABLE.sub("x", resource).split("/")
+    levels = VARIABLE.sub("x", resource).split("/")
     for i, level in enumerate(levels):
         if "#" in level and (level != "#" or i != len(levels) - 1):
             return "'#' must be a whole level, and the last"

@@ -25,13 +25,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from edgehub.manifest.broker import Grant, grants_of
-from edgehub.manifest.models import (
-    EdgeHubDesired,
-    _where,
-    edgehub_section,
-    refusal,
-    validation_problems,
-)
+from edgehub.manifest.documents import _where, edgehub_section, refusal
+from edgehub.manifest.models import EdgeHubDesired, validation_problems
 from edgehub.routing import RouteError, Router
 
 __all__ = ["EDGE_AGENT", "EDGE_HUB", "Deployment", "parse_deployment"]

@@ -14,6 +14,10 @@ a message whose source, compared case-insensitively and both ending in ``/``, st
 The same-endpoint rule: when several matching routes name one endpoint, the message goes there once, at the
 highest priority (lowest number) among them, with that route's TTL; on equal priorities the longer TTL wins
 (a global TTL, ``None``, counts as longer than any set one), so no route's promise is cut short.
+
+Text is parsed (lark, ``edgehub.routing.parser``) only where a route is given as text: the parser is imported
+then, not with this module, so a hub that compiles routes parsed elsewhere (``Router(..., trees=...)``, the
+trees from ``edgehub.routing.wire``) never loads lark.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ from edgehub.core.endpoints import UPSTREAM_ENDPOINT, parse_device_endpoint, par
 from edgehub.routing import ast
 from edgehub.routing.compiler import CompiledExpr, EvalContext, Tri, compile_expr, to_tri
 from edgehub.routing.errors import Problem, RouteCompileError, RouteError
-from edgehub.routing.parser import parse_condition_ast, parse_route_ast
 
 __all__ = [
     "CompiledRoute",
@@ -73,6 +76,8 @@ def compile_condition(text: str, *, source: str | None = None) -> Condition:
 
     Raises RouteSyntaxError or RouteCompileError (both RouteError) listing every problem.
     """
+    from edgehub.routing.parser import parse_condition_ast  # lark: only where text is parsed (module docstring)
+
     node = parse_condition_ast(text)
     compiled, problems = compile_expr(node, source=source)
     if problems:
@@ -143,8 +148,12 @@ def _endpoint(text: str, sink: ast.SystemSink | ast.FunctionSink, problems: list
     return sink.argument
 
 
-def _compile_route(text: str) -> tuple[Route, CompiledExpr | None]:
-    tree = parse_route_ast(text)
+def _compile_route(text: str, tree: ast.RouteAst | None = None) -> tuple[Route, CompiledExpr | None]:
+    """``text`` compiled, from ``tree`` when it is given (parsed elsewhere: ``edgehub.routing.wire``)."""
+    if tree is None:
+        from edgehub.routing.parser import parse_route_ast  # lark: only where text is parsed (module docstring)
+
+        tree = parse_route_ast(text)
     problems: list[Problem] = []
     compiled = None
     if tree.condition is not None:
@@ -213,16 +222,21 @@ def _better(new: RouteResult, old: RouteResult) -> bool:
 
 
 class Router:
-    """Compiled routes. ``route(message)`` gives one RouteResult per endpoint the message goes to."""
+    """Compiled routes. ``route(message)`` gives one RouteResult per endpoint the message goes to.
 
-    def __init__(self, routes: Mapping[str, RouteSpec | str]) -> None:
+    ``trees``: routes already parsed (by name), compiled without parsing their text again; the others are parsed.
+    """
+
+    def __init__(
+        self, routes: Mapping[str, RouteSpec | str], *, trees: Mapping[str, ast.RouteAst] | None = None
+    ) -> None:
         compiled: list[CompiledRoute] = []
         errors: list[RouteError] = []
         for name, spec in routes.items():
             if isinstance(spec, str):
                 spec = RouteSpec(route=spec)
             try:
-                route, cond = _compile_route(spec.route)
+                route, cond = _compile_route(spec.route, trees.get(name) if trees is not None else None)
             except RouteError as exc:
                 errors.append(exc.with_route_name(name))
                 continue

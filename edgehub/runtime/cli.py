@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import click
 from click.core import ParameterSource
@@ -14,9 +15,12 @@ from edgehub.core import ConfigurationError, StoreError
 from edgehub.core.units import parse_duration_s, parse_rate_bps
 from edgehub.hub.lanes import UpstreamOptions
 from edgehub.hub.modules import DEFAULT_WINDOW
-from edgehub.manifest import MAX_PARTITIONS, ManifestError, load_desired_file, parse_deployment, read_manifest_file
+from edgehub.manifest.documents import MAX_PARTITIONS, ManifestError, read_manifest_file
+from edgehub.routing import RouteSpec
 from edgehub.runtime.admin_runtime import DEFAULT_ADMIN_PORT
 from edgehub.runtime.capacity_cli import capacity
+from edgehub.runtime.deployment_plan import DeploymentPlan, runnable
+from edgehub.runtime.deployment_settings import StartSettings
 from edgehub.runtime.firstrun import default_landing, sas_token
 from edgehub.runtime.hub_runtime import (
     DEFAULT_HOST_NAME,
@@ -64,14 +68,28 @@ main.add_command(sas_token)
 main.add_command(capacity)
 
 
-def show_routes(manifest: Path) -> None:
-    """Print the version and the compiled routes of ``manifest``."""
-    deployment = parse_deployment(read_manifest_file(manifest))  # every problem at once, route errors included
-    desired, router = deployment.desired, deployment.router
+def show_routes(manifest: Path, plan: DeploymentPlan) -> None:
+    """Print the version and the compiled routes of ``manifest`` (checked: ``plan``)."""
+    router = runnable(plan, StartSettings()).router
+    specs = {r.name: RouteSpec(r.text, r.priority, r.time_to_live_secs) for r in plan.routes}
     click.echo(f"edgehub {edgehub.__version__}")
     click.echo(f"manifest: {manifest}")
-    for line in describe_routes(desired.route_specs(), router, desired.time_to_live_secs):
+    for line in describe_routes(specs, router, int(plan.settings.default_ttl_s)):
         click.echo(f"  {line}")
+
+
+def _refused(manifest: Path, exc: ManifestError) -> NoReturn:
+    click.echo(f"{manifest}: refused", err=True)
+    for error in exc.errors:
+        click.echo(f"  {error}", err=True)
+    raise SystemExit(1) from None
+
+
+def _manifest_error(exc: BaseException) -> ManifestError | None:
+    """The ManifestError ``exc`` is, or the one alone in its group (the start's task groups wrap it)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, ManifestError) else None
 
 
 def show_upstream(options: UpstreamOptions) -> None:
@@ -485,31 +503,34 @@ def run(
         profile=profile,
     )
     try:
-        show_routes(manifest)
+        document = read_manifest_file(manifest)
+    except ManifestError as exc:
+        _refused(manifest, exc)
+
+    def checked(plan: DeploymentPlan) -> None:
+        # Checked in a child process (every problem at once, route errors included) while the hub opens its store:
+        # the serving hub never loads the manifest's models nor the route parser (edgehub.runtime.deployment_plan).
+        show_routes(manifest, plan)
         click.echo(describe_profile(profile))
-        desired = load_desired_file(manifest)
-        show_upstream(upstream_options(desired, config))
-        show_transport(transport_settings(desired, config))
+        up = plan.settings.upstream
+        show_upstream(upstream_options(up, config))
+        show_transport(transport_settings(up, config))
         if isinstance(upstream, UploadUpstreamSettings):
-            unused = [key for key in _MQTT_LINK_KEYS if getattr(desired.upstream, key) is not None]
+            unused = [key for key in _MQTT_LINK_KEYS if up.get(key) is not None]
             if unused:
                 click.echo(f"upstream: manifest keys {', '.join(unused)} are the MQTT transport's; not used by upload")
-    except ManifestError as exc:
-        click.echo(f"{manifest}: refused", err=True)
-        for error in exc.errors:
-            click.echo(f"  {error}", err=True)
-        raise SystemExit(1) from None
-    except ConfigurationError as exc:
-        click.echo(str(exc), err=True)
-        raise SystemExit(1) from None
+        click.echo(f"event loop: {loop_name}")
+
     configure_logging(log_level, LogFormat(log_format))
     tune_gc()
+    loop_name, factory = loop_factory(event_loop)
     try:
-        loop_name, factory = loop_factory(event_loop)
-        click.echo(f"event loop: {loop_name}")
         with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(serve_until_signalled(config))
+            runner.run(serve_until_signalled(config, document=document, on_checked=checked))
     except (ConfigurationError, StoreError, OSError, ExceptionGroup) as exc:
+        refused = _manifest_error(exc)
+        if refused is not None:
+            _refused(manifest, refused)
         reasons = start_failures(exc)
         if reasons is None:
             raise

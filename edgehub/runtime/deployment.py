@@ -3,7 +3,8 @@
 Three ways in, applied the same way (``put_desired``, ``patch_desired``): the manifest file given to ``edgehub run
 --manifest`` (``watch``: its modification time and size polled about once a second, applied when its content
 changed), the local admin API, and twin patches from the cloud over the upstream. Each is checked whole
-(``parse_deployment`` and ``running_settings``: every problem with its location) before anything changes.
+(in a child process, ``edgehub.runtime.deployment_plan.check_deployment``: every problem with its location, and
+the serving hub never loads the manifest's models nor the route parser) before anything changes.
 
 Invariants:
 * an update is atomic: the router, the store's TTL, queue policies, quota and fsync policy and every executor's
@@ -18,7 +19,8 @@ Invariants:
   one more than the last when it carries none;
 * the running desired properties, the module twins and the reported properties are kept in the store
   (``deployment/state``): a restart that finds the manifest file unchanged resumes from them (so a cloud patch
-  outlives the restart); a changed file is applied as it is.
+  outlives the restart); a changed file is applied as it is. The running deployment's checked plan is kept too
+  (``kept_plan``): a restart whose file is unchanged and still what runs applies it without checking it again.
 """
 
 from __future__ import annotations
@@ -28,20 +30,28 @@ import copy
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import edgehub
 from edgehub.core import Clock, StoreError, SystemClock, TwinError
 from edgehub.core.endpoints import parse_module_endpoint
 from edgehub.core.refusals import RefusalLog, RefusalReason
 from edgehub.delivery.retry import effective_policy
 from edgehub.hub.facade import EdgeHub
 from edgehub.hub.twins import TwinLimits, check_patch
-from edgehub.manifest import MAX_MANIFEST_BYTES, Deployment, ManifestError, parse_deployment, read_manifest_file
-from edgehub.manifest.models import edgehub_section
-from edgehub.runtime.deployment_settings import RunningSettings, StartSettings, running_settings
+from edgehub.manifest.documents import MAX_MANIFEST_BYTES, ManifestError, edgehub_section, read_manifest_file
+from edgehub.runtime.deployment_plan import (
+    DeploymentCheckFailed,
+    DeploymentPlan,
+    Runnable,
+    check_deployment,
+    plan_from_value,
+    runnable,
+)
+from edgehub.runtime.deployment_settings import RunningSettings, StartSettings
 from edgehub.runtime.deployment_state import (
     MAX_REPORTED_QUEUES,
     STATE_KEY,
@@ -51,13 +61,15 @@ from edgehub.runtime.deployment_state import (
     merge_patch,
     queue_figures,
 )
-from edgehub.store import RemovalReason
+from edgehub.store import RemovalReason, Store
 
-__all__ = ["DeploymentController", "DesiredStatus"]
+__all__ = ["PLAN_FORMAT", "DeploymentController", "DesiredStatus", "kept_plan"]
 
 log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 1.0
+# A kept plan is run again only by the edgehub that made it (its checks and its plan's shape may change).
+PLAN_FORMAT = f"{edgehub.__version__}/1"
 REPORTED_SCHEMA = "1.0"
 
 
@@ -72,8 +84,17 @@ class DesiredStatus:
 class DeploymentController:
     """Applies desired properties to a running ``EdgeHub``; see the module docstring."""
 
-    def __init__(self, hub: EdgeHub, start: StartSettings, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        hub: EdgeHub,
+        start: StartSettings,
+        *,
+        clock: Clock | None = None,
+        check: Callable[[Any], Awaitable[DeploymentPlan]] = check_deployment,
+    ) -> None:
+        """``check``: a document to its plan or ``ManifestError`` (by default in a child process)."""
         self._hub = hub
+        self._check = check
         self._start = start
         self._clock: Clock = clock or SystemClock()
         self._lock = asyncio.Lock()
@@ -82,7 +103,8 @@ class DeploymentController:
         self.subscribe_grants = LiveGrants("subscribe")
         self._desired: dict[str, Any] = {}  # the $edgeHub desired properties that run
         self._module_twins: dict[str, Mapping[str, Any]] = {}
-        self._deployment: Deployment | None = None
+        self._deployment: Runnable | None = None
+        self._plan: DeploymentPlan | None = None  # of what runs, its $edgeHub section alone (kept in the store)
         self._settings: RunningSettings | None = None
         self._version: int | None = None  # of what runs
         self._last_version: int | None = None  # of the last update, applied or refused
@@ -148,27 +170,37 @@ class DeploymentController:
         return self._module_twins.get(module_id)
 
     @property
-    def deployment(self) -> Deployment | None:
+    def deployment(self) -> Runnable | None:
         return self._deployment
 
     # -- start and the manifest file -------------------------------------------------------------------------
-    async def start(self, manifest: Path) -> DesiredStatus:
+    async def start(self, manifest: Path, *, checked: tuple[Any, DeploymentPlan] | None = None) -> DesiredStatus:
         """Apply the manifest file at start, or what the store kept when the file has not changed since (so a
         cloud patch applied over it outlives a restart). ``ManifestError`` when neither can run (the hub does
-        not start on a manifest it refuses)."""
-        document = read_manifest_file(manifest)
+        not start on a manifest it refuses). ``checked``: the file's document and plan, when the start checked
+        it already (so the same document is not checked twice)."""
+        document, plan = checked if checked is not None else (read_manifest_file(manifest), None)
         digest = _digest(manifest)
         kept = decode_state(self._hub.store.get_metadata(STATE_KEY))
         self._file_digest = digest  # kept with the state from the first put on, so the next start compares it
         if kept is not None and kept.get("fileDigest") == digest and isinstance(kept.get("desired"), dict):
             self._restore(kept)
-            status = await self.put_desired(kept["desired"], source=str(kept.get("source") or "store"))
+            # What the store kept is most often the file's own desired properties (no cloud patch since): their
+            # plan is the file's, without its modules.
+            same = plan is not None and _unversioned(kept["desired"]) == _unversioned(_section(document))
+            async with self._lock:
+                status = await self._put(
+                    kept["desired"],
+                    source=str(kept.get("source") or "store"),
+                    plan=plan.section_only() if same and plan is not None else None,
+                )
             if status.code == 200 and status.version is not None:
                 for module_id, desired in self._module_twins.items():  # kept, not in the document put
                     self._hub.set_module_desired(module_id, desired, status.version)
                 return status
             self._module_twins = {}
-        status = await self.put_desired(document, source="file")
+        async with self._lock:
+            status = await self._put(document, source="file", plan=plan)
         if status.code != 200:
             raise ManifestError(f"{manifest}: {status.description}", status.errors)
         return status
@@ -207,13 +239,20 @@ class DeploymentController:
         return status
 
     # -- applying ----------------------------------------------------------------------------------------------
-    async def _put(self, document: Any, *, source: str) -> DesiredStatus:
+    async def _put(self, document: Any, *, source: str, plan: DeploymentPlan | None = None) -> DesiredStatus:
         version = _version_of(document)
         try:
-            deployment = parse_deployment(document)
-            settings = running_settings(deployment.desired, self._start)
+            if plan is None:
+                plan = await self._check(document)
+            deployment = runnable(plan, self._start)
         except ManifestError as exc:
-            return await self._refuse(list(exc.errors), version, source)
+            reason = (
+                RefusalReason.DEPLOYMENT_CHECK_FAILED
+                if isinstance(exc, DeploymentCheckFailed)
+                else RefusalReason.DEPLOYMENT_INVALID
+            )
+            return await self._refuse(list(exc.errors), version, source, reason=reason)
+        settings = deployment.settings
         twin_errors = _module_twin_problems(deployment, self._hub.twin_limits)
         if twin_errors:
             return await self._refuse(twin_errors, version, source)
@@ -224,6 +263,7 @@ class DeploymentController:
         self._desired = {**copy.deepcopy(section), "$version": version}
         changed = self._set_module_twins(deployment, in_manifest)
         self._deployment, self._settings = deployment, settings
+        self._plan = plan.section_only()
         self._version = self._last_version = version
         self._source = source
         self._status = DesiredStatus(200, "applied", (), version)
@@ -232,7 +272,7 @@ class DeploymentController:
             version,
             source,
             len(deployment.router.routes),
-            len(deployment.desired.endpoints),
+            len(deployment.plan.settings.endpoints),
             dropped or "-",
             len(deployment.unsupported),
         )
@@ -242,7 +282,7 @@ class DeploymentController:
         self._notify()
         return self._status
 
-    async def _apply(self, deployment: Deployment, settings: RunningSettings) -> dict[str, int]:
+    async def _apply(self, deployment: Runnable, settings: RunningSettings) -> dict[str, int]:
         """Switch everything at once (no await in between), then drop what the update says to drop."""
         hub, store = self._hub, self._hub.store
         hub.router = deployment.router
@@ -260,7 +300,7 @@ class DeploymentController:
         self.subscribe_grants.update(deployment.grants)
         named = {r.result.endpoint for r in deployment.router.routes}
         dropped: dict[str, int] = {}
-        for endpoint_id, conf in deployment.desired.endpoints.items():
+        for endpoint_id, conf in deployment.plan.settings.endpoints.items():
             if conf.drop and endpoint_id not in named:
                 n = await self._drop(endpoint_id)
                 if n:
@@ -286,22 +326,28 @@ class DeploymentController:
             log.info("deployment.endpoint_dropped endpoint=%s messages=%d", endpoint_id, removed)
         return removed
 
-    def _set_module_twins(self, deployment: Deployment, in_manifest: bool) -> list[str]:
+    def _set_module_twins(self, deployment: Runnable, in_manifest: bool) -> list[str]:
         """Take the module twins of a whole manifest (the desired properties alone leave them); the modules whose
         desired properties changed."""
         if not in_manifest:
             return []
-        before, after = self._module_twins, dict(deployment.module_twins)
+        before = self._module_twins
+        after: dict[str, Mapping[str, Any]] = dict(deployment.plan.module_twins)
         self._module_twins = after
         return sorted(m for m in before.keys() | after.keys() if before.get(m) != after.get(m))
 
-    async def _refuse(self, errors: list[str], version: int | None, source: str) -> DesiredStatus:
+    async def _refuse(
+        self,
+        errors: list[str],
+        version: int | None,
+        source: str,
+        *,
+        reason: RefusalReason = RefusalReason.DEPLOYMENT_INVALID,
+    ) -> DesiredStatus:
         self._last_version = version if version is not None else self._last_version
         description = "refused: " + "; ".join(errors)
         self._status = DesiredStatus(400, description, tuple(errors), version)
-        self._refusals.refused(
-            RefusalReason.DEPLOYMENT_INVALID, peer=source, client=source, version=version, errors=len(errors)
-        )
+        self._refusals.refused(reason, peer=source, client=source, version=version, errors=len(errors))
         log.info("deployment.refused version=%s source=%s errors=%s", version, source, "; ".join(errors[:5]))
         await self._persist()
         self._notify()
@@ -328,6 +374,8 @@ class DeploymentController:
             },
             "droppedOnUpdate": self._dropped,
             "fileDigest": self._file_digest,
+            "plan": asdict(self._plan) if self._plan is not None else None,
+            "planFormat": PLAN_FORMAT,
         }
         try:
             await self._hub.store.put_metadata(STATE_KEY, encode_state(state))
@@ -345,10 +393,22 @@ class DeploymentController:
         self._last_version = last if isinstance(last, int) else None
 
 
-def _module_twin_problems(deployment: Deployment, limits: TwinLimits) -> list[str]:
+def kept_plan(store: Store, manifest: Path, document: Any) -> DeploymentPlan | None:
+    """The plan the store kept for the running deployment when a start may run it without checking the manifest
+    again: the file is unchanged since (its digest), the running desired properties are the file's (no cloud patch
+    since), and this edgehub made the plan. None otherwise: the file is then checked."""
+    kept = decode_state(store.get_metadata(STATE_KEY))
+    if kept is None or kept.get("planFormat") != PLAN_FORMAT or kept.get("fileDigest") != _digest(manifest):
+        return None
+    if _unversioned(kept.get("desired")) != _unversioned(_section(document)):
+        return None
+    return plan_from_value(kept.get("plan"))
+
+
+def _module_twin_problems(deployment: Runnable, limits: TwinLimits) -> list[str]:
     """The module twins' desired properties against IoT Hub's twin limits (as reported properties are held)."""
     out = []
-    for module_id, desired in deployment.module_twins.items():
+    for module_id, desired in deployment.plan.module_twins.items():
         where = f"modulesContent.{module_id}.properties.desired"
         try:
             check_patch(desired, limits)
@@ -361,14 +421,14 @@ def _module_twin_problems(deployment: Deployment, limits: TwinLimits) -> list[st
     return out
 
 
-def _running_figures(settings: RunningSettings, deployment: Deployment, hub: EdgeHub) -> dict[str, object]:
+def _running_figures(settings: RunningSettings, deployment: Runnable, hub: EdgeHub) -> dict[str, object]:
     """The settings in force: the routes, the hub's and every endpoint's effective ones (endpoints in a list:
     their ids are no twin keys)."""
     endpoints = sorted(set(hub.executors) | set(settings.endpoint_executors) | set(settings.endpoint_policies))
     endpoints = endpoints[:MAX_REPORTED_QUEUES]  # IoT Hub keeps 32 KB of reported properties
-    specs = deployment.desired.route_specs()  # route names are twin keys: no '.', '$', '#' or space
+    texts = {r.name: r.text for r in deployment.plan.routes}  # route names are twin keys: no '.', '$', '#' or space
     routes = {
-        r.name: {"route": specs[r.name].route, "priority": r.priority, "timeToLiveSecs": r.ttl_s}
+        r.name: {"route": texts[r.name], "priority": r.priority, "timeToLiveSecs": r.ttl_s}
         for r in deployment.router.routes
     }
     return {
@@ -418,6 +478,17 @@ def _version_of(document: Any) -> int | None:
         return None
     version = section.get("$version") if isinstance(section, dict) else None
     return version if isinstance(version, int) and not isinstance(version, bool) and version >= 0 else None
+
+
+def _section(document: Any) -> Any:
+    try:
+        return edgehub_section(document)[0]
+    except ManifestError:
+        return None
+
+
+def _unversioned(section: Any) -> Any:
+    return {k: v for k, v in section.items() if k != "$version"} if isinstance(section, dict) else section
 
 
 def _stat(path: Path) -> tuple[int, int] | None:

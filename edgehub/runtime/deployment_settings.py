@@ -1,9 +1,11 @@
 """From a checked deployment to the values the store and the executors run with (``RunningSettings``).
 
-The manifest's models leave every unset key None; here each is filled from the one home of its default
-(``QueuePolicy``, ``RetryPolicy``, ``ExecutorSettings``, the start-time ``StartSettings`` the command line gave), and
-the values' own checks run (``minimumDelaySecs`` above ``maximumDelaySecs`` is refused by ``RetryPolicy``). Every
-such refusal is collected with its location, so a deployment is refused with all of its problems at once.
+The manifest's models leave every unset key None. ``desired_settings`` (in the manifest check's process) takes
+what a deployment sets as plain values (``DesiredSettings``); ``settings_of`` (in the serving hub) fills each
+unset key from the one home of its default (``QueuePolicy``, ``RetryPolicy``, ``ExecutorSettings``, the
+start-time ``StartSettings`` the command line gave), and the values' own checks run (``minimumDelaySecs`` above
+``maximumDelaySecs`` is refused by ``RetryPolicy``). Every such refusal is collected with its location, so a
+deployment is refused with all of its problems at once.
 
 Invariants:
 * every executor has its own effective settings (``executor_settings(endpoint)``): the hub's retry policy, or the
@@ -21,40 +23,20 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from edgehub.delivery import ExecutorSettings
 from edgehub.delivery.retry import BackoffFunction, RetryPolicy
-from edgehub.manifest import (
-    EdgeHubDesired,
-    ManifestError,
-    QueuePolicyConfiguration,
-    RetryPolicyConfiguration,
-)
+from edgehub.manifest.documents import ManifestError
+from edgehub.runtime.deployment_wants import QUEUE_KEYS, RETRY_KEYS, DesiredSettings, desired_settings
 from edgehub.store import FsyncPolicy, Overflow, QueuePolicy, StoreQuota
 
-__all__ = ["RunningSettings", "StartSettings", "running_settings"]
+if TYPE_CHECKING:  # the models are the manifest check's (a child process), not the serving hub's
+    from edgehub.manifest import EdgeHubDesired
+
+__all__ = ["RunningSettings", "StartSettings", "running_settings", "settings_of"]
 
 T = TypeVar("T")
-
-_RETRY_KEYS = {
-    "retriesWithNoDelay": "retries_with_no_delay",
-    "minimumDelayRetries": "minimum_delay_retries",
-    "minimumDelaySecs": "minimum_delay_s",
-    "maximumDelaySecs": "maximum_delay_s",
-    "backoffRetries": "backoff_retries",
-    "backoffFunction": "backoff_function",
-    "maximumDelayRetries": "maximum_delay_retries",
-    "jitter": "jitter",
-    "ignoreEndpointOverride": "ignore_endpoint_override",
-}
-_QUEUE_KEYS = {
-    "maxMessageSizeBytes": "max_message_size_bytes",
-    "maxQueueBytes": "max_bytes",
-    "maxQueueMessages": "max_messages",
-    "overflow": "overflow",
-    "enqueueTimeoutSecs": "enqueue_timeout_s",
-}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,90 +72,71 @@ class RunningSettings:
 
 def running_settings(desired: EdgeHubDesired, start: StartSettings) -> RunningSettings:
     """See the module docstring; ``ManifestError`` listing every problem with its location."""
+    return settings_of(desired_settings(desired), start)
+
+
+def settings_of(wanted: DesiredSettings, start: StartSettings) -> RunningSettings:
+    """``wanted`` filled in from ``start`` and the defaults; ``ManifestError`` listing every problem with its
+    location."""
     problems: list[str] = []
 
     def build(where: str, make: Callable[[], T]) -> T | None:
         try:
             return make()
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:  # TypeError: a key the values do not have (a bad answer)
             problems.append(f"{where}: {_manifest_names(str(exc))}")
             return None
 
-    saf = desired.storeAndForwardConfiguration
-    delivery = desired.delivery
-    fsync = FsyncPolicy(saf.fsync) if saf.fsync is not None else start.fsync
-    if saf.fsyncIntervalMs is not None and fsync is not FsyncPolicy.INTERVAL:
+    fsync = build("storeAndForwardConfiguration.fsync", lambda: FsyncPolicy(wanted.fsync or start.fsync))
+    if wanted.fsync_interval_ms is not None and fsync is not FsyncPolicy.INTERVAL:
         problems.append("storeAndForwardConfiguration.fsyncIntervalMs: only with fsync 'interval'")
-    quota = build(
-        "storeAndForwardConfiguration",
-        lambda: replace(
-            start.store_quota,
-            **_given(
-                max_bytes=saf.maxStoreBytes,
-                max_messages=saf.maxStoreMessages,
-                identity_share=float(saf.identityShare) if saf.identityShare is not None else None,
-            ),
-        ),
-    )
-    default_policy = build("delivery.queuePolicy", lambda: _queue_policy(QueuePolicy(), delivery.queuePolicy))
-    hub_retry = build("delivery.retryPolicy", lambda: _retry_policy(start.executor.retry_policy, delivery.retryPolicy))
+    quota = build("storeAndForwardConfiguration", lambda: replace(start.store_quota, **wanted.store_quota))
+    default_policy = build("delivery.queuePolicy", lambda: _queue_policy(QueuePolicy(), wanted.queue_policy))
+    hub_retry = build("delivery.retryPolicy", lambda: _retry_policy(start.executor.retry_policy, wanted.retry_policy))
     hub_executor = None
     if hub_retry is not None:
         hub_executor = build(
             "storeAndForwardConfiguration",
-            lambda: replace(
-                start.executor,
-                retry_policy=hub_retry,
-                endpoint_retry_policy=None,
-                **_given(
-                    max_delivery_attempts=delivery.maxDeliveryAttempts,
-                    cleanup_interval_s=float(saf.cleanupIntervalSecs) if saf.cleanupIntervalSecs else None,
-                    check_entire_queue_on_cleanup=(saf.cleanupMode == "entireQueue") if saf.cleanupMode else None,
-                ),
-            ),
+            lambda: replace(start.executor, retry_policy=hub_retry, endpoint_retry_policy=None, **wanted.executor),
         )
     policies: dict[str, QueuePolicy] = {}
     executors: dict[str, ExecutorSettings] = {}
-    for endpoint, conf in desired.endpoints.items():
+    for endpoint, conf in wanted.endpoints.items():
         where = f"endpoints.{endpoint}"
         if default_policy is not None:
-            p = build(f"{where}.queuePolicy", partial(_queue_policy, default_policy, conf.queuePolicy))
+            p = build(f"{where}.queuePolicy", partial(_queue_policy, default_policy, conf.queue_policy))
             if p is not None:
                 policies[endpoint] = p
         override = None
-        if conf.retryPolicy is not None:
-            override = build(f"{where}.retryPolicy", partial(_retry_policy, RetryPolicy(), conf.retryPolicy))
+        if conf.retry_policy is not None:
+            override = build(f"{where}.retryPolicy", partial(_retry_policy, RetryPolicy(), conf.retry_policy))
         if hub_executor is not None:
-            attempts = conf.maxDeliveryAttempts or hub_executor.max_delivery_attempts
+            attempts = conf.max_delivery_attempts or hub_executor.max_delivery_attempts
             executors[endpoint] = replace(hub_executor, endpoint_retry_policy=override, max_delivery_attempts=attempts)
-    if problems or quota is None or default_policy is None or hub_executor is None:
+    if problems or fsync is None or quota is None or default_policy is None or hub_executor is None:
         raise ManifestError(f"deployment refused: {'; '.join(problems)}", tuple(problems))
     return RunningSettings(
-        default_ttl_s=float(desired.time_to_live_secs),
+        default_ttl_s=wanted.default_ttl_s,
         default_policy=default_policy,
         endpoint_policies=policies,
         store_quota=quota,
         fsync=fsync,
-        fsync_interval_ms=saf.fsyncIntervalMs or start.fsync_interval_ms,
+        fsync_interval_ms=wanted.fsync_interval_ms or start.fsync_interval_ms,
         hub_executor=hub_executor,
         endpoint_executors=executors,
-        restart_required=tuple(_restart_required(desired, start)),
+        restart_required=tuple(_restart_required(wanted, start)),
     )
 
 
 def _manifest_names(text: str) -> str:
     """A value's error in the manifest's words (``minimum_delay_s`` is ``minimumDelaySecs`` there)."""
-    for key, name in (*_RETRY_KEYS.items(), *_QUEUE_KEYS.items()):
+    for key, name in (*RETRY_KEYS.items(), *QUEUE_KEYS.items()):
         text = re.sub(rf"\b{name}\b", key, text)
     return text
 
 
-def _given(**values: Any) -> dict[str, Any]:
-    return {k: v for k, v in values.items() if v is not None}
-
-
-def _queue_policy(base: QueuePolicy, conf: QueuePolicyConfiguration) -> QueuePolicy:
-    changes = {_QUEUE_KEYS[k]: v for k, v in conf.model_dump().items() if v is not None}
+def _queue_policy(base: QueuePolicy, wanted: dict[str, Any]) -> QueuePolicy:
+    changes = dict(wanted)
     if "overflow" in changes:
         changes["overflow"] = Overflow(changes["overflow"])
     if "enqueue_timeout_s" in changes:
@@ -181,10 +144,10 @@ def _queue_policy(base: QueuePolicy, conf: QueuePolicyConfiguration) -> QueuePol
     return replace(base, **changes)
 
 
-def _retry_policy(base: RetryPolicy, conf: RetryPolicyConfiguration | None) -> RetryPolicy:
-    if conf is None:
+def _retry_policy(base: RetryPolicy, wanted: dict[str, Any] | None) -> RetryPolicy:
+    if not wanted:
         return base
-    changes = {_RETRY_KEYS[k]: v for k, v in conf.model_dump().items() if v is not None}
+    changes = dict(wanted)
     if "backoff_function" in changes:
         changes["backoff_function"] = BackoffFunction(changes["backoff_function"])
     for name in ("minimum_delay_s", "maximum_delay_s", "jitter"):
@@ -193,11 +156,10 @@ def _retry_policy(base: RetryPolicy, conf: RetryPolicyConfiguration | None) -> R
     return replace(base, **changes)
 
 
-def _restart_required(desired: EdgeHubDesired, start: StartSettings) -> list[str]:
+def _restart_required(wanted: DesiredSettings, start: StartSettings) -> list[str]:
     out = []
-    window = desired.delivery.moduleDeliveryWindow
+    window = wanted.module_window
     if window is not None and window != start.module_window:
         out.append(f"delivery.moduleDeliveryWindow (running with {start.module_window})")
-    now = desired.upstream.model_dump()
-    out.extend(f"upstream.{k}" for k, v in now.items() if start.upstream and start.upstream.get(k) != v)
+    out.extend(f"upstream.{k}" for k, v in wanted.upstream.items() if start.upstream and start.upstream.get(k) != v)
     return out

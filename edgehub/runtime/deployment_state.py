@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from edgehub.core import Identity
-from edgehub.manifest import Grant
+from edgehub.manifest.grants import Grant
 from edgehub.store import Store
 
 __all__ = [

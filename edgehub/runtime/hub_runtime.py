@@ -39,7 +39,8 @@ is left out at the next start.
 The admin API (``HubConfig.admin_port``, ``edgehub run --admin-port``; ``edgehub.runtime.admin_runtime``) listens
 on 127.0.0.1 beside the MQTT head, from when the head listens until it stops.
 
-The deployment (issue 17): the manifest is checked whole before anything starts (``parse_deployment``), then a
+The deployment (issue 17): the manifest is checked whole before anything starts (in a child process,
+``check_deployment``: the serving hub never loads pydantic, the manifest's models or lark), then a
 ``DeploymentController`` (``edgehub.runtime.deployment``) applies it to the running hub, watches the file and
 applies it again when it changes, applies desired patches from the cloud over the first upstream lane's MQTT
 connection (``TwinChannel``) and reports back over it; the MQTT head's ACL asks the controller's grants.
@@ -63,7 +64,7 @@ import functools
 import logging
 import resource
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -84,12 +85,13 @@ from edgehub.hub.identities import IdentityRegistry
 from edgehub.hub.lanes import UpstreamOptions
 from edgehub.hub.modules import DEFAULT_WINDOW
 from edgehub.hub.twins import DEFAULT_TWIN_LIMITS, TwinLimits
-from edgehub.manifest import EdgeHubDesired, parse_deployment, read_manifest_file
+from edgehub.manifest.documents import read_manifest_file
 from edgehub.runtime.admin_api import DesiredStateService
 from edgehub.runtime.admin_runtime import LiveConnections, serve_admin
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
-from edgehub.runtime.deployment import DeploymentController
-from edgehub.runtime.deployment_settings import StartSettings, running_settings
+from edgehub.runtime.deployment import DeploymentController, kept_plan
+from edgehub.runtime.deployment_plan import DeploymentPlan, PendingCheck, runnable
+from edgehub.runtime.deployment_settings import StartSettings
 from edgehub.runtime.memory import ChurnCollector
 from edgehub.runtime.profiles import Profile
 from edgehub.store import FsyncPolicy, Store, StoreQuota
@@ -294,24 +296,23 @@ def open_identities(store: Store, host_name: str) -> IdentityRegistry:
     return IdentityRegistry(store, host_name=host_name, clock=SystemClock())
 
 
-def upstream_options(desired: EdgeHubDesired, config: HubConfig) -> UpstreamOptions:
-    """The manifest's ``upstream`` section with the config's overrides applied."""
-    up = desired.upstream
+def upstream_options(up: Mapping[str, Any], config: HubConfig) -> UpstreamOptions:
+    """The manifest's ``upstream`` section (checked, every key) with the config's overrides applied."""
     return UpstreamOptions(
-        partitions=config.partitions if config.partitions is not None else up.partitions,
+        partitions=config.partitions if config.partitions is not None else up["partitions"],
         duplicate_detection=(
-            config.duplicate_detection if config.duplicate_detection is not None else up.duplicateDetection
+            config.duplicate_detection if config.duplicate_detection is not None else up["duplicateDetection"]
         ),
         duplicate_window_s=(
             config.duplicate_window_s
             if config.duplicate_window_s is not None
-            else float(up.duplicateDetectionWindowSecs)
+            else float(up["duplicateDetectionWindowSecs"])
         ),
     )
 
 
 def transport_settings(
-    desired: EdgeHubDesired, config: HubConfig
+    up: Mapping[str, Any], config: HubConfig
 ) -> MqttUpstreamSettings | UploadUpstreamSettings | None:
     """``config.upstream`` with the profile's batch size, then the manifest's link settings, then the overrides
     applied; None without one. The link settings are the MQTT transport's: an ``UploadUpstreamSettings`` takes the
@@ -321,19 +322,22 @@ def transport_settings(
     base = config.upstream
     if config.profile.max_batch_messages is not None:
         base = replace(base, max_batch_messages=config.profile.max_batch_messages)
-    up = desired.upstream
+    cap_bps = up.get("maxUplinkBps")
     if isinstance(base, UploadUpstreamSettings):
-        cap = config.upstream_overrides.max_uplink_bps or (float(up.maxUplinkBps) if up.maxUplinkBps else None)
+        cap = config.upstream_overrides.max_uplink_bps or (float(cap_bps) if cap_bps else None)
         return replace(base, max_uplink_bps=cap) if cap is not None else base
+    wire, linger_ms, rate_bps, rtt_ms, codec = (
+        up.get(k) for k in ("wireMode", "lingerMs", "linkRateBps", "linkRttMs", "compression")
+    )
     manifest: dict[str, object] = {
-        "wire_mode": WireMode(up.wireMode) if up.wireMode is not None else None,
-        "max_uplink_bps": float(up.maxUplinkBps) if up.maxUplinkBps is not None else None,
-        "max_batch_bytes": up.maxBatchBytes,
-        "linger_s": up.lingerMs / 1000 if up.lingerMs is not None else None,
-        "max_inflight_bytes": up.maxInflightBytes,
-        "link_rate_bps": float(up.linkRateBps) if up.linkRateBps is not None else None,
-        "link_rtt_s": up.linkRttMs / 1000 if up.linkRttMs is not None else None,
-        "compression": Codec(up.compression) if up.compression is not None else None,
+        "wire_mode": WireMode(wire) if wire is not None else None,
+        "max_uplink_bps": float(cap_bps) if cap_bps is not None else None,
+        "max_batch_bytes": up.get("maxBatchBytes"),
+        "linger_s": linger_ms / 1000 if linger_ms is not None else None,
+        "max_inflight_bytes": up.get("maxInflightBytes"),
+        "link_rate_bps": float(rate_bps) if rate_bps is not None else None,
+        "link_rtt_s": rtt_ms / 1000 if rtt_ms is not None else None,
+        "compression": Codec(codec) if codec is not None else None,
     }
     o = config.upstream_overrides
     cli: dict[str, object] = {name: getattr(o, name) for name in manifest}
@@ -421,27 +425,51 @@ async def serve(
     on_certs: Callable[[HubCerts], None] | None = None,
     on_ready: Callable[[dict[str, int]], None] | None = None,
     on_hub: Callable[[EdgeHub], None] | None = None,
+    on_checked: Callable[[DeploymentPlan], None] | None = None,
+    document: Any = None,
 ) -> None:
-    """Run the hub until ``stop`` is set (see the module docstring). ``on_certs``, ``on_ready`` (the ports) and
-    ``on_hub`` (the running facade, for a tool that watches its queues: ``bench.demo``) are called on the way up."""
-    deployment = parse_deployment(read_manifest_file(config.manifest))  # refused whole, before anything starts
-    running_settings(deployment.desired, StartSettings())  # the values' own checks too (a retry policy's order)
-    desired = deployment.desired
-    raise_descriptor_limit()
-    router = deployment.router
-    certs = ensure_certs(config.data_dir / "certs", extra_names=(config.host_name,))
-    if on_certs is not None:
-        on_certs(certs)
-    tls = config.mqtts_port is not None or config.amqps_port is not None
-    ssl_context = server_ssl_context(certs) if tls else None
-    options = upstream_options(desired, config)
-    transport = transport_settings(desired, config)
-    store = open_store(
-        config.data_dir, default_ttl_s=float(desired.time_to_live_secs), profile=config.profile, verify=True
-    )
+    """Run the hub until ``stop`` is set (see the module docstring). ``on_certs``, ``on_checked`` (the manifest's
+    plan), ``on_ready`` (the ports) and ``on_hub`` (the running facade, for a tool that watches its queues:
+    ``bench.demo``) are called on the way up. ``document``: the manifest file's, when the caller read it.
+
+    The manifest is checked in a child process while this one opens its store (a restart's start-up is the longer
+    of the two, not their sum; one whose file is unchanged runs the plan the store kept and ends the check, see
+    ``kept_plan``); on a first start (no data directory yet) the answer comes first, so a refused
+    manifest leaves nothing behind. A refused manifest stops the start (``ManifestError``) with the store closed."""
+    if document is None:
+        document = read_manifest_file(config.manifest)
+    pending = await PendingCheck.start(document)
+    plan: DeploymentPlan | None = None
+    try:
+        if not config.data_dir.exists():
+            plan = await pending.answer()
+            if on_checked is not None:
+                on_checked(plan)
+        raise_descriptor_limit()
+        certs = ensure_certs(config.data_dir / "certs", extra_names=(config.host_name,))
+        tls = config.mqtts_port is not None or config.amqps_port is not None
+        ssl_context = server_ssl_context(certs) if tls else None
+        store = open_store(config.data_dir, profile=config.profile, verify=True)  # the TTL is the deployment's
+    except BaseException:
+        await pending.close()  # a start that fails before it wants the answer ends the check
+        raise
     endpoints: list[Endpoint] = []
     twin: TwinChannel | None = None
     try:
+        if plan is None:
+            try:  # a restart whose file is unchanged runs the plan the store kept, and the check is ended
+                plan = kept_plan(store, config.manifest, document) or await pending.answer()
+            finally:
+                await pending.close()  # idempotent
+            if on_checked is not None:
+                on_checked(plan)
+        if on_certs is not None:  # told after the plan, so a start's lines come in their order whatever came first
+            on_certs(certs)
+        wanted = plan.settings
+        store.default_ttl_s = wanted.default_ttl_s
+        router = runnable(plan, StartSettings()).router  # the controller applies the deployment whole below
+        options = upstream_options(wanted.upstream, config)
+        transport = transport_settings(wanted.upstream, config)
         store.store_quota = store_quota(store, store_path(config.data_dir), config.limits)
         if isinstance(transport, UploadUpstreamSettings):
             endpoints.extend(upload_lane(transport, lane_id) for lane_id in _lane_ids(store, options))
@@ -476,10 +504,10 @@ async def serve(
                     store_quota=store.store_quota,
                     fsync=config.fsync,
                     module_window=config.module_window,
-                    upstream=desired.upstream.model_dump(),
+                    upstream=wanted.upstream,
                 ),
             )
-            await controller.start(config.manifest)  # the file, or what the store kept if it is unchanged
+            await controller.start(config.manifest, checked=(document, plan))  # or the store's if unchanged
             if twin is not None:
                 controller.on_reported(twin.report)
                 twin.report(controller.reported())

@@ -15,18 +15,24 @@ from __future__ import annotations
 import base64
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from edgehub.core import ConfigurationError, Message
-from edgehub.manifest import EdgeHubDesired, load_desired_file
 from edgehub.routing import Router, RouteSpec
+
+if TYPE_CHECKING:
+    from edgehub.manifest import EdgeHubDesired
 
 __all__ = ["describe_routes", "load_message", "routes"]
 
 
 def _router(manifest: str) -> tuple[EdgeHubDesired, Router]:
+    # Checked in process (this command only checks); imported here so that edgehub run, which imports this
+    # module, does not load pydantic and the models.
+    from edgehub.manifest import load_desired_file
+
     desired = load_desired_file(manifest)
     return desired, Router(desired.route_specs())
 

@@ -12,11 +12,13 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from edgehub.core import ConfigurationError, StoreError
 from edgehub.runtime.certs import HubCerts
+from edgehub.runtime.deployment_plan import DeploymentPlan
 from edgehub.runtime.firstrun import connect_help_for, edgehub_command
 from edgehub.runtime.hub_runtime import HubConfig, serve
 from edgehub.runtime.sdnotify import SystemdNotifier
@@ -74,8 +76,11 @@ def start_failures(exc: Exception) -> list[str] | None:
     return leaves
 
 
-async def serve_until_signalled(config: HubConfig) -> None:
-    """Serve ``config`` until SIGTERM or SIGINT, printing how to connect once ready (and telling systemd)."""
+async def serve_until_signalled(
+    config: HubConfig, *, document: Any = None, on_checked: Callable[[DeploymentPlan], None] | None = None
+) -> None:
+    """Serve ``config`` until SIGTERM or SIGINT, printing how to connect once ready (and telling systemd).
+    ``document``: the manifest file's, when the caller read it; ``on_checked`` is called with its plan."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     systemd = SystemdNotifier.from_environment()  # READY=1, WATCHDOG=1, STOPPING=1 under Type=notify
@@ -111,4 +116,4 @@ async def serve_until_signalled(config: HubConfig) -> None:
         systemd.ready(f"listening: {where}")
 
     async with systemd.watchdog():
-        await serve(config, stop=stop, on_certs=certs, on_ready=ready)
+        await serve(config, stop=stop, on_certs=certs, on_ready=ready, on_checked=on_checked, document=document)

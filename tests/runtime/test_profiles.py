@@ -127,11 +127,15 @@ def test_the_profile_batch_size_reaches_both_transports_under_the_manifest(tmp_p
     desired = load_desired_file(manifest)
     profile = Profile(max_batch_messages=700)
     mqtt = MqttUpstreamSettings(host="h", client_id="gw", hub_id="gw")
-    got = transport_settings(desired, HubConfig(manifest=manifest, data_dir=tmp_path, upstream=mqtt, profile=profile))
+    got = transport_settings(
+        desired.upstream.model_dump(), HubConfig(manifest=manifest, data_dir=tmp_path, upstream=mqtt, profile=profile)
+    )
     assert isinstance(got, MqttUpstreamSettings)
     assert got.max_batch_messages == 700 != mqtt.max_batch_messages
     upload = UploadUpstreamSettings(url=str(tmp_path / "landing"))
-    got = transport_settings(desired, HubConfig(manifest=manifest, data_dir=tmp_path, upstream=upload, profile=profile))
+    got = transport_settings(
+        desired.upstream.model_dump(), HubConfig(manifest=manifest, data_dir=tmp_path, upstream=upload, profile=profile)
+    )
     assert isinstance(got, UploadUpstreamSettings)
     assert got.max_batch_messages == 700 != upload.max_batch_messages
 

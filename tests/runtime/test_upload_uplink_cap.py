@@ -30,7 +30,7 @@ def test_the_manifests_max_uplink_bps_caps_the_upload_lanes_and_the_command_line
     desired = load_desired_file(manifest)
     base = UploadUpstreamSettings(url=str(tmp_path / "landing"), hub_id="hub1")
     config = HubConfig(manifest=manifest, data_dir=tmp_path / "data", upstream=base)
-    settings = transport_settings(desired, config)
+    settings = transport_settings(desired.upstream.model_dump(), config)
     assert isinstance(settings, UploadUpstreamSettings)
     assert settings.max_uplink_bps == 32_000
     assert upload_lane(settings, "$upstream").max_uplink_bps == 32_000
@@ -40,11 +40,11 @@ def test_the_manifests_max_uplink_bps_caps_the_upload_lanes_and_the_command_line
         upstream=base,
         upstream_overrides=UpstreamOverrides(max_uplink_bps=16_000),
     )
-    overridden = transport_settings(desired, cli)
+    overridden = transport_settings(desired.upstream.model_dump(), cli)
     assert isinstance(overridden, UploadUpstreamSettings)
     assert upload_lane(overridden, "$upstream").max_uplink_bps == 16_000
     uncapped = transport_settings(
-        load_desired_file(_manifest(tmp_path, {})),
+        load_desired_file(_manifest(tmp_path, {})).upstream.model_dump(),
         HubConfig(manifest=manifest, data_dir=tmp_path / "data", upstream=base),
     )
     assert isinstance(uncapped, UploadUpstreamSettings)
