@@ -46,6 +46,7 @@ from cproton import (
     pn_link_is_receiver,
     pn_message_annotations,
     pn_message_body,
+    pn_message_clear,
     pn_message_decode,
     pn_message_get_address,
     pn_message_get_content_encoding,
@@ -133,7 +134,7 @@ def accept_and_settle(delivery: RawDelivery) -> None:
 
 
 class MessageReader:
-    """Decodes encoded messages into one reused ``pn_message_t`` (proton clears it first) and reads the fields the
+    """Decodes encoded messages into one reused ``pn_message_t`` and reads the fields the
     IoT Hub mapping needs. Not thread-safe; one per connection."""
 
     def __init__(self) -> None:
@@ -143,6 +144,9 @@ class MessageReader:
     def read(self, encoded: bytes) -> MessageFields:
         """Raises proton's ``MessageException`` for bytes that are not a message."""
         msg = self._msg
+        # pn_message_decode leaves a section the new message lacks as the last message had it (proton's Message
+        # only missed that because it never rewinds): cleared first, a message without properties has none.
+        pn_message_clear(msg)
         err = pn_message_decode(msg, encoded)
         if err < 0:
             raise MessageException(f"[{err}]: not an AMQP message")
@@ -164,13 +168,14 @@ class MessageReader:
 
 
 def fields_of(message: AmqpMessage) -> MessageFields:
-    """The general path: proton's ``Message`` (decoded) read through its wrappers."""
+    """The general path: proton's ``Message`` (decoded) read through its wrappers. Binary values as bytes of their
+    own (proton's are views into the message, gone with it)."""
     return MessageFields(
-        body=message.body,
+        body=_owned(message.body),
         properties=message.properties,
         annotations=message.annotations,
-        id=message.id,
-        correlation_id=message.correlation_id,
+        id=_owned(message.id),
+        correlation_id=_owned(message.correlation_id),
         content_type=pn_message_get_content_type(message._msg),
         content_encoding=pn_message_get_content_encoding(message._msg),
         address=message.address,
