@@ -23,8 +23,10 @@ from cproton import (
     PN_ACCEPTED,
     PN_BINARY,
     PN_DELIVERY,
+    PN_NULL,
     bytes2pybytes,
     isnull,
+    msgid2py,
     pn_collector_peek,
     pn_collector_pop,
     pn_data_next,
@@ -44,20 +46,8 @@ from cproton import (
     pn_incref,
     pn_link_advance,
     pn_link_is_receiver,
-    pn_message_annotations,
-    pn_message_body,
-    pn_message_clear,
-    pn_message_decode,
-    pn_message_get_address,
     pn_message_get_content_encoding,
     pn_message_get_content_type,
-    pn_message_get_correlation_id,
-    pn_message_get_creation_time,
-    pn_message_get_expiry_time,
-    pn_message_get_group_id,
-    pn_message_get_id,
-    pn_message_get_user_id,
-    pn_message_properties,
 )
 from cproton import ffi as _ffi
 from cproton import lib as _lib
@@ -146,25 +136,39 @@ class MessageReader:
         msg = self._msg
         # pn_message_decode leaves a section the new message lacks as the last message had it (proton's Message
         # only missed that because it never rewinds): cleared first, a message without properties has none.
-        pn_message_clear(msg)
-        err = pn_message_decode(msg, encoded)
+        _lib.pn_message_clear(msg)
+        err = _lib.pn_message_decode(msg, _ffi.from_buffer(encoded), len(encoded))
         if err < 0:
             raise MessageException(f"[{err}]: not an AMQP message")
-        user_id = pn_message_get_user_id(msg)
+        # cproton's getters, less their Python layer: most fields are null in most messages.
+        user_id = _lib.pn_message_get_user_id(msg)
         return MessageFields(
-            body=_body(pn_message_body(msg)),
-            properties=_map(pn_message_properties(msg)),
-            annotations=_map(pn_message_annotations(msg)),
-            id=_owned(pn_message_get_id(msg)),
-            correlation_id=_owned(pn_message_get_correlation_id(msg)),
-            content_type=pn_message_get_content_type(msg),
-            content_encoding=pn_message_get_content_encoding(msg),
-            address=pn_message_get_address(msg),
-            user_id=user_id,
-            group_id=pn_message_get_group_id(msg),
-            expiry_time=pn_message_get_expiry_time(msg) / 1000.0,
-            creation_time=pn_message_get_creation_time(msg) / 1000.0,
+            body=_body(_lib.pn_message_body(msg)),
+            properties=_map(_lib.pn_message_properties(msg)),
+            annotations=_map(_lib.pn_message_annotations(msg)),
+            id=_id(_lib.pn_message_get_id(msg)),
+            correlation_id=_id(_lib.pn_message_get_correlation_id(msg)),
+            content_type=_str(_lib.pn_message_get_content_type(msg)),
+            content_encoding=_str(_lib.pn_message_get_content_encoding(msg)),
+            address=_str(_lib.pn_message_get_address(msg)),
+            user_id=_unpack(user_id.start, user_id.size) if user_id.size else b"",
+            group_id=_str(_lib.pn_message_get_group_id(msg)),
+            expiry_time=_lib.pn_message_get_expiry_time(msg) / 1000.0,
+            creation_time=_lib.pn_message_get_creation_time(msg) / 1000.0,
         )
+
+
+_NULL = _ffi.NULL
+_unpack = _ffi.unpack
+
+
+def _str(chars: Any) -> str | None:
+    decoded: str | None = None if chars == _NULL else _ffi.string(chars).decode("utf8")  # as cproton's utf82string
+    return decoded
+
+
+def _id(atom: Any) -> Any:
+    return None if atom.type == PN_NULL else _owned(msgid2py(atom))
 
 
 def fields_of(message: AmqpMessage) -> MessageFields:
