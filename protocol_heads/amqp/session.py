@@ -57,14 +57,13 @@ from protocol_heads.amqp.iothub import (
     amqp_from_message,
     cbs_response,
     identity_of_audience,
-    message_from_amqp,
     parse_address,
     parse_cbs_request,
     parse_plain_username,
     rejection_condition,
 )
-from protocol_heads.amqp.proton_raw import MessageReader
 from protocol_heads.amqp.sasl import SaslCode, SaslInit
+from protocol_heads.amqp.transfers import TransferDecoder
 
 if TYPE_CHECKING:
     from protocol_heads.amqp.client_socket import ClientSocket
@@ -138,7 +137,7 @@ class Session:
         self._last_group: asyncio.Future[None] | None = None  # settled when the latest group has been answered
         self._expiry: asyncio.Task[None] | None = None  # closes the connection when its token expires
         self._expiry_s: int | None = None
-        self._reader = MessageReader()  # one per connection: it decodes into one reused message
+        self._transfers = TransferDecoder()  # one per connection: it keeps what the last message's sections gave
 
     # --- input ------------------------------------------------------------------------------------------------
 
@@ -452,7 +451,7 @@ class Session:
         to_store: list[Message] = []
         for event in group:
             try:
-                message = message_from_amqp(identity, self._reader.read(event.body), auth_method=self.auth_method)
+                message = self._transfers.message(identity, event.body, auth_method=self.auth_method)
             except InvalidMessageError as exc:
                 self.sock.refused(exc.reason, detail=shown(str(exc), 200))
                 answers.append((event, "amqp:decode-error", str(exc)))
