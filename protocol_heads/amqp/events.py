@@ -44,7 +44,7 @@ class LinkClosed:
     link: Link
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one per transfer: a frozen dataclass's __init__ sets each field through object.__setattr__
 class MessageReceived:
     """A complete transfer on an incoming link (``link_name`` is its name): ``body`` is the encoded message;
     ``settled``: sent pre-settled (nothing to answer). ``delivery`` goes back to ``AmqpConnection.settle``."""
