@@ -155,7 +155,7 @@ class AmqpConnection:
                 break
             n = min(capacity, len(view))
             try:
-                transport.push(bytes(view[:n]))
+                transport.push(view[:n])  # proton copies from the buffer: no bytes of our own
             except Exception as exc:  # proton raises TransportException for input it cannot take
                 self._failed = True
                 self.closed = True
