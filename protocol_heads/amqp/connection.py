@@ -4,7 +4,8 @@ comes in through ``tick``.
 
 The SASL exchange is ours (``sasl.py`` says why); the AMQP layer after it is proton's engine (``Transport``,
 ``Connection``, ``Collector``), which frames, decodes performatives, keeps sessions' windows and links' credit,
-and which we drive with ``push``/``peek``/``pop``. proton's reactor is never used.
+and which we drive with ``push``/``peek``/``pop``. proton's reactor is never used. A transfer on an incoming link
+(the per-message path) is read below proton's Python wrappers, through ``proton_raw``; every other event is wrapped.
 
 Invariants:
 * Every bound is enforced here: bytes buffered per session (``session_capacity``, as proton's incoming
