@@ -156,7 +156,9 @@ def run_edgehub(work: Path, args: argparse.Namespace) -> dict[str, float]:
     manifest.write_text(json.dumps(MANIFEST))
     creds = add_identities(data, [f"pub{i}" for i in range(args.publishers)] + ["edge/sink"])
     mqtt_port, amqp_port = free_port(), free_port()
-    cmd = [EDGEHUB, *hub_run_args(manifest, data, mqtt_port), "--amqp-port", str(amqp_port)]
+    # The admin API on a free port: its default (9600) may be another hub's on a shared machine, and then the
+    # run ends before it listens.
+    cmd = [EDGEHUB, *hub_run_args(manifest, data, mqtt_port), "--amqp-port", str(amqp_port), "--admin-port", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

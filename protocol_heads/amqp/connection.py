@@ -4,7 +4,8 @@ comes in through ``tick``.
 
 The SASL exchange is ours (``sasl.py`` says why); the AMQP layer after it is proton's engine (``Transport``,
 ``Connection``, ``Collector``), which frames, decodes performatives, keeps sessions' windows and links' credit,
-and which we drive with ``push``/``peek``/``pop``. proton's reactor is never used.
+and which we drive with ``push``/``peek``/``pop``. proton's reactor is never used. A transfer on an incoming link
+(the per-message path) is read below proton's Python wrappers, through ``proton_raw``; every other event is wrapped.
 
 Invariants:
 * Every bound is enforced here: bytes buffered per session (``session_capacity``, as proton's incoming
@@ -20,7 +21,8 @@ Invariants:
 
 from __future__ import annotations
 
-from cproton import isnull, pn_collector_peek, pn_collector_pop, pn_event_type
+from typing import Any
+
 from proton import (
     Collector,
     Condition,
@@ -35,6 +37,7 @@ from proton import (
 )
 
 from protocol_heads.amqp import events as ev
+from protocol_heads.amqp import proton_raw as raw
 from protocol_heads.amqp.padding import pad
 from protocol_heads.amqp.sasl import SaslCode, SaslError, SaslServer
 
@@ -49,7 +52,6 @@ DECODE_ERROR = "amqp:decode-error"
 _WANTED = frozenset(
     kind.number
     for kind in (
-        Event.DELIVERY,
         Event.LINK_FLOW,
         Event.LINK_REMOTE_OPEN,
         Event.LINK_REMOTE_CLOSE,
@@ -100,6 +102,8 @@ class AmqpConnection:
         self._collector: Collector | None = None
         self._out = bytearray()
         self._links = 0  # links attached over the connection's life that are still open
+        # Incoming links by their pn_link_t, with their names: a transfer names its link without a wrapper.
+        self._receivers: dict[Any, tuple[Link, str]] = {}
         self.closed = False
         self._failed = False
 
@@ -152,7 +156,7 @@ class AmqpConnection:
                 break
             n = min(capacity, len(view))
             try:
-                transport.push(bytes(view[:n]))
+                transport.push(view[:n])  # proton copies from the buffer: no bytes of our own
             except Exception as exc:  # proton raises TransportException for input it cannot take
                 self._failed = True
                 self.closed = True
@@ -171,64 +175,79 @@ class AmqpConnection:
         out: list[ev.Event] = []
         if collector is None:
             return out
-        impl = collector._impl
+        impl = raw.handle(collector)
         while True:
-            raw = pn_collector_peek(impl)
-            if isnull(raw):
+            event = raw.next_event(impl)
+            if event is None:
                 break
             # Only the kinds _translate acts on are wrapped: proton's Event.wrap builds a wrapper for the event's
             # delivery, link, session, connection and transport, and most events (one PN_TRANSPORT per answer,
-            # the local and init ones) need none; wrapping them all was a fifth of the head's time per message.
-            if not self._failed and pn_event_type(raw) in _WANTED:
-                event = Event.wrap(raw)
+            # the local and init ones) need none. Transfers take proton_raw's path: no wrapper at all.
+            if not self._failed:
+                kind = raw.event_type(event)
                 try:
-                    self._translate(event, out)
+                    if kind == raw.PN_DELIVERY:
+                        self._delivery(raw.event_delivery(event), out)
+                    elif kind in _WANTED:
+                        self._translate(Event.wrap(event), out)
                 except Exception as exc:
                     # proton decodes a field only when it is read (an address that is not UTF-8 raises
                     # UnicodeDecodeError there): the client sent it, so it is the client's error.
                     self._failed = True
                     self.close(DECODE_ERROR, "a field could not be decoded")
                     out.append(ev.ProtocolFailed(DECODE_ERROR, f"{type(exc).__name__}: {exc}"))
-            pn_collector_pop(impl)
+            raw.pop_event(impl)
         return out
+
+    def _delivery(self, delivery: Any, out: list[ev.Event]) -> None:
+        """A ``PN_DELIVERY``: a whole transfer on an incoming link is read here, below proton's wrappers; the rest
+        (a partial, aborted or too large transfer, an outcome of what the hub sent) goes to ``_unusual``."""
+        link = raw.delivery_link(delivery)
+        if raw.link_is_receiver(link):
+            body = raw.receive_whole(delivery, link, self.max_message_size)
+            if body is not None:
+                known = self._receivers.get(link)
+                if known is None:
+                    wrapped = Link.wrap(link)
+                    known = self._receivers[link] = (wrapped, wrapped.name)
+                settled = bool(raw.delivery_settled(delivery))  # by the peer
+                out.append(ev.MessageReceived(known[0], known[1], raw.RawDelivery(delivery), body, settled))
+                return
+        self._unusual(Delivery.wrap(delivery), out)
+
+    def _unusual(self, delivery: Delivery, out: list[ev.Event]) -> None:
+        link = delivery.link
+        if link.is_receiver:
+            if delivery.partial:
+                if delivery.pending > self.max_message_size:
+                    out.append(ev.MessageTooLarge(link, delivery.pending))
+                    delivery.settle()
+                    self._close_link(link, MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
+                return
+            if not delivery.readable or delivery.aborted:
+                if delivery.aborted:
+                    delivery.settle()
+                return
+            # Whole in one frame, still over the limit (receive_whole took every other whole transfer).
+            out.append(ev.MessageTooLarge(link, delivery.pending))
+            self._reject(delivery, MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
+            self._close_link(link, MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
+        elif delivery.updated:
+            state = delivery.remote_state
+            if delivery.settled or state in (
+                Disposition.ACCEPTED,
+                Disposition.REJECTED,
+                Disposition.RELEASED,
+                Disposition.MODIFIED,
+            ):
+                out.append(ev.DeliveryUpdated(link, delivery, state == Disposition.ACCEPTED))
+                delivery.settle()
+            else:
+                delivery.clear()
 
     def _translate(self, event: Event, out: list[ev.Event]) -> None:
         kind = event.type
-        if kind == Event.DELIVERY:
-            delivery = event.delivery
-            link = delivery.link
-            if link.is_receiver:
-                if delivery.partial:
-                    if delivery.pending > self.max_message_size:
-                        out.append(ev.MessageTooLarge(link, delivery.pending))
-                        delivery.settle()
-                        self._close_link(link, MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
-                    return
-                if not delivery.readable or delivery.aborted:
-                    if delivery.aborted:
-                        delivery.settle()
-                    return
-                if delivery.pending > self.max_message_size:  # whole in one frame, still over the limit
-                    out.append(ev.MessageTooLarge(link, delivery.pending))
-                    self.settle(delivery, MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
-                    self._close_link(link, MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
-                    return
-                body = link.recv(delivery.pending) or b""
-                link.advance()
-                out.append(ev.MessageReceived(link, delivery, bytes(body), delivery.settled))  # settled: by the peer
-            elif delivery.updated:
-                state = delivery.remote_state
-                if delivery.settled or state in (
-                    Disposition.ACCEPTED,
-                    Disposition.REJECTED,
-                    Disposition.RELEASED,
-                    Disposition.MODIFIED,
-                ):
-                    out.append(ev.DeliveryUpdated(link, delivery, state == Disposition.ACCEPTED))
-                    delivery.settle()
-                else:
-                    delivery.clear()
-        elif kind == Event.LINK_FLOW:
+        if kind == Event.LINK_FLOW:
             link = event.link
             if link.is_sender and link.state & Endpoint.LOCAL_ACTIVE:
                 out.append(ev.CreditAdded(link))
@@ -244,6 +263,7 @@ class AmqpConnection:
         elif kind in (Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH):
             link = event.link
             if link.state & Endpoint.LOCAL_ACTIVE:
+                self._forget(link)
                 link.close()
                 self._links -= 1
                 out.append(ev.LinkClosed(link))
@@ -259,6 +279,7 @@ class AmqpConnection:
             while link is not None:
                 following = link.next(Endpoint.LOCAL_ACTIVE)
                 if link.session.state & Endpoint.REMOTE_CLOSED:
+                    self._forget(link)
                     link.close()
                     self._links -= 1
                     out.append(ev.LinkClosed(link))
@@ -299,25 +320,35 @@ class AmqpConnection:
         """Answer the attach with no terminus and detach with ``condition``."""
         link.condition = _condition(condition, description)
         link.open()
+        self._forget(link)
         link.close()
         self._links -= 1
 
     def _close_link(self, link: Link, condition: str, description: str) -> None:
         if link.state & Endpoint.LOCAL_ACTIVE:
             link.condition = _condition(condition, description)
+            self._forget(link)
             link.close()
             self._links -= 1
+
+    def _forget(self, link: Link) -> None:
+        self._receivers.pop(raw.handle(link), None)
 
     def close_link(self, link: Link, condition: str, description: str) -> None:
         self._close_link(link, condition, description)
 
-    def settle(self, delivery: Delivery, condition: str | None = None, description: str = "") -> None:
+    def settle(self, delivery: raw.RawDelivery, condition: str | None = None, description: str = "") -> None:
         """``accepted`` (``condition`` None) or ``rejected`` with ``condition``, settled. Once per delivery."""
+        if self.connection is None:
+            return  # discarded: proton's engine has been let go, and with it whatever was unsettled
         if condition is None:
-            delivery.update(Disposition.ACCEPTED)
+            raw.accept_and_settle(delivery)
         else:
-            delivery.local.condition = _condition(condition, description)
-            delivery.update(Disposition.REJECTED)
+            self._reject(Delivery.wrap(delivery.impl), condition, description)
+
+    def _reject(self, delivery: Delivery, condition: str, description: str) -> None:
+        delivery.local.condition = _condition(condition, description)
+        delivery.update(Disposition.REJECTED)
         delivery.settle()
 
     def give_credit(self, link: Link, n: int) -> None:
@@ -372,4 +403,5 @@ class AmqpConnection:
         """Let go of proton's objects (the connection has ended)."""
         if self.connection is not None and self._collector is not None:
             self._collector.release()
+        self._receivers.clear()
         self.transport = self.connection = self._collector = None

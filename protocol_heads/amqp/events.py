@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from proton import Delivery, Link
 
+from protocol_heads.amqp.proton_raw import RawDelivery
 from protocol_heads.amqp.sasl import SaslInit
 
 __all__ = [
@@ -43,13 +44,14 @@ class LinkClosed:
     link: Link
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one per transfer: a frozen dataclass's __init__ sets each field through object.__setattr__
 class MessageReceived:
-    """A complete transfer on an incoming link: ``body`` is the encoded message; ``settled``: sent pre-settled
-    (nothing to answer)."""
+    """A complete transfer on an incoming link (``link_name`` is its name): ``body`` is the encoded message;
+    ``settled``: sent pre-settled (nothing to answer). ``delivery`` goes back to ``AmqpConnection.settle``."""
 
     link: Link
-    delivery: Delivery
+    link_name: str
+    delivery: RawDelivery
     body: bytes
     settled: bool
 

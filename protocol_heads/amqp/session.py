@@ -58,13 +58,13 @@ from protocol_heads.amqp.iothub import (
     amqp_from_message,
     cbs_response,
     identity_of_audience,
-    message_from_amqp,
     parse_address,
     parse_cbs_request,
     parse_plain_username,
     rejection_condition,
 )
 from protocol_heads.amqp.sasl import SaslCode, SaslInit
+from protocol_heads.amqp.transfers import TransferDecoder
 
 if TYPE_CHECKING:
     from protocol_heads.amqp.client_socket import ClientSocket
@@ -138,7 +138,7 @@ class Session:
         self._last_group: asyncio.Future[None] | None = None  # settled when the latest group has been answered
         self._expiry: asyncio.Task[None] | None = None  # closes the connection when its token expires
         self._expiry_s: int | None = None
-        self._decoder = AmqpMessage()  # reused for every transfer of this connection (decode clears it)
+        self._transfers = TransferDecoder()  # one per connection: it keeps what the last message's sections gave
 
     # --- input ------------------------------------------------------------------------------------------------
 
@@ -156,9 +156,9 @@ class Session:
                 self._waiting.append(event)
                 continue
             if isinstance(event, ev.MessageReceived):
-                if event.link.name in self._cbs_in and not event.link.is_sender:
+                if event.link_name in self._cbs_in:
                     self._on_cbs(event)
-                elif event.link.name in self._telemetry:
+                elif event.link_name in self._telemetry:
                     group.append(event)
                 else:
                     self.conn.settle(event.delivery, NOT_ALLOWED, "not a telemetry link")
@@ -196,7 +196,7 @@ class Session:
         if isinstance(event, ev.LinkRequested):
             return event.address == "$cbs"
         if isinstance(event, ev.MessageReceived):
-            return event.link.name in self._cbs_in
+            return event.link_name in self._cbs_in
         return not isinstance(event, ev.LinkClosed | ev.DeliveryUpdated | ev.CreditAdded)
 
     def _is_delivery_link(self, link: Link) -> bool:
@@ -458,9 +458,7 @@ class Session:
         to_store: list[Message] = []
         for event in group:
             try:
-                decoded = self._decoder
-                decoded.decode(event.body)  # proton clears the message first: one per session, not per transfer
-                message = message_from_amqp(identity, decoded, auth_method=self.auth_method)
+                message = self._transfers.message(identity, event.body, auth_method=self.auth_method)
             except InvalidMessageError as exc:
                 self.sock.refused(exc.reason, detail=shown(str(exc), 200))
                 answers.append((event, "amqp:decode-error", str(exc)))
@@ -490,8 +488,8 @@ class Session:
                     self.sock.refused(outcome.reason, condition=condition)
             if not event.settled:
                 conn.settle(event.delivery, condition, text)
-            link, n = credit.get(event.link.name, (event.link, 0))
-            credit[event.link.name] = (link, n + 1)
+            link, n = credit.get(event.link_name, (event.link, 0))
+            credit[event.link_name] = (link, n + 1)
         for link, n in credit.values():
             conn.give_credit(link, n)
         # The store answers many groups at once (group commit): one write per connection for all of them.

@@ -15,6 +15,7 @@ from protocol_heads.amqp.iothub import (
     parse_address,
     parse_plain_username,
 )
+from protocol_heads.amqp.proton_raw import fields_of
 
 DEV = Identity.parse("dev1")
 MOD = Identity.parse("dev1/filter")
@@ -62,7 +63,7 @@ def test_fields_map_to_the_system_properties_mqtt_uses_as_plain_strings() -> Non
     m.expiry_time = 1_700_000_060.0
     m.annotations = {symbol("x-opt-partition-key"): "s1", symbol("iothub-outputname"): "out1"}
     m.properties = {"iothub-message-schema": "v1", "k": "v", "n": None, "i": 5}
-    got = message_from_amqp(MOD, m, auth_method="sas")
+    got = message_from_amqp(MOD, fields_of(m), auth_method="sas")
     sp = got.system_properties
     assert sp == {
         "messageId": "m1",
@@ -89,7 +90,7 @@ def test_a_client_cannot_claim_another_connection_identity_and_a_device_has_no_o
     m = AmqpMessage(body=b"x")
     m.annotations = {symbol("iothub-outputname"): "out1"}
     m.properties = {"iothub-outputname": "out1"}
-    got = message_from_amqp(DEV, m, auth_method="sas")
+    got = message_from_amqp(DEV, fields_of(m), auth_method="sas")
     assert SystemProperty.OUTPUT_NAME not in got.system_properties
     assert got.system_properties["connectionDeviceId"] == "dev1"
 
@@ -98,7 +99,7 @@ def test_a_message_without_content_type_has_none() -> None:
     # proton's accessor says symbol("None") for a null content-type: the mapping must not take it for one.
     decoded = AmqpMessage()
     decoded.decode(AmqpMessage(body=b"x").encode())
-    got = message_from_amqp(DEV, decoded, auth_method="sas")
+    got = message_from_amqp(DEV, fields_of(decoded), auth_method="sas")
     assert SystemProperty.CONTENT_TYPE not in got.system_properties
     assert SystemProperty.CONTENT_ENCODING not in got.system_properties
 
@@ -107,7 +108,7 @@ def test_user_id_that_is_not_utf8_is_refused() -> None:
     m = AmqpMessage(body=b"x")
     m.user_id = b"\xff\xfe"
     with pytest.raises(InvalidMessageError, match="UTF-8"):
-        message_from_amqp(DEV, m, auth_method="sas")
+        message_from_amqp(DEV, fields_of(m), auth_method="sas")
 
 
 def test_module_input_carries_input_name_and_sender_as_annotations() -> None:
