@@ -417,10 +417,11 @@ class EdgeHub:
             log.info("hub.device_disconnected identity=%s", identity)
 
     def delivered(self, identity: Identity, delivery_id: int, ok: bool) -> None:
-        if identity.module_id is not None:
-            self.modules.delivered(identity, delivery_id, ok)
-        else:
-            self.c2d.mailboxes.delivered(identity, delivery_id, ok)
+        self.delivered_many(identity, ((delivery_id, ok),))
+
+    def delivered_many(self, identity: Identity, outcomes: Iterable[tuple[int, bool]]) -> None:
+        mailboxes = self.modules if identity.module_id is not None else self.c2d.mailboxes
+        mailboxes.delivered(identity, outcomes)
 
     def link_ready(self, identity: Identity, link: ClientLink) -> None:
         if identity.module_id is not None:

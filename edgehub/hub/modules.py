@@ -25,7 +25,7 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -142,13 +142,17 @@ class ModuleMailboxes:
         for callback in box.on_unreachable:
             callback()
 
-    def delivered(self, identity: Identity, delivery_id: int, ok: bool) -> None:
+    def delivered(self, identity: Identity, outcomes: Iterable[tuple[int, bool]]) -> None:
+        """The client settled these deliveries, ``(delivery id, ok)`` each (the acks of one read: the mailbox is
+        looked up once for them all)."""
         box = self._boxes.get(self._key(identity))
         if box is None:
             return
-        p = box.inflight.pop(delivery_id, None)
-        if p is not None:
-            _settle(p, _Outcome.OK if ok else _Outcome.FAILED)
+        pop = box.inflight.pop
+        for delivery_id, ok in outcomes:
+            p = pop(delivery_id, None)
+            if p is not None:
+                _settle(p, _Outcome.OK if ok else _Outcome.FAILED)
         # No sending here: the head calls ``link_ready`` once after all the acks of one read, and the window they
         # freed is filled then, in one go (one write for all of it), not one delivery per ack.
 
