@@ -275,7 +275,7 @@ class Router:
         if not routes:
             return []
         ctx = EvalContext(message)
-        best: dict[str, RouteResult] = {}
+        chosen: list[RouteResult] = []  # one per endpoint: routes are few, a scan is cheaper than a dict
         undefined: list[str] | None = None
         for name, condition, result in routes:
             if condition is not None:
@@ -286,12 +286,16 @@ class Router:
                             undefined = []
                         undefined.append(name)
                     continue
-            old = best.get(result.endpoint)
-            if old is None or _better(result, old):
-                best[result.endpoint] = result
+            for i, old in enumerate(chosen):
+                if old.endpoint == result.endpoint:
+                    if _better(result, old):
+                        chosen[i] = result
+                    break
+            else:
+                chosen.append(result)
         if undefined is not None:
             self._undefined(message, undefined)
-        return list(best.values())
+        return chosen
 
     def _undefined(self, message: Message, names: list[str]) -> None:
         # Counted always; logged once per message, and only when debug is on (it is the common case for a route
