@@ -321,14 +321,15 @@ class EdgeHub:
         wait until they are durable and set their outcomes; note the endpoints they went to. A claim is
         accepted once its message is durable, abandoned if it was refused or its write failed (or was not
         waited for: the device's retry must then be taken)."""
-        route, assign = self.router.route, self.lanes.assign
+        route, assign = self.router.route, self.lanes.assigner()
         todo: list[int] = []
         items: list[tuple[Message, Sequence[RouteResult]]] = []
         for i in segment:
             if outcomes[i] is None:
                 m = messages[i]
                 todo.append(i)
-                items.append((m, assign(m, route(m))))
+                chosen = route(m)
+                items.append((m, chosen if assign is None else assign(m, chosen)))
         if not todo:
             return
         metadata = [claims[i].metadata if i in claims else None for i in todo] if claims else None
