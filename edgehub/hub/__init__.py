@@ -6,7 +6,8 @@ A head, for each connected client:
    inputs (a device: of its device-bound messages) and of its direct method calls; the hub then calls
    ``link.send(delivery)`` whenever ``link.window_free`` allows (a head may keep it 0 until the client listens:
    the MQTT head does for a device until it subscribed to its device-bound topic), and the head answers each
-   with ``delivered(identity, delivery_id, ok)`` and,
+   with ``delivered(identity, delivery_id, ok)`` (or, for the acks of one read, one
+   ``delivered_many(identity, outcomes)``) and,
    after the acks it read together, one ``link_ready(identity, link)`` (that is when the hub fills the window
    the acks freed: ``delivered`` alone sends nothing);
 3. ``ingest(identity, messages)`` for every group of messages that arrived in one read, and acks each message
@@ -32,7 +33,7 @@ connections capped in total and per source address, all connections under the de
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -161,6 +162,10 @@ class Hub(Protocol):
 
     def delivered(self, identity: Identity, delivery_id: int, ok: bool) -> None:
         """The client acknowledged (``ok``) or refused a delivery. Sends nothing: see ``link_ready``."""
+        ...
+
+    def delivered_many(self, identity: Identity, outcomes: Iterable[tuple[int, bool]]) -> None:
+        """``delivered`` for each ``(delivery_id, ok)``, in one call: the acks a head read together."""
         ...
 
     def link_ready(self, identity: Identity, link: ClientLink) -> None:

@@ -338,7 +338,7 @@ class EdgeHub:
         wait until they are durable and set their outcomes; note the endpoints they went to. A claim is
         accepted once its message is durable, abandoned if it was refused or its write failed (or was not
         waited for: the device's retry must then be taken)."""
-        router, assign = self.router, self.lanes.assign
+        router, assign = self.router, self.lanes.assigner()
         route, unrouted = router.route, router.unrouted
         todo: list[int] = []
         items: list[tuple[Message, Sequence[RouteResult]]] = []
@@ -346,7 +346,8 @@ class EdgeHub:
             if outcomes[i] is None:
                 m = messages[i]
                 todo.append(i)
-                items.append((m, assign(m, route(m))))
+                chosen = route(m)
+                items.append((m, chosen if assign is None else assign(m, chosen)))
         # Per group, from the router's count: kept here so that a new deployment's router does not reset it.
         self.no_route += router.unrouted - unrouted
         if not todo:
@@ -441,10 +442,11 @@ class EdgeHub:
             log.info("hub.device_disconnected identity=%s", identity)
 
     def delivered(self, identity: Identity, delivery_id: int, ok: bool) -> None:
-        if identity.module_id is not None:
-            self.modules.delivered(identity, delivery_id, ok)
-        else:
-            self.c2d.mailboxes.delivered(identity, delivery_id, ok)
+        self.delivered_many(identity, ((delivery_id, ok),))
+
+    def delivered_many(self, identity: Identity, outcomes: Iterable[tuple[int, bool]]) -> None:
+        mailboxes = self.modules if identity.module_id is not None else self.c2d.mailboxes
+        mailboxes.delivered(identity, outcomes)
 
     def link_ready(self, identity: Identity, link: ClientLink) -> None:
         if identity.module_id is not None:

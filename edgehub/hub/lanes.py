@@ -242,9 +242,14 @@ class UpstreamLanes:
             return False
         return all(executor.state(p) not in _DOWN_STATES for p in range(DEFAULT_PRIORITY + 1))
 
+    def assigner(self) -> Callable[[Message, Sequence[RouteResult]], Sequence[RouteResult]] | None:
+        """``assign``, or None when it would hand every message's results back unchanged (one partition, whose
+        lane is ``$upstream`` itself): asked once per group, so a hub with one lane makes no call per message."""
+        return self.assign if self.partitions > 1 else None
+
     def assign(self, message: Message, results: Sequence[RouteResult]) -> Sequence[RouteResult]:
-        """``results`` with ``$upstream`` replaced by the message's lane (unchanged with one partition)."""
-        if self.partitions == 1 or not any(r.endpoint == UPSTREAM_ENDPOINT for r in results):
+        """``results`` with ``$upstream`` replaced by the message's lane."""
+        if not any(r.endpoint == UPSTREAM_ENDPOINT for r in results):
             return results
         lane = self.lane_ids[self._selector.choose(message)]
         return [dataclasses.replace(r, endpoint=lane) if r.endpoint == UPSTREAM_ENDPOINT else r for r in results]

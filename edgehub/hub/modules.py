@@ -25,9 +25,10 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Final
 
 from edgehub.core import DeliveryError, FailureKind, Identity
 from edgehub.core.endpoints import parse_module_endpoint
@@ -46,6 +47,13 @@ class _Outcome(StrEnum):
     OK = "ok"
     FAILED = "failed"
     INVALID = "invalid"
+
+
+# The members as module constants: read per delivery, and a member read through its class costs ~900
+# instructions in Python 3.11 (a constant ~0), as the MQTT head's connection states do.
+_OK: Final = _Outcome.OK
+_FAILED: Final = _Outcome.FAILED
+_INVALID: Final = _Outcome.INVALID
 
 
 class _Batch:
@@ -138,17 +146,21 @@ class ModuleMailboxes:
         box.link = None
         self._fail_inflight(box)
         while box.waiting:
-            _settle(box.waiting.popleft(), _Outcome.FAILED)
+            _settle(box.waiting.popleft(), _FAILED)
         for callback in box.on_unreachable:
             callback()
 
-    def delivered(self, identity: Identity, delivery_id: int, ok: bool) -> None:
+    def delivered(self, identity: Identity, outcomes: Iterable[tuple[int, bool]]) -> None:
+        """The client settled these deliveries, ``(delivery id, ok)`` each (the acks of one read: the mailbox is
+        looked up once for them all)."""
         box = self._boxes.get(self._key(identity))
         if box is None:
             return
-        p = box.inflight.pop(delivery_id, None)
-        if p is not None:
-            _settle(p, _Outcome.OK if ok else _Outcome.FAILED)
+        pop = box.inflight.pop
+        for delivery_id, ok in outcomes:
+            p = pop(delivery_id, None)
+            if p is not None:
+                _settle(p, _OK if ok else _FAILED)
         # No sending here: the head calls ``link_ready`` once after all the acks of one read, and the window they
         # freed is filled then, in one go (one write for all of it), not one delivery per ack.
 
@@ -179,9 +191,14 @@ class ModuleMailboxes:
         finally:
             batch_state.future.cancel()  # cancelled: nothing of this batch may go out any more
         outcomes = batch_state.outcomes
-        ok = [qm for qm, o in zip(batch, outcomes, strict=True) if o is _Outcome.OK]
-        failed = [qm for qm, o in zip(batch, outcomes, strict=True) if o is _Outcome.FAILED]
-        invalid = [qm for qm, o in zip(batch, outcomes, strict=True) if o is _Outcome.INVALID]
+        ok = [qm for qm, o in zip(batch, outcomes, strict=True) if o is _OK]
+        # All taken (the usual batch): then nothing failed, and the batch is not gone through again for it.
+        failed = [qm for qm, o in zip(batch, outcomes, strict=True) if o is _FAILED] if len(ok) < len(batch) else []
+        invalid = (
+            [qm for qm, o in zip(batch, outcomes, strict=True) if o is _INVALID]
+            if len(ok) + len(failed) < len(batch)
+            else []
+        )
         if not failed and not invalid:
             return SendResult(succeeded=ok)
         kind = FailureKind.TRANSIENT if failed else FailureKind.PERMANENT
@@ -193,7 +210,7 @@ class ModuleMailboxes:
     # -- internals ------------------------------------------------------------------------------------------
     def _fail_inflight(self, box: _Mailbox) -> None:
         for p in box.inflight.values():
-            _settle(p, _Outcome.FAILED)
+            _settle(p, _FAILED)
         box.inflight.clear()
 
     def _pump(self, box: _Mailbox) -> None:
@@ -215,7 +232,7 @@ class ModuleMailboxes:
             except DeliveryError as exc:
                 if exc.kind is FailureKind.PERMANENT:
                     waiting.popleft()
-                    _settle(p, _Outcome.INVALID)
+                    _settle(p, _INVALID)
                     continue
                 return  # the link is not ready yet: link_ready pumps again
             waiting.popleft()

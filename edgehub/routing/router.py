@@ -291,7 +291,7 @@ class Router:
             self.unrouted += 1
             return []
         ctx = EvalContext(message)
-        best: dict[str, RouteResult] = {}
+        chosen: list[RouteResult] = []  # one per endpoint: routes are few, a scan is cheaper than a dict
         undefined: list[str] | None = None
         for name, condition, result in routes:
             if condition is not None:
@@ -302,13 +302,17 @@ class Router:
                             undefined = []
                         undefined.append(name)
                     continue
-            old = best.get(result.endpoint)
-            if old is None or _better(result, old):
-                best[result.endpoint] = result
+            for i, old in enumerate(chosen):
+                if old.endpoint == result.endpoint:
+                    if _better(result, old):
+                        chosen[i] = result
+                    break
+            else:
+                chosen.append(result)
         if undefined is not None:
             self._undefined(message, undefined)
-        if best:
-            return list(best.values())
+        if chosen:
+            return chosen
         self.unrouted += 1
         return []
 

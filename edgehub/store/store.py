@@ -341,7 +341,7 @@ class Store:
         ``enqueue``). ``arrived_mono_s`` (the store clock's monotonic time): when the group arrived, if it
         waited before it got here; a wait for room ends ``enqueue_timeout_s`` after it (default: now)."""
         self._live()
-        admission = self._admission
+        admission, ingest = self._admission, self._ingest
         sender_key = None if sender is None else OWNER + sender
         sizes = [charged_size(m) for m, _ in items]
         owners = None if sender_key is not None else [owner_of(m.system_properties) for m, _ in items]
@@ -367,7 +367,7 @@ class Store:
             metadata if metadata is not None else [None] * n,
             strict=True,  # a metadata list of another length is misuse: ValueError
         ):
-            queues = self._ingest.routes(route_results)
+            queues = ingest.routes(route_results)
             if queues and in_turn:
                 per_endpoint: dict[str, int] = {}
                 for q in queues:
@@ -375,7 +375,7 @@ class Store:
                 try:
                     if not admission.has_room(per_endpoint, size, owner):
                         if pending.ops or pending.overflow:
-                            durable.append(self._ingest.enqueue(pending))
+                            durable.append(ingest.enqueue(pending))
                             pending = Pending([], {}, [])
                         dropped = await admission.make_room(per_endpoint, size, arrived_mono_s, owner)
                         self._live()  # closed while waiting for room
@@ -394,7 +394,7 @@ class Store:
                 pending.ops += Metadata.ops(meta)
             refs: tuple[tuple[QueueId, int], ...] = ()
             if queues:
-                refs = self._ingest.add_message(pending, message, queues, size, now, owner)
+                refs = ingest.add_message(pending, message, queues, size, now, owner)
                 if in_turn:  # reserved at once, so the next message's check sees it
                     self._reserve(
                         pending, group_usage([queues], [size], None if owners is None else [owner]), sender_key
@@ -408,7 +408,7 @@ class Store:
         if stored:
             self._reserve(pending, group_usage(routed, stored, senders), sender_key)
         if pending.ops or pending.overflow:
-            durable.append(self._ingest.enqueue(pending))
+            durable.append(ingest.enqueue(pending))
         return out, durable
 
     def _reserve(self, pending: Pending, deltas: Usage, sender_key: str | None) -> None:

@@ -28,7 +28,7 @@ import copy
 import itertools
 import logging
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -295,6 +295,10 @@ class InMemoryHub:
         task = asyncio.get_running_loop().create_task(self._notify())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def delivered_many(self, identity: Identity, outcomes: Iterable[tuple[int, bool]]) -> None:
+        for delivery_id, ok in outcomes:
+            self.delivered(identity, delivery_id, ok)
 
     def link_ready(self, identity: Identity, link: ClientLink) -> None:
         box = self._mailboxes.get(identity.id)

@@ -468,7 +468,15 @@ class ServerConnection:
         if qos not in (0, 1):
             raise LocalProtocolError(f"outbound QoS {qos}: the head sends QoS 0 and 1 only")
         v5 = self.protocol_level == MQTT_50
-        packet_id = self._packet_id_in_window() if qos else None
+        packet_id = None
+        if qos:  # a free packet id in the window
+            inflight = self._inflight
+            if len(inflight) >= self._window:
+                raise LocalProtocolError("outbound window full")
+            packet_id = self._next_packet_id
+            while packet_id in inflight:  # ends: the window is under 0xFFFF ids
+                packet_id = packet_id % 0xFFFF + 1
+            self._next_packet_id = packet_id % 0xFFFF + 1
         publish = Publish(topic, payload, qos, False, dup, packet_id, properties if v5 else NO_PROPERTIES)
         wire = None
         if packet_id is not None and publish.properties is NO_PROPERTIES:
@@ -509,17 +517,6 @@ class ServerConnection:
         if publish.packet_id is not None:
             self._inflight[publish.packet_id] = publish
         self._out += wire
-
-    def _packet_id_in_window(self) -> int:
-        """A free packet id for an outbound QoS 1 message; a LocalProtocolError when the window is full."""
-        inflight = self._inflight
-        if len(inflight) >= self._window:
-            raise LocalProtocolError("outbound window full")
-        pid = self._next_packet_id
-        while pid in inflight:  # ends: the window is under 0xFFFF ids
-            pid = pid % 0xFFFF + 1
-        self._next_packet_id = pid % 0xFFFF + 1
-        return pid
 
     def _send(self, packet: Packet) -> None:
         self._out += encode(packet, self.protocol_level)

@@ -185,15 +185,18 @@ class Session:
         identity = self.identity
         if identity is None:
             return
-        pending, delivered = self.link.pending, self.hub.delivered
+        pending = self.link.pending
+        outcomes: list[tuple[int, bool]] = []
         acked = False
         for packet_id in packet_ids:
             delivery_id = pending.pop(packet_id, None)
             if delivery_id is not None:
-                delivered(identity, delivery_id, packet_id not in refused)
-                acked = True
+                outcomes.append((delivery_id, packet_id not in refused))
             elif self.children.links and self.children.acked(self.hub, packet_id, packet_id not in refused):
                 acked = True  # a delivery for a device behind this child hub (children.py)
+        if outcomes:
+            self.hub.delivered_many(identity, outcomes)  # one call for the read's acks, not one per ack
+            acked = True
         # The connection's window, not the link's: a child hub's own link may not listen while its devices' do.
         if acked and self.conn.window_free >= self._refill_at:
             self.hub.link_ready(identity, self.link)

@@ -81,6 +81,31 @@ async def test_a_refused_ack_is_retried_as_a_redelivery() -> None:
         assert link2.sent[0].message.body == b"again"
 
 
+async def test_acks_settled_together_count_each_once_and_an_unknown_delivery_id_is_ignored() -> None:
+    store = Store.in_memory()
+    async with hub_over(store) as hub:
+        link = RecordingLink(window=3)
+        await hub.connect(MOD, link, clean_session=True)
+        await hub.ingest(DEV, [Message(f"m{i}".encode()) for i in range(3)])
+        async with asyncio.timeout(10):
+            await link.wait_sent(3)
+        d0, d1, d2 = link.sent
+        # The acks of one read: two taken, one refused, one for no delivery of this module (ignored).
+        hub.delivered_many(
+            MOD, [(d0.delivery_id, True), (10**9, True), (d1.delivery_id, True), (d2.delivery_id, False)]
+        )
+        hub.link_ready(MOD, link)
+        [q] = store.queues(IN)
+        async with asyncio.timeout(10):
+            await hub.executors[IN].wait_for(lambda: store.checkpoint(q).committed == 1)
+        # The refused one is owed still: it comes again, as a redelivery, on the next connection.
+        link2 = RecordingLink()
+        await hub.connect(MOD, link2, clean_session=False)
+        async with asyncio.timeout(10):
+            await link2.wait_sent(1)
+        assert [(d.message.body, d.redelivery) for d in link2.sent] == [(b"m2", True)]
+
+
 async def test_a_module_that_disconnects_is_not_tried_until_it_connects_again() -> None:
     clock = ManualClock()
     store = Store.in_memory(clock=clock)
