@@ -1,18 +1,27 @@
 """A hub start loads only what serving needs: cryptography (~14 MB of RSS) only when it makes its certificates
 (the first start), fsspec (~15 MB) only for an upload transport, and never the test doubles of edgehub.testing
-(~0.9 MB; ``edgehub link-sim`` loads its simulator when it runs), nor python-qpid-proton until the hub serves
-AMQP (``--no-amqp`` runs without it: it has no aarch64 wheel). A serving hub never loads pydantic, the manifest's
+(~0.9 MB; ``edgehub link-sim`` loads its simulator when it runs), nor python-qpid-proton until the hub's first
+AMQP connection (a hub listening for AMQP with no AMQP device connected holds none of it; ``--no-amqp`` runs
+without it: it has no aarch64 wheel). A serving hub never loads pydantic, the manifest's
 models or lark (~15 MB): its deployments are checked in a child process, at start and on each live update.
 Checked in a fresh interpreter, since this one has loaded them all for other tests."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import time
+from asyncio.subprocess import PIPE
 from pathlib import Path
 
+from proton import Delivery
+from proton import Message as AmqpMessage
+
 from edgehub.runtime.certs import ensure_certs
+from tests.e2e.hub_process import identity_add
+from tests.protocol_heads.amqp.conftest import ProtonClient
 
 PROBE = """
 import sys
@@ -93,3 +102,63 @@ def test_a_serving_hub_applies_and_refuses_deployments_without_loading_pydantic_
     assert refused["code"] == 400
     assert any(e.startswith("routes.c: ") for e in refused["errors"]), refused
     assert seen["loaded"] == []
+
+
+AMQP_SERVING = """
+import asyncio, json, sys
+from pathlib import Path
+import edgehub.runtime.cli  # all that edgehub run imports
+from edgehub.runtime.hub_runtime import HubConfig, serve
+
+seen = {}
+
+
+async def watch(stop: asyncio.Event, port: int) -> None:
+    try:
+        seen["listening"] = "proton" in sys.modules
+        print(port, flush=True)
+        await asyncio.to_thread(sys.stdin.readline)  # the test's AMQP client has sent a message and closed
+        seen["served"] = "proton" in sys.modules
+    finally:
+        stop.set()
+
+
+async def main() -> None:
+    stop = asyncio.Event()
+    tasks = []
+    config = HubConfig(manifest=Path(sys.argv[1]), data_dir=Path(sys.argv[2]), mqtts_port=None, amqp_port=0)
+    await serve(config, stop=stop, on_ready=lambda p: tasks.append(asyncio.create_task(watch(stop, p["amqp"]))))
+    await asyncio.gather(*tasks)
+
+
+asyncio.run(main())
+print(json.dumps(seen))
+"""
+
+
+async def test_a_hub_serving_amqp_loads_proton_at_its_first_amqp_connection_which_it_serves(tmp_path: Path) -> None:
+    manifest, data = tmp_path / "manifest.json", tmp_path / "data"
+    manifest.write_text(json.dumps({"schemaVersion": "1.1", "routes": {"a": "FROM /* INTO $upstream"}}))
+    cs = await identity_add(data, "dev1")
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", AMQP_SERVING, str(manifest), str(data), stdin=PIPE, stdout=PIPE, stderr=PIPE
+    )
+    try:
+        async with asyncio.timeout(60):
+            assert child.stdout is not None
+            port = int(await child.stdout.readline() or b"0")
+            assert port, (await child.communicate())[1].decode()
+            client = await ProtonClient.connect(
+                port, user=f"dev1@sas.{cs.host_name}", password=cs.sas_token(int(time.time()) + 3600)
+            )
+            sender = await client.sender("/devices/dev1/messages/events")
+            delivery = await client.send(sender, AmqpMessage(body=b'{"t": 1}'))
+            await client.close()
+            out, err = await child.communicate(b"done\n")
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+    assert child.returncode == 0, err.decode()
+    assert delivery.remote_state == Delivery.ACCEPTED
+    assert json.loads(out.decode().strip().splitlines()[-1]) == {"listening": False, "served": True}
