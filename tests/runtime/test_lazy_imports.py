@@ -1,10 +1,11 @@
 """A hub start loads only what serving needs: cryptography (~14 MB of RSS) only when it makes its certificates
 (the first start), fsspec (~15 MB) only for an upload transport, and never the test doubles of edgehub.testing
-(~0.9 MB; ``edgehub link-sim`` loads its simulator when it runs), nor python-qpid-proton until the hub's first
-AMQP connection (a hub listening for AMQP with no AMQP device connected holds none of it; ``--no-amqp`` runs
-without it: it has no aarch64 wheel). A serving hub never loads pydantic, the manifest's
-models or lark (~15 MB): its deployments are checked in a child process, at start and on each live update.
-Checked in a fresh interpreter, since this one has loaded them all for other tests."""
+(~0.9 MB; ``edgehub link-sim`` loads its simulator when it runs), nor the commands other than ``run`` and
+``routes`` (capacity, identity, link-sim, status, deadletter, store: imported when named), nor
+python-qpid-proton until the hub's first AMQP connection (a hub listening for AMQP with no AMQP device connected
+holds none of it; ``--no-amqp`` runs without it: it has no aarch64 wheel). A serving hub never loads pydantic, the
+manifest's models or lark (~15 MB): its deployments are checked in a child process, at start and on each live
+update. Checked in a fresh interpreter, since this one has loaded them all for other tests."""
 
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ from pathlib import Path
 import edgehub.runtime.cli
 from edgehub.runtime.certs import ensure_certs, server_ssl_context
 server_ssl_context(ensure_certs(Path(sys.argv[1])))
-print(sorted(m for m in ("cryptography", "fsspec", "edgehub.testing", "proton") if m in sys.modules))
+CLI_ONLY = ("capacity_cli", "identity_cli", "linksim_cli", "status_cli", "store_cli", "capacity", "admin_client")
+heavy = ("cryptography", "fsspec", "edgehub.testing", "proton", *(f"edgehub.runtime.{m}" for m in CLI_ONLY))
+print(sorted(m for m in heavy if m in sys.modules))
 """
 
 
@@ -39,7 +42,7 @@ def loaded_by_a_start(certs: Path) -> str:
     return out.stdout.strip()
 
 
-def test_a_start_with_certificates_in_place_loads_neither_cryptography_nor_fsspec_nor_the_test_doubles(
+def test_a_start_with_certificates_in_place_loads_neither_cryptography_nor_fsspec_nor_the_test_doubles_nor_cli_tools(
     tmp_path: Path,
 ) -> None:
     assert ensure_certs(tmp_path / "certs").created
@@ -162,3 +165,17 @@ async def test_a_hub_serving_amqp_loads_proton_at_its_first_amqp_connection_whic
     assert child.returncode == 0, err.decode()
     assert delivery.remote_state == Delivery.ACCEPTED
     assert json.loads(out.decode().strip().splitlines()[-1]) == {"listening": False, "served": True}
+
+
+def test_each_command_imported_when_named_is_found_under_its_name() -> None:
+    from click.testing import CliRunner
+
+    from edgehub.runtime.cli import main
+
+    runner = CliRunner()
+    listing = runner.invoke(main, ["--help"])
+    for name in ("capacity", "deadletter", "identity", "link-sim", "status", "store"):
+        assert f"  {name} " in listing.output, listing.output
+        result = runner.invoke(main, [name, "--help"])
+        assert result.exit_code == 0, (name, result.output)
+        assert f"Usage: main {name} " in result.output or f"Usage: edgehub {name} " in result.output, result.output
