@@ -10,7 +10,8 @@ imported at the first accepted connection, in ``_socket`` and nowhere else: list
 hub that serves AMQP but has no AMQP device connected does not hold it. That first accept pays the import once on
 the event loop (about 35 ms on x86-64 at a load of 5; several times that on a Pi Zero's Cortex-A53), which every
 other client waits out once. Whether proton is installed is checked when the server starts (``__aenter__``), so
-a missing engine still stops the start with its reason rather than failing the first AMQP client.
+a missing engine stops the start with its reason (a ``ConfigurationError``) rather than failing the first AMQP
+client.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 import ssl
 from typing import TYPE_CHECKING, Self
 
+from edgehub.core import ConfigurationError
 from protocol_heads.amqp.settings import AmqpSettings
 from protocol_heads.listeners import HeadServer
 
@@ -43,7 +45,7 @@ class AmqpServer(HeadServer[AmqpSettings, "Session"]):
         # find_spec looks the engine up without loading it (the module docstring says why it waits).
         missing = [name for name in _ENGINE if importlib.util.find_spec(name) is None]
         if missing:
-            raise ImportError(
+            raise ConfigurationError(
                 f"the AMQP head needs python-qpid-proton (missing: {', '.join(missing)}); "
                 "install it or serve without AMQP (edgehub run --no-amqp)"
             )

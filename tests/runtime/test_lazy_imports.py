@@ -179,3 +179,17 @@ def test_each_command_imported_when_named_is_found_under_its_name() -> None:
         result = runner.invoke(main, [name, "--help"])
         assert result.exit_code == 0, (name, result.output)
         assert f"Usage: main {name} " in result.output or f"Usage: edgehub {name} " in result.output, result.output
+
+
+def test_a_start_serving_amqp_without_proton_installed_is_refused_with_its_reason(tmp_path: Path) -> None:
+    # None in sys.modules is Python's own mark of a module that cannot be imported: proton as if not installed.
+    absent = "import sys; sys.modules['proton'] = sys.modules['cproton'] = None; from edgehub.runtime.cli import main"
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"schemaVersion": "1.1", "routes": {"a": "FROM /* INTO $upstream"}}))
+    run = ["run", "--manifest", str(manifest), "--data-dir", str(tmp_path / "data"), "--mqtts-port", "0"]
+    args = [*run, "--mqtt-port", "0", "--amqps-port", "0", "--admin-port", "0"]
+    out = subprocess.run([sys.executable, "-c", f"{absent}; main()", *args], capture_output=True, text=True, timeout=90)
+    assert out.returncode == 1, out.stderr
+    assert "edgehub: the AMQP head needs python-qpid-proton (missing: proton, cproton)" in out.stderr, out.stderr
+    assert "--no-amqp" in out.stderr
+    assert "Traceback" not in out.stderr
