@@ -7,7 +7,7 @@ format by hand would be a second, untested copy of it.
 
 Nothing is counted per message for metrics: ``HubCollector`` is a custom collector that reads, at scrape time,
 the counters the hub keeps anyway (the store's durable ingest and removal counters, the queues' offsets and
-checkpoints, the transports' status, the MQTT head's connection table, the duplicate window's count). So a
+checkpoints, the transports' status, every protocol head's connection table, the duplicate window's count). So a
 scrape costs a walk over the queues and identities, and the per-message path costs nothing more. The
 collector's registry is the hub's own (not prometheus-client's global one), so two hubs in one process (tests)
 never mix.
@@ -28,7 +28,7 @@ batch, not a message (README, "Metrics", says where each name differs from Azure
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
@@ -41,8 +41,8 @@ from edgehub.core.refusals import RefusalReason
 from edgehub.hub.facade import EdgeHub
 from edgehub.runtime.admin_api import RouteHandler
 from edgehub.runtime.admin_http import Request, Response
+from edgehub.runtime.serving_heads import LiveConnections, connected_count
 from edgehub.store import RemovalReason
-from protocol_heads.mqtt.server import MqttServer
 
 __all__ = ["AZURE_NAMES", "HubCollector", "metrics_routes"]
 
@@ -77,9 +77,9 @@ AZURE_NAMES = {
 class HubCollector(Collector):
     """Reads the hub's counters at scrape time (module docstring)."""
 
-    def __init__(self, hub: EdgeHub, server: MqttServer | None = None) -> None:
+    def __init__(self, hub: EdgeHub, heads: Sequence[LiveConnections] = ()) -> None:
         self._hub = hub
-        self._server = server
+        self._heads = heads
 
     def collect(self) -> Iterator[Metric]:
         hub, store = self._hub, self._hub.store
@@ -135,28 +135,28 @@ class HubCollector(Collector):
             "edgehub_store_ingested_bytes", "Bytes ever stored (charged sizes)", value=store.ingested()[1]
         )
 
-        if self._server is not None:
+        if self._heads:
             yield GaugeMetricFamily(
-                "edgehub_connected_clients", "Clients logged in now", value=len(self._server.connected)
+                "edgehub_connected_clients", "Clients logged in now", value=connected_count(self._heads)
             )
-            yield from self._clients(self._server)
+            yield from self._clients(self._heads)
             yield CounterMetricFamily(
                 "edgehub_refusals",
-                "Refusals of the MQTT head (logins, limits, packets)",
-                value=self._server.refusals.total,
+                "Refusals of the protocol heads (logins, limits, packets)",
+                value=sum(head.refusals.total for head in self._heads),
             )
         yield from self._sends()
         yield from self._uplink()
         yield from self._operations()
 
-    def _clients(self, server: MqttServer) -> Iterator[Metric]:
-        """Logins: those the hub refused (credentials), those the MQTT head's login throttle refused, connects and
+    def _clients(self, heads: Sequence[LiveConnections]) -> Iterator[Metric]:
+        """Logins: those the hub refused (credentials), those the heads' login throttles refused, connects and
         disconnects (counted by the hub once per login and per connection end, for every head)."""
         hub = self._hub
         failed = CounterMetricFamily("edgehub_client_connect_failed", "Logins refused, by reason", labels=["reason"])
         for (reason,), count, _ in hub.connect_failures.items():
             failed.add_metric([reason], count)
-        throttled = server.throttle.refused + server.address_throttle.refused
+        throttled = sum(head.throttle.refused + head.address_throttle.refused for head in heads)
         failed.add_metric([RefusalReason.LOGIN_THROTTLED.value], throttled)
         yield failed
         yield from _counted("edgehub_client_connect_success", "Successful logins", hub.client_connects)
@@ -235,9 +235,9 @@ def _timed(name: str, documentation: str, stats: OpStats) -> Metric:
     return family
 
 
-def metrics_routes(hub: EdgeHub, server: MqttServer | None = None) -> list[tuple[str, str, RouteHandler, bool]]:
+def metrics_routes(hub: EdgeHub, heads: Sequence[LiveConnections] = ()) -> list[tuple[str, str, RouteHandler, bool]]:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(HubCollector(hub, server))
+    registry.register(HubCollector(hub, heads))
 
     async def metrics(request: Request, params: tuple[str, ...]) -> Response:
         return Response(200, generate_latest(registry), CONTENT_TYPE_LATEST)

@@ -20,7 +20,6 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Protocol
 
 from edgehub.core.refusals import RefusalLog
 from edgehub.hub.facade import EdgeHub
@@ -30,6 +29,7 @@ from edgehub.runtime.admin_files import ensure_token, remove_port_file, write_po
 from edgehub.runtime.admin_http import AdminHttpServer, AdminLimits, Request, Response
 from edgehub.runtime.admin_identities import IdentityAdmin, identity_routes
 from edgehub.runtime.admin_status import RateTracker, status_routes
+from edgehub.runtime.serving_heads import LiveConnections
 from protocol_heads.mqtt.server import MqttServer
 
 __all__ = ["DEFAULT_ADMIN_PORT", "LiveConnections", "serve_admin"]
@@ -37,13 +37,6 @@ __all__ = ["DEFAULT_ADMIN_PORT", "LiveConnections", "serve_admin"]
 log = logging.getLogger(__name__)
 
 DEFAULT_ADMIN_PORT = 9600
-
-
-class LiveConnections(Protocol):
-    """A protocol head's live connections, as the admin API closes them (``HeadServer.close_identity``): typed
-    here so that the AMQP head (python-qpid-proton) is imported only when it serves."""
-
-    def close_identity(self, identity_id: str) -> int: ...
 
 
 @contextlib.asynccontextmanager
@@ -68,9 +61,9 @@ async def serve_admin(
 
     api.add_routes(identity_routes(IdentityAdmin(hub.identities, close_identity)))
     rates = RateTracker(hub.store)
-    api.add_routes(status_routes(hub.store, hub, server, rates))
+    api.add_routes(status_routes(hub.store, hub, heads, rates))
     api.add_routes(deadletter_routes(DeadLetterAdmin(hub.store, functools.partial(_wake, hub))))
-    api.add_routes(_metrics_route(hub, server))
+    api.add_routes(_metrics_route(hub, heads))
     async with AdminHttpServer(api, refusals=refusals, port=port, limits=limits) as http:
         sampler = asyncio.create_task(rates.run(), name="admin.rates")
         write_port_file(data_dir, http.port)
@@ -83,7 +76,7 @@ async def serve_admin(
                 await sampler
 
 
-def _metrics_route(hub: EdgeHub, server: MqttServer) -> list[tuple[str, str, RouteHandler, bool]]:
+def _metrics_route(hub: EdgeHub, heads: Sequence[LiveConnections]) -> list[tuple[str, str, RouteHandler, bool]]:
     """``/metrics``, with prometheus-client imported at the first scrape: a hub nobody scrapes does not carry it
     (measured: 0.9 MB of RSS on top of the hub's imports)."""
     loaded: list[RouteHandler] = []
@@ -92,7 +85,7 @@ def _metrics_route(hub: EdgeHub, server: MqttServer) -> list[tuple[str, str, Rou
         if not loaded:
             from edgehub.runtime.admin_metrics import metrics_routes
 
-            loaded.append(metrics_routes(hub, server)[0][2])
+            loaded.append(metrics_routes(hub, heads)[0][2])
         return await loaded[0](request, params)
 
     return [("GET", "/metrics", metrics, False)]

@@ -1,6 +1,6 @@
 """What ``edgehub status`` shows (issue 18, "Watching it"), read from a running hub or a stopped hub's store.
 
-``collect_status(store, hub=..., server=..., rates=...)`` gathers, without counting anything per message (it reads
+``collect_status(store, hub=..., heads=..., rates=...)`` gathers, without counting anything per message (it reads
 what the store, the executors and the transports keep anyway):
 * per endpoint and priority: queue length (offsets past the checkpoint: expired ones not yet skipped included),
   bytes (a bounded walk of the queue's references: ``bytes_partial`` when it stopped at ``_MAX_REFS_WALKED``),
@@ -20,14 +20,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from edgehub.hub.facade import EdgeHub
 from edgehub.runtime.admin_api import RouteHandler
 from edgehub.runtime.admin_http import Request, Response
+from edgehub.runtime.serving_heads import LiveConnections, connected_count
 from edgehub.store import Store
-from protocol_heads.mqtt.server import MqttServer
 
 __all__ = ["RateTracker", "collect_status", "format_status", "status_routes"]
 
@@ -79,11 +80,11 @@ def collect_status(
     store: Store,
     *,
     hub: EdgeHub | None = None,
-    server: MqttServer | None = None,
+    heads: Sequence[LiveConnections] | None = None,
     rates: RateTracker | None = None,
     now_s: float | None = None,
 ) -> dict[str, Any]:
-    """The status document (module docstring); ``hub``/``server``/``rates`` None on a stopped hub's store."""
+    """The status document (module docstring); ``hub``/``heads``/``rates`` None on a stopped hub's store."""
     now = store.clock.time() if now_s is None else now_s
     queues: list[dict[str, Any]] = []
     endpoints: dict[str, dict[str, Any]] = {}
@@ -136,7 +137,7 @@ def collect_status(
             "full_in_s": full_in_s,
         },
         "upstream": _upstream(hub),
-        "connected_clients": len(server.connected) if server is not None else None,
+        "connected_clients": connected_count(heads) if heads is not None else None,
     }
     return status
 
@@ -216,9 +217,9 @@ def _duration(seconds: float) -> str:
 
 
 def status_routes(
-    store: Store, hub: EdgeHub, server: MqttServer, rates: RateTracker
+    store: Store, hub: EdgeHub, heads: Sequence[LiveConnections], rates: RateTracker
 ) -> list[tuple[str, str, RouteHandler, bool]]:
     async def status(request: Request, params: tuple[str, ...]) -> Response:
-        return Response.json(200, collect_status(store, hub=hub, server=server, rates=rates))
+        return Response.json(200, collect_status(store, hub=hub, heads=heads, rates=rates))
 
     return [("GET", "/status", status, False)]

@@ -1,6 +1,7 @@
 """``edgehub identity rotate-key`` and ``remove`` against ``edgehub run`` close the identity's AMQP connections as
 they close its MQTT ones (the admin API asks every head that serves): the device's connection is closed with
-``amqp:unauthorized-access``, it logs in again with the new key, and after removal it is closed again."""
+``amqp:unauthorized-access``, it logs in again with the new key, and after removal it is closed again. While it is
+connected, ``edgehub status`` counts it among the connected clients."""
 
 from __future__ import annotations
 
@@ -52,6 +53,9 @@ async def test_rotating_or_removing_an_identity_closes_its_amqp_connection(tmp_p
         cs = await identity_add(data, "amqpdev")  # through the running hub's admin API
         client = await amqp_client(port, data, cs)
         await client.sender("/devices/amqpdev/messages/events")  # logged in and serving
+        # /status (and /metrics' edgehub_connected_clients) count the AMQP head's sessions too.
+        status = json.loads(await edgehub("status", "--json", "--data-dir", str(data)))
+        assert status["connected_clients"] == 1
 
         out = await edgehub("identity", "rotate-key", "amqpdev", "--data-dir", str(data))
         rotated = ConnectionString.parse(out.strip())
