@@ -10,9 +10,9 @@ the models as before.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+import typing
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from edgehub.manifest.broker import BrokerConfiguration, grants_of
     from edgehub.manifest.deployment import EDGE_AGENT, EDGE_HUB, Deployment, parse_deployment
     from edgehub.manifest.documents import (
@@ -97,7 +97,7 @@ __all__ = [
 ]  # the names of _HOMES (tests/manifest/test_package.py keeps them equal)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> typing.Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'edgehub.manifest' has no attribute {name!r}")
