@@ -70,6 +70,12 @@ def build_session(
         # No micro-batch without new data: such a batch only moves the dedup watermark and evicts old keys, which
         # the next batch with data does as well, and each costs a planned, committed, metered run of the sink.
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+        # The file source hands each micro-batch's files (already listed) to a new file index, which looks at them
+        # again, and above this many paths (default 32) does so in a Spark job of one task per file: 4 s of a
+        # 100-file batch on one core, for a stat each. Up to 256 the driver stats them itself: microseconds on a
+        # local disk or HDFS; on an object store a request each, a few seconds at most, about what scheduling the
+        # listing job costs there.
+        "spark.sql.sources.parallelPartitionDiscovery.threshold": "256",
         **(extra_conf or {}),
     }
     for key, value in conf.items():
