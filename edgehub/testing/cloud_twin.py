@@ -21,14 +21,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 from urllib.parse import parse_qs
 
-import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion
-
 from edgehub.hub.twins import merged
+from edgehub.testing.paho_subscriber import PahoSubscriber
 
 __all__ = ["CloudTwinService"]
 
@@ -38,37 +35,23 @@ DESIRED_PATCH = "$iothub/twin/PATCH/properties/desired/?$version={}"
 RESPONSE = "$iothub/twin/res/{}/?$rid={}"
 
 
-class CloudTwinService:
+class CloudTwinService(PahoSubscriber):
     """One twin served on ``host:port``; ``desired`` starts as given (its ``$version`` as given, else 1)."""
 
     def __init__(
         self, *, host: str, port: int, desired: dict[str, Any] | None = None, client_id: str = "cloud-twin-service"
     ) -> None:
-        self.host, self.port = host, port
+        super().__init__(
+            host=host, port=port, client_id=client_id, subscriptions=[(GET_FILTER, 0), (REPORTED_FILTER, 1)]
+        )
         self.desired: dict[str, Any] = {"$version": 1, **(desired or {})}
         self.reported: dict[str, Any] = {"$version": 1}
         self.answer_status = 200
         self.gets = 0
         self.reports = 0
-        self._client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=client_id)
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._changed = asyncio.Event()
-        self._subscribed = asyncio.Event()
 
-    # paho's thread: hand everything to the loop.
-    def _t_on_connect(self, c: paho.Client, u: Any, flags: Any, rc: Any, props: Any) -> None:
-        c.subscribe([(GET_FILTER, 0), (REPORTED_FILTER, 1)])
-
-    def _t_on_subscribe(self, c: paho.Client, u: Any, mid: int, rcs: Any, props: Any) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._subscribed.set)
-
-    def _t_on_message(self, c: paho.Client, u: Any, msg: paho.MQTTMessage) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._request, msg.topic, bytes(msg.payload))
-
-    # the loop.
-    def _request(self, topic: str, payload: bytes) -> None:
+    def _received(self, topic: str, payload: bytes, received_at: float) -> None:
         _, _, query = topic.partition("?")
         rid = (parse_qs(query).get("$rid") or [""])[0]
         if topic.startswith("$iothub/twin/GET/"):
@@ -103,25 +86,3 @@ class CloudTwinService:
         while not condition():
             self._changed.clear()
             await self._changed.wait()
-
-    async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._client.on_connect = self._t_on_connect
-        self._client.on_subscribe = self._t_on_subscribe
-        self._client.on_message = self._t_on_message
-        await asyncio.to_thread(self._client.connect, self.host, self.port, 30)
-        self._client.loop_start()
-        await self._subscribed.wait()
-
-    async def stop(self) -> None:
-        self._client.disconnect()
-        await asyncio.to_thread(self._client.loop_stop)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
