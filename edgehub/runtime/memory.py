@@ -18,8 +18,7 @@ collector never raises out of its task.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
+import functools
 import gc
 import logging
 import time
@@ -33,12 +32,15 @@ __all__ = ["ChurnCollector", "give_memory_back"]
 log = logging.getLogger(__name__)
 
 
+@functools.cache
 def _malloc_trim() -> Callable[[], object] | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    """The C library's ``malloc_trim(0)``, looked up at the first collection: ctypes is not loaded (~0.2 MB) by a hub
+    that never collects, and the symbol is taken from the process itself (glibc is already in it), not found with
+    ``ctypes.util.find_library``, which runs ``ldconfig -p`` in a subprocess."""
+    import ctypes
+
     try:
-        trim = ctypes.CDLL(name).malloc_trim
+        trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim with
         return None
     trim.argtypes = [ctypes.c_size_t]
@@ -46,14 +48,12 @@ def _malloc_trim() -> Callable[[], object] | None:
     return lambda: trim(0)
 
 
-_TRIM = _malloc_trim()
-
-
 def give_memory_back() -> int:
     """A full cycle collection, then the C library's trim of freed heap memory. Returns the objects collected."""
     found = gc.collect()
-    if _TRIM is not None:
-        _TRIM()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim()
     return found
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import gc
+import platform
 import weakref
 
 from edgehub.hub import ConnectionLimiter, Ticket
-from edgehub.runtime.memory import ChurnCollector, give_memory_back
+from edgehub.runtime.memory import ChurnCollector, _malloc_trim, give_memory_back
 from edgehub.testing import ManualClock
 
 
@@ -52,3 +53,14 @@ def test_giving_memory_back_frees_cycles_the_young_collections_left() -> None:
         assert ref() is None
     finally:
         gc.enable()
+
+
+def test_the_c_library_trim_is_found_where_the_c_library_is_glibc() -> None:
+    # looked up in the process itself (no find_library, no ldconfig subprocess): on glibc it must be there, or the
+    # hub would silently keep freed heap memory mapped after churn
+    if platform.libc_ver()[0] != "glibc":
+        assert _malloc_trim() is None or callable(_malloc_trim())
+        return
+    trim = _malloc_trim()
+    assert trim is not None
+    assert trim() in (0, 1)  # malloc_trim's answer: 1 when memory was released
