@@ -49,7 +49,7 @@ from edgehub.store.backend import DeleteTo, Op
 from edgehub.store.store import Store
 from edgehub.store.tuning import RocksTuning
 
-__all__ = ["WAL_MARK", "RocksBackend", "open_rocks_store", "repair_db"]
+__all__ = ["INFO_LOGS_KEPT", "INFO_LOG_MAX_BYTES", "WAL_MARK", "RocksBackend", "open_rocks_store", "repair_db"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 _REOPEN_INTERVAL_S = 1.0  # while the disk stays full, a read-write reopen is tried at most this often
 WAL_MARK = "EDGEHUB-WAL-SYNCED"  # "<wal file name> <bytes synced>", in the store's folder
 _WAL_MARK_INTERVAL_S = 1.0
+# RocksDB's info log: rolled at this size, this many files kept (LOG and its LOG.old.*): at most ~6 MiB of a card.
+INFO_LOG_MAX_BYTES = 1 << 20
+INFO_LOGS_KEPT = 5
 
 
 class _Budget:
@@ -104,6 +107,10 @@ def _options(opts: rocksdict.Options | None = None, *, salvage: bool = False) ->
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
     opts.set_paranoid_checks(not salvage)
+    # RocksDB's info log (LOG, a statistics dump every 10 minutes) is unbounded by default: the file grows without
+    # end and each open keeps the last as LOG.old.* up to 1000 of them. A gateway runs for years on a small card.
+    opts.set_max_log_file_size(INFO_LOG_MAX_BYTES)
+    opts.set_keep_log_file_num(INFO_LOGS_KEPT)
     # salvage: every WAL record that is whole, past any damaged one (a copy of the damaged store is kept)
     mode = rocksdict.DBRecoveryMode
     opts.set_wal_recovery_mode(mode.skip_any_corrupted_record() if salvage else mode.tolerate_corrupted_tail_records())
