@@ -91,7 +91,7 @@ def run_edgehub(work: Path, args: argparse.Namespace) -> float:
     manifest.write_text(json.dumps(MANIFEST))
     creds = add_identities(data, [f"pub{i}" for i in range(args.publishers)] + ["edge/sink"])
     port = free_port()
-    cmd = [sys.executable, EDGEHUB, *hub_run_args(manifest, data, port)]
+    cmd = [sys.executable, EDGEHUB, *hub_run_args(manifest, data, port), "--event-loop", args.event_loop]
     proc = subprocess.Popen(
         _valgrind(work / "hub.cg", *cmd), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
@@ -126,6 +126,9 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=1000, help="per publisher")
     ap.add_argument(
         "--keep", type=Path, default=None, help="a directory to leave the callgrind files in, for callgrind_annotate"
+    )
+    ap.add_argument(
+        "--event-loop", choices=["uvloop", "asyncio"], default="uvloop", help="the hub's event loop (edgehub run's)"
     )
     args = ap.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:

@@ -249,13 +249,6 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
     metavar="SECS",
     help="How often each endpoint's delivered and expired messages are removed from the store (at least 0.1).",
 )
-@click.option(
-    "--event-loop",
-    type=click.Choice(["uvloop", "asyncio"]),
-    default="uvloop",
-    show_default=True,
-    help="uvloop (libuv; less CPU per message) or the standard library's asyncio loop.",
-)
 @click.option("--upstream-mqtt", default=None, metavar="HOST:PORT", help="Deliver $upstream to this MQTT broker.")
 @click.option(
     "--upstream-upload",
@@ -422,7 +415,6 @@ def run(
     host_name: str,
     module_window: int,
     cleanup_interval: float,
-    event_loop: str,
     upstream_mqtt: str | None,
     upstream_upload: str | None,
     no_upstream: bool,
@@ -541,7 +533,7 @@ def run(
 
     configure_logging(log_level, LogFormat(log_format))
     tune_gc()
-    loop_name, factory = loop_factory(event_loop)
+    loop_name, factory = loop_factory(profile.event_loop)
     try:
         with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(serve_until_signalled(config, document=document, on_checked=checked))

@@ -11,9 +11,12 @@ sets, for its board:
   writes one group commit takes (``max_group``), and the bytes of just-written messages kept in memory for the
   executors (``held_max_bytes``: while the link is down they stay until the bound, ~10 MB at the default);
 * ``[upstream]``: the most messages in one upstream batch (``max_batch_messages``; the MQTT transport's batch
-  bytes stay with the link hints of the manifest, the upload transport's files hold at most this many).
+  bytes stay with the link hints of the manifest, the upload transport's files hold at most this many);
+* ``[runtime]``: the event loop (``event_loop``: ``uvloop``, less CPU per message, or the standard library's
+  ``asyncio``, ~2 MB less memory: hardware/README.md has the figures).
 
-Precedence: an explicit flag of ``edgehub run`` (``--fsync``, ``--fsync-interval-ms``, ``--upstream-*``) over the
+Precedence: an explicit flag of ``edgehub run`` (``--fsync``, ``--fsync-interval-ms``, ``--event-loop``,
+``--upstream-*``) over the
 manifest's ``upstream`` section over the profile over the built-in default (the profile is where a board's
 defaults live; the manifest and the command line are a deployment's own choices).
 
@@ -36,7 +39,7 @@ from edgehub.store import FsyncPolicy
 from edgehub.store.held import MAX_BYTES as HELD_MAX_BYTES
 from edgehub.store.tuning import RocksTuning
 
-__all__ = ["PROFILES_DIR", "Profile", "available_profiles", "load_profile", "parse_profile"]
+__all__ = ["EVENT_LOOPS", "PROFILES_DIR", "Profile", "available_profiles", "load_profile", "parse_profile"]
 
 
 def _profiles_dir() -> Path:
@@ -46,6 +49,7 @@ def _profiles_dir() -> Path:
 
 PROFILES_DIR = _profiles_dir()
 _MAX_FILE_BYTES = 64 << 10
+EVENT_LOOPS = ("uvloop", "asyncio")  # the loops ``edgehub run`` serves on; the first is the default
 _SIZE_UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
 
@@ -61,6 +65,7 @@ class Profile:
     max_group: int = 1024
     held_max_bytes: int = HELD_MAX_BYTES
     max_batch_messages: int | None = None  # None: each transport's own default
+    event_loop: str = EVENT_LOOPS[0]
 
     def __post_init__(self) -> None:
         if not 0 <= self.fsync_interval_ms <= 10_000:
@@ -71,6 +76,8 @@ class Profile:
             raise ValueError(f"held_max_bytes must be within 0 and 1 GiB, not {self.held_max_bytes}")
         if self.max_batch_messages is not None and not 1 <= self.max_batch_messages <= 100_000:
             raise ValueError(f"max_batch_messages must be within 1 and 100000, not {self.max_batch_messages}")
+        if self.event_loop not in EVENT_LOOPS:
+            raise ValueError(f"event_loop must be one of {', '.join(EVENT_LOOPS)}, not {self.event_loop!r}")
 
 
 def available_profiles() -> list[str]:
@@ -104,16 +111,18 @@ def load_profile(name_or_path: str) -> Profile:
 def parse_profile(data: Mapping[str, Any], *, name: str, source: str) -> Profile:
     """A profile from its TOML table; ``ConfigurationError`` naming ``source`` and the key for anything wrong."""
     where = f"profile {source}"
-    _known(data, {"description", "rocksdb", "store", "upstream"}, where)
+    _known(data, {"description", "rocksdb", "store", "upstream", "runtime"}, where)
     description = data.get("description", "")
     if not isinstance(description, str):
         raise ConfigurationError(f"{where}: description must be a string")
     rocks_table = _table(data, "rocksdb", where)
     store = _table(data, "store", where)
     upstream = _table(data, "upstream", where)
+    runtime = _table(data, "runtime", where)
     _known(rocks_table, set(RocksTuning.field_names()), f"{where} [rocksdb]")
     _known(store, {"fsync", "fsync_interval_ms", "max_group", "held_max_bytes"}, f"{where} [store]")
     _known(upstream, {"max_batch_messages"}, f"{where} [upstream]")
+    _known(runtime, {"event_loop"}, f"{where} [runtime]")
     try:
         rocks = RocksTuning(**{key: _int(value, f"{where} [rocksdb] {key}") for key, value in rocks_table.items()})
         settings: dict[str, Any] = {}
@@ -130,6 +139,8 @@ def parse_profile(data: Mapping[str, Any], *, name: str, source: str) -> Profile
             settings["max_batch_messages"] = _int(
                 upstream["max_batch_messages"], f"{where} [upstream] max_batch_messages"
             )
+        if "event_loop" in runtime:
+            settings["event_loop"] = runtime["event_loop"]
         return Profile(name=name, description=description, rocks=rocks, **settings)
     except ValueError as exc:
         raise ConfigurationError(f"{where}: {exc}") from None

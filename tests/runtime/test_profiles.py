@@ -62,6 +62,8 @@ def test_every_shipped_profile_loads_and_the_pi_zero_budget_is_the_smallest() ->
         ('[rocksdb]\nblock_cache_bytes = "lots"\n', "[rocksdb] block_cache_bytes: expected an integer or a size"),
         ("[upstream]\nmax_batch_messages = 0\n", "max_batch_messages must be within 1 and 100000"),
         ("store = 3\n", "[store] must be a table"),
+        ('[runtime]\nevent_loop = "trio"\n', "event_loop must be one of uvloop, asyncio, not 'trio'"),
+        ('[runtime]\nloop = "asyncio"\n', "[runtime]: unknown key 'loop'"),
         ("[store\n", "not TOML"),
     ],
 )
@@ -107,6 +109,15 @@ def test_flags_given_override_the_profile_and_the_rest_comes_from_it() -> None:
     assert profile.fsync_interval_ms == 100
     assert _captured(["--profile", "pi-zero2w", "--fsync-interval-ms", "250"]).fsync_interval_ms == 250
     assert _captured([]) == Profile()
+
+
+def test_the_event_loop_comes_from_the_profile_unless_the_flag_names_one(tmp_path: Path) -> None:
+    path = tmp_path / "small.toml"
+    path.write_text('[runtime]\nevent_loop = "asyncio"\n')
+    assert Profile().event_loop == "uvloop"
+    assert _captured(["--profile", str(path)]).event_loop == "asyncio"
+    assert _captured(["--profile", str(path), "--event-loop", "uvloop"]).event_loop == "uvloop"
+    assert _captured(["--event-loop", "asyncio"]).event_loop == "asyncio"
 
 
 def test_a_bad_profile_flag_is_a_usage_error_not_a_traceback() -> None:
