@@ -292,7 +292,8 @@ def run_edgehub(work: Path, args: argparse.Namespace) -> dict[str, float]:
     # EDGEHUB_BENCH_PROFILE=FILE runs the hub under pyinstrument (text report to FILE) to see where CPU goes.
     profile = os.environ.get("EDGEHUB_BENCH_PROFILE")
     prefix = [sys.executable, "-m", "pyinstrument", "-o", profile, EDGEHUB] if profile else [EDGEHUB]
-    proc = subprocess.Popen([*prefix, *hub_run_args(manifest, data, port)], stdout=subprocess.PIPE, text=True)
+    run_args = [*hub_run_args(manifest, data, port), "--event-loop", args.event_loop]
+    proc = subprocess.Popen([*prefix, *run_args], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -379,6 +380,9 @@ def main() -> None:
     ap.add_argument("--m2m", type=int, default=20000)
     ap.add_argument(
         "--rounds", type=int, default=1, help="Mosquitto then edgehub, this many times; the JSON gives medians"
+    )
+    ap.add_argument(
+        "--event-loop", choices=["uvloop", "asyncio"], default="uvloop", help="the hub's event loop (edgehub run's)"
     )
     args = ap.parse_args()
     mosqs: list[dict[str, float]] = []
