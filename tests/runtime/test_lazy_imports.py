@@ -5,7 +5,9 @@
 python-qpid-proton until the hub's first AMQP connection (a hub listening for AMQP with no AMQP device connected
 holds none of it; ``--no-amqp`` runs without it: it has no aarch64 wheel). A serving hub never loads pydantic, the
 manifest's models or lark (~15 MB): its deployments are checked in a child process, at start and on each live
-update. Checked in a fresh interpreter, since this one has loaded them all for other tests."""
+update. A hub connected to its MQTT upstream holds no paho, nor urllib.request and what it pulls in (email,
+http.client: ~2.6 MB; paho imports it for proxy settings): the upstream speaks MQTT with its own client. Checked
+in a fresh interpreter, since this one has loaded them all for other tests."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from proton import Delivery
 from proton import Message as AmqpMessage
 
 from edgehub.runtime.certs import ensure_certs
+from edgehub.testing.mqtt_collector import MqttCollector
+from edgehub.testing.peers import MosquittoPeer
 from tests.e2e.hub_process import identity_add
 from tests.protocol_heads.amqp.conftest import ProtonClient
 
@@ -193,3 +197,66 @@ def test_a_start_serving_amqp_without_proton_installed_is_refused_with_its_reaso
     assert "edgehub: the AMQP head needs python-qpid-proton (missing: proton, cproton)" in out.stderr, out.stderr
     assert "--no-amqp" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+MQTT_UPSTREAM_SERVING = """
+import asyncio, json, sys
+from pathlib import Path
+import edgehub.runtime.cli  # all that edgehub run imports
+from edgehub.runtime.hub_runtime import HubConfig, serve
+from edgehub.upstream.mqtt_transport import MqttUpstreamSettings
+
+HEAVY = ("paho", "urllib.request", "email", "http.client")
+seen = {}
+
+
+async def watch(stop: asyncio.Event) -> None:
+    try:
+        print("ready", flush=True)
+        await asyncio.to_thread(sys.stdin.readline)  # the test saw the hub's twin GET: the upstream is connected
+        seen["loaded"] = sorted(m for m in HEAVY if m in sys.modules)
+    finally:
+        stop.set()
+
+
+async def main() -> None:
+    stop = asyncio.Event()
+    tasks = []
+    upstream = MqttUpstreamSettings(host="127.0.0.1", port=int(sys.argv[3]), client_id="edge1", hub_id="edge1")
+    config = HubConfig(
+        manifest=Path(sys.argv[1]), data_dir=Path(sys.argv[2]), mqtts_port=None, amqps_port=None, upstream=upstream
+    )
+    await serve(config, stop=stop, on_ready=lambda p: tasks.append(asyncio.create_task(watch(stop))))
+    await asyncio.gather(*tasks)
+
+
+asyncio.run(main())
+print(json.dumps(seen))
+"""
+
+
+async def test_a_hub_connected_to_its_mqtt_upstream_holds_no_paho_nor_urllib_request(
+    tmp_path: Path, broker: MosquittoPeer
+) -> None:
+    manifest, data = tmp_path / "manifest.json", tmp_path / "data"
+    manifest.write_text(json.dumps({"schemaVersion": "1.1", "routes": {"a": "FROM /* INTO $upstream"}}))
+    ensure_certs(data / "certs")  # in place, as on every start but the first (which loads cryptography, email)
+    async with (
+        asyncio.timeout(60),
+        MqttCollector(host=broker.host, port=broker.port, topic="$iothub/twin/GET/#", client_id="cloud") as gets,
+    ):
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", MQTT_UPSTREAM_SERVING, str(manifest), str(data), str(broker.port),
+            stdin=PIPE, stdout=PIPE, stderr=PIPE,
+        )  # fmt: skip
+        try:
+            assert child.stdout is not None
+            assert await child.stdout.readline() == b"ready\n", (await child.communicate())[1].decode()
+            await gets.wait_for(1)  # each upstream connection asks for the hub's twin once it has subscribed
+            out, err = await child.communicate(b"done\n")
+        finally:
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
+    assert child.returncode == 0, err.decode()
+    assert json.loads(out.decode().strip().splitlines()[-1]) == {"loaded": []}
