@@ -71,7 +71,7 @@ Authentication: username/password; an IoT Hub SAS token (the password; the usern
 Why our own MQTT client (``mqtt_codec``, sans I/O, under ``mqtt_connection``'s asyncio protocol) and not paho or
 aiomqtt: this transport needs a window of PUBLISHes outstanding and the PUBACK of each by packet id (aiomqtt's
 ``publish`` awaits each PUBACK in turn); paho runs a network thread per connection whose callbacks hop to the loop,
-and its client module imports urllib.request (email, http.client, ...: about 3 MB of the idle hub's memory) for
+and its client module imports urllib.request (email, http.client, ...: 2 MB of the idle hub's memory) for
 proxy settings we never use. What the upstream speaks is small (CONNECT, PUBLISH QoS 0/1, PUBACK, SUBSCRIBE,
 PINGREQ, DISCONNECT), as the MQTT head already has its own codec. Everything runs on the event loop.
 
