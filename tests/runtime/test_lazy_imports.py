@@ -23,10 +23,9 @@ from proton import Delivery
 from proton import Message as AmqpMessage
 
 from edgehub.runtime.certs import ensure_certs
-from edgehub.testing.mqtt_collector import MqttCollector
-from edgehub.testing.peers import MosquittoPeer
 from tests.e2e.hub_process import identity_add
 from tests.protocol_heads.amqp.conftest import ProtonClient
+from tests.upstream.scripted_broker import scripted
 
 PROBE = """
 import sys
@@ -213,7 +212,7 @@ seen = {}
 async def watch(stop: asyncio.Event) -> None:
     try:
         print("ready", flush=True)
-        await asyncio.to_thread(sys.stdin.readline)  # the test saw the hub's twin GET: the upstream is connected
+        await asyncio.to_thread(sys.stdin.readline)  # the test answered the CONNECT and saw the twin's SUBSCRIBE
         seen["loaded"] = sorted(m for m in HEAVY if m in sys.modules)
     finally:
         stop.set()
@@ -235,16 +234,11 @@ print(json.dumps(seen))
 """
 
 
-async def test_a_hub_connected_to_its_mqtt_upstream_holds_no_paho_nor_urllib_request(
-    tmp_path: Path, broker: MosquittoPeer
-) -> None:
+async def test_a_hub_connected_to_its_mqtt_upstream_holds_no_paho_nor_urllib_request(tmp_path: Path) -> None:
     manifest, data = tmp_path / "manifest.json", tmp_path / "data"
     manifest.write_text(json.dumps({"schemaVersion": "1.1", "routes": {"a": "FROM /* INTO $upstream"}}))
     ensure_certs(data / "certs")  # in place, as on every start but the first (which loads cryptography, email)
-    async with (
-        asyncio.timeout(60),
-        MqttCollector(host=broker.host, port=broker.port, topic="$iothub/twin/GET/#", client_id="cloud") as gets,
-    ):
+    async with asyncio.timeout(60), scripted() as broker:  # the upstream broker: this test answers for it
         child = await asyncio.create_subprocess_exec(
             sys.executable, "-c", MQTT_UPSTREAM_SERVING, str(manifest), str(data), str(broker.port),
             stdin=PIPE, stdout=PIPE, stderr=PIPE,
@@ -252,7 +246,10 @@ async def test_a_hub_connected_to_its_mqtt_upstream_holds_no_paho_nor_urllib_req
         try:
             assert child.stdout is not None
             assert await child.stdout.readline() == b"ready\n", (await child.communicate())[1].decode()
-            await gets.wait_for(1)  # each upstream connection asks for the hub's twin once it has subscribed
+            await broker.next_connection()
+            assert (await broker.read_packet())[0] == 0x10  # CONNECT
+            broker.write(b"\x20\x02\x00\x00")  # CONNACK: accepted
+            assert (await broker.read_packet())[0] == 0x82  # the twin's SUBSCRIBE: the connection is up and in use
             out, err = await child.communicate(b"done\n")
         finally:
             if child.returncode is None:

@@ -19,7 +19,7 @@ from edgehub.upstream.mqtt_codec import (
     publish_packet,
 )
 from edgehub.upstream.mqtt_wire import publish_wire_bytes
-from tests.upstream.broker_bytes import text, with_header
+from tests.upstream.scripted_broker import text, with_header
 
 
 def test_a_v5_publish_cut_into_single_bytes_comes_out_whole_with_its_properties() -> None:
