@@ -18,7 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -32,6 +32,7 @@ __all__ = [
     "BrokerDecoder",
     "ConnAckIn",
     "DisconnectIn",
+    "PacketIds",
     "PingRespIn",
     "PubAckIn",
     "PublishIn",
@@ -186,6 +187,22 @@ def subscribe_packet(packet_id: int, filters: Sequence[tuple[str, int]], *, v5: 
         body += _text(topic_filter)
         body.append(qos)
     return _with_header(0x82, bytes(body))
+
+
+class PacketIds:
+    """Packet ids 1-65535 in turn, never one still in use (awaiting its ack): ``take(in_use)``, None when all are."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self, last: int = 0) -> None:
+        self._last = last
+
+    def take(self, in_use: Callable[[int], bool]) -> int | None:
+        for _ in range(0xFFFF):
+            self._last = self._last % 0xFFFF + 1
+            if not in_use(self._last):
+                return self._last
+        return None
 
 
 def pingreq_packet() -> bytes:

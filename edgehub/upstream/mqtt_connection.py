@@ -40,6 +40,7 @@ from edgehub.upstream.mqtt_codec import (
     BrokerPacket,
     ConnAckIn,
     DisconnectIn,
+    PacketIds,
     PubAckIn,
     PublishIn,
     SubAckIn,
@@ -94,7 +95,7 @@ class Connection(asyncio.Protocol):
         self.lost_reason = ""
         self.subscribing: set[int] = set()  # SUBSCRIBE packet ids awaiting their SUBACK
         self._unawaited: set[int] = set()  # QoS 1 PUBLISHes nobody waits for (twin reports): ids still taken
-        self._next_id = 0
+        self._ids = PacketIds()
         self._keepalive_s = float(settings.keepalive_s)
         self._heard_at = self._wrote_at = self.loop.time()
         self._timer: asyncio.TimerHandle | None = None
@@ -251,12 +252,13 @@ class Connection(asyncio.Protocol):
 
     def _take_id(self) -> int:
         """The next packet id not in use; the window bounds what is in flight far below 65,535."""
-        for _ in range(0xFFFF):
-            self._next_id = self._next_id % 0xFFFF + 1
-            pid = self._next_id
-            if pid not in self.pending and pid not in self.subscribing and pid not in self._unawaited:
-                return pid
-        raise TransportError("no free packet id: 65,535 packets awaiting their ack")
+        pid = self._ids.take(self._in_use)
+        if pid is None:
+            raise TransportError("no free packet id: 65,535 packets awaiting their ack")
+        return pid
+
+    def _in_use(self, pid: int) -> bool:
+        return pid in self.pending or pid in self.subscribing or pid in self._unawaited
 
     def _write(self, data: bytes) -> None:
         if self._transport is not None and not self._transport.is_closing():

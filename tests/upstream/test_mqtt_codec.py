@@ -11,6 +11,7 @@ from edgehub.upstream.mqtt_codec import (
     BrokerDecoder,
     ConnAckIn,
     DisconnectIn,
+    PacketIds,
     PingRespIn,
     PubAckIn,
     PublishIn,
@@ -102,3 +103,11 @@ def test_the_publish_we_write_is_as_long_as_publish_wire_bytes_counts() -> None:
         assert data.endswith(payload)
     with pytest.raises(LocalProtocolError):
         publish_packet("t", b"", qos=1, packet_id=0, v5=False)
+
+
+def test_packet_ids_go_round_1_to_65535_and_skip_those_still_in_use() -> None:
+    in_use = {65535, 1, 3}
+    ids = PacketIds(last=65533)
+    assert [ids.take(in_use.__contains__) for _ in range(3)] == [65534, 2, 4]
+    assert PacketIds().take(lambda pid: pid != 40_000) == 40_000
+    assert PacketIds().take(lambda pid: True) is None  # every id awaits its ack
