@@ -207,3 +207,39 @@ async def test_an_mqtt5_server_disconnect_loses_the_connection_with_the_brokers_
     lost = [r.getMessage() for r in caplog.records if "upstream.lost" in r.getMessage()]
     assert lost, caplog.text
     assert "reason 0x8b (maintenance)" in lost[0], lost
+
+
+class _Heard(logging.Handler):
+    """Sets ``event`` when a log line holding ``word`` is emitted (on the loop's thread, as the transport logs)."""
+
+    def __init__(self, word: str) -> None:
+        super().__init__(logging.INFO)
+        self.word = word
+        self.event = asyncio.Event()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.word in record.getMessage():
+            self.lines.append(record.getMessage())
+            self.event.set()
+
+
+async def test_a_refused_mqtt5_connack_is_a_refusal_with_its_reason_and_the_socket_is_closed() -> None:
+    heard = _Heard("upstream.connect_refused")
+    logger = logging.getLogger("edgehub.upstream.mqtt_transport")
+    logger.addHandler(heard)
+    try:
+        async with scripted() as broker:
+            s = settings(broker.port, protocol=MqttProtocol.V5, reconnect_refused_min_s=30.0)
+            async with MqttUpstream(s) as up:
+                await broker.next_connection()
+                await broker.read_packet()
+                reason = b"\x1f" + text("bad token")
+                broker.write(with_header(0x20, b"\x00\x87" + bytes((len(reason),)) + reason))  # not authorized
+                assert await broker.closed_by_client()
+                await heard.event.wait()
+                assert not up.connected
+                assert broker.accepted.empty()  # a refusal backs off hard: no second attempt at once
+    finally:
+        logger.removeHandler(heard)
+    assert "CONNACK refused: 0x87 bad token" in heard.lines[0]
