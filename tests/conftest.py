@@ -34,7 +34,13 @@ settings.register_profile("fuzz", deadline=None, max_examples=10_000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "edgehub"))
 
 # Test modules whose async tests run once on each event loop edgehub can serve on.
-ON_BOTH_LOOPS = {"test_server_interop.py", "test_hub_e2e.py", "test_hostile.py", "test_garbage_clients.py"}
+ON_BOTH_LOOPS = {
+    "test_server_interop.py",
+    "test_hub_e2e.py",
+    "test_hostile.py",
+    "test_garbage_clients.py",
+    "test_mqtt_client_wire.py",  # the upstream client: edgehub run serves on uvloop
+}
 
 
 def pytest_asyncio_loop_factories(

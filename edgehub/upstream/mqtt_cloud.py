@@ -13,7 +13,7 @@ Topics (one upstream connection serves every identity behind the hub, so each to
   A call without a ``$rid`` cannot be answered: it is logged and dropped.
 
 Invariants:
-* a device-bound message is acknowledged (PUBACK, paho's manual ack) only once the hub has it durably, or has
+* a device-bound message is acknowledged (our PUBACK, sent when the hub says) only once the hub has it durably, or has
   refused it for good (unknown device, queue full, too large: the refusal is logged by the hub); a store failure
   leaves it unacknowledged, so the broker sends it again on the next connection;
 * method calls in progress are bounded (``max_calls``); one over it is answered 429 at once;
@@ -53,7 +53,7 @@ _SUBSCRIBE_CHUNK = 100  # filters per SUBSCRIBE packet
 
 @dataclass(frozen=True, slots=True)
 class CloudMessage:
-    """A PUBLISH from the broker, as paho's thread hands it over (plain values: no paho object crosses)."""
+    """A PUBLISH from the broker, as the connection hands it over (plain values)."""
 
     topic: str
     payload: bytes

@@ -1,140 +1,302 @@
-"""The MQTT upstream's paho side: one paho client per connection, and the PUBLISHes it has in flight.
+"""One MQTT connection of the upstream to its broker: an asyncio ``Protocol`` driving ``mqtt_codec``, and the
+PUBLISHes it has in flight.
 
-paho runs its own network thread; its callbacks only hand events to the asyncio loop
-(``loop.call_soon_threadsafe``), and every piece of state here is touched on the loop only.
+Everything runs on the event loop: no thread, no callback hopping between threads. ``open_connection`` makes the
+TCP (and TLS) connection and waits for the CONNACK, all within ``connect_timeout_s``.
 
-Invariants: every connection is a fresh paho client with ``reconnect_on_failure=False``, so paho never resends
-a previous connection's PUBLISHes behind our back and what is in flight is exactly what ``Connection`` counts;
-``inflight_bytes`` is the sum of the wire bytes of the PUBLISHes awaiting their PUBACK; once the connection is
-lost, every pending PUBLISH has failed and nothing more is acknowledged on it. The broker's PUBLISHes to us
-(device-bound messages, method calls: ``mqtt_cloud``) are acknowledged by us (paho's manual ack), once handled.
+Invariants: every connection is new (nothing is resent from a previous one), so what is in flight is exactly what
+``Connection`` counts; ``inflight_bytes`` is the sum of the wire bytes of the PUBLISHes awaiting their PUBACK; once
+the connection is lost, every pending PUBLISH has failed and nothing more is acknowledged or sent on it. Packet ids
+are 1-65535, never one still awaiting its PUBACK or SUBACK. The broker's PUBLISHes to us (device-bound messages,
+method calls: ``mqtt_cloud``) are acknowledged by us (``ack``), once handled. A silent link is noticed: a PINGREQ
+goes out when we sent nothing for ``keepalive_s``, and a connection that heard nothing from the broker for 1.5 x
+``keepalive_s`` is lost. Bytes from the broker that are no MQTT, or a packet over ``max_packet_bytes``, lose the
+connection with the reason logged (``RefusalLog``), never a traceback. No task or descriptor outlives a
+connection: ``stop`` returns once the socket is closed.
 
 The session outlives the connection (``session_expiry_s``, 1 day by default: MQTT 3.1.1 clean_session=False, MQTT
 5 clean_start=False with that session expiry interval), so the broker keeps our subscriptions and queues the QoS 1
 device-bound messages that come while the hub is away, and sends again those it sent but we had not acknowledged.
 It does not make our own PUBLISHes survive a connection: the broker keeps no state for QoS 1 PUBLISHes it
-received, and paho's resend of unacknowledged PUBLISHes on reconnect applies to the same client object only, which
-we never reuse. A PUBLISH whose PUBACK was lost is therefore failed to the executor and sent again in a later batch,
-as with a clean session; receivers remove the duplicate (``edge_message_id``, ``$.mid``).
+received, and we never resend a previous connection's PUBLISHes. A PUBLISH whose PUBACK was lost is therefore
+failed to the executor and sent again in a later batch, as with a clean session; receivers remove the duplicate
+(``edge_message_id``, ``$.mid``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import ssl
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
-import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
-
-from edgehub.core import FailureKind, TransportError
+from edgehub.core import FailureKind, RemoteProtocolError, TransportError
+from edgehub.core.refusals import RefusalLog, RefusalReason
 from edgehub.upstream.mqtt_cloud import CloudMessage
+from edgehub.upstream.mqtt_codec import (
+    TOO_LARGE,
+    BrokerDecoder,
+    BrokerPacket,
+    ConnAckIn,
+    DisconnectIn,
+    PacketIds,
+    PubAckIn,
+    PublishIn,
+    SubAckIn,
+    connect_packet,
+    disconnect_packet,
+    pingreq_packet,
+    puback_packet,
+    publish_packet,
+    subscribe_packet,
+)
 from edgehub.upstream.mqtt_settings import MqttProtocol, MqttUpstreamSettings
 from edgehub.upstream.mqtt_wire import Unit
 
 if TYPE_CHECKING:
     from edgehub.upstream.mqtt_transport import MqttUpstream
 
-__all__ = ["Connection", "connect_client", "new_client"]
+__all__ = ["Connection", "open_connection"]
+
+log = logging.getLogger(__name__)
+_CLOSE_GRACE_S = 2.0  # a closing socket (TLS close_notify, a last DISCONNECT) gets this long, then it is aborted
+_CONNACK_REFUSALS = {1: "unacceptable protocol version", 2: "identifier rejected", 3: "server unavailable"}
+_CONNACK_REFUSALS |= {4: "bad user name or password", 5: "not authorized"}
 
 
 @dataclass(slots=True)
 class _Pending:
     future: asyncio.Future[None]
     wire_bytes: int
-    sent_at_s: float  # loop time when it was handed to the client
+    sent_at_s: float  # loop time when it was written
 
 
-class Connection:
-    """One paho client and its network thread. All state below is touched on the asyncio loop only."""
+class Connection(asyncio.Protocol):
+    """One connection to the broker. ``connack`` resolves on the CONNACK (a refusal: ``TransportError`` PERMANENT);
+    ``lost`` is set once the connection is gone, ``lost_reason`` says why."""
 
-    def __init__(self, owner: MqttUpstream, client: paho.Client, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, owner: MqttUpstream, settings: MqttUpstreamSettings, refusals: RefusalLog) -> None:
         self.owner = owner
-        self.client = client
-        self.loop = loop
+        self.loop = asyncio.get_running_loop()
+        self._settings = settings
+        self._refusals = refusals
+        self._peer = f"{settings.host}:{settings.port}"
+        self._v5 = settings.protocol is MqttProtocol.V5
+        self._decoder = BrokerDecoder(v5=self._v5, max_packet_bytes=settings.max_packet_bytes)
+        self._transport: asyncio.Transport | None = None
+        self._closed = asyncio.Event()  # the socket is closed (connection_lost ran)
         self.pending: dict[int, _Pending] = {}
         self.inflight_bytes = 0
         self.alive = False
-        self.connack: asyncio.Future[None] = loop.create_future()
+        self.connack: asyncio.Future[None] = self.loop.create_future()
+        self.connack.add_done_callback(lambda f: f.cancelled() or f.exception())  # awaited, or not: either is fine
         self.lost = asyncio.Event()
         self.lost_reason = ""
-        client.on_connect = self._t_on_connect
-        client.on_disconnect = self._t_on_disconnect
-        client.on_publish = self._t_on_publish
-        client.on_message = self._t_on_message
-        client.on_subscribe = self._t_on_subscribe
         self.subscribing: set[int] = set()  # SUBSCRIBE packet ids awaiting their SUBACK
+        self._unawaited: set[int] = set()  # QoS 1 PUBLISHes nobody waits for (twin reports): ids still taken
+        self._ids = PacketIds()
+        self._keepalive_s = float(settings.keepalive_s)
+        self._heard_at = self._wrote_at = self.loop.time()
+        self._timer: asyncio.TimerHandle | None = None
 
-    # paho's thread: hand everything to the loop.
-    def _t_on_connect(self, c: paho.Client, u: Any, flags: Any, rc: Any, props: Any) -> None:
-        self.loop.call_soon_threadsafe(self._on_connect, bool(rc.is_failure), str(rc))
+    # -- asyncio.Protocol ------------------------------------------------------------------------------------
 
-    def _t_on_disconnect(self, c: paho.Client, u: Any, flags: Any, rc: Any, props: Any) -> None:
-        self.loop.call_soon_threadsafe(self._on_lost, f"disconnected: {rc}")
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # a stream transport (uvloop's too)
+        s = self._settings
+        password = s.sas_token or s.password
+        username = s.username
+        if s.sas_token and username is None:
+            username = f"{s.host}/{s.client_id}/?api-version=2021-04-12"
+        self._write(
+            connect_packet(
+                v5=self._v5,
+                client_id=s.client_id,
+                keepalive_s=s.keepalive_s,
+                clean=s.session_expiry_s == 0,
+                username=username,
+                password=password,
+                session_expiry_s=s.session_expiry_s,
+                max_packet_bytes=s.max_packet_bytes,
+            )
+        )
+        self._heard_at = self.loop.time()
+        self._arm_keepalive()
 
-    def _t_on_publish(self, c: paho.Client, u: Any, mid: int, rc: Any, props: Any) -> None:
-        self.loop.call_soon_threadsafe(self._on_ack, mid, bool(rc.is_failure), str(rc))
-
-    def _t_on_message(self, c: paho.Client, u: Any, msg: paho.MQTTMessage) -> None:
-        props = getattr(msg, "properties", None)
-        user = tuple(getattr(props, "UserProperty", ()) or ())
-        content_type = getattr(props, "ContentType", None)
-        correlation = getattr(props, "CorrelationData", None)
-        m = CloudMessage(msg.topic, bytes(msg.payload), msg.qos, msg.mid, user, content_type, correlation)
-        self.loop.call_soon_threadsafe(self.owner._inbound.received, self, m)
-
-    def _t_on_subscribe(self, c: paho.Client, u: Any, mid: int, rcs: Any, props: Any) -> None:
-        self.loop.call_soon_threadsafe(self._on_suback, mid)
-
-    # the loop.
-    def _on_suback(self, mid: int) -> None:
-        self.subscribing.discard(mid)
-        if not self.subscribing:
-            self.owner._inbound.subscribed(self)
-
-    def subscribe(self, filters: list[tuple[str, int]]) -> None:
-        """SUBSCRIBE to ``filters`` (one packet); ``owner._inbound.subscribed`` is called once every SUBACK is in."""
-        rc, mid = self.client.subscribe(filters)
-        if rc == paho.MQTT_ERR_SUCCESS and mid is not None:
-            self.subscribing.add(mid)
-
-    def ack(self, mid: int, qos: int) -> None:
-        """PUBACK a PUBLISH the broker sent on this connection (QoS 0: nothing to send)."""
-        if qos > 0 and self.alive:
-            self.client.ack(mid, qos)
-
-    def _on_connect(self, failed: bool, reason: str) -> None:
-        if self.connack.done():
+    def data_received(self, data: bytes) -> None:
+        if self.lost.is_set():
             return
-        if failed:
-            self.connack.set_exception(TransportError(f"CONNACK refused: {reason}", kind=FailureKind.PERMANENT))
-        else:
-            self.alive = True
-            self.connack.set_result(None)
+        self._heard_at = self.loop.time()
+        try:
+            packets = self._decoder.feed(data)
+        except RemoteProtocolError as exc:
+            reason = RefusalReason.PACKET_TOO_LARGE if exc.reason_code == TOO_LARGE else RefusalReason.MALFORMED_PACKET
+            self._refusals.refused(reason, peer=self._peer, client=self._settings.client_id, detail=str(exc))
+            self.drop(f"protocol error from the broker: {exc}", abort=True)
+            return
+        for packet in packets:
+            if self.lost.is_set():
+                return
+            self._dispatch(packet)
 
-    def _on_ack(self, mid: int, failed: bool, reason: str) -> None:
-        p = self.pending.pop(mid, None)
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed.set()
+        self._cancel_timer()
+        self._on_lost(f"connection closed: {exc!r}" if exc is not None else "connection closed by the broker")
+
+    # -- what the broker sent --------------------------------------------------------------------------------
+
+    def _dispatch(self, packet: BrokerPacket) -> None:
+        if isinstance(packet, PubAckIn):
+            self._on_puback(packet)
+        elif isinstance(packet, PublishIn):
+            m = CloudMessage(
+                packet.topic,
+                packet.payload,
+                packet.qos,
+                packet.packet_id,
+                packet.user_properties,
+                packet.content_type,
+                packet.correlation_data,
+            )
+            self.owner._inbound.received(self, m)
+        elif isinstance(packet, ConnAckIn):
+            self._on_connack(packet)
+        elif isinstance(packet, SubAckIn):
+            self.subscribing.discard(packet.packet_id)
+            if not self.subscribing:
+                self.owner._inbound.subscribed(self)
+        elif isinstance(packet, DisconnectIn):
+            why = f" ({packet.reason})" if packet.reason else ""
+            self.drop(f"disconnected by the broker: reason 0x{packet.code:02x}{why}", send_disconnect=False)
+        # PINGRESP: hearing it is all it is for (data_received noted the time).
+
+    def _on_connack(self, ack: ConnAckIn) -> None:
+        if self.connack.done():
+            self.drop("a second CONNACK", abort=True)
+            return
+        if ack.refused:
+            what = ack.reason or _CONNACK_REFUSALS.get(ack.code, "refused")
+            self.connack.set_exception(
+                TransportError(f"CONNACK refused: 0x{ack.code:02x} {what}", kind=FailureKind.PERMANENT)
+            )
+            self.drop(f"CONNACK refused: 0x{ack.code:02x}", send_disconnect=False)
+            return
+        if ack.server_keepalive_s is not None:
+            self._keepalive_s = float(ack.server_keepalive_s)
+            self._arm_keepalive()
+        self.alive = True
+        self.connack.set_result(None)
+
+    def _on_puback(self, ack: PubAckIn) -> None:
+        if self._unawaited and ack.packet_id in self._unawaited:
+            self._unawaited.discard(ack.packet_id)
+            return
+        p = self.pending.pop(ack.packet_id, None)
         if p is None:
             return
         self.inflight_bytes -= p.wire_bytes
+        failed = ack.code >= 0x80
         if not failed:
             self.owner._rtt_samples.append(self.loop.time() - p.sent_at_s)
         if not p.future.done():
             if failed:
-                p.future.set_exception(TransportError(f"PUBACK {reason}", kind=FailureKind.PERMANENT))
+                why = f" ({ack.reason})" if ack.reason else ""
+                p.future.set_exception(
+                    TransportError(f"PUBACK reason 0x{ack.code:02x}{why}", kind=FailureKind.PERMANENT)
+                )
             else:
                 p.future.set_result(None)
         self.owner._window_changed()
+
+    # -- what we send ----------------------------------------------------------------------------------------
+
+    def publish_unit(self, unit: Unit) -> asyncio.Future[None]:
+        """PUBLISH ``unit`` at QoS 1; the future resolves on its PUBACK (or fails with the connection)."""
+        fut: asyncio.Future[None] = self.loop.create_future()
+        # A send cancelled mid-way (close, shutdown) leaves futures nobody awaits; their failure is expected.
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        if not self.alive:
+            fut.set_exception(TransportError(f"connection lost: {self.lost_reason}"))
+            return fut
+        pid = self._take_id()
+        packet = publish_packet(unit.topic, unit.payload, qos=1, packet_id=pid, v5=self._v5, props=unit.properties)
+        self.pending[pid] = _Pending(fut, unit.wire_bytes, self.loop.time())
+        self.inflight_bytes += unit.wire_bytes
+        self._write(packet)
+        return fut
+
+    def publish(self, topic: str, payload: bytes, qos: int) -> None:
+        """PUBLISH an answer or a report nobody awaits (QoS 0 or 1); dropped when the connection is gone."""
+        if not self.alive:
+            return
+        pid = 0
+        if qos:
+            pid = self._take_id()
+            self._unawaited.add(pid)
+        self._write(publish_packet(topic, payload, qos=qos, packet_id=pid, v5=self._v5))
+
+    def subscribe(self, filters: list[tuple[str, int]]) -> None:
+        """SUBSCRIBE to ``filters`` (one packet); ``owner._inbound.subscribed`` is called once every SUBACK is in."""
+        if not self.alive or not filters:
+            return
+        pid = self._take_id()
+        self.subscribing.add(pid)
+        self._write(subscribe_packet(pid, filters, v5=self._v5))
+
+    def ack(self, mid: int, qos: int) -> None:
+        """PUBACK a PUBLISH the broker sent on this connection (QoS 0: nothing to send)."""
+        if qos > 0 and self.alive:
+            self._write(puback_packet(mid))
+
+    def _take_id(self) -> int:
+        """The next packet id not in use; the window bounds what is in flight far below 65,535."""
+        pid = self._ids.take(self._in_use)
+        if pid is None:
+            raise TransportError("no free packet id: 65,535 packets awaiting their ack")
+        return pid
+
+    def _in_use(self, pid: int) -> bool:
+        return pid in self.pending or pid in self.subscribing or pid in self._unawaited
+
+    def _write(self, data: bytes) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
+            self._wrote_at = self.loop.time()
+
+    # -- keepalive -------------------------------------------------------------------------------------------
+
+    def _arm_keepalive(self) -> None:
+        self._cancel_timer()
+        if self._keepalive_s > 0 and not self.lost.is_set():
+            due = min(self._wrote_at + self._keepalive_s, self._heard_at + 1.5 * self._keepalive_s)
+            self._timer = self.loop.call_at(due, self._keepalive_tick)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _keepalive_tick(self) -> None:
+        self._timer = None
+        now = self.loop.time()
+        if now >= self._heard_at + 1.5 * self._keepalive_s:
+            silent_s = now - self._heard_at
+            self.drop(f"keepalive: nothing from the broker for {silent_s:.1f}s", abort=True)
+            return
+        if now >= self._wrote_at + self._keepalive_s:
+            self._write(pingreq_packet())
+        self._arm_keepalive()
+
+    # -- the end ---------------------------------------------------------------------------------------------
 
     def _on_lost(self, reason: str) -> None:
         if self.lost.is_set():
             return
         self.alive = False
         self.lost_reason = reason
+        self._cancel_timer()
         if not self.connack.done():
             self.connack.set_exception(TransportError(f"connection lost before CONNACK: {reason}"))
         for p in self.pending.values():
@@ -145,73 +307,62 @@ class Connection:
         self.lost.set()
         self.owner._window_changed()
 
-    def publish(self, unit: Unit) -> asyncio.Future[None]:
-        fut: asyncio.Future[None] = self.loop.create_future()
-        # A send cancelled mid-way (close, shutdown) leaves futures nobody awaits; their failure is expected.
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-        info = self.client.publish(unit.topic, unit.payload, qos=1, properties=unit.properties)
-        if info.rc != paho.MQTT_ERR_SUCCESS:
-            fut.set_exception(TransportError(f"publish refused by client: {paho.error_string(info.rc)}"))
-            return fut
-        # Registered before the loop runs again, so the PUBACK (delivered via call_soon_threadsafe) finds it.
-        self.pending[info.mid] = _Pending(fut, unit.wire_bytes, self.loop.time())
-        self.inflight_bytes += unit.wire_bytes
-        return fut
-
-    def drop(self, reason: str) -> None:
-        """Give up on this connection now (ack timeout, close): fail what is pending, stop the client."""
+    def drop(self, reason: str, *, send_disconnect: bool = True, abort: bool = False) -> None:
+        """Give up on this connection now (ack timeout, close, a broker that broke the protocol): fail what is
+        pending, send DISCONNECT if it was up, close the socket (``abort``: at once, for a link that is silent or
+        a peer we no longer read)."""
+        was_alive = self.alive
         self._on_lost(reason)
-        with contextlib.suppress(Exception):
-            self.client.disconnect()
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if was_alive and send_disconnect and not abort:
+            transport.write(disconnect_packet())
+        if abort:
+            transport.abort()
+        else:
+            transport.close()
 
     async def stop(self) -> None:
-        await asyncio.to_thread(self.client.loop_stop)
-        # paho (2.1) leaves open the socket pair that wakes its loop thread when the loop ended on a refused
-        # CONNACK: closed here, so that no descriptor outlives the connection (a hub retrying bad credentials
-        # would leak two a try).
-        for name in ("_sockpairR", "_sockpairW"):
-            sock = getattr(self.client, name, None)
-            if sock is not None:
-                sock.close()
-                setattr(self.client, name, None)
+        """Return once the socket is closed (a close that hangs is aborted after a short grace)."""
+        if self._transport is None:
+            return
+        try:
+            async with asyncio.timeout(_CLOSE_GRACE_S):
+                await self._closed.wait()
+        except TimeoutError:
+            self._transport.abort()
+            await self._closed.wait()
 
 
-def new_client(s: MqttUpstreamSettings) -> paho.Client:
-    """A paho client for one connection to ``s.host``: configured (credentials, TLS), not yet connected."""
-    v5 = s.protocol is MqttProtocol.V5
-    client = paho.Client(
-        callback_api_version=CallbackAPIVersion.VERSION2,
-        client_id=s.client_id,
-        clean_session=None if v5 else s.session_expiry_s == 0,
-        protocol=paho.MQTTv5 if v5 else paho.MQTTv311,
-        reconnect_on_failure=False,  # one connection per client: see the module docstring
-        manual_ack=True,  # a device-bound message is acknowledged once the hub has it durably (mqtt_cloud)
-    )
-    client.connect_timeout = s.connect_timeout_s
-    client.max_inflight_messages_set(0)  # 0: no count limit; the byte window is the bound
-    client.max_queued_messages_set(0)
-    password = s.sas_token or s.password
-    username = s.username
-    if s.sas_token and username is None:
-        username = f"{s.host}/{s.client_id}/?api-version=2021-04-12"
-    if username is not None or password is not None:
-        client.username_pw_set(username, password)
+async def open_connection(owner: MqttUpstream, s: MqttUpstreamSettings, refusals: RefusalLog) -> Connection:
+    """Connect to ``s.host`` (TCP, TLS as set) and wait for the CONNACK, all within ``s.connect_timeout_s``.
+    Raises ``TransportError``: TIMEOUT for a silent link, PERMANENT for a CONNACK refusal, TRANSIENT otherwise."""
+    loop = asyncio.get_running_loop()
+    conn = Connection(owner, s, refusals)
+    context: ssl.SSLContext | None = None
     if s.tls is not None:
-        ctx = ssl.create_default_context(cafile=s.tls.ca_certs)
-        ctx.check_hostname = s.tls.check_hostname
+        context = ssl.create_default_context(cafile=s.tls.ca_certs)
+        context.check_hostname = s.tls.check_hostname
         if s.tls.certfile:
-            ctx.load_cert_chain(s.tls.certfile, s.tls.keyfile)
-        client.tls_set_context(ctx)
-    return client
-
-
-def connect_client(client: paho.Client, s: MqttUpstreamSettings) -> None:
-    """Open ``client``'s connection to the broker (blocking: run it in a thread); on MQTT 5 with the session kept
-    for ``session_expiry_s`` (3.1.1 asks for it in ``new_client``, with clean_session)."""
-    if s.protocol is not MqttProtocol.V5:
-        client.connect(s.host, s.port, s.keepalive_s)
-        return
-    properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-    if s.session_expiry_s:
-        properties.SessionExpiryInterval = s.session_expiry_s
-    client.connect(s.host, s.port, s.keepalive_s, clean_start=s.session_expiry_s == 0, properties=properties)
+            context.load_cert_chain(s.tls.certfile, s.tls.keyfile)
+    try:
+        async with asyncio.timeout(s.connect_timeout_s):
+            # server_hostname: the host, for SNI and (with check_hostname) the certificate's name.
+            await loop.create_connection(lambda: conn, s.host, s.port, ssl=context)
+            await conn.connack
+    except TimeoutError as exc:  # a silent link: no SYN-ACK, no handshake or no CONNACK in time
+        conn.drop("no CONNACK in time", abort=True)
+        await conn.stop()
+        raise TransportError(
+            f"no CONNACK from {s.host}:{s.port} within {s.connect_timeout_s}s", kind=FailureKind.TIMEOUT
+        ) from exc
+    except TransportError:
+        conn.drop("no CONNACK", abort=True)
+        await conn.stop()
+        raise
+    except (OSError, ValueError) as exc:  # refused, reset, unreachable, a failed TLS handshake (ssl.SSLError)
+        conn.drop(f"connect failed: {exc!r}", abort=True)
+        await conn.stop()
+        raise TransportError(f"connect to {s.host}:{s.port} failed: {exc!r}", kind=FailureKind.TRANSIENT) from exc
+    return conn

@@ -80,7 +80,7 @@ class Inbound:
 
     def connected(self, conn: Connection) -> None:
         if self.twin is not None:
-            self.twin.connected(conn.client)
+            self.twin.connected(conn)
 
     def lost(self) -> None:
         if self.twin is not None:
@@ -100,7 +100,7 @@ class Inbound:
     def _cloud_publish(self, topic: str, payload: bytes) -> None:
         conn = self._current()
         if conn is not None and conn.alive:
-            conn.client.publish(topic, payload, qos=0)
+            conn.publish(topic, payload, 0)
         else:
             log.info("upstream.cloud_answer_dropped lane=%s topic=%s", self._settings.lane, topic[:128])
 

@@ -17,6 +17,8 @@ from edgehub.upstream.segment import Codec, zstd_available
 __all__ = ["MAX_SESSION_EXPIRY_S", "MqttProtocol", "MqttUpstreamSettings", "TlsSettings", "UpstreamStatus", "WireMode"]
 
 
+MIN_PACKET_BYTES = 1024  # a twin document or a method call must fit
+MAX_PACKET_BYTES = 268_435_460  # MQTT's own limit: a four-byte remaining length and its header
 MAX_SESSION_EXPIRY_S = 30 * 86_400  # a broker keeps a session of ours (and what it queued for it) at most a month
 
 
@@ -87,6 +89,10 @@ class MqttUpstreamSettings:
     # came while the hub was away) after a connection is lost: MQTT 5's session expiry interval; on 3.1.1 any
     # value but 0 is clean_session=False (the broker's own expiry applies). 0: a clean session on every connection.
     session_expiry_s: int = 86_400
+    # The largest packet taken from the broker (fixed header included); MQTT 5 announces it in CONNECT, so the
+    # broker drops a larger message rather than send it. A larger packet, or bytes that are no MQTT, lose the
+    # connection (logged), and what the connection had in flight fails as with any loss.
+    max_packet_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:
         if (self.max_batch_bytes is not None and self.max_batch_bytes <= 0) or self.max_batch_messages <= 0:
@@ -106,6 +112,8 @@ class MqttUpstreamSettings:
             raise ValueError("max_cloud_devices must be >= 0")
         if min(self.reconnect_min_s, self.reconnect_max_s, self.reconnect_refused_min_s) <= 0:
             raise ValueError("reconnect_min_s, reconnect_max_s and reconnect_refused_min_s must be positive")
+        if not MIN_PACKET_BYTES <= self.max_packet_bytes <= MAX_PACKET_BYTES:
+            raise ValueError(f"max_packet_bytes must be {MIN_PACKET_BYTES}-{MAX_PACKET_BYTES}")
         if self.keepalive_s <= 0 or self.ack_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("keepalive_s, ack_timeout_s and connect_timeout_s must be positive")
 

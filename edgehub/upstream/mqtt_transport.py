@@ -4,7 +4,7 @@ What it guarantees
 ------------------
 * **The PUBACK is the checkpoint.** Every PUBLISH is QoS 1. ``send`` reports a message as succeeded only when
   the PUBACK for the PUBLISH that carried it has come back on the connection that sent it. A connection that
-  drops, or a link that goes silent (no acks, no FIN: paho's keepalive or our ``ack_timeout_s`` notices), fails
+  drops, or a link that goes silent (no acks, no FIN: the keepalive or ``ack_timeout_s`` notices), fails
   every unacknowledged message of the batch; nothing is reported delivered without its ack. A message may
   arrive twice (a PUBLISH that got through but whose PUBACK was lost); consumers remove duplicates by
   ``edge_message_id`` (segment records) or ``$.mid`` (message mode).
@@ -31,8 +31,8 @@ What it guarantees
   ``submit`` while disconnected calls it. Each successful CONNACK calls the executor's ``on_reachable``; the
   loss of that connection (a drop, or a silent link noticed by keepalive or ``ack_timeout_s``) calls its
   ``on_unreachable``, which parks the executor's queues until the next CONNACK rather than have it send into a
-  dead link. Every connection is a fresh paho client with ``reconnect_on_failure=False``: paho never resends a
-  previous connection's PUBLISHes behind our back, so what is in flight is exactly what this module counts.
+  dead link. Every connection starts afresh: no PUBLISH of a previous connection is sent again behind the
+  executor's back, so what is in flight is exactly what this module counts.
 
 Wire modes
 ----------
@@ -68,13 +68,16 @@ method calls go to the hub; their answers come back on this connection. The sess
 Authentication: username/password; an IoT Hub SAS token (the password; the username defaults to
 ``{host}/{client_id}/?api-version=2021-04-12``); TLS with a CA file and optionally a client certificate.
 
-Why paho directly, on its own network thread: paho is already the project's MQTT client; aiomqtt would add a
-dependency and its ``publish`` awaits each PUBACK in turn, while this transport needs a window of PUBLISHes
-outstanding and the PUBACK of each by packet id. paho's thread calls back through
-``loop.call_soon_threadsafe``; every piece of state is touched on the asyncio loop only.
+Why our own MQTT client (``mqtt_codec``, sans I/O, under ``mqtt_connection``'s asyncio protocol) and not paho or
+aiomqtt: this transport needs a window of PUBLISHes outstanding and the PUBACK of each by packet id (aiomqtt's
+``publish`` awaits each PUBACK in turn); paho runs a network thread per connection whose callbacks hop to the loop,
+and its client module imports urllib.request (email, http.client, ...: 2 MB of the idle hub's memory) for
+proxy settings we never use. What the upstream speaks is small (CONNECT, PUBLISH QoS 0/1, PUBACK, SUBSCRIBE,
+PINGREQ, DISCONNECT), as the MQTT head already has its own codec. Everything runs on the event loop.
 
 Modules: ``mqtt_settings`` (the settings and status values), ``mqtt_wire`` (a batch or a message as PUBLISHes,
-and their wire bytes), ``mqtt_connection`` (one paho client and what it has in flight) and this one
+and their wire bytes), ``mqtt_codec`` (the client's packets as bytes and back), ``mqtt_connection``
+(one connection and what it has in flight) and this one
 (``MqttUpstream``: the window, the uplink budget, acks into results, reconnects); ``mqtt_inbound`` dispatches
 what the broker publishes to the hub (its twin, the cloud's side). The names importable from here
 before the split still are.
@@ -85,7 +88,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 
@@ -97,7 +99,7 @@ from edgehub.core.refusals import RefusalLog
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.bandwidth import RateEstimator, TokenBucket
 from edgehub.upstream.dictionary import DictionaryKeeper, LaneDictionary
-from edgehub.upstream.mqtt_connection import Connection, connect_client, new_client
+from edgehub.upstream.mqtt_connection import Connection, open_connection
 from edgehub.upstream.mqtt_inbound import Inbound
 from edgehub.upstream.mqtt_settings import (
     MqttProtocol,
@@ -174,6 +176,7 @@ class MqttUpstream:
         self._bytes_per_message: float | None = None
         self._rtt_samples: deque[float] = deque(maxlen=64)
         self._inbound = Inbound(settings, clock=self._clock, current=lambda: self._conn)
+        self._broker_refusals = RefusalLog(log, clock=self._clock)  # the broker's bytes that are no MQTT
 
     def attach_twin(self, channel: TwinChannel) -> None:
         """Speak IoT Hub's twin topics on this transport's connections (``edgehub.upstream.twin_channel``)."""
@@ -350,7 +353,7 @@ class MqttUpstream:
             await self._bucket.take(unit.wire_bytes)
             if not conn.alive:
                 break
-            sent.append((unit, conn.publish(unit)))
+            sent.append((unit, conn.publish_unit(unit)))
             self._peak_inflight = max(self._peak_inflight, conn.inflight_bytes)
         return asyncio.ensure_future(self._collect(conn, units, sent))
 
@@ -381,7 +384,7 @@ class MqttUpstream:
         if not conn.alive:
             return
         self._announcing = pending.dict_id
-        acked = conn.publish(unit)
+        acked = conn.publish_unit(unit)
         log.info(
             "upstream.dictionary_sent lane=%s dict_id=%d bytes=%d",
             self.settings.lane,
@@ -477,28 +480,7 @@ class MqttUpstream:
     # -- connection -------------------------------------------------------------------------------------------
 
     async def _connect_once(self) -> Connection:
-        s = self.settings
-        loop = asyncio.get_running_loop()
-        client = new_client(self.settings)
-        conn = Connection(self, client, loop)
-        try:
-            await asyncio.to_thread(connect_client, client, s)
-        except (OSError, ssl.SSLError, ValueError) as exc:
-            kind = FailureKind.TIMEOUT if isinstance(exc, TimeoutError) else FailureKind.TRANSIENT  # a silent link
-            raise TransportError(f"connect to {s.host}:{s.port} failed: {exc!r}", kind=kind) from exc
-        client.loop_start()
-        try:
-            async with asyncio.timeout(s.connect_timeout_s):
-                await conn.connack
-        except (TimeoutError, TransportError) as exc:
-            conn.drop(f"no CONNACK: {exc!r}")
-            await conn.stop()
-            if isinstance(exc, TransportError):
-                raise
-            raise TransportError(
-                f"no CONNACK from {s.host}:{s.port} within {s.connect_timeout_s}s", kind=FailureKind.TIMEOUT
-            ) from exc
-        return conn
+        return await open_connection(self, self.settings, self._broker_refusals)
 
     async def _backoff_sleep(self, delay_s: float) -> None:
         self._wake.clear()

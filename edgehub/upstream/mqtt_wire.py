@@ -17,14 +17,12 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
-
 from edgehub.core import SystemProperty
 from edgehub.core.mqtt_varint import varint_len
 from edgehub.core.property_bag import KEY_OF
 from edgehub.delivery.endpoint import QueuedMessage
 from edgehub.upstream.batching import batch_text, edge_message_id
+from edgehub.upstream.mqtt_codec import PublishProperties
 from edgehub.upstream.mqtt_settings import MqttProtocol, MqttUpstreamSettings, WireMode
 from edgehub.upstream.segment import Codec, compress_segment
 
@@ -44,14 +42,10 @@ DICT_SEGMENT_CONTENT_TYPE = "application/x-edgehub-segment;v=2;encoding=zstd;dic
 DICTIONARY_CONTENT_TYPE = "application/x-edgehub-zstd-dictionary;dict={dict_id}"
 
 
-def publish_properties(user: list[tuple[str, str]], content_type: str | None = None) -> tuple[Properties, int]:
+def publish_properties(user: list[tuple[str, str]], content_type: str | None = None) -> tuple[PublishProperties, int]:
     """MQTT 5 PUBLISH properties and their encoded length (without the length prefix)."""
-    props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-    if content_type is not None:
-        props.ContentType = content_type
-    props.UserProperty = user
-    packed: bytes = props.pack()  # type: ignore[no-untyped-call]
-    return props, len(packed) - varint_len(len(packed) - 1)
+    props = PublishProperties(tuple(user), content_type)
+    return props, len(props.packed)
 
 
 def publish_wire_bytes(topic: str, payload_len: int, *, qos: int = 1, properties_len: int | None = None) -> int:
@@ -69,7 +63,7 @@ class Unit:
     topic: str
     payload: bytes
     messages: Sequence[QueuedMessage]
-    properties: Properties | None
+    properties: PublishProperties | None
     wire_bytes: int
     raw_bytes: int = 0  # the segment's uncompressed bytes (batch mode)
 
@@ -77,7 +71,7 @@ class Unit:
 def dictionary_unit(s: MqttUpstreamSettings, data: bytes, dict_id: int) -> Unit:
     """The PUBLISH that carries a zstd dictionary to the far side, before any segment that uses it."""
     topic = s.dictionary_topic.format(hub_id=s.hub_id, lane=s.lane, dict_id=dict_id)
-    props: Properties | None = None
+    props: PublishProperties | None = None
     props_len: int | None = None
     if s.protocol is MqttProtocol.V5:
         props, props_len = publish_properties(
@@ -115,7 +109,7 @@ def _segment_units(
         topic += "/zstd"
     else:
         dictionary = None
-    props: Properties | None = None
+    props: PublishProperties | None = None
     props_len: int | None = None
     if s.protocol is MqttProtocol.V5:
         if dictionary is not None:
@@ -163,7 +157,7 @@ def _message_unit(s: MqttUpstreamSettings, qm: QueuedMessage) -> Unit:
         bag.append(("$.mid", _edge_id(s, qm)))
     topic = f"{base}/messages/events/{urllib.parse.urlencode(bag, quote_via=urllib.parse.quote)}"
     props_len: int | None = None
-    props: Properties | None = None
+    props: PublishProperties | None = None
     if s.protocol is MqttProtocol.V5:
         props, props_len = publish_properties(bag)
         topic = f"{base}/messages/events/"

@@ -70,11 +70,12 @@ _Item = tuple[str, dict[str, object]]  # (_PATCH or _DOCUMENT, the desired prope
 
 
 class Publisher(Protocol):
-    """What the channel needs of a connection: QoS 1 publish and subscribe (paho's client has both)."""
+    """What the channel needs of a connection (``mqtt_connection.Connection``): publish, and subscribe to filters
+    (each with its QoS) in one SUBSCRIBE."""
 
     def publish(self, topic: str, payload: bytes, qos: int) -> object: ...
 
-    def subscribe(self, topic: str, qos: int) -> object: ...
+    def subscribe(self, filters: list[tuple[str, int]]) -> object: ...
 
 
 class TwinChannel:
@@ -100,8 +101,8 @@ class TwinChannel:
         """A connection came up: subscribe to desired patches and twin answers, ask for the whole twin (what
         changed while away), and report the latest reported properties."""
         self._client = client
-        client.subscribe(DESIRED_PATCH_FILTER, 1)
-        client.subscribe(TWIN_RESPONSE_FILTER, 0)  # before the GET on the same connection: its answer is heard
+        # Subscribed before the GET on the same connection: its answer is heard.
+        client.subscribe([(DESIRED_PATCH_FILTER, 1), (TWIN_RESPONSE_FILTER, 0)])
         self._get_rid = str(next(self._rid))
         client.publish(f"{TWIN_GET_PREFIX}?$rid={self._get_rid}", b"", 0)
         self._send_reported()

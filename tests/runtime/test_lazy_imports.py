@@ -5,7 +5,9 @@
 python-qpid-proton until the hub's first AMQP connection (a hub listening for AMQP with no AMQP device connected
 holds none of it; ``--no-amqp`` runs without it: it has no aarch64 wheel). A serving hub never loads pydantic, the
 manifest's models or lark (~15 MB): its deployments are checked in a child process, at start and on each live
-update. Checked in a fresh interpreter, since this one has loaded them all for other tests."""
+update. A hub connected to its MQTT upstream holds no paho, nor urllib.request and what it pulls in (email,
+http.client: ~2.6 MB; paho imports it for proxy settings): the upstream speaks MQTT with its own client. Checked
+in a fresh interpreter, since this one has loaded them all for other tests."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import json
 import subprocess
 import sys
 import time
-from asyncio.subprocess import PIPE
+from asyncio.subprocess import PIPE, Process
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from proton import Delivery
@@ -23,6 +27,7 @@ from proton import Message as AmqpMessage
 from edgehub.runtime.certs import ensure_certs
 from tests.e2e.hub_process import identity_add
 from tests.protocol_heads.amqp.conftest import ProtonClient
+from tests.upstream.scripted_broker import scripted
 
 PROBE = """
 import sys
@@ -107,7 +112,22 @@ def test_a_serving_hub_applies_and_refuses_deployments_without_loading_pydantic_
     assert seen["loaded"] == []
 
 
-AMQP_SERVING = """
+# The end of a script that runs a hub until its ``watch(stop, ports)`` returns, then prints what it ``seen``.
+SERVE_UNTIL_WATCHED = """
+
+async def main() -> None:
+    stop = asyncio.Event()
+    tasks = []
+    await serve(config(), stop=stop, on_ready=lambda p: tasks.append(asyncio.create_task(watch(stop, p))))
+    await asyncio.gather(*tasks)
+
+
+asyncio.run(main())
+print(json.dumps(seen))
+"""
+
+AMQP_SERVING = (
+    """
 import asyncio, json, sys
 from pathlib import Path
 import edgehub.runtime.cli  # all that edgehub run imports
@@ -116,52 +136,52 @@ from edgehub.runtime.hub_runtime import HubConfig, serve
 seen = {}
 
 
-async def watch(stop: asyncio.Event, port: int) -> None:
+def config() -> HubConfig:
+    return HubConfig(manifest=Path(sys.argv[1]), data_dir=Path(sys.argv[2]), mqtts_port=None, amqp_port=0)
+
+
+async def watch(stop: asyncio.Event, ports: dict[str, int]) -> None:
     try:
         seen["listening"] = "proton" in sys.modules
-        print(port, flush=True)
+        print(ports["amqp"], flush=True)
         await asyncio.to_thread(sys.stdin.readline)  # the test's AMQP client has sent a message and closed
         seen["served"] = "proton" in sys.modules
     finally:
         stop.set()
-
-
-async def main() -> None:
-    stop = asyncio.Event()
-    tasks = []
-    config = HubConfig(manifest=Path(sys.argv[1]), data_dir=Path(sys.argv[2]), mqtts_port=None, amqp_port=0)
-    await serve(config, stop=stop, on_ready=lambda p: tasks.append(asyncio.create_task(watch(stop, p["amqp"]))))
-    await asyncio.gather(*tasks)
-
-
-asyncio.run(main())
-print(json.dumps(seen))
 """
+    + SERVE_UNTIL_WATCHED
+)
+
+
+@asynccontextmanager
+async def hub_child(script: str, *args: str) -> AsyncIterator[Process]:
+    """``script`` in a fresh interpreter with ``args``, its standard streams piped; killed if still running after."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, *args, stdin=PIPE, stdout=PIPE, stderr=PIPE
+    )
+    try:
+        yield child
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
 
 
 async def test_a_hub_serving_amqp_loads_proton_at_its_first_amqp_connection_which_it_serves(tmp_path: Path) -> None:
     manifest, data = tmp_path / "manifest.json", tmp_path / "data"
     manifest.write_text(json.dumps({"schemaVersion": "1.1", "routes": {"a": "FROM /* INTO $upstream"}}))
     cs = await identity_add(data, "dev1")
-    child = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", AMQP_SERVING, str(manifest), str(data), stdin=PIPE, stdout=PIPE, stderr=PIPE
-    )
-    try:
-        async with asyncio.timeout(60):
-            assert child.stdout is not None
-            port = int(await child.stdout.readline() or b"0")
-            assert port, (await child.communicate())[1].decode()
-            client = await ProtonClient.connect(
-                port, user=f"dev1@sas.{cs.host_name}", password=cs.sas_token(int(time.time()) + 3600)
-            )
-            sender = await client.sender("/devices/dev1/messages/events")
-            delivery = await client.send(sender, AmqpMessage(body=b'{"t": 1}'))
-            await client.close()
-            out, err = await child.communicate(b"done\n")
-    finally:
-        if child.returncode is None:
-            child.kill()
-            await child.wait()
+    async with asyncio.timeout(60), hub_child(AMQP_SERVING, str(manifest), str(data)) as child:
+        assert child.stdout is not None
+        port = int(await child.stdout.readline() or b"0")
+        assert port, (await child.communicate())[1].decode()
+        client = await ProtonClient.connect(
+            port, user=f"dev1@sas.{cs.host_name}", password=cs.sas_token(int(time.time()) + 3600)
+        )
+        sender = await client.sender("/devices/dev1/messages/events")
+        delivery = await client.send(sender, AmqpMessage(body=b'{"t": 1}'))
+        await client.close()
+        out, err = await child.communicate(b"done\n")
     assert child.returncode == 0, err.decode()
     assert delivery.remote_state == Delivery.ACCEPTED
     assert json.loads(out.decode().strip().splitlines()[-1]) == {"listening": False, "served": True}
@@ -193,3 +213,54 @@ def test_a_start_serving_amqp_without_proton_installed_is_refused_with_its_reaso
     assert "edgehub: the AMQP head needs python-qpid-proton (missing: proton, cproton)" in out.stderr, out.stderr
     assert "--no-amqp" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+MQTT_UPSTREAM_SERVING = (
+    """
+import asyncio, json, sys
+from pathlib import Path
+import edgehub.runtime.cli  # all that edgehub run imports
+from edgehub.runtime.hub_runtime import HubConfig, serve
+from edgehub.upstream.mqtt_transport import MqttUpstreamSettings
+
+HEAVY = ("paho", "urllib.request", "email", "http.client")
+seen = {}
+
+
+def config() -> HubConfig:
+    upstream = MqttUpstreamSettings(host="127.0.0.1", port=int(sys.argv[3]), client_id="edge1", hub_id="edge1")
+    return HubConfig(
+        manifest=Path(sys.argv[1]), data_dir=Path(sys.argv[2]), mqtts_port=None, amqps_port=None, upstream=upstream
+    )
+
+
+async def watch(stop: asyncio.Event, ports: dict[str, int]) -> None:
+    try:
+        print("ready", flush=True)
+        await asyncio.to_thread(sys.stdin.readline)  # the test answered the CONNECT and saw the twin's SUBSCRIBE
+        seen["loaded"] = sorted(m for m in HEAVY if m in sys.modules)
+    finally:
+        stop.set()
+"""
+    + SERVE_UNTIL_WATCHED
+)
+
+
+async def test_a_hub_connected_to_its_mqtt_upstream_holds_no_paho_nor_urllib_request(tmp_path: Path) -> None:
+    manifest, data = tmp_path / "manifest.json", tmp_path / "data"
+    manifest.write_text(json.dumps({"schemaVersion": "1.1", "routes": {"a": "FROM /* INTO $upstream"}}))
+    ensure_certs(data / "certs")  # in place, as on every start but the first (which loads cryptography, email)
+    async with (
+        asyncio.timeout(60),
+        scripted() as broker,  # the upstream broker: this test answers for it
+        hub_child(MQTT_UPSTREAM_SERVING, str(manifest), str(data), str(broker.port)) as child,
+    ):
+        assert child.stdout is not None
+        assert await child.stdout.readline() == b"ready\n", (await child.communicate())[1].decode()
+        await broker.next_connection()
+        assert (await broker.read_packet())[0] == 0x10  # CONNECT
+        broker.write(b"\x20\x02\x00\x00")  # CONNACK: accepted
+        assert (await broker.read_packet())[0] == 0x82  # the twin's SUBSCRIBE: the connection is up and in use
+        out, err = await child.communicate(b"done\n")
+    assert child.returncode == 0, err.decode()
+    assert json.loads(out.decode().strip().splitlines()[-1]) == {"loaded": []}

@@ -1,0 +1,245 @@
+"""The upstream's own MQTT client on the wire, byte for byte: a scripted broker on a real socket on 127.0.0.1
+reads every packet the hub writes and answers with packets built by hand (paho's test style). CONNECT for 3.1.1 and
+5 with and without credentials and session expiry, PUBLISH with MQTT 5 properties and its PUBACK, SUBSCRIBE, our
+PUBACK of the broker's QoS 1 PUBLISH, PINGREQ on keepalive, a silent link lost, a broker's oversize or malformed
+packet or MQTT 5 DISCONNECT lost with its reason logged, never a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from edgehub.core import Message
+from edgehub.delivery.endpoint import QueuedMessage
+from edgehub.upstream.mqtt_settings import MqttProtocol, WireMode
+from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
+from edgehub.upstream.twin_channel import TwinChannel
+from tests.upstream.scripted_broker import scripted, text, with_header
+
+pytestmark = pytest.mark.timeout(30)
+
+CONNACK_OK_311 = b"\x20\x02\x00\x00"
+CONNACK_OK_5 = b"\x20\x03\x00\x00\x00"
+
+
+def settings(port: int, **kw: object) -> MqttUpstreamSettings:
+    base: dict[str, object] = {"host": "127.0.0.1", "port": port, "client_id": "hub1", "hub_id": "hub1"}
+    base.update(kw)
+    return MqttUpstreamSettings(**base)  # type: ignore[arg-type]
+
+
+def one(body: bytes, offset: int = 0) -> list[QueuedMessage]:
+    return [QueuedMessage(message=Message(body=body), offset=offset, priority=0, enqueued_at_s=1.7e9, ttl_s=60)]
+
+
+PROTOCOL_311 = text("MQTT") + b"\x04"
+PROTOCOL_5 = text("MQTT") + b"\x05"
+SAS_USER = "127.0.0.1/hub1/?api-version=2021-04-12"
+
+
+@pytest.mark.parametrize(
+    ("kw", "body"),
+    [
+        # 3.1.1, the session kept (clean session 0), keepalive 30, no credentials
+        ({}, PROTOCOL_311 + b"\x00\x00\x1e" + text("hub1")),
+        # 3.1.1, clean session, username and password
+        (
+            {"session_expiry_s": 0, "username": "edge", "password": "s3cret", "keepalive_s": 60},
+            PROTOCOL_311 + b"\xc2\x00\x3c" + text("hub1") + text("edge") + text("s3cret"),
+        ),
+        # 5, the session kept a day (Session Expiry Interval 86400) and our Maximum Packet Size (1 MiB)
+        (
+            {"protocol": MqttProtocol.V5},
+            PROTOCOL_5 + b"\x00\x00\x1e" + b"\x0a\x11\x00\x01\x51\x80\x27\x00\x10\x00\x00" + text("hub1"),
+        ),
+        # 5, clean start with no session expiry, an IoT Hub SAS token (the username IoT Hub's form)
+        (
+            {"protocol": MqttProtocol.V5, "session_expiry_s": 0, "sas_token": "SharedAccessSignature sr=x"},
+            PROTOCOL_5
+            + b"\xc2\x00\x1e"
+            + b"\x05\x27\x00\x10\x00\x00"
+            + text("hub1")
+            + text(SAS_USER)
+            + text("SharedAccessSignature sr=x"),
+        ),
+    ],
+    ids=["311-session", "311-credentials-clean", "5-session-expiry", "5-sas-clean-start"],
+)
+async def test_connect_is_written_byte_for_byte(kw: dict[str, object], body: bytes) -> None:
+    async with scripted() as broker, MqttUpstream(settings(broker.port, **kw)) as up:
+        await broker.next_connection()
+        assert await broker.read_packet() == b"\x10" + bytes((len(body),)) + body
+        v5 = kw.get("protocol") is MqttProtocol.V5
+        broker.write(CONNACK_OK_5 if v5 else CONNACK_OK_311)
+        await up.wait_connected()
+
+
+async def test_a_publish_carries_its_mqtt5_properties_its_wire_bytes_are_counted_and_a_puback_settles_it() -> None:
+    async with scripted() as broker:
+        s = settings(broker.port, protocol=MqttProtocol.V5, wire_mode=WireMode.MESSAGE, keepalive_s=60)
+        async with MqttUpstream(s) as up:
+            await broker.next_connection()
+            await broker.read_packet()
+            broker.write(CONNACK_OK_5)
+            await up.wait_connected()
+            msg = Message(body=b"21.5", properties={"kind": "t"}, system_properties={"messageId": "m-1"})
+            sending = asyncio.create_task(
+                up.send([QueuedMessage(message=msg, offset=0, priority=0, enqueued_at_s=1.7e9, ttl_s=60)])
+            )
+            published = await broker.read_packet()
+            props = b"\x26" + text("kind") + text("t") + b"\x26" + text("$.mid") + text("m-1")
+            body = text("devices/hub1/messages/events/") + b"\x00\x01" + bytes((len(props),)) + props + b"21.5"
+            assert published == b"\x32" + bytes((len(body),)) + body
+            assert not sending.done()  # not delivered before its PUBACK
+            broker.write(b"\x40\x02\x00\x01")
+            result = await sending
+            assert [q.offset for q in result.succeeded] == [0]
+            assert result.details["wire_bytes"] == str(len(published))
+
+            # MQTT 5: a PUBACK with a failure reason code refuses the message for good.
+            refused = asyncio.create_task(up.send(one(b"x", 1)))
+            published = await broker.read_packet()
+            assert published[0] == 0x32
+            assert published[-1:] == b"x"
+            pid = published[2 + 2 + len("devices/hub1/messages/events/") :][:2]
+            broker.write(b"\x40\x03" + pid + b"\x87")  # not authorized
+            result = await refused
+            assert [q.offset for q in result.invalid] == [1]
+            assert result.error is not None
+            assert "0x87" in result.error
+
+
+async def test_the_twin_subscribes_in_one_packet_and_our_puback_answers_the_brokers_qos1_publish() -> None:
+    async with scripted() as broker:
+        up = MqttUpstream(settings(broker.port, keepalive_s=60))
+        up.attach_twin(TwinChannel())
+        async with up:
+            await broker.next_connection()
+            await broker.read_packet()
+            broker.write(CONNACK_OK_311)
+            desired, answers = "$iothub/twin/PATCH/properties/desired/#", "$iothub/twin/res/#"
+            body = b"\x00\x01" + text(desired) + b"\x01" + text(answers) + b"\x00"
+            assert await broker.read_packet() == b"\x82" + bytes((len(body),)) + body
+            get = text("$iothub/twin/GET/?$rid=1")  # QoS 0: no packet id, an empty payload
+            assert await broker.read_packet() == b"\x30" + bytes((len(get),)) + get
+            broker.write(b"\x90\x04\x00\x01\x01\x00")  # SUBACK: granted QoS 1 and 0
+            patch = text("$iothub/twin/PATCH/properties/desired/?$version=2") + b"\x00\x07" + b"{}"
+            broker.write(b"\x32" + bytes((len(patch),)) + patch)
+            assert await broker.read_packet() == b"\x40\x02\x00\x07"
+
+
+async def test_an_idle_connection_pings_on_keepalive_and_a_silent_broker_is_noticed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="edgehub.upstream")
+    loop = asyncio.get_running_loop()
+    async with scripted() as broker:
+        started_at = loop.time()  # the CONNECT, the last packet the client sends before the PINGREQ, comes after
+        async with MqttUpstream(settings(broker.port, keepalive_s=1)) as up:
+            await broker.next_connection()
+            await broker.read_packet()
+            broker.write(CONNACK_OK_311)
+            await up.wait_connected()
+            assert await broker.read_packet() == b"\xc0\x00"  # PINGREQ after a keepalive with nothing sent
+            assert loop.time() - started_at >= 0.99
+            broker.write(b"\xd0\x00")  # PINGRESP
+            assert await broker.read_packet() == b"\xc0\x00"  # and again a keepalive later: still up
+            answered_at = loop.time()
+            # Now the broker goes silent (as a link that drops every packet would): lost within 1.5 keepalives
+            # of the last packet heard.
+            await up.wait_for(lambda: not up.connected)
+            assert loop.time() - answered_at < 1.5
+            assert await broker.closed_by_client()
+    assert any("upstream.lost" in r.getMessage() and "keepalive" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason", "detail"),
+    [
+        (b"\x30\x88\x27", "packet_too_large", "over the limit of 2048"),  # a PUBLISH announcing 5000 bytes
+        (b"\x30\xff\xff\xff\xff\x01", "malformed_packet", "remaining length over four bytes"),
+        (b"\x00\x00", "malformed_packet", "packet type 0"),
+        (b"\x30\x04\x00\x02\xff\xfe", "malformed_packet", "not UTF-8"),
+        (b"\x34\x03\x00\x01a", "malformed_packet", "QoS 2"),
+    ],
+    ids=["oversize", "bad-length", "bad-type", "bad-utf8", "qos2"],
+)
+async def test_a_broker_packet_over_the_limit_or_malformed_loses_the_connection_with_its_reason_logged(
+    bad: bytes, reason: str, detail: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="edgehub.upstream")
+    async with scripted() as broker:
+        s = settings(broker.port, max_packet_bytes=2048, keepalive_s=60, reconnect_min_s=30.0)
+        async with MqttUpstream(s) as up:
+            await broker.next_connection()
+            await broker.read_packet()
+            broker.write(CONNACK_OK_311)
+            await up.wait_connected()
+            sending = asyncio.create_task(up.send(one(b"x")))
+            await broker.read_packet()  # the PUBLISH, in flight when the broker breaks the protocol
+            broker.write(bad)
+            result = await sending
+            assert [q.offset for q in result.failed] == [0]  # failed, to be sent again: never reported delivered
+            assert not up.connected
+            assert await broker.closed_by_client()
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(f"reason={reason}" in line and detail in line for line in lines), lines
+    assert not any(r.exc_info for r in caplog.records)
+
+
+async def test_an_mqtt5_server_disconnect_loses_the_connection_with_the_brokers_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="edgehub.upstream")
+    async with scripted() as broker:
+        s = settings(broker.port, protocol=MqttProtocol.V5, keepalive_s=60, reconnect_min_s=30.0)
+        async with MqttUpstream(s) as up:
+            await broker.next_connection()
+            await broker.read_packet()
+            broker.write(CONNACK_OK_5)
+            await up.wait_connected()
+            reason = b"\x1f" + text("maintenance")
+            broker.write(with_header(0xE0, b"\x8b" + bytes((len(reason),)) + reason))  # server shutting down
+            await up.wait_for(lambda: not up.connected)
+            assert await broker.closed_by_client()
+    lost = [r.getMessage() for r in caplog.records if "upstream.lost" in r.getMessage()]
+    assert lost, caplog.text
+    assert "reason 0x8b (maintenance)" in lost[0], lost
+
+
+class _Heard(logging.Handler):
+    """Sets ``event`` when a log line holding ``word`` is emitted (on the loop's thread, as the transport logs)."""
+
+    def __init__(self, word: str) -> None:
+        super().__init__(logging.INFO)
+        self.word = word
+        self.event = asyncio.Event()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.word in record.getMessage():
+            self.lines.append(record.getMessage())
+            self.event.set()
+
+
+async def test_a_refused_mqtt5_connack_is_a_refusal_with_its_reason_and_the_socket_is_closed() -> None:
+    heard = _Heard("upstream.connect_refused")
+    logger = logging.getLogger("edgehub.upstream.mqtt_transport")
+    logger.addHandler(heard)
+    try:
+        async with scripted() as broker:
+            s = settings(broker.port, protocol=MqttProtocol.V5, reconnect_refused_min_s=30.0)
+            async with MqttUpstream(s) as up:
+                await broker.next_connection()
+                await broker.read_packet()
+                reason = b"\x1f" + text("bad token")
+                broker.write(with_header(0x20, b"\x00\x87" + bytes((len(reason),)) + reason))  # not authorized
+                assert await broker.closed_by_client()
+                await heard.event.wait()
+                assert not up.connected
+                assert broker.accepted.empty()  # a refusal backs off hard: no second attempt at once
+    finally:
+        logger.removeHandler(heard)
+    assert "CONNACK refused: 0x87 bad token" in heard.lines[0]
