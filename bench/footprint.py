@@ -1,7 +1,12 @@
 """The hub's footprint on a small gateway, under the Pi Zero 2 W profile: start-up time, memory idle and with a
 large backlog.
 
-Usage: python -m bench.footprint [--queued 1000000] [--devices 10] [--profile pi-zero2w] [--dir PATH]
+Usage: python -m bench.footprint [--queued 1000000] [--devices 10] [--profile pi-zero2w] [--dir PATH] [--plain]
+
+The hub runs as ``deployment/edgehub.service`` runs it: with the unit's ``Environment=`` lines (Python's ``-OO`` and
+a bytecode cache directory, ``%C`` taken as a directory of this run; ``service_environment``), so the first start
+(the warm-up below) writes the cache that every later start reads, as on a gateway. ``--plain`` runs it in this
+shell's environment instead.
 
 1. ``startup_s``: from the exec of ``edgehub run --profile pi-zero2w`` (TLS on, a fresh data directory: its
    certificates already made, as on every start but the first) to the first accepted connection: a device's
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import re
 import signal
 import subprocess
@@ -48,6 +54,7 @@ from bench.ingest import add_identities, free_port
 from edgehub.core.sas import ConnectionString
 
 EDGEHUB = str(Path(sys.executable).parent / "edgehub")
+SERVICE_UNIT = Path(__file__).resolve().parents[1] / "deployment" / "edgehub.service"
 BODY = b"x" * 200
 PUBLISHERS = 4
 INFLIGHT = 256  # per publisher: under fsync=interval an ack waits up to one interval, so many must be in flight
@@ -56,6 +63,27 @@ MANIFEST = {
     "schemaVersion": "1.1",
     "routes": {"telemetry": {"route": "FROM /messages/* INTO $upstream", "priority": 5, "timeToLiveSecs": 604800}},
 }
+
+
+def service_environment(unit: Path, cache_root: Path) -> dict[str, str]:
+    """The variables the systemd ``unit`` sets for the hub (its ``Environment=`` lines, ``%C``, systemd's cache
+    root, replaced by ``cache_root``)."""
+    env: dict[str, str] = {}
+    for line in unit.read_text().splitlines():
+        if line.startswith("Environment="):
+            name, _, value = line.removeprefix("Environment=").partition("=")
+            env[name] = value.replace("%C", str(cache_root))
+    return env
+
+
+def hub_environment(work: Path, *, plain: bool) -> dict[str, str]:
+    """This shell's environment, or (``plain`` False) that with the unit's variables, and bytecode written (a
+    gateway has no PYTHONDONTWRITEBYTECODE; this machine's shells may)."""
+    env = dict(os.environ)
+    if not plain:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env.update(service_environment(SERVICE_UNIT, work / "cache"))
+    return env
 
 
 def status(pid: int) -> dict[str, float]:
@@ -166,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--devices", type=int, default=10)
     ap.add_argument("--profile", default="pi-zero2w")
     ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--plain", action="store_true", help="this shell's environment, not the systemd unit's")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         work = Path(tmp)
@@ -192,15 +221,17 @@ def main(argv: list[str] | None = None) -> None:
             "--upstream-mqtt",
             f"127.0.0.1:{dead}",  # nothing listens there: the link is down, the backlog stays in the store
         ]
-        # the certificates are made on the first start only: one start and stop first, so the one measured is
+        # the certificates (and, in the unit's environment, the bytecode cache) are made on the first start only:
+        # one start and stop first, so the one measured is
         # the start every later boot makes
-        warm = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        env = hub_environment(work, plain=args.plain)
+        warm = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         first_connection(tls, creds["dev0"], ca, warm, time.perf_counter())
         warm.send_signal(signal.SIGTERM)
         warm.wait(60)
 
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, env=env)
         try:
             startup_s = first_connection(tls, creds["dev0"], ca, proc, t0)
             print(f"start-up to the first accepted connection: {startup_s:.2f} s")
@@ -238,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
 
         # 4. a restart with the backlog still queued: the store is read in full (checksums) before it listens
         t2 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, env=env)
         try:
             restart_s = first_connection(tls, creds["dev0"], ca, proc, t2, timeout_s=900)
             print(f"restart with {acked} queued, to the first accepted connection: {restart_s:.2f} s")
@@ -247,9 +278,10 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(120)
+    how = "this shell's environment" if args.plain else f"{SERVICE_UNIT.name}'s environment"
     print(
-        f"footprint under the {args.profile} profile: idle {idle['VmRSS']:.1f} MB with {args.devices} devices "
-        f"(target <= 45), {full['VmRSS']:.1f} MB with {acked} queued (target <= 80; peak {full['VmHWM']:.1f}), "
+        f"footprint under the {args.profile} profile, in {how}: idle {idle['VmRSS']:.1f} MB with {args.devices} "
+        f"devices (target <= 45), {full['VmRSS']:.1f} MB with {acked} queued (target <= 80; peak {full['VmHWM']:.1f}), "
         f"start-up {startup_s:.2f} s (target <= 1.5); restarted with the backlog: {restart_s:.1f} s, "
         f"{again['VmRSS']:.1f} MB (peak {again['VmHWM']:.1f}). Peers on small devices: Azure IoT Edge hub 57-166 MB, "
         "Greengrass stream manager >= 70 MB"
