@@ -17,6 +17,10 @@ Invariants:
   gzip stream is broken fails the batch, and every replay of it), so each batch checks the gzip stream of every
   file it read (which ones: the checkpoint, ``CheckpointLog.batch_files``) and quarantines each broken one as
   ``unreadable_file``. Both are a function of the batch, so a replay quarantines the same files.
+* **A batch is computed once** (read, classification, dedup state): one write stages all its rows in bronze's layout
+  (``_staged``; a bad row carries its reason and line in two of bronze's columns) and counts both outcomes
+  (``observe``); every table is then derived from the staged files. Nothing is cached, and a batch with bad lines
+  is split by reading its staged files, not by computing it again.
 * A batch has one ingest time, so one ``ingest_date``: the tables are staged unpartitioned and moved into the day's
   partition (``partitionBy`` would sort every row by a constant).
 * An error of ours raised inside a batch is kept in ``RunState.failure``, since Spark hands the caller only its own
