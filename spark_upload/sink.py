@@ -263,8 +263,9 @@ def _write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
         staged_silver = stage("silver", silver(bronze))
         stage("device_minute", device_minute_partials(staged_silver, batch_id))
         move_in(lake, lake.glob(f"_staging/{tag}/{bronze_folder}/part-*"), "bronze", day, tag=tag)
-    for table in TABLES[1:]:  # bronze's files were moved in above
-        move_in(lake, lake.glob(f"_staging/{tag}/{table}/part-*"), table, day, tag=tag)
+    for table in TABLES:
+        if table != "bronze":  # its files were moved in above
+            move_in(lake, lake.glob(f"_staging/{tag}/{table}/part-*"), table, day, tag=tag)
     if run.query_id is None:
         run.query_id = run.checkpoint.query_id()
     marker = {"bronze": counts.bronze, "quarantined": counts.quarantined, "query_id": run.query_id}
