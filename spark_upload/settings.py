@@ -62,6 +62,10 @@ def build_session(
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),
+        # Counting the state's rows makes every put a get first (does the key exist?): a second RocksDB lookup per
+        # input row, for a figure (numRowsTotal in the query progress) nothing here reads. 1,000,000 records: 1.1M
+        # lookups instead of 2.1M, their time 1.0 s instead of 1.7 s (progress customMetrics, local[1] pinned).
+        "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
         "spark.ui.showConsoleProgress": "false",
         # Segments are small gzip files (~230 KB holding ~4 MB of JSON) that cannot be split. With the default
         # 128 MB per input partition and 4 MB counted per file opened, a 100-file batch became 4 partitions of

@@ -17,6 +17,10 @@ Invariants:
   gzip stream is broken fails the batch, and every replay of it), so each batch checks the gzip stream of every
   file it read (which ones: the checkpoint, ``CheckpointLog.batch_files``) and quarantines each broken one as
   ``unreadable_file``. Both are a function of the batch, so a replay quarantines the same files.
+* **A batch is computed once** (read, classification, dedup state): one write stages all its rows in bronze's layout
+  (``_staged``; a bad row carries its reason and line in two of bronze's columns) and counts both outcomes
+  (``observe``); every table is then derived from the staged files. Nothing is cached, and a batch with bad lines
+  is split by reading its staged files, not by computing it again.
 * A batch has one ingest time, so one ``ingest_date``: the tables are staged unpartitioned and moved into the day's
   partition (``partitionBy`` would sort every row by a constant).
 * An error of ours raised inside a batch is kept in ``RunState.failure``, since Spark hands the caller only its own
@@ -30,7 +34,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
@@ -52,6 +56,8 @@ _QUARANTINE_COLUMNS = (
     ("edge_message_id", "string"),
     ("ingest_at", "timestamp"),
 )
+# Bronze columns a staged bad row keeps as they are (``_staged``).
+_STAGED_AS_IS = frozenset({"edge_message_id", "source_file", "ingest_at"})
 
 
 class CheckpointMismatchError(ConfigurationError):
@@ -172,8 +178,38 @@ def write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
         raise
 
 
+def _staged(rows: DataFrame) -> DataFrame:
+    """The batch in bronze's layout, every row of it: a good row as it goes to bronze, a bad one with a null ``v``
+    (a good row's is 1 or 2), its reason in ``source`` and its line, byte for byte, in ``body`` (see
+    ``_quarantined``); of its other fields only ``edge_message_id``, ``source_file`` and ``ingest_at`` (the quarantine
+    has them). So one write stages the whole batch, and when it has no bad row the staged files are bronze's."""
+    bad = F.col("reason").isNotNull()
+    carried = {"source": F.col("reason"), "body": F.col("line").cast("binary")}
+    columns = []
+    for name in BRONZE_COLUMNS[:-1]:  # ingest_date is the folder
+        if name in _STAGED_AS_IS:
+            columns.append(F.col(name))
+        elif name in carried:
+            columns.append(F.when(bad, carried[name]).otherwise(F.col(name)).alias(name))
+        else:
+            columns.append(F.when(~bad, F.col(name)).alias(name))
+    return rows.select(*columns)
+
+
+def _quarantined(staged: DataFrame) -> DataFrame:
+    """The quarantine rows of a staged batch (``_staged``)."""
+    return staged.where(F.col("v").isNull()).select(
+        F.col("source").alias("reason"),
+        "source_file",
+        F.col("body").cast("string").alias("line"),
+        "edge_message_id",
+        "ingest_at",
+    )
+
+
 def _write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
     lake, settings = run.lake, run.settings
+    spark = batch.sparkSession
     tag = batch_tag(batch_id)
     if lake.exists("_committed", tag):
         _log.info("ingest.batch_replay_skipped batch=%d", batch_id)
@@ -191,43 +227,50 @@ def _write_batch(run: RunState, batch: DataFrame, batch_id: int) -> None:
     lake.delete("_staging", tag)
 
     day = run.checkpoint.batch_at(batch_id).date().isoformat()
-    # The batch is computed once (classification, dedup state) and kept for the writes below.
-    rows = batch.select(*BRONZE_COLUMNS[:-1], "reason", "line").persist()  # ingest_date is the folder
-    try:
-        tally = rows.agg(
-            F.count(F.when(F.col("reason").isNull(), 1)).alias("good"),
-            F.count(F.when(F.col("reason").isNotNull(), 1)).alias("bad"),
-        ).first()
-        assert tally is not None
-        good = rows.where(F.col("reason").isNull()).select(*BRONZE_COLUMNS[:-1])
-        bad = rows.where(F.col("reason").isNotNull()).select(*(name for name, _ in _QUARANTINE_COLUMNS))
-        unreadable, n_unreadable = _unreadable_files(batch.sparkSession, run, batch_id)
+
+    def stage(table: str, frame: DataFrame) -> DataFrame:
+        """Write ``frame`` to ``_staging/{tag}/{table}``; returns a reader of what was written (its schema given,
+        so reading it starts no Spark job to infer one)."""
+        uri = lake.uri("_staging", tag, table)
+        write_capped(frame, uri, max_records_per_file=settings.max_records_per_file)
+        return spark.read.schema(frame.schema).parquet(uri)
+
+    # The batch (read, classification, dedup state) is computed once, by one write that stages all of it in
+    # bronze's layout, counting both outcomes on the way. It is not cached: building an in-memory copy of a
+    # million rows cost about as much as writing them, and every table below reads the staged files instead.
+    tally = Observation()
+    good_bad = (
+        F.count(F.when(F.col("reason").isNull(), 1)).alias("good"),
+        F.count(F.when(F.col("reason").isNotNull(), 1)).alias("bad"),
+    )
+    staged = stage("batch", _staged(batch.observe(tally, *good_bad)))
+    good, bad_lines = int(tally.get["good"]), int(tally.get["bad"])
+    unreadable, n_unreadable = _unreadable_files(spark, run, batch_id)
+    counts = BatchCounts(bronze=good, quarantined=bad_lines + n_unreadable, unreadable_files=n_unreadable)
+    bronze, bronze_folder = staged, "batch"  # without bad lines, the staged batch is bronze
+    if bad_lines:
+        # Rare: the staged batch is split (a Parquet read of it, not the batch computed again).
+        bad = _quarantined(staged)
         if unreadable is not None:
             bad = bad.unionByName(unreadable)
-        counts = BatchCounts(
-            bronze=int(tally["good"]), quarantined=int(tally["bad"]) + n_unreadable, unreadable_files=n_unreadable
-        )
-
-        def stage(table: str, frame: DataFrame) -> None:
-            write_capped(frame, lake.uri("_staging", tag, table), max_records_per_file=settings.max_records_per_file)
-
-        if counts.quarantined:
-            stage("quarantine", bad)
-        if counts.bronze:
-            stage("bronze", good)
-            stage("silver", silver(good))
-            # From the staged silver: the bodies are parsed once, not again for the aggregate.
-            staged_silver = batch.sparkSession.read.parquet(lake.uri("_staging", tag, "silver"))
-            stage("device_minute", device_minute_partials(staged_silver, batch_id))
-        for table in TABLES:
+        stage("quarantine", bad)
+        if good:
+            bronze, bronze_folder = stage("bronze", staged.where(F.col("v").isNotNull())), "bronze"
+    elif unreadable is not None:
+        stage("quarantine", unreadable)
+    if good:
+        # From the staged silver: the bodies are parsed once, not again for the aggregate.
+        staged_silver = stage("silver", silver(bronze))
+        stage("device_minute", device_minute_partials(staged_silver, batch_id))
+        move_in(lake, lake.glob(f"_staging/{tag}/{bronze_folder}/part-*"), "bronze", day, tag=tag)
+    for table in TABLES:
+        if table != "bronze":  # its files were moved in above
             move_in(lake, lake.glob(f"_staging/{tag}/{table}/part-*"), table, day, tag=tag)
-        if run.query_id is None:
-            run.query_id = run.checkpoint.query_id()
-        marker = {"bronze": counts.bronze, "quarantined": counts.quarantined, "query_id": run.query_id}
-        lake.touch("_committed", tag, text=json.dumps(marker))
-        lake.delete("_staging", tag)
-    finally:
-        rows.unpersist()
+    if run.query_id is None:
+        run.query_id = run.checkpoint.query_id()
+    marker = {"bronze": counts.bronze, "quarantined": counts.quarantined, "query_id": run.query_id}
+    lake.touch("_committed", tag, text=json.dumps(marker))
+    lake.delete("_staging", tag)
     with run.lock:
         run.counts[batch_id] = counts
         run.lock.notify_all()

@@ -232,6 +232,38 @@ def test_each_kind_of_bad_record_is_quarantined_with_its_reason_and_the_job_keep
 
 
 @pytest.mark.spark
+def test_a_batch_of_bad_lines_only_is_quarantined_byte_for_byte_and_adds_nothing_to_the_other_tables(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # The sink stages a batch once in bronze's layout, a bad row's line carried in its body: the line must come
+    # back as it was read, bytes that are not UTF-8 included.
+    raw = [
+        b"\xff\xfe not json \xc3\xa9",
+        json.dumps({"v": 3, "edge_message_id": "bad-v", "note": "\u00e9t\u00e9"}, ensure_ascii=False).encode(),
+        b'{"v": 2, "edge_message_id": "no-hub"}',
+    ]
+    folder = tmp_path / "landing" / "hub1" / "upstream" / "p03"
+    folder.mkdir(parents=True)
+    (folder / "bad.jsonl.gz").write_bytes(gzip.compress(b"\n".join(raw) + b"\n"))
+    run(spark, job_settings(tmp_path))
+
+    quarantine = spark.read.parquet(str(tmp_path / "lake" / "quarantine"))
+    got = sorted(
+        (r.reason, bytes(r.raw), r.edge_message_id)
+        for r in quarantine.selectExpr("reason", "cast(line as binary) as raw", "edge_message_id").collect()
+    )
+    missing = "missing_fields:hub_id,enqueued_at,priority,ttl_s,source"
+    assert got == sorted(
+        [("unparseable_line", raw[0], None), ("unsupported_version", raw[1], "bad-v"), (missing, raw[2], "no-hub")]
+    )
+    lake = tmp_path / "lake"
+    for table in ("bronze", "silver", "device_minute"):
+        assert not list(lake.glob(f"{table}/*/*.parquet")), table
+    (m,) = [m for m in _metrics(tmp_path) if m["input_rows"]]
+    assert (m["input_rows"], m["bronze_rows"], m["quarantined"], m["duplicates"]) == (3, 0, 3, 0)
+
+
+@pytest.mark.spark
 def test_a_segment_that_is_not_a_whole_gzip_stream_is_quarantined_as_unreadable_and_the_job_goes_on(
     spark: SparkSession, tmp_path: Path
 ) -> None:
