@@ -97,7 +97,7 @@ def enqueued_at(text: Column) -> Column:
     refuse (tests/spark_upload/test_classification.py holds them together), and the cast costs a fraction of the
     pattern's formatter, which took 7 % of the job's task time."""
     strict = F.try_to_timestamp(text, F.lit(_ENQUEUED_AT_FORMAT))
-    return F.when(text.rlike(_ENQUEUED_AT_SHAPE), text.try_cast("timestamp")).otherwise(strict)
+    return F.when(text.rlike(_ENQUEUED_AT_SHAPE), text.try_cast(T.TimestampType())).otherwise(strict)
 
 
 def _v2_body(value: Column, r: Column) -> Column:
@@ -140,7 +140,8 @@ def _restored(r: Column, present: list[Column]) -> Column:
     for is_written, (key, column) in zip(present, COLUMN_SYSTEM_PROPERTIES, strict=True):
         value = F.when(is_written, r["system_properties"][key]).otherwise(r[column])
         entries.append(F.when(value.isNotNull(), F.struct(F.lit(key).alias("key"), value.alias("value"))))
-    no_entry = F.array(F.lit(None).cast("struct<key:string,value:string>"))
+    entry = T.StructType([T.StructField("key", T.StringType()), T.StructField("value", T.StringType())])
+    no_entry = F.array(F.lit(None).cast(entry))
     return F.map_from_entries(F.array_except(F.array(*entries), no_entry))
 
 
