@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from edgehub.core import ConfigurationError, EdgeHubError
@@ -184,7 +185,7 @@ def _staged(rows: DataFrame) -> DataFrame:
     ``_quarantined``); of its other fields only ``edge_message_id``, ``source_file`` and ``ingest_at`` (the quarantine
     has them). So one write stages the whole batch, and when it has no bad row the staged files are bronze's."""
     bad = F.col("reason").isNotNull()
-    carried = {"source": F.col("reason"), "body": F.col("line").cast("binary")}
+    carried = {"source": F.col("reason"), "body": F.col("line").cast(T.BinaryType())}
     columns = []
     for name in BRONZE_COLUMNS[:-1]:  # ingest_date is the folder
         if name in _STAGED_AS_IS:
@@ -201,7 +202,7 @@ def _quarantined(staged: DataFrame) -> DataFrame:
     return staged.where(F.col("v").isNull()).select(
         F.col("source").alias("reason"),
         "source_file",
-        F.col("body").cast("string").alias("line"),
+        F.col("body").cast(T.StringType()).alias("line"),
         "edge_message_id",
         "ingest_at",
     )

@@ -17,6 +17,7 @@ import posixpath
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from spark_upload.spark_internals import HadoopDir
 
@@ -31,6 +32,8 @@ __all__ = [
 ]
 
 TABLES = ("bronze", "quarantine", "silver", "device_minute")
+# Columns that differ from row to row (a message's ids, its body, its millisecond time).
+_UNIQUE_COLUMNS = frozenset({"edge_message_id", "message_id", "enqueued_at", "body"})
 _NUMERIC_VARIANT = r"^(TINYINT|SMALLINT|INT|BIGINT|FLOAT|DOUBLE|DECIMAL)"
 
 
@@ -42,7 +45,12 @@ def partition(day: str) -> str:
 def write_capped(frame: DataFrame, uri: str, *, max_records_per_file: int) -> None:
     """Write ``frame`` as Parquet files at ``uri`` (replacing what is there), at most ``max_records_per_file``
     rows a file."""
-    frame.write.mode("overwrite").option("maxRecordsPerFile", max_records_per_file).parquet(uri)
+    writer = frame.write.mode("overwrite").option("maxRecordsPerFile", max_records_per_file)
+    # A column whose values are all different gains nothing from a dictionary: Parquet builds one anyway, hashing
+    # every value into it, until it passes its size limit and re-encodes what it holds plainly.
+    for column in _UNIQUE_COLUMNS.intersection(frame.columns):
+        writer = writer.option(f"parquet.enable.dictionary#{column}", "false")
+    writer.parquet(uri)
 
 
 def move_in(lake: HadoopDir, files: list[str], table: str, day: str, *, tag: str) -> int:
@@ -68,7 +76,7 @@ def silver(bronze: DataFrame) -> DataFrame:
         "enqueued_at",
         "ingest_at",
         "properties",
-        F.try_parse_json(F.col("body").cast("string")).alias("body"),
+        F.try_parse_json(F.col("body").cast(T.StringType())).alias("body"),
     )
 
 
@@ -87,8 +95,9 @@ def device_minute_partials(silver: DataFrame, batch_id: int) -> DataFrame:
     # a restart would fail the same way for ever. try_cast gives null for it (and for a body that is not JSON):
     # no fields. Asking schema_of_variant whether the body is an object first cost more than the cast: it
     # describes the whole body, field by field, as a string.
-    fields = F.coalesce(F.expr("try_cast(body as map<string,variant>)"), F.create_map().cast("map<string,variant>"))
-    counting = F.struct(F.lit(None).cast("string").alias("key"), F.lit(None).cast("variant").alias("value"))
+    fields_type = T.MapType(T.StringType(), T.VariantType())
+    fields = F.coalesce(F.col("body").try_cast(fields_type), F.create_map().cast(fields_type))
+    counting = F.struct(F.lit(None).cast(T.StringType()).alias("key"), F.lit(None).cast(T.VariantType()).alias("value"))
     entries = (
         silver.select(
             "device_id",
@@ -96,9 +105,7 @@ def device_minute_partials(silver: DataFrame, batch_id: int) -> DataFrame:
             F.explode(F.concat(F.array(counting), F.map_entries(fields))).alias("e"),
         )
         .where(F.col("e.key").isNull() | F.schema_of_variant("e.value").rlike(_NUMERIC_VARIANT))
-        .select(
-            "device_id", "minute", F.col("e.key").alias("field"), F.variant_get("e.value", "$", "double").alias("x")
-        )
+        .select("device_id", "minute", F.col("e.key").alias("field"), F.col("e.value").cast(T.DoubleType()).alias("x"))
     )
     return (
         entries.groupBy("device_id", "minute", "field")
@@ -109,7 +116,7 @@ def device_minute_partials(silver: DataFrame, batch_id: int) -> DataFrame:
             F.min("x").alias("min"),
             F.max("x").alias("max"),
         )
-        .withColumn("batch_id", F.lit(batch_id).cast("long"))
+        .withColumn("batch_id", F.lit(batch_id).cast(T.LongType()))
     )
 
 
