@@ -123,7 +123,9 @@ def system_properties(r: Column) -> Column:
     Two paths, one result (tests/spark_upload/test_classification.py holds them together): a record whose system
     properties are all column ones (what the hub writes unless a device set others) takes ``_restored``, built
     from plain expressions; any other takes ``_system_properties_general``, whose higher-order functions Spark
-    interprets row by row (9 % of the job's task time when every row took it)."""
+    interprets row by row (9 % of the job's task time when every row took it). Those functions also keep
+    ``classify``'s last projection out of whole-stage code generation, which is wanted: compiled whole-stage, its
+    method passes HotSpot's 8000-byte limit for compiling and runs in the interpreter (classifying took 60 % longer)."""
     sysprops = r["system_properties"]
     present = [F.coalesce(F.map_contains_key(sysprops, key), F.lit(False)) for key in _TOMBSTONE_KEYS]
     only_column_keys = F.coalesce(F.size(sysprops), F.lit(0)) == sum(
