@@ -23,7 +23,8 @@ properties alone. Every object refuses a key it does not know, at every level
   bytes per batch), ``lingerMs`` (how long a short batch may wait to fill while others are in flight),
   ``maxInflightBytes`` (the window of unacknowledged bytes), ``linkRateBps`` / ``linkRttMs`` (the link hints
   the default window and batch size are computed from), ``compression`` (``"gzip"`` or ``"zstd"``, the
-  segment codec of ``batch`` mode). Credentials and TLS files are not here: desired
+  segment codec of ``batch`` mode), ``maxPacketBytes`` (the largest MQTT packet taken from the broker, 1024 to
+  268435460, MQTT's own limit). Credentials and TLS files are not here: desired
   properties are no place for secrets (see ``edgehub run --help``). Unknown keys there are refused (a typo
   must not silently leave detection off), and values must have their JSON type (``"4"`` is not a partition
   count).
@@ -142,6 +143,9 @@ class UpstreamConfiguration(BaseModel):
     linkRateBps: StrictInt | None = Field(default=None, ge=1_000)
     linkRttMs: StrictInt | None = Field(default=None, ge=0, le=60_000)
     compression: Literal["gzip", "zstd"] | None = None
+    # The transport's bounds (edgehub.upstream.mqtt_settings, which this layer does not import; a test keeps them
+    # equal): a twin document or a method call must fit, and MQTT cannot say more.
+    maxPacketBytes: StrictInt | None = Field(default=None, ge=1024, le=268_435_460)
 
 
 class IntegrityHeader(BaseModel):

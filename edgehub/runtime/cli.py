@@ -43,6 +43,7 @@ from edgehub.runtime.profile_cli import describe_profile, profile_options
 from edgehub.runtime.profiles import Profile
 from edgehub.runtime.routes_cli import describe_routes, routes
 from edgehub.runtime.serving import loop_factory, serve_until_signalled, start_failures, tune_gc
+from edgehub.upstream.mqtt_settings import MAX_PACKET_BYTES, MIN_PACKET_BYTES
 from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstreamSettings, TlsSettings, WireMode
 from edgehub.upstream.segment import Codec
 
@@ -136,7 +137,7 @@ def show_transport(settings: MqttUpstreamSettings | UploadUpstreamSettings | Non
     click.echo(
         f"upstream transport: mqtt {s.protocol} {s.host}:{s.port} tls={'on' if s.tls else 'off'} auth={auth} "
         f"wire={s.wire_mode} codec={s.compression} batch={s.segment_bytes} B window={s.window_bytes} B "
-        f"linger={s.linger_s:g} s max uplink={cap}"
+        f"linger={s.linger_s:g} s max uplink={cap} max packet in={s.max_packet_bytes} B"
     )
 
 
@@ -169,6 +170,7 @@ _MQTT_ONLY_FLAGS = (
     "upstream_compression",
     "upstream_link_rate",
     "upstream_link_rtt",
+    "upstream_max_packet_bytes",
 )
 # The manifest's upstream keys that only the MQTT transport reads (maxUplinkBps caps uploads too).
 _MQTT_LINK_KEYS = (
@@ -179,6 +181,7 @@ _MQTT_LINK_KEYS = (
     "linkRateBps",
     "linkRttMs",
     "compression",
+    "maxPacketBytes",
 )
 
 
@@ -336,6 +339,12 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
 @click.option("--upstream-link-rate", default=None, metavar="RATE", help="Link hint, e.g. 64kbit (linkRateBps).")
 @click.option("--upstream-link-rtt", default=None, metavar="DURATION", help="Link hint, e.g. 600ms (linkRttMs).")
 @click.option(
+    "--upstream-max-packet-bytes",
+    type=click.IntRange(MIN_PACKET_BYTES, MAX_PACKET_BYTES),
+    default=None,
+    help="Largest MQTT packet taken from the broker (maxPacketBytes; default 1 MiB).",
+)
+@click.option(
     "--upstream-partitions",
     type=click.IntRange(1, MAX_PARTITIONS),
     default=None,
@@ -435,6 +444,7 @@ def run(
     upstream_link_rate: str | None,
     upstream_link_rtt: str | None,
     upstream_compression: str | None,
+    upstream_max_packet_bytes: int | None,
     upstream_partitions: int | None,
     duplicate_detection: bool | None,
     duplicate_window_secs: int | None,
@@ -487,6 +497,7 @@ def run(
         link_rate_bps=_parsed(parse_rate_bps, upstream_link_rate, "--upstream-link-rate"),
         link_rtt_s=_parsed(parse_duration_s, upstream_link_rtt, "--upstream-link-rtt"),
         compression=Codec(upstream_compression) if upstream_compression else None,
+        max_packet_bytes=upstream_max_packet_bytes,
     )
     config = HubConfig(
         manifest=manifest,

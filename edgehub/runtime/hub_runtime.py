@@ -20,10 +20,10 @@ Over MQTT, the first lane's connection also serves the cloud's side: it subscrib
 and the messages for them and the direct method calls it receives go to the hub (``edgehub.upstream.mqtt_cloud``).
 
 How the transport uses its link (``wireMode``, ``maxUplinkBps``, ``maxBatchBytes``, ``lingerMs``,
-``maxInflightBytes``, ``linkRateBps``, ``linkRttMs``, ``compression``) comes from the manifest's ``upstream``
-section applied over ``HubConfig.upstream``, and ``HubConfig.upstream_overrides`` (the CLI's ``--upstream-*``
-flags) over both (``transport_settings``). Credentials and TLS come from ``HubConfig.upstream`` only (the CLI),
-never the manifest. The link settings are the MQTT transport's; the upload transport takes none of them (its
+``maxInflightBytes``, ``linkRateBps``, ``linkRttMs``, ``compression``, ``maxPacketBytes``) comes from the manifest's
+``upstream`` section applied over ``HubConfig.upstream``, and ``HubConfig.upstream_overrides`` (the CLI's
+``--upstream-*`` flags) over both (``transport_settings``). Credentials and TLS come from ``HubConfig.upstream`` only
+(the CLI), never the manifest. The link settings are the MQTT transport's; the upload transport takes none of them (its
 batches are the executor's, up to ``UploadTransport.max_batch_messages``, and each is one file), except
 ``maxUplinkBps``, which caps the bytes it writes too.
 
@@ -143,6 +143,7 @@ class UpstreamOverrides:
     link_rate_bps: float | None = None
     link_rtt_s: float | None = None
     compression: Codec | None = None
+    max_packet_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -338,6 +339,7 @@ def transport_settings(
         "link_rate_bps": float(rate_bps) if rate_bps is not None else None,
         "link_rtt_s": rtt_ms / 1000 if rtt_ms is not None else None,
         "compression": Codec(codec) if codec is not None else None,
+        "max_packet_bytes": up.get("maxPacketBytes"),
     }
     o = config.upstream_overrides
     cli: dict[str, object] = {name: getattr(o, name) for name in manifest}

@@ -33,6 +33,7 @@ _FIELDS = [
     "linkRateBps",
     "linkRttMs",
     "compression",
+    "maxPacketBytes",
     "modulesContent",
     "$edgeHub",
     "properties.desired",

@@ -10,9 +10,12 @@ import pytest
 from click.testing import CliRunner
 from fsspec.registry import known_implementations
 
+from edgehub.manifest.models import UpstreamConfiguration
 from edgehub.runtime.cli import DEFAULT_MANIFEST, main, show_transport
 from edgehub.runtime.hub_runtime import UploadUpstreamSettings
 from edgehub.runtime.serving import GC_THRESHOLDS, tune_gc
+from edgehub.upstream.mqtt_settings import MAX_PACKET_BYTES, MIN_PACKET_BYTES
+from edgehub.upstream.mqtt_transport import MqttUpstreamSettings
 
 
 def write(path: Path, doc: object) -> str:
@@ -158,7 +161,13 @@ def _run_with_port_taken(tmp_path: Path, args: list[str], env: dict[str, str] | 
 
 
 def test_run_applies_the_manifests_link_settings_and_the_flags_over_them(tmp_path: Path) -> None:
-    upstream = {"wireMode": "message", "maxUplinkBps": 16000, "maxBatchBytes": 3000, "linkRttMs": 1200}
+    upstream = {
+        "wireMode": "message",
+        "maxUplinkBps": 16000,
+        "maxBatchBytes": 3000,
+        "linkRttMs": 1200,
+        "maxPacketBytes": 65536,
+    }
     manifest = write(tmp_path / "m.json", {"schemaVersion": "1.1", "routes": {}, "upstream": upstream})
     out = _run_with_port_taken(
         tmp_path,
@@ -172,6 +181,7 @@ def test_run_applies_the_manifests_link_settings_and_the_flags_over_them(tmp_pat
     assert "mqtt 3.1.1 cloud.example:8883 tls=off auth=password wire=message codec=zstd batch=3000 B" in line
     assert "window=12600 B" in line  # 64 kbit/s x 1.2 s (the manifest's RTT) + one batch
     assert "max uplink=32000 bit/s" in line  # the flag over the manifest's 16000
+    assert "max packet in=65536 B" in line  # the manifest's, over the default 1 MiB
     assert "s3cret" not in out
 
 
@@ -184,6 +194,32 @@ def test_run_takes_tls_and_a_client_certificate_for_the_upstream(tmp_path: Path)
         ["--upstream-mqtt", "h:8883", "--upstream-ca-file", str(ca), "--upstream-cert-file", str(cert)],
     )
     assert "tls=on auth=none + client certificate" in out
+
+
+def test_the_packet_limit_from_the_broker_is_set_by_the_flag_over_the_manifest(tmp_path: Path) -> None:
+    manifest = write(tmp_path / "m.json", {"schemaVersion": "1.1", "routes": {}, "upstream": {"maxPacketBytes": 65536}})
+    args = ["--manifest", manifest, "--upstream-mqtt", "h:1883", "--upstream-max-packet-bytes", "4096"]
+    out = _run_with_port_taken(tmp_path, args)
+    assert "max packet in=4096 B" in out
+    # Without either, the transport's default.
+    default = _run_with_port_taken(tmp_path / "2", ["--upstream-mqtt", "h:1883"])
+    assert f"max packet in={MqttUpstreamSettings(host='h', client_id='c', hub_id='c').max_packet_bytes} B" in default
+
+
+@pytest.mark.parametrize("value", ["1023", "268435461", "1MiB"])
+def test_run_refuses_a_packet_limit_mqtt_cannot_have(tmp_path: Path, value: str) -> None:
+    args = ["run", "--data-dir", str(tmp_path / "d"), "--upstream-mqtt", "h:1883", "--upstream-max-packet-bytes", value]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2
+    assert "--upstream-max-packet-bytes" in result.output
+    assert not (tmp_path / "d").exists()
+
+
+def test_the_manifest_bounds_the_packet_limit_as_the_transport_does() -> None:
+    # The manifest layer does not import the transport's constants; this keeps the two in step.
+    field = UpstreamConfiguration.model_fields["maxPacketBytes"]
+    bounds = {type(m).__name__: getattr(m, type(m).__name__.lower()) for m in field.metadata}
+    assert (bounds["Ge"], bounds["Le"]) == (MIN_PACKET_BYTES, MAX_PACKET_BYTES)
 
 
 def test_run_refuses_a_bad_uplink_rate_before_serving(tmp_path: Path) -> None:
