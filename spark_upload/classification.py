@@ -166,7 +166,7 @@ def _system_properties_general(r: Column) -> Column:
 def classify(lines: DataFrame) -> DataFrame:
     """Lines (``value``, ``source_file``, ``ingest_at``) to typed rows with a ``reason`` (null when good) and the
     raw ``line``, kept for bad rows only (all the quarantine needs): a good row's line would be carried through the
-    dedup shuffle and the batch's cache for nothing.
+    dedup shuffle for nothing.
 
     Three projections, each value computed once: the parse; the decoded body and timestamp (each tested by
     several reasons and kept); the reason (tested by ``line`` and kept). Folded into one, Spark evaluated the body
