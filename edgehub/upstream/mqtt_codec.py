@@ -58,6 +58,7 @@ _SERVER_KEEP_ALIVE: Final = 0x13
 _REASON_STRING: Final = 0x1F
 _USER_PROPERTY: Final = 0x26
 _MAXIMUM_PACKET_SIZE: Final = 0x27
+_RECEIVE_MAXIMUM: Final = 0x21
 
 # Every property identifier MQTT 5 defines, by how its value is written: a broker may send any of them (we skip
 # those we do not use), and one not in here is malformed.
@@ -222,6 +223,8 @@ class ConnAckIn:
     code: int  # 3.1.1 return code or 5.0 reason code; 0 is success
     server_keepalive_s: int | None = None  # 5.0: the broker's keep alive, which replaces ours
     reason: str | None = None  # 5.0 reason string
+    receive_maximum: int | None = None  # 5.0: QoS 1 PUBLISHes the broker takes unacknowledged at once
+    maximum_packet_size: int | None = None  # 5.0: the largest packet the broker takes, in bytes
 
     @property
     def refused(self) -> bool:
@@ -354,6 +357,14 @@ class _Body:
             raise self.bad(f"{self.left()} bytes after the packet's fields")
 
 
+def _optional_positive(r: _Body, values: dict[int, int | str | bytes], pid: int, name: str) -> int | None:
+    """An integer property that may be left out but is never 0 (MQTT 5, 3.2.2.3.3 and 3.2.2.3.6)."""
+    value = values.get(pid)
+    if value == 0:
+        raise r.bad(f"{name} of 0", PROTOCOL_ERROR)
+    return value if isinstance(value, int) else None
+
+
 def _optional_text(values: dict[int, int | str | bytes], pid: int) -> str | None:
     value = values.get(pid)
     return value if isinstance(value, str) else None
@@ -432,14 +443,18 @@ class BrokerDecoder:
             raise r.bad(f"reserved acknowledge flags 0x{ack_flags:x}")
         code = r.u8()
         keepalive: int | None = None
+        receive_maximum: int | None = None
+        maximum_packet_size: int | None = None
         reason: str | None = None
         if self.v5:
             values, _ = r.properties()
             ka = values.get(_SERVER_KEEP_ALIVE)
             keepalive = ka if isinstance(ka, int) else None
             reason = _optional_text(values, _REASON_STRING)
+            receive_maximum = _optional_positive(r, values, _RECEIVE_MAXIMUM, "Receive Maximum")
+            maximum_packet_size = _optional_positive(r, values, _MAXIMUM_PACKET_SIZE, "Maximum Packet Size")
         r.finished()
-        return ConnAckIn(bool(ack_flags & 1), code, keepalive, reason)
+        return ConnAckIn(bool(ack_flags & 1), code, keepalive, reason, receive_maximum, maximum_packet_size)
 
     def _puback(self, r: _Body) -> PubAckIn:
         pid = r.u16()

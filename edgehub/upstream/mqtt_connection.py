@@ -14,6 +14,10 @@ goes out when we sent nothing for ``keepalive_s``, and a connection that heard n
 connection with the reason logged (``RefusalLog``), never a traceback. No task or descriptor outlives a
 connection: ``stop`` returns once the socket is closed.
 
+The other way, what an MQTT 5 broker's CONNACK announces is kept: ``receive_maximum`` and ``in_flight`` (QoS 1
+PUBLISHes awaiting their PUBACK) are there for the transport to wait on, and a PUBLISH over ``max_packet_out`` (the
+broker's Maximum Packet Size) is never written (``publish_unit`` fails it PERMANENT; ``publish`` drops it, logged).
+
 The session outlives the connection (``session_expiry_s``, 1 day by default: MQTT 3.1.1 clean_session=False, MQTT
 5 clean_start=False with that session expiry interval), so the broker keeps our subscriptions and queues the QoS 1
 device-bound messages that come while the hub is away, and sends again those it sent but we had not acknowledged.
@@ -63,6 +67,9 @@ log = logging.getLogger(__name__)
 _CLOSE_GRACE_S = 2.0  # a closing socket (TLS close_notify, a last DISCONNECT) gets this long, then it is aborted
 _CONNACK_REFUSALS = {1: "unacceptable protocol version", 2: "identifier rejected", 3: "server unavailable"}
 _CONNACK_REFUSALS |= {4: "bad user name or password", 5: "not authorized"}
+_MQTT_RECEIVE_MAXIMUM = 65_535  # MQTT 5's default when the CONNACK names none
+# PUBACK reason codes that say "not now" rather than "never" (MQTT 5, 3.4.2.1): the messages are sent again.
+_PUBACK_TRANSIENT = frozenset({0x80, 0x83, 0x91, 0x97})  # unspecified, implementation specific, id in use, quota
 
 
 @dataclass(slots=True)
@@ -88,6 +95,10 @@ class Connection(asyncio.Protocol):
         self._closed = asyncio.Event()  # the socket is closed (connection_lost ran)
         self.pending: dict[int, _Pending] = {}
         self.inflight_bytes = 0
+        # What the broker's CONNACK allows (MQTT 5; 3.1.1 brokers announce nothing): QoS 1 PUBLISHes awaiting their
+        # PUBACK at once, and the largest packet, None for MQTT's own limit.
+        self.receive_maximum = _MQTT_RECEIVE_MAXIMUM
+        self.max_packet_out: int | None = None
         self.alive = False
         self.connack: asyncio.Future[None] = self.loop.create_future()
         self.connack.add_done_callback(lambda f: f.cancelled() or f.exception())  # awaited, or not: either is fine
@@ -186,12 +197,16 @@ class Connection(asyncio.Protocol):
         if ack.server_keepalive_s is not None:
             self._keepalive_s = float(ack.server_keepalive_s)
             self._arm_keepalive()
+        if ack.receive_maximum is not None:
+            self.receive_maximum = ack.receive_maximum
+        self.max_packet_out = ack.maximum_packet_size
         self.alive = True
         self.connack.set_result(None)
 
     def _on_puback(self, ack: PubAckIn) -> None:
         if self._unawaited and ack.packet_id in self._unawaited:
             self._unawaited.discard(ack.packet_id)
+            self.owner._window_changed()
             return
         p = self.pending.pop(ack.packet_id, None)
         if p is None:
@@ -203,17 +218,27 @@ class Connection(asyncio.Protocol):
         if not p.future.done():
             if failed:
                 why = f" ({ack.reason})" if ack.reason else ""
-                p.future.set_exception(
-                    TransportError(f"PUBACK reason 0x{ack.code:02x}{why}", kind=FailureKind.PERMANENT)
-                )
+                kind = FailureKind.TRANSIENT if ack.code in _PUBACK_TRANSIENT else FailureKind.PERMANENT
+                p.future.set_exception(TransportError(f"PUBACK reason 0x{ack.code:02x}{why}", kind=kind))
             else:
                 p.future.set_result(None)
         self.owner._window_changed()
 
     # -- what we send ----------------------------------------------------------------------------------------
 
+    @property
+    def in_flight(self) -> int:
+        """QoS 1 PUBLISHes of ours awaiting their PUBACK: what the broker's Receive Maximum counts."""
+        return len(self.pending) + len(self._unawaited)
+
+    def fits(self, wire_bytes: int) -> bool:
+        """Whether a packet of ``wire_bytes`` is within the broker's Maximum Packet Size."""
+        return self.max_packet_out is None or wire_bytes <= self.max_packet_out
+
     def publish_unit(self, unit: Unit) -> asyncio.Future[None]:
-        """PUBLISH ``unit`` at QoS 1; the future resolves on its PUBACK (or fails with the connection)."""
+        """PUBLISH ``unit`` at QoS 1; the future resolves on its PUBACK (or fails with the connection). A PUBLISH
+        over the broker's Maximum Packet Size is not sent: it fails at once, PERMANENT (the broker would close the
+        connection, and the same PUBLISH would close the next one)."""
         fut: asyncio.Future[None] = self.loop.create_future()
         # A send cancelled mid-way (close, shutdown) leaves futures nobody awaits; their failure is expected.
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -222,6 +247,9 @@ class Connection(asyncio.Protocol):
             return fut
         pid = self._take_id()
         packet = publish_packet(unit.topic, unit.payload, qos=1, packet_id=pid, v5=self._v5, props=unit.properties)
+        if not self.fits(len(packet)):
+            fut.set_exception(TransportError(self._too_large(len(packet)), kind=FailureKind.PERMANENT))
+            return fut
         self.pending[pid] = _Pending(fut, unit.wire_bytes, self.loop.time())
         self.inflight_bytes += unit.wire_bytes
         self._write(packet)
@@ -231,11 +259,14 @@ class Connection(asyncio.Protocol):
         """PUBLISH an answer or a report nobody awaits (QoS 0 or 1); dropped when the connection is gone."""
         if not self.alive:
             return
-        pid = 0
+        pid = self._take_id() if qos else 0
+        packet = publish_packet(topic, payload, qos=qos, packet_id=pid, v5=self._v5)
+        if not self.fits(len(packet)):
+            log.warning("upstream.publish_dropped topic=%s error=%s", topic, self._too_large(len(packet)))
+            return
         if qos:
-            pid = self._take_id()
             self._unawaited.add(pid)
-        self._write(publish_packet(topic, payload, qos=qos, packet_id=pid, v5=self._v5))
+        self._write(packet)
 
     def subscribe(self, filters: list[tuple[str, int]]) -> None:
         """SUBSCRIBE to ``filters`` (one packet); ``owner._inbound.subscribed`` is called once every SUBACK is in."""
@@ -249,6 +280,9 @@ class Connection(asyncio.Protocol):
         """PUBACK a PUBLISH the broker sent on this connection (QoS 0: nothing to send)."""
         if qos > 0 and self.alive:
             self._write(puback_packet(mid))
+
+    def _too_large(self, size: int) -> str:
+        return f"PUBLISH of {size} bytes is over the broker's Maximum Packet Size of {self.max_packet_out}"
 
     def _take_id(self) -> int:
         """The next packet id not in use; the window bounds what is in flight far below 65,535."""

@@ -18,6 +18,12 @@ What it guarantees
   window, so a priority-0 message waits behind about one window of lower-priority bytes (at most the window
   plus the batch being handed over when it came): the executor chooses the next batch only when the window has
   room, highest priority first.
+* **What the broker announces is kept** (MQTT 5 CONNACK): no more PUBLISHes await their PUBACK than its Receive
+  Maximum, and segments are cut so that every PUBLISH is within its Maximum Packet Size. A message that alone is
+  over that size is refused for good (``invalid``: the executor dead-letters it with the reason), never written:
+  the broker would close the connection, and the same PUBLISH would close the next one for ever. A PUBACK with a
+  failure reason code refuses its messages for good, except "not now" codes (0x80, 0x83, 0x91, 0x97), which fail
+  them for a later batch.
 * **``max_uplink_bps``**: a token bucket on PUBLISH wire bytes; a backlog after an outage cannot exceed it.
   ``status()`` reports the achieved rate (acknowledged bytes over a 10 s window) and wire bytes per message.
 * **Reconnect** runs in its own task (tenacity), on ``edgehub.upstream.reconnect``'s schedule: an attempt
@@ -87,6 +93,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
@@ -170,6 +177,7 @@ class MqttUpstream:
         self._offline_ended = 0
         self._lost_at_mono_s: float | None = None
         self._peak_inflight = 0
+        self._oversized_dictionary: int | None = None  # the dictionary last found over the broker's packet limit
         self._messages_acked = 0
         self._publishes_acked = 0
         self._wire_acked = 0
@@ -310,11 +318,15 @@ class MqttUpstream:
 
     @property
     def has_room(self) -> bool:
-        """One more batch of ``max_batch_bytes`` fits the window (or nothing is in flight, or no connection)."""
+        """One more batch of ``max_batch_bytes`` fits the window (or nothing is in flight, or no connection), and the
+        broker's Receive Maximum leaves room for a PUBLISH."""
         conn = self._conn
-        if conn is None or not conn.alive or conn.inflight_bytes == 0:
+        if conn is None or not conn.alive:
             return True
-        return conn.inflight_bytes + self.settings.segment_bytes <= self.settings.window_bytes
+        if conn.in_flight >= conn.receive_maximum:
+            return False
+        inflight = conn.inflight_bytes
+        return inflight == 0 or inflight + self.settings.segment_bytes <= self.settings.window_bytes
 
     async def submit(self, batch: Sequence[QueuedMessage]) -> asyncio.Future[SendResult]:
         """Publish ``batch`` (waiting for window room and the uplink budget as needed) and return once every
@@ -333,7 +345,7 @@ class MqttUpstream:
         usable = ld.usable if ld is not None else None
         texts: list[bytes] = []
         try:
-            units = await self._encode(batch, (usable.dict_id, usable.data) if usable else None, texts)
+            units = await self._encode(batch, (usable.dict_id, usable.data) if usable else None, texts, conn)
         except Exception as exc:  # an encoding failure is this batch's, not the link's
             log.exception("upstream.encode_failed lane=%s", self.settings.lane)
             done.set_result(SendResult(invalid=tuple(batch), failure_kind=FailureKind.INVALID_INPUT, error=repr(exc)))
@@ -360,14 +372,22 @@ class MqttUpstream:
     # -- internals --------------------------------------------------------------------------------------------
 
     async def _encode(
-        self, batch: Sequence[QueuedMessage], dictionary: tuple[int, bytes] | None, texts: list[bytes]
+        self,
+        batch: Sequence[QueuedMessage],
+        dictionary: tuple[int, bytes] | None,
+        texts: list[bytes],
+        conn: Connection,
     ) -> list[Unit]:
-        """``batch`` as PUBLISHes; zstd (level 19 by default: tens of milliseconds a segment) in a worker thread,
-        so the event loop and the heads on it never wait for it."""
+        """``batch`` as PUBLISHes within ``conn``'s Maximum Packet Size; zstd (level 19 by default: tens of
+        milliseconds a segment) in a worker thread, so the event loop and the heads on it never wait for it."""
         observe = texts.append if self.dictionary is not None else None
+        limit = conn.max_packet_out
+        encode = functools.partial(
+            publish_units, self.settings, batch, dictionary=dictionary, observe=observe, max_wire_bytes=limit
+        )
         if self.settings.compression is Codec.ZSTD and self.settings.wire_mode is WireMode.BATCH:
-            return await asyncio.to_thread(publish_units, self.settings, batch, dictionary=dictionary, observe=observe)
-        return publish_units(self.settings, batch, dictionary=dictionary, observe=observe)
+            return await asyncio.to_thread(encode)
+        return encode()
 
     async def _dictionary_work(self, ld: LaneDictionary, conn: Connection) -> None:
         """Start training when the sample calls for it; send a trained dictionary ahead of the batch (once: it
@@ -378,6 +398,14 @@ class MqttUpstream:
         if pending is None or self._announcing == pending.dict_id:
             return
         unit = dictionary_unit(self.settings, pending.data, pending.dict_id)
+        if not conn.fits(unit.wire_bytes):
+            if self._oversized_dictionary != pending.dict_id:  # said once per dictionary
+                self._oversized_dictionary = pending.dict_id
+                log.warning(
+                    "upstream.dictionary_too_large lane=%s dict_id=%d bytes=%d max_packet=%s: segments stay plain zstd",
+                    self.settings.lane, pending.dict_id, unit.wire_bytes, conn.max_packet_out,
+                )  # fmt: skip
+            return
         if not await self._wait_window(conn, unit.wire_bytes):
             return
         await self._bucket.take(unit.wire_bytes)
@@ -418,7 +446,9 @@ class MqttUpstream:
 
     async def _wait_window(self, conn: Connection, size: int) -> bool:
         window = self.settings.window_bytes
-        while conn.alive and conn.inflight_bytes > 0 and conn.inflight_bytes + size > window:
+        while conn.alive and (
+            conn.in_flight >= conn.receive_maximum or (conn.inflight_bytes > 0 and conn.inflight_bytes + size > window)
+        ):
             self._window_event.clear()
             await self._window_event.wait()
         return conn.alive

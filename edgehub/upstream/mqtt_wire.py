@@ -86,12 +86,15 @@ def publish_units(
     *,
     dictionary: tuple[int, bytes] | None = None,
     observe: Callable[[bytes], None] | None = None,
+    max_wire_bytes: int | None = None,
 ) -> list[Unit]:
     """``batch`` as the PUBLISHes that carry it in ``s.wire_mode``; zstd segments with ``dictionary`` (its id and
-    bytes) when given; ``observe`` sees each segment's uncompressed text (the dictionary's sample)."""
+    bytes) when given; ``observe`` sees each segment's uncompressed text (the dictionary's sample). Segments are
+    cut so that each PUBLISH is at most ``max_wire_bytes`` (the broker's Maximum Packet Size) unless it holds one
+    message; a message alone over it stays over it (the connection refuses to send it)."""
     if s.wire_mode is WireMode.MESSAGE:
         return [_message_unit(s, qm) for qm in batch]
-    return _segment_units(s, batch, dictionary, observe)
+    return _segment_units(s, batch, dictionary, observe, max_wire_bytes)
 
 
 def _edge_id(s: MqttUpstreamSettings, qm: QueuedMessage) -> str:
@@ -103,6 +106,7 @@ def _segment_units(
     batch: Sequence[QueuedMessage],
     dictionary: tuple[int, bytes] | None,
     observe: Callable[[bytes], None] | None,
+    max_wire_bytes: int | None,
 ) -> list[Unit]:
     topic = s.batch_topic.format(hub_id=s.hub_id, lane=s.lane, priority=batch[0].priority)
     if s.compression is Codec.ZSTD:
@@ -122,22 +126,23 @@ def _segment_units(
                 SEGMENT_CONTENT_TYPE.format(codec=s.compression),
             )
     zdict = dictionary[1] if dictionary is not None else None
-    # Cut into runs whose compressed size is about max_batch_bytes: halve a run until it fits (or is one
-    # message), so compression still sees as many messages as fit.
+    # Cut into runs whose compressed size is about max_batch_bytes (and whose PUBLISH is within max_wire_bytes):
+    # halve a run until it fits (or is one message), so compression still sees as many messages as fit.
     units: list[Unit] = []
     stack: list[Sequence[QueuedMessage]] = [batch]
     while stack:
         run = stack.pop()
         text = batch_text(run, hub_id=s.hub_id, lane=s.lane)
         payload = compress_segment(text, compresslevel=s.level, codec=s.compression, dictionary=zdict)
-        if len(payload) > s.segment_bytes and len(run) > 1:
+        wire = publish_wire_bytes(topic, len(payload), properties_len=props_len)
+        too_big = len(payload) > s.segment_bytes or (max_wire_bytes is not None and wire > max_wire_bytes)
+        if too_big and len(run) > 1:
             mid = len(run) // 2
             stack.append(run[mid:])
             stack.append(run[:mid])
             continue
         if observe is not None:
             observe(text)
-        wire = publish_wire_bytes(topic, len(payload), properties_len=props_len)
         units.append(Unit(topic, payload, run, props, wire, len(text)))
     return units
 

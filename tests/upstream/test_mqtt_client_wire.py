@@ -243,3 +243,89 @@ async def test_a_refused_mqtt5_connack_is_a_refusal_with_its_reason_and_the_sock
     finally:
         logger.removeHandler(heard)
     assert "CONNACK refused: 0x87 bad token" in heard.lines[0]
+
+
+def connack_5(props: bytes) -> bytes:
+    return with_header(0x20, b"\x00\x00" + bytes((len(props),)) + props)
+
+
+async def test_no_more_publishes_await_their_puback_than_the_brokers_receive_maximum() -> None:
+    async with scripted() as broker:
+        s = settings(broker.port, protocol=MqttProtocol.V5, wire_mode=WireMode.MESSAGE, keepalive_s=60)
+        async with MqttUpstream(s) as up:
+            await broker.next_connection()
+            await broker.read_packet()
+            broker.write(connack_5(b"\x21\x00\x02"))  # Receive Maximum 2
+            await up.wait_connected()
+            batch = [q for i in range(4) for q in one(b"m%d" % i, i)]
+            sending = asyncio.create_task(up.send(batch))
+            first, second = await broker.read_packet(), await broker.read_packet()
+            assert not up.has_room
+            with pytest.raises(TimeoutError):  # the third waits for a PUBACK
+                await asyncio.wait_for(broker.read_packet(), 0.3)
+            for published in (first, second):
+                broker.write(b"\x40\x02" + _packet_id(published))
+            third, fourth = await broker.read_packet(), await broker.read_packet()
+            for published in (third, fourth):
+                broker.write(b"\x40\x02" + _packet_id(published))
+            result = await sending
+            assert [q.offset for q in result.succeeded] == [0, 1, 2, 3]
+            assert [p[-2:] for p in (first, second, third, fourth)] == [b"m0", b"m1", b"m2", b"m3"]
+
+
+async def test_segments_are_cut_to_the_brokers_maximum_packet_size_and_a_message_over_it_is_refused_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with scripted() as broker:
+        s = settings(broker.port, protocol=MqttProtocol.V5, keepalive_s=60, max_batch_bytes=60_000)
+        async with MqttUpstream(s) as up:
+            await broker.next_connection()
+            await broker.read_packet()
+            broker.write(connack_5(b"\x27\x00\x00\x02\x00"))  # Maximum Packet Size 512
+            await up.wait_connected()
+            noise = bytes(range(256)) * 4  # 1 KiB that gzip cannot shrink below the broker's limit
+            batch = [q for i in range(40) for q in one(b'{"seq": %d, "t": 21.5, "unit": "C"}' % i, i)]
+            batch += one(noise, 40)
+            sending = asyncio.create_task(up.send(batch))
+            sizes: list[int] = []
+            while True:
+                try:
+                    published = await asyncio.wait_for(broker.read_packet(), 1.0)
+                except TimeoutError:
+                    break
+                sizes.append(len(published))
+                broker.write(b"\x40\x02" + _packet_id(published))
+            result = await sending
+            assert len(sizes) > 1
+            assert max(sizes) <= 512
+            assert sorted(q.offset for q in result.succeeded) == list(range(40))
+            assert [q.offset for q in result.invalid] == [40]
+            assert result.error is not None
+            assert "Maximum Packet Size of 512" in result.error
+            assert up.connected  # the connection was kept: nothing over the limit was written
+
+
+def _packet_id(publish: bytes) -> bytes:
+    """The packet id of a QoS 1 PUBLISH: after the fixed header and the topic."""
+    pos = 1
+    while publish[pos] & 0x80:
+        pos += 1
+    pos += 1
+    topic_len = int.from_bytes(publish[pos : pos + 2], "big")
+    return publish[pos + 2 + topic_len : pos + 4 + topic_len]
+
+
+async def test_a_puback_saying_quota_exceeded_fails_the_message_for_later_rather_than_refusing_it() -> None:
+    async with scripted() as broker:
+        s = settings(broker.port, protocol=MqttProtocol.V5, wire_mode=WireMode.MESSAGE, keepalive_s=60)
+        async with MqttUpstream(s) as up:
+            await broker.next_connection()
+            await broker.read_packet()
+            broker.write(CONNACK_OK_5)
+            await up.wait_connected()
+            sending = asyncio.create_task(up.send(one(b"x", 3)))
+            published = await broker.read_packet()
+            broker.write(b"\x40\x03" + _packet_id(published) + b"\x97")  # quota exceeded
+            result = await sending
+            assert [q.offset for q in result.failed] == [3]
+            assert not result.invalid

@@ -71,6 +71,17 @@ def test_several_packets_in_one_read_come_out_in_order() -> None:
     assert decoder.feed(text("t") + b"\x00x") == [PublishIn("t", b"x", 0, 0)]
 
 
+def test_an_mqtt5_connack_carries_the_brokers_receive_maximum_and_maximum_packet_size() -> None:
+    props = b"\x21\x00\x14" + b"\x27\x00\x02\x00\x00"  # Receive Maximum 20, Maximum Packet Size 131,072
+    wire = with_header(0x20, b"\x00\x00" + bytes((len(props),)) + props)
+    assert BrokerDecoder(v5=True, max_packet_bytes=1024).feed(wire) == [ConnAckIn(False, 0, None, None, 20, 131_072)]
+    for zero in (b"\x21\x00\x00", b"\x27\x00\x00\x00\x00"):  # 0 is a protocol error for both
+        connack = with_header(0x20, b"\x00\x00" + bytes((len(zero),)) + zero)
+        with pytest.raises(RemoteProtocolError, match="of 0") as caught:
+            BrokerDecoder(v5=True, max_packet_bytes=1024).feed(connack)
+        assert caught.value.reason_code == 0x82
+
+
 def test_a_311_connack_carries_its_return_code() -> None:
     assert BrokerDecoder(v5=False, max_packet_bytes=1024).feed(b"\x20\x02\x00\x05") == [ConnAckIn(False, 5)]
 
