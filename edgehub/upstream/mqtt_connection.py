@@ -14,9 +14,10 @@ goes out when we sent nothing for ``keepalive_s``, and a connection that heard n
 connection with the reason logged (``RefusalLog``), never a traceback. No task or descriptor outlives a
 connection: ``stop`` returns once the socket is closed.
 
-The other way, what an MQTT 5 broker's CONNACK announces is kept: ``receive_maximum`` and ``in_flight`` (QoS 1
-PUBLISHes awaiting their PUBACK) are there for the transport to wait on, and a PUBLISH over ``max_packet_out`` (the
-broker's Maximum Packet Size) is never written (``publish_unit`` fails it PERMANENT; ``publish`` drops it, logged).
+The other way, what an MQTT 5 broker's CONNACK announces is kept: ``batch_slot_free`` says whether one more
+batch PUBLISH may go within the broker's Receive Maximum (one slot is left to the answers and reports ``publish``
+sends, unless the maximum is 1), and a PUBLISH over ``max_packet_out`` (the broker's Maximum Packet Size) is never
+written (``publish_unit`` fails it PERMANENT; ``publish`` drops it, logged).
 
 The session outlives the connection (``session_expiry_s``, 1 day by default: MQTT 3.1.1 clean_session=False, MQTT
 5 clean_start=False with that session expiry interval), so the broker keeps our subscriptions and queues the QoS 1
@@ -227,9 +228,11 @@ class Connection(asyncio.Protocol):
     # -- what we send ----------------------------------------------------------------------------------------
 
     @property
-    def in_flight(self) -> int:
-        """QoS 1 PUBLISHes of ours awaiting their PUBACK: what the broker's Receive Maximum counts."""
-        return len(self.pending) + len(self._unawaited)
+    def batch_slot_free(self) -> bool:
+        """Whether ``publish_unit`` may send one more PUBLISH within the broker's Receive Maximum, which counts our
+        QoS 1 PUBLISHes awaiting their PUBACK; one is left to ``publish`` unless the maximum is 1."""
+        slots = self.receive_maximum - 1 if self.receive_maximum > 1 else 1
+        return len(self.pending) + len(self._unawaited) < slots
 
     def fits(self, wire_bytes: int) -> bool:
         """Whether a packet of ``wire_bytes`` is within the broker's Maximum Packet Size."""

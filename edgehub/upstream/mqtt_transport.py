@@ -19,11 +19,11 @@ What it guarantees
   plus the batch being handed over when it came): the executor chooses the next batch only when the window has
   room, highest priority first.
 * **What the broker announces is kept** (MQTT 5 CONNACK): no more PUBLISHes await their PUBACK than its Receive
-  Maximum, and segments are cut so that every PUBLISH is within its Maximum Packet Size. A message that alone is
-  over that size is refused for good (``invalid``: the executor dead-letters it with the reason), never written:
-  the broker would close the connection, and the same PUBLISH would close the next one for ever. A PUBACK with a
-  failure reason code refuses its messages for good, except "not now" codes (0x80, 0x83, 0x91, 0x97), which fail
-  them for a later batch.
+  Maximum (one is left to the answers and reports of ``Connection.publish``), and segments are cut so that every
+  PUBLISH is within its Maximum Packet Size. A message that alone is over that size is refused for good
+  (``invalid``: the executor dead-letters it with the reason), never written: the broker would close the
+  connection, and the same PUBLISH would close the next one for ever. A PUBACK with a failure reason code refuses
+  its messages for good, except "not now" codes (0x80, 0x83, 0x91, 0x97), which fail them for a later batch.
 * **``max_uplink_bps``**: a token bucket on PUBLISH wire bytes; a backlog after an outage cannot exceed it.
   ``status()`` reports the achieved rate (acknowledged bytes over a 10 s window) and wire bytes per message.
 * **Reconnect** runs in its own task (tenacity), on ``edgehub.upstream.reconnect``'s schedule: an attempt
@@ -323,7 +323,7 @@ class MqttUpstream:
         conn = self._conn
         if conn is None or not conn.alive:
             return True
-        if conn.in_flight >= conn.receive_maximum:
+        if not conn.batch_slot_free:
             return False
         inflight = conn.inflight_bytes
         return inflight == 0 or inflight + self.settings.segment_bytes <= self.settings.window_bytes
@@ -447,7 +447,7 @@ class MqttUpstream:
     async def _wait_window(self, conn: Connection, size: int) -> bool:
         window = self.settings.window_bytes
         while conn.alive and (
-            conn.in_flight >= conn.receive_maximum or (conn.inflight_bytes > 0 and conn.inflight_bytes + size > window)
+            not conn.batch_slot_free or (conn.inflight_bytes > 0 and conn.inflight_bytes + size > window)
         ):
             self._window_event.clear()
             await self._window_event.wait()

@@ -249,13 +249,13 @@ def connack_5(props: bytes) -> bytes:
     return with_header(0x20, b"\x00\x00" + bytes((len(props),)) + props)
 
 
-async def test_no_more_publishes_await_their_puback_than_the_brokers_receive_maximum() -> None:
+async def test_no_more_publishes_await_their_puback_than_the_brokers_receive_maximum_leaves_for_batches() -> None:
     async with scripted() as broker:
         s = settings(broker.port, protocol=MqttProtocol.V5, wire_mode=WireMode.MESSAGE, keepalive_s=60)
         async with MqttUpstream(s) as up:
             await broker.next_connection()
             await broker.read_packet()
-            broker.write(connack_5(b"\x21\x00\x02"))  # Receive Maximum 2
+            broker.write(connack_5(b"\x21\x00\x03"))  # Receive Maximum 3: 2 for batches, 1 for answers and reports
             await up.wait_connected()
             batch = [q for i in range(4) for q in one(b"m%d" % i, i)]
             sending = asyncio.create_task(up.send(batch))
