@@ -24,7 +24,8 @@ properties alone. Every object refuses a key it does not know, at every level
   ``maxInflightBytes`` (the window of unacknowledged bytes), ``linkRateBps`` / ``linkRttMs`` (the link hints
   the default window and batch size are computed from), ``compression`` (``"gzip"`` or ``"zstd"``, the
   segment codec of ``batch`` mode), ``maxPacketBytes`` (the largest MQTT packet taken from the broker, 1024 to
-  268435460, MQTT's own limit). Credentials and TLS files are not here: desired
+  268435460, MQTT's own limit), ``brokerMaxPacketBytes`` (the largest the broker takes, for one that does not
+  announce it, as no MQTT 3.1.1 broker does; same bounds). Credentials and TLS files are not here: desired
   properties are no place for secrets (see ``edgehub run --help``). Unknown keys there are refused (a typo
   must not silently leave detection off), and values must have their JSON type (``"4"`` is not a partition
   count).
@@ -146,6 +147,7 @@ class UpstreamConfiguration(BaseModel):
     # The transport's bounds (edgehub.upstream.mqtt_settings, which this layer does not import; a test keeps them
     # equal): a twin document or a method call must fit, and MQTT cannot say more.
     maxPacketBytes: StrictInt | None = Field(default=None, ge=1024, le=268_435_460)
+    brokerMaxPacketBytes: StrictInt | None = Field(default=None, ge=1024, le=268_435_460)
 
 
 class IntegrityHeader(BaseModel):

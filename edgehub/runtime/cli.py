@@ -137,7 +137,8 @@ def show_transport(settings: MqttUpstreamSettings | UploadUpstreamSettings | Non
     click.echo(
         f"upstream transport: mqtt {s.protocol} {s.host}:{s.port} tls={'on' if s.tls else 'off'} auth={auth} "
         f"wire={s.wire_mode} codec={s.compression} batch={s.segment_bytes} B window={s.window_bytes} B "
-        f"linger={s.linger_s:g} s max uplink={cap} max packet in={s.max_packet_bytes} B"
+        f"linger={s.linger_s:g} s max uplink={cap} max packet in={s.max_packet_bytes} B "
+        f"out={f'{s.broker_max_packet_bytes} B' if s.broker_max_packet_bytes else 'as announced'}"
     )
 
 
@@ -171,6 +172,7 @@ _MQTT_ONLY_FLAGS = (
     "upstream_link_rate",
     "upstream_link_rtt",
     "upstream_max_packet_bytes",
+    "upstream_broker_max_packet_bytes",
 )
 # The manifest's upstream keys that only the MQTT transport reads (maxUplinkBps caps uploads too).
 _MQTT_LINK_KEYS = (
@@ -182,6 +184,7 @@ _MQTT_LINK_KEYS = (
     "linkRttMs",
     "compression",
     "maxPacketBytes",
+    "brokerMaxPacketBytes",
 )
 
 
@@ -345,6 +348,13 @@ def _parsed(parse: Callable[[str], float], text: str | None, flag: str) -> float
     help="Largest MQTT packet taken from the broker (maxPacketBytes; default 1 MiB).",
 )
 @click.option(
+    "--upstream-broker-max-packet-bytes",
+    type=click.IntRange(MIN_PACKET_BYTES, MAX_PACKET_BYTES),
+    default=None,
+    help="Largest MQTT packet the broker takes, for one that does not announce it, e.g. MQTT 3.1.1 "
+    "(brokerMaxPacketBytes; default: as the broker announces).",
+)
+@click.option(
     "--upstream-partitions",
     type=click.IntRange(1, MAX_PARTITIONS),
     default=None,
@@ -445,6 +455,7 @@ def run(
     upstream_link_rtt: str | None,
     upstream_compression: str | None,
     upstream_max_packet_bytes: int | None,
+    upstream_broker_max_packet_bytes: int | None,
     upstream_partitions: int | None,
     duplicate_detection: bool | None,
     duplicate_window_secs: int | None,
@@ -498,6 +509,7 @@ def run(
         link_rtt_s=_parsed(parse_duration_s, upstream_link_rtt, "--upstream-link-rtt"),
         compression=Codec(upstream_compression) if upstream_compression else None,
         max_packet_bytes=upstream_max_packet_bytes,
+        broker_max_packet_bytes=upstream_broker_max_packet_bytes,
     )
     config = HubConfig(
         manifest=manifest,

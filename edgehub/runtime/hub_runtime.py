@@ -20,12 +20,13 @@ Over MQTT, the first lane's connection also serves the cloud's side: it subscrib
 and the messages for them and the direct method calls it receives go to the hub (``edgehub.upstream.mqtt_cloud``).
 
 How the transport uses its link (``wireMode``, ``maxUplinkBps``, ``maxBatchBytes``, ``lingerMs``,
-``maxInflightBytes``, ``linkRateBps``, ``linkRttMs``, ``compression``, ``maxPacketBytes``) comes from the manifest's
-``upstream`` section applied over ``HubConfig.upstream``, and ``HubConfig.upstream_overrides`` (the CLI's
-``--upstream-*`` flags) over both (``transport_settings``). Credentials and TLS come from ``HubConfig.upstream`` only
-(the CLI), never the manifest. The link settings are the MQTT transport's; the upload transport takes none of them (its
-batches are the executor's, up to ``UploadTransport.max_batch_messages``, and each is one file), except
-``maxUplinkBps``, which caps the bytes it writes too.
+``maxInflightBytes``, ``linkRateBps``, ``linkRttMs``, ``compression``, ``maxPacketBytes``, ``brokerMaxPacketBytes``)
+comes from the manifest's ``upstream`` section applied over ``HubConfig.upstream``, and
+``HubConfig.upstream_overrides`` (the CLI's ``--upstream-*`` flags) over both (``transport_settings``). Credentials
+and TLS come from ``HubConfig.upstream`` only (the CLI), never the manifest. The link settings are the MQTT
+transport's; the upload transport takes none of them (its batches are the executor's, up to
+``UploadTransport.max_batch_messages``, and each is one file), except ``maxUplinkBps``, which caps the bytes it
+writes too.
 
 Partitions and duplicate detection come from the manifest's ``upstream`` section, each overridable in
 ``HubConfig`` (the CLI's ``--upstream-partitions``, ``--duplicate-detection``, ``--duplicate-window-secs``).
@@ -144,6 +145,7 @@ class UpstreamOverrides:
     link_rtt_s: float | None = None
     compression: Codec | None = None
     max_packet_bytes: int | None = None
+    broker_max_packet_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -340,6 +342,7 @@ def transport_settings(
         "link_rtt_s": rtt_ms / 1000 if rtt_ms is not None else None,
         "compression": Codec(codec) if codec is not None else None,
         "max_packet_bytes": up.get("maxPacketBytes"),
+        "broker_max_packet_bytes": up.get("brokerMaxPacketBytes"),
     }
     o = config.upstream_overrides
     cli: dict[str, object] = {name: getattr(o, name) for name in manifest}

@@ -16,8 +16,9 @@ connection: ``stop`` returns once the socket is closed.
 
 The other way, what an MQTT 5 broker's CONNACK announces is kept: ``batch_slot_free`` says whether one more
 batch PUBLISH may go within the broker's Receive Maximum (one slot is left to the answers and reports ``publish``
-sends, unless the maximum is 1), and a PUBLISH over ``max_packet_out`` (the broker's Maximum Packet Size) is never
-written (``publish_unit`` fails it PERMANENT; ``publish`` drops it, logged).
+sends, unless the maximum is 1), and a PUBLISH over ``max_packet_out`` (the broker's Maximum Packet Size, or
+``broker_max_packet_bytes`` for a broker that announces none, the smaller of the two) is never written
+(``publish_unit`` fails it PERMANENT; ``publish`` drops it, logged).
 
 The session outlives the connection (``session_expiry_s``, 1 day by default: MQTT 3.1.1 clean_session=False, MQTT
 5 clean_start=False with that session expiry interval), so the broker keeps our subscriptions and queues the QoS 1
@@ -96,10 +97,10 @@ class Connection(asyncio.Protocol):
         self._closed = asyncio.Event()  # the socket is closed (connection_lost ran)
         self.pending: dict[int, _Pending] = {}
         self.inflight_bytes = 0
-        # What the broker's CONNACK allows (MQTT 5; 3.1.1 brokers announce nothing): QoS 1 PUBLISHes awaiting their
-        # PUBACK at once, and the largest packet, None for MQTT's own limit.
+        # What the broker allows: QoS 1 PUBLISHes awaiting their PUBACK at once (MQTT 5's CONNACK; 3.1.1 brokers
+        # announce nothing), and the largest packet (the smaller of the CONNACK's and the setting's; None: MQTT's own).
         self.receive_maximum = _MQTT_RECEIVE_MAXIMUM
-        self.max_packet_out: int | None = None
+        self.max_packet_out: int | None = settings.broker_max_packet_bytes
         self.alive = False
         self.connack: asyncio.Future[None] = self.loop.create_future()
         self.connack.add_done_callback(lambda f: f.cancelled() or f.exception())  # awaited, or not: either is fine
@@ -200,7 +201,9 @@ class Connection(asyncio.Protocol):
             self._arm_keepalive()
         if ack.receive_maximum is not None:
             self.receive_maximum = ack.receive_maximum
-        self.max_packet_out = ack.maximum_packet_size
+        announced = ack.maximum_packet_size
+        if announced is not None:
+            self.max_packet_out = min(announced, self.max_packet_out or announced)
         self.alive = True
         self.connack.set_result(None)
 

@@ -93,6 +93,10 @@ class MqttUpstreamSettings:
     # broker drops a larger message rather than send it. A larger packet, or bytes that are no MQTT, lose the
     # connection (logged), and what the connection had in flight fails as with any loss.
     max_packet_bytes: int = 1024 * 1024
+    # The largest packet the broker takes from us, for a broker that does not announce it (MQTT 3.1.1 never does;
+    # Azure IoT Hub takes messages of up to 256 KB). An MQTT 5 broker's Maximum Packet Size applies too; the smaller
+    # wins. None: no limit but the broker's own announcement.
+    broker_max_packet_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if (self.max_batch_bytes is not None and self.max_batch_bytes <= 0) or self.max_batch_messages <= 0:
@@ -112,8 +116,10 @@ class MqttUpstreamSettings:
             raise ValueError("max_cloud_devices must be >= 0")
         if min(self.reconnect_min_s, self.reconnect_max_s, self.reconnect_refused_min_s) <= 0:
             raise ValueError("reconnect_min_s, reconnect_max_s and reconnect_refused_min_s must be positive")
-        if not MIN_PACKET_BYTES <= self.max_packet_bytes <= MAX_PACKET_BYTES:
-            raise ValueError(f"max_packet_bytes must be {MIN_PACKET_BYTES}-{MAX_PACKET_BYTES}")
+        for name in ("max_packet_bytes", "broker_max_packet_bytes"):
+            value = getattr(self, name)
+            if value is not None and not MIN_PACKET_BYTES <= value <= MAX_PACKET_BYTES:
+                raise ValueError(f"{name} must be {MIN_PACKET_BYTES}-{MAX_PACKET_BYTES}")
         if self.keepalive_s <= 0 or self.ack_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("keepalive_s, ack_timeout_s and connect_timeout_s must be positive")
 

@@ -20,7 +20,8 @@ What it guarantees
   room, highest priority first.
 * **What the broker announces is kept** (MQTT 5 CONNACK): no more PUBLISHes await their PUBACK than its Receive
   Maximum (one is left to the answers and reports of ``Connection.publish``), and segments are cut so that every
-  PUBLISH is within its Maximum Packet Size. A message that alone is over that size is refused for good
+  PUBLISH is within its Maximum Packet Size (or ``broker_max_packet_bytes``, for a broker that announces none, as
+  no MQTT 3.1.1 broker does; the smaller of the two). A message that alone is over that size is refused for good
   (``invalid``: the executor dead-letters it with the reason), never written: the broker would close the
   connection, and the same PUBLISH would close the next one for ever. A PUBACK with a failure reason code refuses
   its messages for good, except "not now" codes (0x80, 0x83, 0x91, 0x97), which fail them for a later batch.

@@ -34,6 +34,7 @@ _FIELDS = [
     "linkRttMs",
     "compression",
     "maxPacketBytes",
+    "brokerMaxPacketBytes",
     "modulesContent",
     "$edgeHub",
     "properties.desired",

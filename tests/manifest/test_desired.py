@@ -125,6 +125,8 @@ def test_upstream_link_settings_are_unset_unless_given() -> None:
         ({"maxBatchBytes": 100}, r"upstream\.maxBatchBytes: Input should be greater than or equal to 256"),
         ({"maxPacketBytes": 1023}, r"upstream\.maxPacketBytes: Input should be greater than or equal to 1024"),
         ({"maxPacketBytes": 268_435_461}, r"upstream\.maxPacketBytes: Input should be less than or equal to"),
+        ({"brokerMaxPacketBytes": 512}, r"upstream\.brokerMaxPacketBytes: Input should be greater than or equal to"),
+        ({"brokerMaxPacketBytes": "65536"}, r"upstream\.brokerMaxPacketBytes: Input should be a valid integer"),
         ("4", r"upstream: Input should be a valid dictionary"),
     ],
 )

@@ -181,7 +181,7 @@ def test_run_applies_the_manifests_link_settings_and_the_flags_over_them(tmp_pat
     assert "mqtt 3.1.1 cloud.example:8883 tls=off auth=password wire=message codec=zstd batch=3000 B" in line
     assert "window=12600 B" in line  # 64 kbit/s x 1.2 s (the manifest's RTT) + one batch
     assert "max uplink=32000 bit/s" in line  # the flag over the manifest's 16000
-    assert "max packet in=65536 B" in line  # the manifest's, over the default 1 MiB
+    assert "max packet in=65536 B out=as announced" in line  # the manifest's, over the default 1 MiB
     assert "s3cret" not in out
 
 
@@ -206,20 +206,31 @@ def test_the_packet_limit_from_the_broker_is_set_by_the_flag_over_the_manifest(t
     assert f"max packet in={MqttUpstreamSettings(host='h', client_id='c', hub_id='c').max_packet_bytes} B" in default
 
 
+def test_the_brokers_packet_limit_is_set_by_the_flag_over_the_manifest(tmp_path: Path) -> None:
+    upstream = {"brokerMaxPacketBytes": 262_144}
+    manifest = write(tmp_path / "m.json", {"schemaVersion": "1.1", "routes": {}, "upstream": upstream})
+    out = _run_with_port_taken(tmp_path, ["--manifest", manifest, "--upstream-mqtt", "h:1883"])
+    assert "out=262144 B" in out
+    args = ["--manifest", manifest, "--upstream-mqtt", "h:1883", "--upstream-broker-max-packet-bytes", "131072"]
+    assert "out=131072 B" in _run_with_port_taken(tmp_path / "2", args)
+
+
+@pytest.mark.parametrize("flag", ["--upstream-max-packet-bytes", "--upstream-broker-max-packet-bytes"])
 @pytest.mark.parametrize("value", ["1023", "268435461", "1MiB"])
-def test_run_refuses_a_packet_limit_mqtt_cannot_have(tmp_path: Path, value: str) -> None:
-    args = ["run", "--data-dir", str(tmp_path / "d"), "--upstream-mqtt", "h:1883", "--upstream-max-packet-bytes", value]
+def test_run_refuses_a_packet_limit_mqtt_cannot_have(tmp_path: Path, flag: str, value: str) -> None:
+    args = ["run", "--data-dir", str(tmp_path / "d"), "--upstream-mqtt", "h:1883", flag, value]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2
-    assert "--upstream-max-packet-bytes" in result.output
+    assert flag in result.output
     assert not (tmp_path / "d").exists()
 
 
 def test_the_manifest_bounds_the_packet_limit_as_the_transport_does() -> None:
     # The manifest layer does not import the transport's constants; this keeps the two in step.
-    field = UpstreamConfiguration.model_fields["maxPacketBytes"]
-    bounds = {type(m).__name__: getattr(m, type(m).__name__.lower()) for m in field.metadata}
-    assert (bounds["Ge"], bounds["Le"]) == (MIN_PACKET_BYTES, MAX_PACKET_BYTES)
+    for name in ("maxPacketBytes", "brokerMaxPacketBytes"):
+        field = UpstreamConfiguration.model_fields[name]
+        bounds = {type(m).__name__: getattr(m, type(m).__name__.lower()) for m in field.metadata}
+        assert (bounds["Ge"], bounds["Le"]) == (MIN_PACKET_BYTES, MAX_PACKET_BYTES)
 
 
 def test_run_refuses_a_bad_uplink_rate_before_serving(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 
 import pytest
 
@@ -273,19 +274,30 @@ async def test_no_more_publishes_await_their_puback_than_the_brokers_receive_max
             assert [p[-2:] for p in (first, second, third, fourth)] == [b"m0", b"m1", b"m2", b"m3"]
 
 
+@pytest.mark.parametrize(
+    ("protocol", "connack", "setting"),
+    [
+        (MqttProtocol.V5, connack_5(b"\x27\x00\x00\x04\x00"), None),  # the broker announces 1024
+        (MqttProtocol.V311, CONNACK_OK_311, 1024),  # a 3.1.1 broker announces nothing: the setting says 1024
+        (MqttProtocol.V5, connack_5(b"\x27\x00\x00\x10\x00"), 1024),  # announced 4096, set 1024: the smaller
+    ],
+    ids=["5-announced", "311-set", "5-set-smaller"],
+)
 async def test_segments_are_cut_to_the_brokers_maximum_packet_size_and_a_message_over_it_is_refused_alone(
-    caplog: pytest.LogCaptureFixture,
+    protocol: MqttProtocol, connack: bytes, setting: int | None
 ) -> None:
     async with scripted() as broker:
-        s = settings(broker.port, protocol=MqttProtocol.V5, keepalive_s=60, max_batch_bytes=60_000)
+        s = settings(
+            broker.port, protocol=protocol, keepalive_s=60, max_batch_bytes=60_000, broker_max_packet_bytes=setting
+        )
         async with MqttUpstream(s) as up:
             await broker.next_connection()
             await broker.read_packet()
-            broker.write(connack_5(b"\x27\x00\x00\x02\x00"))  # Maximum Packet Size 512
+            broker.write(connack)
             await up.wait_connected()
-            noise = bytes(range(256)) * 4  # 1 KiB that gzip cannot shrink below the broker's limit
-            batch = [q for i in range(40) for q in one(b'{"seq": %d, "t": 21.5, "unit": "C"}' % i, i)]
-            batch += one(noise, 40)
+            noise = random.Random(7).randbytes(3000)  # no compression shrinks it below the broker's limit
+            batch = [q for i in range(80) for q in one(b'{"seq": %d, "t": 21.5, "unit": "C"}' % i, i)]
+            batch += one(noise, 80)
             sending = asyncio.create_task(up.send(batch))
             sizes: list[int] = []
             while True:
@@ -297,11 +309,11 @@ async def test_segments_are_cut_to_the_brokers_maximum_packet_size_and_a_message
                 broker.write(b"\x40\x02" + _packet_id(published))
             result = await sending
             assert len(sizes) > 1
-            assert max(sizes) <= 512
-            assert sorted(q.offset for q in result.succeeded) == list(range(40))
-            assert [q.offset for q in result.invalid] == [40]
+            assert max(sizes) <= 1024
+            assert sorted(q.offset for q in result.succeeded) == list(range(80))
+            assert [q.offset for q in result.invalid] == [80]
             assert result.error is not None
-            assert "Maximum Packet Size of 512" in result.error
+            assert "Maximum Packet Size of 1024" in result.error
             assert up.connected  # the connection was kept: nothing over the limit was written
 
 
