@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -17,7 +19,7 @@ from edgehub.delivery.endpoint import QueuedMessage
 from edgehub.upstream.mqtt_settings import MqttProtocol, WireMode
 from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
 from edgehub.upstream.twin_channel import TwinChannel
-from tests.upstream.scripted_broker import scripted, text, with_header
+from tests.upstream.scripted_broker import ScriptedBroker, scripted, text, with_header
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -104,12 +106,19 @@ async def test_a_publish_carries_its_mqtt5_properties_its_wire_bytes_are_counted
             published = await broker.read_packet()
             assert published[0] == 0x32
             assert published[-1:] == b"x"
-            pid = published[2 + 2 + len("devices/hub1/messages/events/") :][:2]
-            broker.write(b"\x40\x03" + pid + b"\x87")  # not authorized
+            broker.write(b"\x40\x03" + _packet_id(published) + b"\x87")  # not authorized
             result = await refused
             assert [q.offset for q in result.invalid] == [1]
             assert result.error is not None
             assert "0x87" in result.error
+
+            # ... but a "not now" reason code (quota exceeded) fails it for a later batch.
+            later = asyncio.create_task(up.send(one(b"y", 2)))
+            published = await broker.read_packet()
+            broker.write(b"\x40\x03" + _packet_id(published) + b"\x97")
+            result = await later
+            assert [q.offset for q in result.failed] == [2]
+            assert not result.invalid
 
 
 async def test_the_twin_subscribes_in_one_packet_and_our_puback_answers_the_brokers_qos1_publish() -> None:
@@ -250,14 +259,22 @@ def connack_5(props: bytes) -> bytes:
     return with_header(0x20, b"\x00\x00" + bytes((len(props),)) + props)
 
 
+@asynccontextmanager
+async def connected(broker: ScriptedBroker, s: MqttUpstreamSettings, connack: bytes) -> AsyncIterator[MqttUpstream]:
+    """The upstream on ``s``, connected to ``broker``, which answered its CONNECT with ``connack``."""
+    async with MqttUpstream(s) as up:
+        await broker.next_connection()
+        await broker.read_packet()
+        broker.write(connack)
+        await up.wait_connected()
+        yield up
+
+
 async def test_no_more_publishes_await_their_puback_than_the_brokers_receive_maximum_leaves_for_batches() -> None:
     async with scripted() as broker:
         s = settings(broker.port, protocol=MqttProtocol.V5, wire_mode=WireMode.MESSAGE, keepalive_s=60)
-        async with MqttUpstream(s) as up:
-            await broker.next_connection()
-            await broker.read_packet()
-            broker.write(connack_5(b"\x21\x00\x03"))  # Receive Maximum 3: 2 for batches, 1 for answers and reports
-            await up.wait_connected()
+        # Receive Maximum 3: 2 for batches, 1 for answers and reports
+        async with connected(broker, s, connack_5(b"\x21\x00\x03")) as up:
             batch = [q for i in range(4) for q in one(b"m%d" % i, i)]
             sending = asyncio.create_task(up.send(batch))
             first, second = await broker.read_packet(), await broker.read_packet()
@@ -290,11 +307,7 @@ async def test_segments_are_cut_to_the_brokers_maximum_packet_size_and_a_message
         s = settings(
             broker.port, protocol=protocol, keepalive_s=60, max_batch_bytes=60_000, broker_max_packet_bytes=setting
         )
-        async with MqttUpstream(s) as up:
-            await broker.next_connection()
-            await broker.read_packet()
-            broker.write(connack)
-            await up.wait_connected()
+        async with connected(broker, s, connack) as up:
             noise = random.Random(7).randbytes(3000)  # no compression shrinks it below the broker's limit
             batch = [q for i in range(80) for q in one(b'{"seq": %d, "t": 21.5, "unit": "C"}' % i, i)]
             batch += one(noise, 80)
@@ -325,19 +338,3 @@ def _packet_id(publish: bytes) -> bytes:
     pos += 1
     topic_len = int.from_bytes(publish[pos : pos + 2], "big")
     return publish[pos + 2 + topic_len : pos + 4 + topic_len]
-
-
-async def test_a_puback_saying_quota_exceeded_fails_the_message_for_later_rather_than_refusing_it() -> None:
-    async with scripted() as broker:
-        s = settings(broker.port, protocol=MqttProtocol.V5, wire_mode=WireMode.MESSAGE, keepalive_s=60)
-        async with MqttUpstream(s) as up:
-            await broker.next_connection()
-            await broker.read_packet()
-            broker.write(CONNACK_OK_5)
-            await up.wait_connected()
-            sending = asyncio.create_task(up.send(one(b"x", 3)))
-            published = await broker.read_packet()
-            broker.write(b"\x40\x03" + _packet_id(published) + b"\x97")  # quota exceeded
-            result = await sending
-            assert [q.offset for q in result.failed] == [3]
-            assert not result.invalid
