@@ -14,11 +14,13 @@ goes out when we sent nothing for ``keepalive_s``, and a connection that heard n
 connection with the reason logged (``RefusalLog``), never a traceback. No task or descriptor outlives a
 connection: ``stop`` returns once the socket is closed.
 
-The other way, what an MQTT 5 broker's CONNACK announces is kept: ``batch_slot_free`` says whether one more
-batch PUBLISH may go within the broker's Receive Maximum (one slot is left to the answers and reports ``publish``
-sends, unless the maximum is 1), and a PUBLISH over ``max_packet_out`` (the broker's Maximum Packet Size, or
-``broker_max_packet_bytes`` for a broker that announces none, the smaller of the two) is never written
-(``publish_unit`` fails it PERMANENT; ``publish`` drops it, logged).
+The other way, what an MQTT 5 broker's CONNACK announces is kept. Our QoS 1 PUBLISHes awaiting their PUBACK are
+never more than its Receive Maximum: ``batch_slot_free`` says whether one more batch PUBLISH may go (one slot is
+left to the reports ``publish`` sends at QoS 1, unless the maximum is 1), and a report that finds no slot is held
+(at most ``_MAX_HELD``, the oldest dropped first) and written when a PUBACK frees one, before any further batch
+PUBLISH. A PUBLISH over ``max_packet_out`` (the broker's Maximum Packet Size, or ``broker_max_packet_bytes`` for a
+broker that announces none, the smaller of the two) is never written (``publish_unit`` fails it PERMANENT;
+``publish`` drops it, a refusal logged).
 
 The session outlives the connection (``session_expiry_s``, 1 day by default: MQTT 3.1.1 clean_session=False, MQTT
 5 clean_start=False with that session expiry interval), so the broker keeps our subscriptions and queues the QoS 1
@@ -34,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -70,6 +73,7 @@ _CLOSE_GRACE_S = 2.0  # a closing socket (TLS close_notify, a last DISCONNECT) g
 _CONNACK_REFUSALS = {1: "unacceptable protocol version", 2: "identifier rejected", 3: "server unavailable"}
 _CONNACK_REFUSALS |= {4: "bad user name or password", 5: "not authorized"}
 _MQTT_RECEIVE_MAXIMUM = 65_535  # MQTT 5's default when the CONNACK names none
+_MAX_HELD = 16  # QoS 1 reports waiting for a Receive Maximum slot (one twin report per change of reported state)
 # PUBACK reason codes that say "not now" rather than "never" (MQTT 5, 3.4.2.1): the messages are sent again.
 _PUBACK_TRANSIENT = frozenset({0x80, 0x83, 0x91, 0x97})  # unspecified, implementation specific, id in use, quota
 
@@ -108,6 +112,7 @@ class Connection(asyncio.Protocol):
         self.lost_reason = ""
         self.subscribing: set[int] = set()  # SUBSCRIBE packet ids awaiting their SUBACK
         self._unawaited: set[int] = set()  # QoS 1 PUBLISHes nobody waits for (twin reports): ids still taken
+        self._held: deque[tuple[str, bytes]] = deque()  # QoS 1 reports waiting for a Receive Maximum slot
         self._ids = PacketIds()
         self._keepalive_s = float(settings.keepalive_s)
         self._heard_at = self._wrote_at = self.loop.time()
@@ -210,11 +215,13 @@ class Connection(asyncio.Protocol):
     def _on_puback(self, ack: PubAckIn) -> None:
         if self._unawaited and ack.packet_id in self._unawaited:
             self._unawaited.discard(ack.packet_id)
+            self._release_held()
             self.owner._window_changed()
             return
         p = self.pending.pop(ack.packet_id, None)
         if p is None:
             return
+        self._release_held()
         self.inflight_bytes -= p.wire_bytes
         failed = ack.code >= 0x80
         if not failed:
@@ -233,9 +240,13 @@ class Connection(asyncio.Protocol):
     @property
     def batch_slot_free(self) -> bool:
         """Whether ``publish_unit`` may send one more PUBLISH within the broker's Receive Maximum, which counts our
-        QoS 1 PUBLISHes awaiting their PUBACK; one is left to ``publish`` unless the maximum is 1."""
+        QoS 1 PUBLISHes awaiting their PUBACK; one is left to ``publish`` unless the maximum is 1. (A held report
+        takes a slot the moment a PUBACK frees one, before the batches hear of it.)"""
         slots = self.receive_maximum - 1 if self.receive_maximum > 1 else 1
-        return len(self.pending) + len(self._unawaited) < slots
+        return self._awaiting_puback() < slots
+
+    def _awaiting_puback(self) -> int:
+        return len(self.pending) + len(self._unawaited)
 
     def fits(self, wire_bytes: int) -> bool:
         """Whether a packet of ``wire_bytes`` is within the broker's Maximum Packet Size."""
@@ -262,17 +273,46 @@ class Connection(asyncio.Protocol):
         return fut
 
     def publish(self, topic: str, payload: bytes, qos: int) -> None:
-        """PUBLISH an answer or a report nobody awaits (QoS 0 or 1); dropped when the connection is gone."""
+        """PUBLISH an answer or a report nobody awaits (QoS 0 or 1); dropped when the connection is gone. A QoS 1
+        report that finds the broker's Receive Maximum reached is held until a PUBACK frees a slot."""
         if not self.alive:
             return
+        if qos and (self._held or self._awaiting_puback() >= self.receive_maximum):
+            if len(self._held) >= _MAX_HELD:
+                dropped, _ = self._held.popleft()
+                self._refusals.refused(
+                    RefusalReason.QUOTA_EXCEEDED,
+                    peer=self._peer,
+                    client=self._settings.client_id,
+                    topic=dropped,
+                    detail=f"{_MAX_HELD} reports already wait for the broker's Receive Maximum of "
+                    f"{self.receive_maximum}: the oldest dropped",
+                )
+            self._held.append((topic, payload))
+            return
+        self._send(topic, payload, qos)
+
+    def _send(self, topic: str, payload: bytes, qos: int) -> None:
         pid = self._take_id() if qos else 0
         packet = publish_packet(topic, payload, qos=qos, packet_id=pid, v5=self._v5)
         if not self.fits(len(packet)):
-            log.warning("upstream.publish_dropped topic=%s error=%s", topic, self._too_large(len(packet)))
+            self._refusals.refused(
+                RefusalReason.MESSAGE_TOO_LARGE,
+                peer=self._peer,
+                client=self._settings.client_id,
+                topic=topic,
+                detail=self._too_large(len(packet)),
+            )
             return
         if qos:
             self._unawaited.add(pid)
         self._write(packet)
+
+    def _release_held(self) -> None:
+        """Write the held reports the Receive Maximum now has room for, oldest first."""
+        while self._held and self._awaiting_puback() < self.receive_maximum:
+            topic, payload = self._held.popleft()
+            self._send(topic, payload, 1)
 
     def subscribe(self, filters: list[tuple[str, int]]) -> None:
         """SUBSCRIBE to ``filters`` (one packet); ``owner._inbound.subscribed`` is called once every SUBACK is in."""

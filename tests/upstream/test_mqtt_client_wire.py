@@ -2,7 +2,8 @@
 reads every packet the hub writes and answers with packets built by hand (paho's test style). CONNECT for 3.1.1 and
 5 with and without credentials and session expiry, PUBLISH with MQTT 5 properties and its PUBACK, SUBSCRIBE, our
 PUBACK of the broker's QoS 1 PUBLISH, PINGREQ on keepalive, a silent link lost, a broker's oversize or malformed
-packet or MQTT 5 DISCONNECT lost with its reason logged, never a traceback."""
+packet or MQTT 5 DISCONNECT lost with its reason logged, never a traceback; what an MQTT 5 CONNACK announces kept
+(Receive Maximum, batches and twin reports alike; Maximum Packet Size)."""
 
 from __future__ import annotations
 
@@ -291,6 +292,91 @@ async def test_no_more_publishes_await_their_puback_than_the_brokers_receive_max
             assert [p[-2:] for p in (first, second, third, fourth)] == [b"m0", b"m1", b"m2", b"m3"]
 
 
+@asynccontextmanager
+async def with_twin(
+    broker: ScriptedBroker, s: MqttUpstreamSettings, connack: bytes
+) -> AsyncIterator[tuple[MqttUpstream, TwinChannel]]:
+    """``connected``, with a twin channel attached, past its SUBSCRIBE and its GET (both left unanswered)."""
+    twin = TwinChannel()
+    up = MqttUpstream(s)
+    up.attach_twin(twin)
+    async with up:
+        await broker.next_connection()
+        await broker.read_packet()
+        broker.write(connack)
+        await up.wait_connected()
+        assert (await broker.read_packet())[0] == 0x82  # SUBSCRIBE
+        assert (await broker.read_packet())[0] == 0x30  # the GET, QoS 0
+        yield up, twin
+
+
+async def nothing_written(broker: ScriptedBroker) -> None:
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(broker.read_packet(), 0.3)
+
+
+async def test_a_report_waits_for_the_receive_maximum_and_goes_before_the_next_batch_publish() -> None:
+    async with scripted() as broker:
+        s = settings(broker.port, protocol=MqttProtocol.V5, wire_mode=WireMode.MESSAGE, keepalive_s=60)
+        async with with_twin(broker, s, connack_5(b"\x21\x00\x01")) as (up, twin):  # Receive Maximum 1
+            sending = asyncio.create_task(up.send([*one(b"m0", 0), *one(b"m1", 1)]))
+            first = await broker.read_packet()
+            twin.report({"state": "running"})
+            await nothing_written(broker)  # the report waits: m0 holds the one slot
+            broker.write(b"\x40\x02" + _packet_id(first))
+            report = await broker.read_packet()
+            assert _topic(report).startswith("$iothub/twin/PATCH/properties/reported/")
+            assert report.endswith(b'{"state":"running"}')
+            await nothing_written(broker)  # m1 waits for the report's PUBACK
+            broker.write(b"\x40\x02" + _packet_id(report))
+            second = await broker.read_packet()
+            broker.write(b"\x40\x02" + _packet_id(second))
+            result = await sending
+            assert [p[-2:] for p in (first, second)] == [b"m0", b"m1"]
+            assert [q.offset for q in result.succeeded] == [0, 1]
+
+
+async def test_reports_held_past_their_bound_drop_the_oldest_with_a_refusal_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="edgehub.upstream")
+    async with scripted() as broker:
+        s = settings(broker.port, protocol=MqttProtocol.V5, keepalive_s=60)
+        async with with_twin(broker, s, connack_5(b"\x21\x00\x01")) as (up, twin):
+            twin.report({"n": 0})  # takes the one slot
+            for n in range(1, 18):  # 17 more: one over the 16 that may wait
+                twin.report({"n": n})
+            seen = []
+            for _ in range(17):
+                report = await broker.read_packet()
+                seen.append(report[report.index(b"{") :])
+                broker.write(b"\x40\x02" + _packet_id(report))
+            await nothing_written(broker)
+            assert seen == [b'{"n":%d}' % n for n in (0, *range(2, 18))]
+            assert up.connected
+    lines = [r.getMessage() for r in caplog.records if "reason=quota_exceeded" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "Receive Maximum of 1" in lines[0]
+
+
+async def test_a_report_over_the_brokers_maximum_packet_size_is_dropped_with_a_refusal_and_the_next_one_goes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="edgehub.upstream")
+    async with scripted() as broker:
+        s = settings(broker.port, keepalive_s=60, broker_max_packet_bytes=1024)
+        async with with_twin(broker, s, CONNACK_OK_311) as (up, twin):
+            twin.report({"big": "x" * 2000})
+            await nothing_written(broker)
+            twin.report({"small": 1})
+            report = await broker.read_packet()
+            assert report.endswith(b'{"small":1}')
+            assert up.connected
+    lines = [r.getMessage() for r in caplog.records if "reason=too_large" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "Maximum Packet Size of 1024" in lines[0]
+
+
 @pytest.mark.parametrize(
     ("protocol", "connack", "setting"),
     [
@@ -328,6 +414,16 @@ async def test_segments_are_cut_to_the_brokers_maximum_packet_size_and_a_message
             assert result.error is not None
             assert "Maximum Packet Size of 1024" in result.error
             assert up.connected  # the connection was kept: nothing over the limit was written
+
+
+def _topic(publish: bytes) -> str:
+    """The topic of a PUBLISH."""
+    pos = 1
+    while publish[pos] & 0x80:
+        pos += 1
+    pos += 1
+    topic_len = int.from_bytes(publish[pos : pos + 2], "big")
+    return publish[pos + 2 : pos + 2 + topic_len].decode()
 
 
 def _packet_id(publish: bytes) -> bytes:
