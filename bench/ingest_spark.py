@@ -1,10 +1,12 @@
 """Spark ingestion throughput: records/s from a landing zone to the lake tables, local[1] vs local[2] vs cluster.
 
     python -m bench.ingest_spark [--records 1000000] [--segment-records 10000] [--repeat 2] [--no-cluster]
-        [--no-pin] [--driver-memory 4g]
+        [--no-pin] [--driver-memory 4g] [--bodies spaced|compact]
 
 Builds a landing zone of ``--records`` records (segments written through ``LandingZone``, 5% of the records sent
-twice in overlapping segments, so the dedup step has work), then runs the whole job (classification, dedup
+twice in overlapping segments, so the dedup step has work; each body a small JSON object, with ``json.dumps``'
+default spacing, which the hub writes as ``body_text``, or with ``--bodies compact`` without spaces, which it writes
+as ``body_json``, as it does for what most SDKs' serializers send), then runs the whole job (classification, dedup
 state, bronze, silver with VARIANT, device_minute partials, metrics) with ``trigger=available-now``, each time
 from an empty lake and checkpoint, each in its own ``spark-submit``/Python process so a run does not inherit
 the previous one's warm JVM. The figure is input records over the job's own run time (the ``ingest.run_done``
@@ -53,8 +55,10 @@ from spark_upload.standalone import StandaloneCluster
 _DONE = re.compile(r"ingest\.run_done elapsed_s=([0-9.]+) cpu_s=([0-9.]+)")
 
 
-def build_landing(root: Path, *, records: int, segment_records: int) -> int:
-    """Write the landing zone; returns the number of input lines (records plus duplicates)."""
+def build_landing(root: Path, *, records: int, segment_records: int, compact_bodies: bool = False) -> int:
+    """Write the landing zone; returns the number of input lines (records plus duplicates). Bodies are JSON with
+    ``json.dumps``' default spacing (``body_text`` in the segment), or without spaces (``body_json``)."""
+    separators = (",", ":") if compact_bodies else None
     zone = LandingZone(str(root))
     lines = 0
     for first in range(0, records, segment_records):
@@ -69,7 +73,9 @@ def build_landing(root: Path, *, records: int, segment_records: int) -> int:
                 priority=i % 3,
                 ttl_s=3600,
                 source="/messages/modules/sensor/outputs/out1",
-                body=json.dumps({"temp": 20 + (i % 100) / 10, "hum": (i % 50) / 100, "seq": i}).encode(),
+                body=json.dumps(
+                    {"temp": 20 + (i % 100) / 10, "hum": (i % 50) / 100, "seq": i}, separators=separators
+                ).encode(),
                 message_id=f"m-{i}",
                 device_id=f"dev{i % 50}",
                 module_id="sensor",
@@ -180,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-cluster", action="store_true")
     p.add_argument("--no-pin", action="store_true", help="run the local modes unpinned only (see the docstring)")
     p.add_argument("--driver-memory", default=None, help="passed to the job's local runs (e.g. 4g)")
+    p.add_argument(
+        "--bodies",
+        choices=("spaced", "compact"),
+        default="spaced",
+        help="JSON bodies with json.dumps' default spacing (the segment's body_text) or none (body_json)",
+    )
     ns = p.parse_args(argv)
     # (label, master, cores it is pinned to or None)
     modes: list[tuple[str, str, int | None]] = (
@@ -195,7 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         root = Path(tmp)
         t0 = time.perf_counter()
-        lines = build_landing(root / "landing", records=ns.records, segment_records=ns.segment_records)
+        lines = build_landing(
+            root / "landing",
+            records=ns.records,
+            segment_records=ns.segment_records,
+            compact_bodies=ns.bodies == "compact",
+        )
         print(f"landing zone: {lines} lines ({ns.records} records) in {time.perf_counter() - t0:.1f}s", flush=True)
         runs: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in modes}
         for round_no in range(ns.repeat):
@@ -239,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     unpinned = "local[1]" if ns.no_pin else "local[1] unpinned"
     summary = {
         "records": ns.records,
+        "bodies": ns.bodies,
         "input_lines": lines,
         "repeat": ns.repeat,
         "pinned": not ns.no_pin,

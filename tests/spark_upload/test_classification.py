@@ -1,8 +1,9 @@
 """The classification's fast paths, each held to the general rule it stands in for (spark_upload.classification).
 
-``enqueued_at`` casts text of the hub's exact shape instead of parsing it with the strict pattern, and
+``enqueued_at`` casts text of the hub's exact shape instead of parsing it with the strict pattern,
 ``system_properties`` builds the map from plain expressions when the record's system properties are all column
-ones. Each must give what the general path gives, on the inputs that take it and on those that do not.
+ones, and ``_body_json_text`` cuts body_json's text with a regular expression instead of ``locate`` and ``substr``.
+Each must give what the general path gives, on the inputs that take it and on those that do not.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pyspark.sql import functions as F
 from spark_upload.classification import (
     _ENQUEUED_AT_FORMAT,
     _PARSE_SCHEMA,
+    _body_json_cut,
+    _body_json_text,
     _system_properties_general,
     enqueued_at,
     system_properties,
@@ -128,3 +131,65 @@ def test_system_properties_gives_what_the_general_rule_gives(spark: SparkSession
         "connectionDeviceId": "dev1",
         "connectionModuleId": "mod1",
     }
+
+
+# Lines with body_json's key where the hub puts it, elsewhere, twice, or not written as the rule looks for it; the
+# characters around it of every kind the two paths could count differently (multi-byte, outside the BMP, line breaks
+# and the other line terminators a regular expression's $ would stop before).
+_BODY_JSON_LINES = [
+    '{"v":2,"hub_id":"h","body_json":{"temp":21.5,"seq":1}}',  # what the hub writes
+    '{"v": 2, "body_json": {"a": 1}}',  # json.dumps' default spacing
+    '{"v":2,"body_json":{"a":1}}   ',
+    '   {"v":2,"body_json":[1,2]}',
+    '{"v":2,"body_json":{"a":1}}\t',
+    '{"v":2,"body_json":"  spaced  "  }',
+    '{"v":2,"properties":{"body_json":"x"},"body_json":5}',  # the first key is not the last field's
+    '{"v":2,"body_json":{"body_json":{"body_json":1}}}',
+    '{"v":2,"d":"h\u00e9llo \u2713","body_json":{"t":"\U0001f600 \u00e9"}}',
+    '{"v":2,"body_json":{"t":1}}\U0001f600',
+    '{"v":2,"body_json":{"t":"a\nb"}}',
+    '{"v":2,"body_json":{"t":1}}\n',
+    '{"v":2,"body_json":{"t":1}}\r',
+    '{"v":2,"body_json":{"t":1}}\u2028',
+    '{"v":2,"body_json":{"t":1}}\r\n',
+    '{"v":2,"body_json":1}',  # two characters after the key
+    '"body_json":xy',
+    '{"v":2,"body_json":}',  # one: the general path
+    '{"v":2,"body_json":',
+    '{"v":2,"body_json" :1}',
+    '{"v":2,"body\\u005fjson":1}',
+    "no key at all",
+    "",
+]
+
+
+@pytest.mark.spark
+def test_body_json_text_gives_what_locate_and_substr_give(spark: SparkSession) -> None:
+    lines = spark.createDataFrame([(line,) for line in _BODY_JSON_LINES], "value string")
+    value = F.col("value")
+    rows = (
+        lines.select("value", _body_json_cut(value).alias("cut"))
+        .select(
+            "value",
+            "cut",
+            _body_json_text(value, F.col("cut")).alias("fast"),
+            _body_json_text(value, F.lit("")).alias("general"),  # an empty cut: the rule as stated
+        )
+        .collect()
+    )
+    assert [(row.value, row.fast) for row in rows] == [(row.value, row.general) for row in rows]
+    took_the_fast_path = [row.value for row in rows if row.cut != ""]
+    assert took_the_fast_path == _BODY_JSON_LINES[:17]
+    # The rule itself: the value after the first key, up to the last character, spaces around it aside.
+    assert [row.fast for row in rows[:8]] == [
+        '{"temp":21.5,"seq":1}',
+        '{"a": 1}',
+        '{"a":1}',
+        "[1,2]",
+        '{"a":1}}',
+        '"  spaced  "',
+        '"x"},"body_json":5',
+        '{"body_json":{"body_json":1}}',
+    ]
+    assert rows[8].fast == '{"t":"\U0001f600 \u00e9"}'
+    assert rows[13].fast == '{"t":1}}'
