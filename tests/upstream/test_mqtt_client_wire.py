@@ -416,21 +416,21 @@ async def test_segments_are_cut_to_the_brokers_maximum_packet_size_and_a_message
             assert up.connected  # the connection was kept: nothing over the limit was written
 
 
-def _topic(publish: bytes) -> str:
-    """The topic of a PUBLISH."""
+def _topic_at(publish: bytes) -> tuple[int, int]:
+    """Where a PUBLISH's topic starts (after the fixed header and the topic's length) and how many bytes it has."""
     pos = 1
     while publish[pos] & 0x80:
         pos += 1
     pos += 1
-    topic_len = int.from_bytes(publish[pos : pos + 2], "big")
-    return publish[pos + 2 : pos + 2 + topic_len].decode()
+    return pos + 2, int.from_bytes(publish[pos : pos + 2], "big")
+
+
+def _topic(publish: bytes) -> str:
+    start, length = _topic_at(publish)
+    return publish[start : start + length].decode()
 
 
 def _packet_id(publish: bytes) -> bytes:
-    """The packet id of a QoS 1 PUBLISH: after the fixed header and the topic."""
-    pos = 1
-    while publish[pos] & 0x80:
-        pos += 1
-    pos += 1
-    topic_len = int.from_bytes(publish[pos : pos + 2], "big")
-    return publish[pos + 2 + topic_len : pos + 4 + topic_len]
+    """The packet id of a QoS 1 PUBLISH: after the topic."""
+    start, length = _topic_at(publish)
+    return publish[start + length : start + length + 2]
