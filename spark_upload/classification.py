@@ -118,7 +118,7 @@ def _body_json_text(value: Column, cut: Column) -> Column:
     Two paths, one result (tests/spark_upload/test_classification.py holds them together): ``cut`` when it is not
     empty, else ``locate`` and ``substr``, the rule as stated. The expression finds the key by a Boyer-Moore
     search; Spark's ``locate`` compares the key at every character of the line, and ``substr`` and ``length``
-    count the characters again. With the key near the end of a 400-byte line, that took a third of classifying
+    count the characters again. With the key near the end of a 400-byte line, that took a quarter of classifying
     lines with JSON bodies."""
     line = F.rtrim(value)
     start = F.locate(_BODY_JSON_KEY, line) + F.lit(len(_BODY_JSON_KEY))
