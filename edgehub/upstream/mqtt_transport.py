@@ -19,7 +19,8 @@ What it guarantees
   plus the batch being handed over when it came): the executor chooses the next batch only when the window has
   room, highest priority first.
 * **What the broker announces is kept** (MQTT 5 CONNACK): no more PUBLISHes await their PUBACK than its Receive
-  Maximum (one is left to the answers and reports of ``Connection.publish``), and segments are cut so that every
+  Maximum (one is left to the twin reports ``Connection.publish`` sends at QoS 1, which wait for a PUBACK when
+  none is free; method answers are QoS 0 and take none), and segments are cut so that every
   PUBLISH is within its Maximum Packet Size (or ``broker_max_packet_bytes``, for a broker that announces none, as
   no MQTT 3.1.1 broker does; the smaller of the two). A message that alone is over that size is refused for good
   (``invalid``: the executor dead-letters it with the reason), never written: the broker would close the
