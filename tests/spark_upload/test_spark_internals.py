@@ -51,6 +51,10 @@ def _bronze_count(spark: SparkSession, tmp_path: Path) -> int:
 def test_the_installed_spark_and_the_checkpoint_it_writes_pass_every_check(spark: SparkSession, tmp_path: Path) -> None:
     zone = LandingZone(str(tmp_path / "landing"))
     first, second = _land(zone, 0, 9), _land(zone, 10, 19)
+    # The file source takes the oldest file first; two files written in the same tick of the file system's clock
+    # come in either order, so the first is made a minute older.
+    landed = (tmp_path / "landing" / first).stat().st_mtime - 60
+    os.utime(tmp_path / "landing" / first, (landed, landed))
     key = "spark.sql.streaming.fileSource.log.compactInterval"
     spark.conf.set(key, "2")  # so that a batch's files are found in a .compact log file too
     try:
