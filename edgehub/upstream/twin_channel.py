@@ -94,7 +94,6 @@ class TwinChannel:
         self._put_version: int | None = None  # of the last fetched document this channel put
         self.patches_applied = 0
         self.documents_applied = 0  # fetched desired documents put
-        self.reports_sent = 0
 
     # -- the transport's side --------------------------------------------------------------------------------
     def connected(self, client: Publisher) -> None:
@@ -237,7 +236,6 @@ class TwinChannel:
             return
         topic = f"{REPORTED_PATCH_PREFIX}?$rid={next(self._rid)}"
         self._client.publish(topic, self._reported, 1)
-        self.reports_sent += 1
 
     def _parse(self, topic: str, payload: bytes) -> dict[str, object] | None:
         if len(payload) > self._max:
