@@ -86,6 +86,8 @@ def main() -> None:
             str(data),
             "--mqtts-port",
             "0",
+            "--admin-port",
+            "0",  # a free port: a hub the user left running holds the default (9600)
             "--no-amqp",  # python-qpid-proton has no aarch64 wheel: the root installs wheels only (root.sh)
             "--profile",
             "pi-zero2w",

@@ -4,7 +4,7 @@
 #   hardware/arm64/root.sh            make (or reuse) the root; print its path on the last line
 #
 # Idempotent, and each step is skipped when already done, so `make test-arm64` pays for the root once:
-#   1. Debian's qemu-user-static and mmdebstrap, from apt, if missing.
+#   1. Debian's qemu-user-static, mmdebstrap and arch-test (which mmdebstrap needs for --arch), from apt, if missing.
 #   2. binfmt_misc mounted, and qemu-user-static's aarch64 entry (/usr/lib/binfmt.d/qemu-aarch64.conf) written to
 #      its register file: the kernel then runs any aarch64 ELF through /usr/libexec/qemu-binfmt/aarch64-binfmt-P.
 #      The entry has the F flag (the interpreter is opened when registered), so it works inside a chroot too.
@@ -30,9 +30,10 @@ if [ "$(id -u)" != 0 ]; then
   exit 2
 fi
 
-# 1. the tools
+# 1. the tools: arch-test is only a Recommends of mmdebstrap, which needs it for a foreign architecture
 missing=""
 command -v mmdebstrap >/dev/null || missing="$missing mmdebstrap"
+command -v arch-test >/dev/null || missing="$missing arch-test"
 [ -e /usr/lib/binfmt.d/qemu-aarch64.conf ] || missing="$missing qemu-user-static"
 if [ -n "$missing" ]; then
   step "installing$missing"
