@@ -6,26 +6,28 @@ by ``make test``; another one can be named with ``EDGEHUB_AZURE_SDK_VENV``) and 
 driver ``azure_sdk_driver.py`` does one scenario and reports on stdout, one JSON object a line. A missing venv
 fails these tests; it never skips them.
 
-The SDK always dials port 8883, so the head listens on 127.0.0.1:8883 here (not port 0 as elsewhere); if
-something else holds that port the tests fail and say so. The hub runs in the test's event loop (so that a
-test can look into its store the moment the SDK reports a PUBACK), with connection strings made as ``edgehub
-identity add`` makes them: ``HostName`` is the hub's IoT Hub name (the SAS token's resource),
-``GatewayHostName`` the address the SDK dials, 127.0.0.1, which the test server certificate's SAN holds. The
-last test takes the strings ``edgehub identity add`` prints, as they are, to an ``edgehub run`` process on its
-defaults.
+The SDK always dials port 8883 and has no setting for it, so it goes through an HTTP CONNECT proxy
+(``edgehub.testing.connect_proxy``, which the SDK supports through ``ProxyOptions`` as its users behind a
+corporate proxy use it): the SDK asks for the gateway's port 8883 and the proxy tunnels it to the port the hub
+really listens on, a free one, so a hub left running on 8883 (``make run``) breaks nothing. The hub runs in
+the test's event loop (so that a test can look into its store the moment the SDK reports a PUBACK), with
+connection strings made as ``edgehub identity add`` makes them: ``HostName`` is the hub's IoT Hub name (the
+SAS token's resource), ``GatewayHostName`` the address the SDK dials, 127.0.0.1, which the test server
+certificate's SAN holds. The last test takes the strings ``edgehub identity add`` prints, as they are, to an
+``edgehub run`` process on its defaults but for the ports (free ones).
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from edgehub.core import Identity
 from edgehub.core.sas import ConnectionString
 from edgehub.delivery import Endpoint
 from edgehub.store import QueueId, StoredItem
+from edgehub.testing.connect_proxy import ConnectProxy
 from edgehub.testing.peers import MosquittoPeer
 from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, WireMode
 from tests.e2e.conftest import DEV, FILTER, HOST, KEYS, SENSOR, Rig, running_hub
@@ -47,12 +50,8 @@ REPO = Path(__file__).resolve().parents[2]
 SDK_VENV = Path(os.environ.get("EDGEHUB_AZURE_SDK_VENV", REPO / ".venv-azure-sdk"))
 DRIVER = Path(__file__).with_name("azure_sdk_driver.py")
 EDGEHUB = str(Path(sys.executable).parent / "edgehub")
-SDK_PORT = 8883  # fixed by the SDK: it has no setting for the port
+SDK_PORT = 8883  # fixed by the SDK: it has no setting for the port, so it is tunnelled (Sdk.proxy)
 GATEWAY = "127.0.0.1"
-PORT_TAKEN = (
-    f"127.0.0.1:{SDK_PORT} is taken; the Azure IoT device SDK can dial no other port, so its tests need it free: "
-    f"stop what listens there (ss -ltnp 'sport = :{SDK_PORT}'), then run them again"
-)
 STEP_S = 30.0  # the longest any one SDK step (start, connect, send, receive) may take
 
 HOT = "/modules/filter/inputs/hot"
@@ -112,14 +111,28 @@ class SdkRun:
 
 @dataclass
 class Sdk:
+    """The SDK's venv, a folder for the drivers' stderr, and the CONNECT proxy every driver dials through."""
+
     python: Path
     logs: Path
+    proxy: ConnectProxy
+
+    def gateway_at(self, port: int) -> None:
+        """The SDK's connections to the gateway's port 8883 go to the hub's TLS ``port`` on 127.0.0.1."""
+        for name in (GATEWAY, "localhost"):  # what the tests' strings and ``edgehub identity add``'s name
+            self.proxy.routes[(name, SDK_PORT)] = ("127.0.0.1", port)
 
     @asynccontextmanager
     async def run(self, scenario: str, ca: Path, connection: str, **spec: Any) -> AsyncIterator[SdkRun]:
-        """Start the driver for ``scenario``, trusting ``ca``; the process is killed if the block leaves it
-        running."""
-        spec = {"connection_string": connection, "ca": str(ca), "timeout_s": STEP_S} | spec
+        """Start the driver for ``scenario``, trusting ``ca``, through the proxy; the process is killed if the
+        block leaves it running."""
+        assert self.proxy.routes, "no gateway to dial: hub_for(sdk, ...) or edgehub_run(sdk, ...) first"
+        spec = {
+            "connection_string": connection,
+            "ca": str(ca),
+            "timeout_s": STEP_S,
+            "proxy": ["127.0.0.1", self.proxy.port],
+        } | spec
         stderr = self.logs / f"sdk-{scenario}-{len(list(self.logs.glob('sdk-*')))}.log"
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of ours in the SDK's venv
         with stderr.open("wb") as err:
@@ -155,30 +168,16 @@ def sdk_python() -> Path:
 
 
 @pytest.fixture
-def sdk(sdk_python: Path, tmp_path: Path) -> Sdk:
-    return Sdk(sdk_python, tmp_path)
-
-
-def _address_in_use(exc: BaseException) -> bool:
-    if isinstance(exc, BaseExceptionGroup):
-        return any(_address_in_use(e) for e in exc.exceptions)
-    return isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
+async def sdk(sdk_python: Path, tmp_path: Path) -> AsyncIterator[Sdk]:
+    async with ConnectProxy({}) as proxy:
+        yield Sdk(sdk_python, tmp_path, proxy)
 
 
 @asynccontextmanager
-async def hub_on_8883(data: Path, endpoints: Sequence[Endpoint] = ()) -> AsyncIterator[Rig]:
-    """The real hub (``running_hub``) with TLS on 127.0.0.1:8883, the port the SDK dials."""
-    async with AsyncExitStack() as stack:
-        rig: Rig | None = None
-        try:
-            rig = await stack.enter_async_context(
-                running_hub(data, routes=ROUTES, tls_port=SDK_PORT, endpoints=endpoints)
-            )
-        except BaseException as exc:  # the bind fails inside the hub's task groups: an OSError in a group
-            if not _address_in_use(exc):
-                raise
-        if rig is None:  # failed here, not in the except block, so that the report is this message alone
-            pytest.fail(PORT_TAKEN, pytrace=False)
+async def hub_for(sdk: Sdk, data: Path, endpoints: Sequence[Endpoint] = ()) -> AsyncIterator[Rig]:
+    """The real hub (``running_hub``) with TLS on a free port, which the SDK's 8883 is tunnelled to."""
+    async with running_hub(data, routes=ROUTES, endpoints=endpoints) as rig:
+        sdk.gateway_at(rig.tls)
         yield rig
 
 
@@ -208,7 +207,7 @@ async def test_sdk_device_telemetry_arrives_stored_and_routed_with_every_propert
         {"data": "{}", "message_id": "sec-1", "security": True},
     ]
     async with (
-        hub_on_8883(tmp_path) as rig,
+        hub_for(sdk, tmp_path) as rig,
         sdk.run("send", rig.ca.ca_pem, connection_string(DEV), messages=messages) as run,
     ):
         for i in range(len(messages)):
@@ -251,7 +250,7 @@ async def test_sdk_module_output_reaches_another_sdk_module_input_through_a_rout
         }
         for i in range(3)
     ]
-    async with hub_on_8883(tmp_path) as rig:
+    async with hub_for(sdk, tmp_path) as rig:
         async with sdk.run("receive", rig.ca.ca_pem, connection_string(FILTER), count=len(messages)) as receiver:
             assert await receiver.event() == {"event": "ready"}  # connected and subscribed to its inputs
             async with sdk.run(
@@ -288,7 +287,7 @@ async def test_sdk_module_output_reaches_another_sdk_module_input_through_a_rout
 
 
 async def test_sdk_client_with_a_bad_key_is_refused_at_connect(tmp_path: Path, sdk: Sdk) -> None:
-    async with hub_on_8883(tmp_path) as rig:
+    async with hub_for(sdk, tmp_path) as rig:
         async with sdk.run("connect", rig.ca.ca_pem, connection_string(DEV, KEYS[FILTER.id])) as run:
             event = await run.event()
             assert await run.exit_code() == 1
@@ -307,9 +306,11 @@ async def edgehub_cli(*args: str) -> str:
 
 
 @asynccontextmanager
-async def edgehub_run(data: Path, manifest: Path, log: Path) -> AsyncIterator[None]:
-    """``edgehub run`` on its defaults (TLS on 127.0.0.1:8883, host name localhost) until the block ends; its
-    stderr goes to ``log`` (a pipe nobody reads could fill and stall the hub)."""
+async def edgehub_run(sdk: Sdk, data: Path, manifest: Path, log: Path) -> AsyncIterator[None]:
+    """``edgehub run`` on its defaults (host name localhost) but for its ports, free ones, with the SDK's 8883
+    tunnelled to its TLS port, until the block ends; its stderr goes to ``log`` (a pipe nobody reads could fill
+    and stall the hub)."""
+    ports = ["--mqtts-port", "0", "--amqps-port", "0", "--admin-port", "0"]
     with log.open("wb") as err:
         proc = await asyncio.create_subprocess_exec(
             EDGEHUB,
@@ -318,6 +319,7 @@ async def edgehub_run(data: Path, manifest: Path, log: Path) -> AsyncIterator[No
             str(manifest),
             "--data-dir",
             str(data),
+            *ports,
             stdout=asyncio.subprocess.PIPE,
             stderr=err,
         )
@@ -328,8 +330,9 @@ async def edgehub_run(data: Path, manifest: Path, log: Path) -> AsyncIterator[No
                 if not line:
                     await proc.wait()
                     said = await asyncio.to_thread(log.read_text)
-                    taken = "address already in use" in said
-                    pytest.fail(PORT_TAKEN if taken else f"edgehub run ended early: {said}", pytrace=False)
+                    pytest.fail(f"edgehub run ended early: {said}", pytrace=False)
+                if m := re.search(rb"listening: tls 127\.0\.0\.1:(\d+)", line):
+                    sdk.gateway_at(int(m.group(1)))
         yield
     finally:
         if proc.returncode is None:
@@ -349,7 +352,7 @@ async def test_sdk_clients_log_in_with_what_identity_add_prints_to_edgehub_run_o
     module = await edgehub_cli("identity", "add", "edge", "--module", "f", "--data-dir", str(data))
     assert "GatewayHostName=localhost" in device
     message = {"data": "hello", "message_id": "cli-1", "custom_properties": {"k": "v"}}
-    async with edgehub_run(data, manifest, tmp_path / "edgehub-run.log"):
+    async with edgehub_run(sdk, data, manifest, tmp_path / "edgehub-run.log"):
         ca = data / "certs" / "ca.pem"  # made by the first start
         async with sdk.run("receive", ca, module, count=1) as receiver:
             assert await receiver.event() == {"event": "ready"}
@@ -399,7 +402,7 @@ async def test_sdk_device_receives_a_c2d_message_sent_while_it_was_offline_after
 ) -> None:
     upstream = upstream_to(broker)
     try:
-        async with hub_on_8883(tmp_path, [upstream]) as rig, cloud_served(rig, upstream, broker) as cloud:
+        async with hub_for(sdk, tmp_path, [upstream]) as rig, cloud_served(rig, upstream, broker) as cloud:
             topic = "devices/dev1/messages/devicebound/$.mid=c2d-1&$.cid=req-9&unit=%C2%B0C&a%26b%3Dc=x%2Fy%20z"
             mid = cloud.publish(topic, b'{"fan": "on"}', qos=1)
             async with asyncio.timeout(STEP_S):
@@ -408,7 +411,7 @@ async def test_sdk_device_receives_a_c2d_message_sent_while_it_was_offline_after
     finally:
         await upstream.close()
     async with (
-        hub_on_8883(tmp_path) as rig,
+        hub_for(sdk, tmp_path) as rig,
         sdk.run("receive", rig.ca.ca_pem, connection_string(DEV), count=1) as receiver,
     ):
         assert await receiver.event() == {"event": "ready"}
@@ -428,7 +431,7 @@ async def test_sdk_module_answers_a_method_from_the_cloud_and_a_call_while_it_is
 ) -> None:
     upstream = upstream_to(broker)
     try:
-        async with hub_on_8883(tmp_path, [upstream]) as rig, cloud_served(rig, upstream, broker) as cloud:
+        async with hub_for(sdk, tmp_path, [upstream]) as rig, cloud_served(rig, upstream, broker) as cloud:
             cloud.publish("$iothub/edge/filter/methods/POST/setRate/?$rid=1&$timeout=10", b'{"hz": 5}', qos=0)
             async with asyncio.timeout(10):  # the call's timeout: a 404 comes before it, at once
                 away = await cloud.messages.get()

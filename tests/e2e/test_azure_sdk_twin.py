@@ -35,7 +35,7 @@ async def test_an_sdk_module_gets_its_desired_properties_from_the_manifest_and_e
     data, manifest = tmp_path / "data", tmp_path / "manifest.json"
     write(manifest, 1, {"threshold": 25, "unit": "C"})
     module = await edgehub_cli("identity", "add", "edge", "--module", "filter", "--data-dir", str(data))
-    async with edgehub_run(data, manifest, tmp_path / "edgehub-run.log"):
+    async with edgehub_run(sdk, data, manifest, tmp_path / "edgehub-run.log"):
         ca = data / "certs" / "ca.pem"
         async with sdk.run("twin", ca, module, patches=1, report={"applied": 25}) as client:
             twin = await client.event()
