@@ -3,7 +3,10 @@
 #   make ingest run the Spark job once over ./data/landing into ./data/lake and print what the tables hold
 #   make demo   devices -> hub -> 64 kbit/s link with a 60 s outage -> landing -> Spark; a table and demo-out/demo.png
 #   make test   set up .venv (and the Debian packages the tests need, and the Azure IoT device SDK's own venv),
-#               then lint, type-check, check the layer contracts, run the whole suite, and run the hub on aarch64
+#               then lint, type-check, check the layer contracts, build the docs, run the whole suite, and run
+#               the hub on aarch64 (what CI runs)
+#   make check  the quick loop: lint, types, contracts, docs, and the tests that need no Spark, no subprocess hub,
+#               no foreign client or broker and no root (all but the folders in OUTSIDE_CHECK), on 2 workers
 #   make test-arm64  the hub on aarch64 under qemu-user in an arm64 Debian root (hardware/README.md; needs root;
 #               ~8 minutes the first time on a fresh machine, the root then cached in ~/.cache/edgehub-arm64: ~15 s)
 # To add a Python dependency: pyproject.toml. To add a Debian package: APT_PACKAGES below. Nothing else.
@@ -18,6 +21,11 @@ EXTRAS      := dev,spark,demo
 # headers and pkg-config (the AMQP head does its own SASL, so libsasl2-dev is not needed).
 APT_PACKAGES := mosquitto mosquitto-clients iproute2 openssl gcc python3-dev libssl-dev pkg-config
 PYTEST_ARGS ?=
+# The test folders `make check` leaves out, each for what its tests need: a hub or SDK in a subprocess (e2e), a
+# foreign client or broker (interop), root for mounts, network namespaces and tc (privileged), Spark and Java
+# (spark_upload), the benchmarks at their smoke size (bench). `make test` runs every folder.
+OUTSIDE_CHECK := tests/e2e tests/interop tests/privileged tests/spark_upload tests/bench
+CHECK_WORKERS ?= 2
 # The Azure IoT device SDK for Python, for the interop tests (tests/e2e/test_azure_sdk.py). It pins paho-mqtt<2
 # and edgehub uses 2.x, so it has a venv of its own, which the tests run as a subprocess.
 SDK_VENV    := .venv-azure-sdk
@@ -26,7 +34,7 @@ SDK_PACKAGE := azure-iot-device>=2.12,<3
 
 DATA        ?= data
 
-.PHONY: run ingest demo test test-arm64 venv sdk-venv apt lint typecheck contracts pytest bench clean
+.PHONY: run ingest demo test check test-arm64 venv sdk-venv apt lint typecheck contracts pytest pytest-check bench clean
 
 run: $(STAMP)
 	$(BIN)/edgehub run --data-dir $(DATA)
@@ -39,6 +47,8 @@ demo: apt $(STAMP)
 	$(BIN)/python -m bench.demo --out demo-out
 
 test: apt $(STAMP) lint typecheck contracts pytest test-arm64
+
+check: $(STAMP) lint typecheck contracts pytest-check
 
 venv: $(STAMP)
 
@@ -77,6 +87,9 @@ contracts: $(STAMP)
 
 pytest: $(STAMP) $(SDK_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+pytest-check: $(STAMP)
+	$(BIN)/pytest -n $(CHECK_WORKERS) $(addprefix --ignore=,$(OUTSIDE_CHECK)) $(PYTEST_ARGS)
 
 # binfmt_misc and chroot need root, as apt does.
 test-arm64:
