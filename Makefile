@@ -12,7 +12,7 @@ PYTHON      ?= $(shell command -v python3.11 || command -v python3)
 VENV        := .venv
 BIN         := $(VENV)/bin
 STAMP       := $(VENV)/.installed
-EXTRAS      := dev,spark,demo
+EXTRAS      := dev,spark,demo,docs
 # Debian packages the tests need: Mosquitto (the peer broker and its clients), iproute2 (tc, netns), and what
 # python-qpid-proton's build needs (PyPI has no Linux wheel for it): a C compiler, Python's headers, OpenSSL's
 # headers and pkg-config (the AMQP head does its own SASL, so libsasl2-dev is not needed).
@@ -26,7 +26,7 @@ SDK_PACKAGE := azure-iot-device>=2.12,<3
 
 DATA        ?= data
 
-.PHONY: run ingest demo test test-arm64 venv sdk-venv apt lint typecheck contracts pytest bench clean
+.PHONY: run ingest demo test test-arm64 venv sdk-venv apt lint typecheck contracts pytest bench clean docs
 
 run: $(STAMP)
 	$(BIN)/edgehub run --data-dir $(DATA)
@@ -77,6 +77,10 @@ contracts: $(STAMP)
 
 pytest: $(STAMP) $(SDK_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The documentation site (mkdocs.yml, docs/): --strict makes a broken link or a page left out of nav an error.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir build/site
 
 # binfmt_misc and chroot need root, as apt does.
 test-arm64:
