@@ -27,6 +27,7 @@ class Block:
 
     page: Path
     line: int  # 1-based line of the opening fence
+    end: int  # 1-based line of the closing fence
     lang: str
     text: str
     marked: bool  # the line before the fence is RUN_MARK
@@ -64,7 +65,7 @@ def blocks(page: Path) -> list[Block]:
             body.append(lines[i][indent:])
             i += 1
         marked = start > 0 and lines[start - 1].strip() == RUN_MARK
-        out.append(Block(page, start + 1, m["lang"], "\n".join(body) + "\n", marked))
+        out.append(Block(page, start + 1, i + 1, m["lang"], "\n".join(body) + "\n", marked))
         i += 1
     return out
 
@@ -75,13 +76,14 @@ def runnable_blocks() -> list[RunnableBlock]:
     for page in pages():
         lines = page.read_text(encoding="utf-8").splitlines()
         found = blocks(page)
-        for here, after in zip(found, [*found[1:], None], strict=True):
+        for i, here in enumerate(found):
             if not here.marked:
                 continue
+            after = found[i + 1] if i + 1 < len(found) else None
             output = None
             if after is not None and after.lang == "text":
-                end = here.line + here.text.count("\n")  # the closing fence's 0-based index
-                if all(not x.strip() for x in lines[end + 1 : after.line - 1]):
+                between = lines[here.end : after.line - 1]  # the lines after the closing fence, before the next
+                if all(not x.strip() for x in between):
                     output = after
             out.append(RunnableBlock(here, output))
     return out
