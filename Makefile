@@ -34,6 +34,10 @@ run: $(STAMP)
 ingest: $(STAMP)
 	$(BIN)/python -m spark_upload.report --landing $(DATA)/landing --lake $(DATA)/lake --checkpoint $(DATA)/checkpoint
 
+# The documentation site (mkdocs.yml, docs/): --strict makes a broken link or a page left out of nav an error.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir build/site
+
 # Mosquitto plays the cloud broker (apt); matplotlib draws the PNG (the `demo` extra, in EXTRAS).
 demo: apt $(STAMP)
 	$(BIN)/python -m bench.demo --out demo-out
@@ -77,10 +81,6 @@ contracts: $(STAMP)
 
 pytest: $(STAMP) $(SDK_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
-
-# The documentation site (mkdocs.yml, docs/): --strict makes a broken link or a page left out of nav an error.
-docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --site-dir build/site
 
 # binfmt_misc and chroot need root, as apt does.
 test-arm64:
