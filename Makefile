@@ -15,7 +15,7 @@ PYTHON      ?= $(shell command -v python3.11 || command -v python3)
 VENV        := .venv
 BIN         := $(VENV)/bin
 STAMP       := $(VENV)/.installed
-EXTRAS      := dev,spark,demo
+EXTRAS      := dev,spark,demo,docs
 # Debian packages the tests need: Mosquitto (the peer broker and its clients), iproute2 (tc, netns), and what
 # python-qpid-proton's build needs (PyPI has no Linux wheel for it): a C compiler, Python's headers, OpenSSL's
 # headers and pkg-config (the AMQP head does its own SASL, so libsasl2-dev is not needed).
@@ -34,7 +34,7 @@ SDK_PACKAGE := azure-iot-device>=2.12,<3
 
 DATA        ?= data
 
-.PHONY: run ingest demo test check test-arm64 venv sdk-venv apt lint typecheck contracts pytest pytest-check bench clean
+.PHONY: run ingest demo docs test check test-arm64 venv sdk-venv apt lint typecheck contracts pytest pytest-check bench clean
 
 run: $(STAMP)
 	$(BIN)/edgehub run --data-dir $(DATA)
@@ -42,13 +42,17 @@ run: $(STAMP)
 ingest: $(STAMP)
 	$(BIN)/python -m spark_upload.report --landing $(DATA)/landing --lake $(DATA)/lake --checkpoint $(DATA)/checkpoint
 
+# The documentation site (mkdocs.yml, docs/): --strict makes a broken link or a page left out of nav an error.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir build/site
+
 # Mosquitto plays the cloud broker (apt); matplotlib draws the PNG (the `demo` extra, in EXTRAS).
 demo: apt $(STAMP)
 	$(BIN)/python -m bench.demo --out demo-out
 
-test: apt $(STAMP) lint typecheck contracts pytest test-arm64
+test: apt $(STAMP) lint typecheck contracts docs pytest test-arm64
 
-check: $(STAMP) lint typecheck contracts pytest-check
+check: $(STAMP) lint typecheck contracts docs pytest-check
 
 venv: $(STAMP)
 

@@ -42,7 +42,7 @@ Where each part lives, with its invariants (this file holds the command line and
 
 Shipping: run as ``spark-submit spark_upload/job.py``, this file imports its sibling modules and
 ``edgehub.upstream.segment``, so the driver needs both packages (``--py-files`` with a zip of ``spark_upload`` and
-``edgehub``; README, "Submit it to a cluster"). Executors need none of them: every row is handled by Spark column
+``edgehub``; docs/spark.md, "Submit it to a cluster"). Executors need none of them: every row is handled by Spark column
 expressions, and the sink's Python runs in the driver.
 """
 

@@ -5,7 +5,7 @@ For the cluster test and the benchmark, and for users who want to try the job on
     with StandaloneCluster(workers=2, work_dir=Path("/tmp/spark-cluster")) as cluster:
         cluster.submit(["--landing", ..., "--lake", ..., "--checkpoint", ...])
 
-``submit`` ships the job as the README says: ``spark_upload/job.py`` with ``--py-files`` a zip of the
+``submit`` ships the job as docs/spark.md says: ``spark_upload/job.py`` with ``--py-files`` a zip of the
 ``spark_upload`` and ``edgehub`` packages (``job_zip``), and without the caller's ``PYTHONPATH``, so the driver
 imports the job's modules from the zip as it would on a cluster's host.
 

@@ -5,7 +5,7 @@ Invariants:
   string, or ``None`` for a property present with a null value); ``system_properties`` are strings keyed by the
   names of ``SystemProperty``.
 * ``source`` is derived once, from ``messageType``, ``connectionModuleId`` and ``outputName``, as
-  ROUTE_LANGUAGE.md says; it is what route sources are matched against.
+  docs/routes.md says; it is what route sources are matched against.
 * A message is immutable: ``with_system_properties`` returns a new one (the hub stamps ``edgeMessageId``
   and ``enqueuedTime`` that way).
 """
@@ -20,7 +20,7 @@ __all__ = ["Message", "SystemProperty", "message_source"]
 
 
 class SystemProperty(StrEnum):
-    """The system property names routes can address (ROUTE_LANGUAGE.md, "Names")."""
+    """The system property names routes can address (docs/routes.md, "Names")."""
 
     MESSAGE_ID = "messageId"
     TO = "to"

@@ -8,7 +8,7 @@ so that what a child hub sends a parent is what a device would have sent. The AM
 Invariants:
 * ``BAG_KEYS`` and ``KEY_OF`` are inverse: each system property has exactly one bag key.
 * ``$.sid`` and ``$.pk`` are not IoT Hub's: they carry Service Bus's SessionId and PartitionKey for partitioned
-  upstreams (README, "Partitions and duplicates").
+  upstreams (docs/upstream.md, "Partitions and duplicates").
 """
 
 from __future__ import annotations

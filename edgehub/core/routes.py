@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 __all__ = ["DEFAULT_PRIORITY", "RouteResult"]
 
-# An omitted route priority is lower than 9 (ROUTE_LANGUAGE.md). Queues use it as their last priority.
+# An omitted route priority is lower than 9 (docs/routes.md). Queues use it as their last priority.
 DEFAULT_PRIORITY = 10
 
 

@@ -5,7 +5,7 @@ part alone (``{"$edgeHub": {"properties.desired": ...}}``, as Azure's documentat
 properties alone. Every object refuses a key it does not know, at every level
 (``storeAndForwardConfiguration.maxQueueByts: unknown key``), and one ``ManifestError`` lists every problem
 (``errors``). Rules
-(ROUTE_LANGUAGE.md, "Routes in the manifest"; ``deployment/DEPLOYMENT.md`` for every key):
+(``docs/routes.md``, "Priority and time-to-live"; ``docs/manifest.md`` for every key):
 
 * ``schemaVersion``: major 1, minor 0-3, written ``"1.1"`` or ``"1.1.0"``; ``"1"`` and ``"2.0"`` are refused.
 * ``routes``: name → route string; from schema 1.1 also ``{"route", "priority" 0-9, "timeToLiveSecs"}``.

@@ -1,5 +1,5 @@
 """edgehub's own sections of the ``$edgeHub`` desired properties: every setting of the store and the executors
-that Azure IoT Edge's schema has no key for (``deployment/DEPLOYMENT.md`` and the generated JSON Schema in
+that Azure IoT Edge's schema has no key for (``docs/manifest.md`` and the generated JSON Schema in
 ``deployment/schema/`` document each).
 
 * ``storeAndForwardConfiguration`` keeps Azure's ``timeToLiveSecs`` and adds the store-wide quota

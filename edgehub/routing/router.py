@@ -165,7 +165,7 @@ def _compile_route(text: str, tree: ast.RouteAst | None = None) -> tuple[Route, 
     sink_text = (
         tree.sink.name if isinstance(tree.sink, ast.SystemSink) else f'{tree.sink.function}("{tree.sink.argument}")'
     )
-    # A route with no WHERE has the condition true (ROUTE_LANGUAGE.md).
+    # A route with no WHERE has the condition true (docs/routes.md).
     condition_text = tree.condition_text if tree.condition_text is not None else "true"
     return Route(tree.source, condition_text, sink_text, endpoint, text), compiled
 

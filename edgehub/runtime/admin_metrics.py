@@ -1,5 +1,5 @@
 """Prometheus metrics on the admin port (``GET /metrics``, bearer token), under Azure IoT Edge's hub metric
-names where one means the same, and ``edgehub_``-prefixed names of our own for the rest (README, "Metrics").
+names where one means the same, and ``edgehub_``-prefixed names of our own for the rest (docs/operating.md, "Metrics").
 
 Why prometheus-client: it is the reference implementation of the exposition format (escaping, ``# TYPE`` lines,
 counters' ``_total`` and summaries' ``_count``/``_sum``), pure Python, with no dependencies; writing the text
@@ -23,7 +23,7 @@ identity; a message no route takes is acknowledged but not stored, and counted i
 ``edgehub_messages_dropped_total{reason="no_route"}``. Counters kept in the store (received, removed) survive
 restarts, as the data they count does; the others start at 0 with the process, as Azure's do. Durations are
 summaries of ``_count`` and ``_sum`` only (no quantiles: nothing is sampled); ``message_send_duration`` times a
-batch, not a message (README, "Metrics", says where each name differs from Azure's).
+batch, not a message (docs/operating.md, "Metrics", says where each name differs from Azure's).
 """
 
 from __future__ import annotations

@@ -269,7 +269,7 @@ def open_store(
 
 
 def damaged_store_advice(exc: StoreCorruptionError, data_dir: Path) -> str:
-    """``exc`` with what an operator can do about it (README, "When the store is damaged")."""
+    """``exc`` with what an operator can do about it (docs/operating.md, "A damaged store")."""
     return (
         f"{exc}\n"
         "The hub did not start and changed nothing in the store. To recover:\n"

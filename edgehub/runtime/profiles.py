@@ -13,7 +13,7 @@ sets, for its board:
 * ``[upstream]``: the most messages in one upstream batch (``max_batch_messages``; the MQTT transport's batch
   bytes stay with the link hints of the manifest, the upload transport's files hold at most this many);
 * ``[runtime]``: the event loop (``event_loop``: ``uvloop``, less CPU per message, or the standard library's
-  ``asyncio``, ~2 MB less memory: hardware/README.md has the figures).
+  ``asyncio``, ~2 MB less memory: docs/install.md has the figures).
 
 Precedence: an explicit flag of ``edgehub run`` (``--fsync``, ``--fsync-interval-ms``, ``--event-loop``,
 ``--upstream-*``) over the

@@ -28,8 +28,8 @@ __all__ = ["GC_THRESHOLDS", "loop_factory", "serve_until_signalled", "start_fail
 
 def loop_factory(name: str) -> tuple[str, Callable[[], asyncio.AbstractEventLoop]]:
     """The event loop ``edgehub run`` serves on (the name of the one it got, and its factory). uvloop by default
-    (its transports, handles and timers are C: less CPU per message, README "Design notes"); ``asyncio`` is the
-    fallback where uvloop is not installed (it has no Windows build)."""
+    (its transports, handles and timers are C: less CPU per message, docs/performance.md, "Where the speed comes
+    from"); ``asyncio`` is the fallback where uvloop is not installed (it has no Windows build)."""
     if name == "uvloop":
         try:
             import uvloop

@@ -79,7 +79,7 @@ fi
 
 # 4. the venv with edgehub's dependencies as aarch64 wheels
 # python-qpid-proton (the AMQP head's engine) is left out: PyPI has no aarch64 wheel, and building it under
-# qemu-user would take minutes; the check runs the hub with --no-amqp (hardware/README.md says how a Pi builds it).
+# qemu-user would take minutes; the check runs the hub with --no-amqp (docs/install.md says how a Pi builds it).
 reqs="$(python3 -c 'import sys, tomllib; print("\n".join(d for d in tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"] if not d.startswith("python-qpid-proton")))' "$repo/pyproject.toml")"
 if [ ! -e "$root/opt/edgehub/.installed" ] || [ "$(cat "$root/opt/edgehub/.installed")" != "$reqs" ]; then
   step "installing edgehub's dependencies into the root's venv (aarch64 wheels)"

@@ -477,7 +477,7 @@ def message_from_publish(
     for owned in _CONNECTION_OWNED:
         system.pop(owned, None)
     if identity.module_id is None:
-        # Output names belong to modules (ROUTE_LANGUAGE.md: a device's messages have source /messages).
+        # Output names belong to modules (docs/routes.md, "Sources": a device's messages have source /messages).
         system.pop(SystemProperty.OUTPUT_NAME, None)
     system[SystemProperty.CONNECTION_DEVICE_ID] = identity.device_id
     if identity.module_id is not None:

@@ -1,4 +1,4 @@
-"""Every rule of ROUTE_LANGUAGE.md's "Conditions", table-driven."""
+"""Every rule of docs/routes.md's "Conditions", table-driven."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Routes, sources, sinks, the router and the same-endpoint rule (ROUTE_LANGUAGE.md, "Routes")."""
+"""Routes, sources, sinks, the router and the same-endpoint rule (docs/routes.md, "Routes")."""
 
 from __future__ import annotations
 

@@ -185,7 +185,7 @@ async def test_edgehub_run_with_a_profile_opens_its_store_with_the_profile_budge
     assert any(
         line.startswith("profile: pi-zero2w fsync=interval 40 ms group<=256 memtables<=8 MiB") for line in lines
     ), lines
-    assert "event loop: uvloop" in lines, lines  # asyncio's TLS costs 256 KiB a connection (hardware/README.md)
+    assert "event loop: uvloop" in lines, lines  # asyncio's TLS costs 256 KiB a connection (docs/install.md)
     options = rocks_options(data / "store")
     assert option_values(options, "db_write_buffer_size") == {str(8 * MIB)}
     assert option_values(options, "write_buffer_size") == {str(2 * MIB)}
