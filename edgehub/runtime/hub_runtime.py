@@ -90,6 +90,7 @@ from edgehub.manifest.documents import read_manifest_file
 from edgehub.runtime.admin_api import DesiredStateService
 from edgehub.runtime.admin_runtime import LiveConnections, serve_admin
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
+from edgehub.runtime.data_dir import tighten_data_dir
 from edgehub.runtime.deployment import DeploymentController, kept_plan
 from edgehub.runtime.deployment_plan import DeploymentPlan, PendingCheck, runnable
 from edgehub.runtime.deployment_settings import StartSettings
@@ -245,9 +246,10 @@ def open_store(
 ) -> Store:
     """The hub's store in ``data_dir``, with the RocksDB budget, fsync policy and group size of ``profile`` (None:
     the built-in defaults). ``verify`` reads every record first (the hub does at start: a flipped byte is found
-    only by reading it). A damaged store raises ``StoreCorruptionError`` saying what to do."""
+    only by reading it). A damaged store raises ``StoreCorruptionError`` saying what to do. The data directory is
+    made private first (``tighten_data_dir``)."""
     p = profile or Profile()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    tighten_data_dir(data_dir)
     path = store_path(data_dir)
     try:
         if verify and path.is_dir() and any(path.iterdir()):
@@ -451,6 +453,7 @@ async def serve(
             if on_checked is not None:
                 on_checked(plan)
         raise_descriptor_limit()
+        tighten_data_dir(config.data_dir)  # before anything is made in it (data_dir.py)
         certs = ensure_certs(config.data_dir / "certs", extra_names=(config.host_name,))
         tls = config.mqtts_port is not None or config.amqps_port is not None
         ssl_context = server_ssl_context(certs) if tls else None
