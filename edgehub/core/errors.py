@@ -34,7 +34,8 @@ Third-party errors are translated once, in the library's home module, with ``rai
     │       └── PacketTooLarge       (protocol_heads.mqtt) over the hub's maximum packet size (0x95)
     ├── AuthError
     │   ├── AuthenticationError      who you are could not be proven
-    │   └── AuthorizationError       you may not do that
+    │   ├── AuthorizationError       you may not do that
+    │   └── SealedSecretError        (edgehub.core.sealing) a sealed secret did not open: another key, or altered
     ├── TransportError               an upstream transport or link failed; .kind is a FailureKind
     ├── SegmentFormatError           (edgehub.upstream.segment) bytes that are no segment of a version we read
     │   └── UnknownDictionaryError   a zstd segment whose dictionary the receiver does not hold (quarantined)
@@ -62,6 +63,7 @@ __all__ = [
     "ProtocolError",
     "QuotaExceededError",
     "RemoteProtocolError",
+    "SealedSecretError",
     "StorageIOError",
     "StoreClosedError",
     "StoreCorruptionError",
@@ -179,6 +181,11 @@ class AuthenticationError(AuthError):
 
 class AuthorizationError(AuthError):
     """The identity may not do what it asked."""
+
+
+class SealedSecretError(AuthError):
+    """A secret sealed at rest (``edgehub.core.sealing``) did not open: it was sealed under another key (the
+    seal key file was replaced) or for another identity, or its bytes were altered."""
 
 
 class TransportError(EdgeHubError):
