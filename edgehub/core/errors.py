@@ -27,9 +27,10 @@ Third-party errors are translated once, in the library's home module, with ``rai
     ├── DeliveryError                an endpoint failed; .kind is a FailureKind
     ├── ProtocolError                a wire protocol was broken
     │   ├── LocalProtocolError       we broke it (a bug, or a send the state machine forbids)
-    │   │   └── UnsendablePacket     (protocol_heads.mqtt) a packet that can never be sent as it stands
-    │   │       ├── PeerPacketTooLarge  a delivery over the client's Maximum Packet Size
-    │   │       └── UnencodableField    a field MQTT cannot carry (over 65,535 bytes, not UTF-8)
+    │   │   ├── UnsendablePacket     (protocol_heads.mqtt) a packet that can never be sent as it stands
+    │   │   │   ├── PeerPacketTooLarge  a delivery over the client's Maximum Packet Size
+    │   │   │   └── UnencodableField    a field MQTT cannot carry (over 65,535 bytes, not UTF-8)
+    │   │   └── PeerMessageTooLarge  (protocol_heads.amqp) a delivery over the client's max-message-size on its link
     │   └── RemoteProtocolError      the peer broke it; .reason_code when the protocol has one
     │       ├── MalformedPacket      (protocol_heads.mqtt) bytes that are no MQTT packet (0x81)
     │       ├── ProtocolViolation    (protocol_heads.mqtt) a packet the protocol forbids here (0x82)
