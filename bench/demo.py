@@ -242,7 +242,7 @@ def prepare(sc: Scenario, out: Path) -> tuple[Path, Path, Path, list[str]]:
 async def run(sc: Scenario, out: Path, *, spark: bool, plot_png: bool) -> dict[str, Any]:
     data, landing, manifest_path, names = await asyncio.to_thread(prepare, sc, out)
     store = open_store(data)
-    identities = open_identities(store, DEFAULT_HOST_NAME)
+    identities = open_identities(store, DEFAULT_HOST_NAME, data_dir=data)
     for name in names:
         await identities.set_password(Identity.parse(name), b"pw")
     await store.close()

@@ -363,7 +363,7 @@ async def run_edgehub(sc: Scenario, work: Path) -> Figures:
     data, manifest_path = work / "data", work / "manifest.json"
     manifest(manifest_path)
     store = open_store(data)
-    identities = open_identities(store, DEFAULT_HOST_NAME)
+    identities = open_identities(store, DEFAULT_HOST_NAME, data_dir=data)
     for name in ("pump", "alarm"):
         await identities.set_password(Identity.parse(name), b"pw")
     await store.close()

@@ -110,7 +110,7 @@ class Landing:
 async def _add_identities(data: Path) -> None:
     store = open_store(data)
     try:
-        identities = open_identities(store, DEFAULT_HOST_NAME)
+        identities = open_identities(store, DEFAULT_HOST_NAME, data_dir=data)
         for name in (*DEVICES, MODULE):
             await identities.set_password(Identity.parse(name), PASSWORD.encode())
     finally:

@@ -27,14 +27,18 @@ Third-party errors are translated once, in the library's home module, with ``rai
     ├── DeliveryError                an endpoint failed; .kind is a FailureKind
     ├── ProtocolError                a wire protocol was broken
     │   ├── LocalProtocolError       we broke it (a bug, or a send the state machine forbids)
-    │   │   └── PeerPacketTooLarge   (protocol_heads.mqtt) a delivery over the client's Maximum Packet Size
+    │   │   ├── UnsendablePacket     (protocol_heads.mqtt) a packet that can never be sent as it stands
+    │   │   │   ├── PeerPacketTooLarge  a delivery over the client's Maximum Packet Size
+    │   │   │   └── UnencodableField    a field MQTT cannot carry (over 65,535 bytes, not UTF-8)
+    │   │   └── PeerMessageTooLarge  (protocol_heads.amqp) a delivery over the client's max-message-size on its link
     │   └── RemoteProtocolError      the peer broke it; .reason_code when the protocol has one
     │       ├── MalformedPacket      (protocol_heads.mqtt) bytes that are no MQTT packet (0x81)
     │       ├── ProtocolViolation    (protocol_heads.mqtt) a packet the protocol forbids here (0x82)
     │       └── PacketTooLarge       (protocol_heads.mqtt) over the hub's maximum packet size (0x95)
     ├── AuthError
     │   ├── AuthenticationError      who you are could not be proven
-    │   └── AuthorizationError       you may not do that
+    │   ├── AuthorizationError       you may not do that
+    │   └── SealedSecretError        (edgehub.core.sealing) a sealed secret did not open: another key, or altered
     ├── TransportError               an upstream transport or link failed; .kind is a FailureKind
     ├── SegmentFormatError           (edgehub.upstream.segment) bytes that are no segment of a version we read
     │   └── UnknownDictionaryError   a zstd segment whose dictionary the receiver does not hold (quarantined)
@@ -62,6 +66,7 @@ __all__ = [
     "ProtocolError",
     "QuotaExceededError",
     "RemoteProtocolError",
+    "SealedSecretError",
     "StorageIOError",
     "StoreClosedError",
     "StoreCorruptionError",
@@ -179,6 +184,11 @@ class AuthenticationError(AuthError):
 
 class AuthorizationError(AuthError):
     """The identity may not do what it asked."""
+
+
+class SealedSecretError(AuthError):
+    """A secret sealed at rest (``edgehub.core.sealing``) did not open: it was sealed under another key (the
+    seal key file was replaced) or for another identity, or its bytes were altered."""
 
 
 class TransportError(EdgeHubError):

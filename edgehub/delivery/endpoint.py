@@ -27,7 +27,7 @@ in the order the batches were submitted. ``send`` stays the way to deliver one b
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -57,7 +57,9 @@ class QueuedMessage(msgspec.Struct, frozen=True, gc=False):
 
 @dataclass(frozen=True, slots=True)
 class SendResult:
-    """What became of a batch. ``failure_kind`` and ``error`` describe the failed/invalid part, if any."""
+    """What became of a batch. ``failure_kind`` and ``error`` describe the failed/invalid part, if any;
+    ``invalid_errors`` says, by offset, why an invalid message can never be delivered when the endpoint knows it
+    message by message (a dead letter carries it; ``error`` otherwise)."""
 
     succeeded: Sequence[QueuedMessage] = ()
     failed: Sequence[QueuedMessage] = ()
@@ -65,6 +67,7 @@ class SendResult:
     failure_kind: FailureKind | None = None
     error: str | None = None
     details: dict[str, str] = field(default_factory=dict)
+    invalid_errors: Mapping[int, str] = field(default_factory=dict)
 
     @classmethod
     def all_succeeded(cls, batch: Sequence[QueuedMessage]) -> SendResult:

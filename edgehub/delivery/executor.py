@@ -493,7 +493,8 @@ class EndpointExecutor:
         failed = [it for it in items if it.offset not in ok and it.offset not in invalid]
         done = set(ok)
         for off in sorted(invalid):
-            await self._dead_letter(qs, by_offset[off], DeadLetterReason.INVALID, result.error)
+            why = result.invalid_errors.get(off, result.error)
+            await self._dead_letter(qs, by_offset[off], DeadLetterReason.INVALID, why)
             done.add(off)
         if result.succeeded and self._unreachable:
             self._on_reachable()  # it delivered: whatever the last report said, the endpoint is back

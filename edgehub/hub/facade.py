@@ -68,6 +68,7 @@ from edgehub.core.methods import MethodCall, MethodResult
 from edgehub.core.opstats import OpStats
 from edgehub.core.refusals import RefusalLog, RefusalReason
 from edgehub.core.sas import DEFAULT_MAX_TOKEN_LIFETIME_S
+from edgehub.core.sealing import SecretSealer
 from edgehub.delivery import Endpoint, EndpointExecutor, ExecutorSettings
 from edgehub.hub import (
     AuthResult,
@@ -130,13 +131,14 @@ class EdgeHub:
         refusals: RefusalLog | None = None,
         c2d_limits: C2dLimits | None = None,
         method_limits: MethodLimits | None = None,
+        sealer: SecretSealer | None = None,
     ) -> None:
         self.store = store
         self.router = router
         self.clock: Clock = clock or SystemClock()
         self._stamper = Stamper(store.clock)  # enqueuedTime on the store's clock, as its references' times
         self.identities = IdentityRegistry(
-            store, host_name=host_name, clock=self.clock, max_token_lifetime_s=max_token_lifetime_s
+            store, host_name=host_name, clock=self.clock, max_token_lifetime_s=max_token_lifetime_s, sealer=sealer
         )
         self.modules = ModuleMailboxes()
         self._batch = module_batch

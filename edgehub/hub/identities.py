@@ -4,8 +4,12 @@ An identity record may hold any of: a symmetric key (base64, for SAS tokens), a 
 stdlib ``hashlib.scrypt``), an X.509 thumbprint (SHA-256 hex of the DER certificate), and ``x509_ca`` (a client
 certificate that chained to the listener's CAs and names the identity as its CN is accepted).
 
-Invariants: a plain password is never stored, only its scrypt hash; every comparison of a secret is constant
-time (``hmac.compare_digest``); a record is written durably before ``add``/``set`` return. ``authenticate``
+Invariants: a plain password is never stored, only its scrypt hash; a symmetric key is stored sealed
+(``key_sealed``, by the registry's ``SecretSealer``, bound to the identity) whenever the registry has a sealer, so
+a copied store holds no key in clear (issue 34; without a sealer, as in tests of the hub alone, it is kept as
+given); a record kept by an older hub with its key in clear still works and is sealed by ``seal_clear_keys``,
+which the runtime runs at start; every comparison of a secret is constant time (``hmac.compare_digest``); a
+record is written durably before ``add``/``set`` return. ``authenticate``
 raises ``AuthenticationError`` and nothing else for whatever a client presents (password, user name, certificate
 fields); a SAS token may live at most ``max_token_lifetime_s`` (default a year) from the time it is presented.
 """
@@ -20,14 +24,16 @@ import json
 import secrets
 from dataclasses import asdict, dataclass, replace
 
-from edgehub.core import AuthenticationError, Clock, Identity
+from edgehub.core import AuthenticationError, Clock, Identity, SealedSecretError
 from edgehub.core.sas import DEFAULT_MAX_TOKEN_LIFETIME_S, resource_uri, verify_sas_token
+from edgehub.core.sealing import SecretSealer
 from edgehub.hub import AuthResult, Credentials
 from edgehub.store import Store
 
 __all__ = ["IdentityRecord", "IdentityRegistry", "hash_password", "verify_password"]
 
 _PREFIX = "identity/"
+_SEALED = "key_sealed"  # the record's field holding its symmetric key sealed (the key_b64 field is then null)
 # scrypt cost: n=2**14, r=8, p=1 (16 MiB, ~50 ms on a Raspberry Pi 4): paid once per connect, not per message.
 _N, _R, _P = 1 << 14, 8, 1
 
@@ -86,6 +92,7 @@ class IdentityRegistry:
         host_name: str,
         clock: Clock,
         max_token_lifetime_s: float | None = DEFAULT_MAX_TOKEN_LIFETIME_S,
+        sealer: SecretSealer | None = None,
     ) -> None:
         if max_token_lifetime_s is not None and max_token_lifetime_s <= 0:
             raise ValueError("max_token_lifetime_s must be positive (None: no limit)")
@@ -93,12 +100,54 @@ class IdentityRegistry:
         self.host_name = host_name
         self._clock = clock
         self.max_token_lifetime_s = max_token_lifetime_s
+        self._sealer = sealer
 
     def get(self, identity: Identity) -> IdentityRecord | None:
         raw = self._store.get_metadata(_PREFIX + identity.id)
         if raw is None:
             return None
-        return IdentityRecord(**json.loads(raw))
+        return self._decode(identity.id, raw)[0]
+
+    def _decode(self, identity_id: str, raw: bytes) -> tuple[IdentityRecord, bool]:
+        """The record, and whether its symmetric key is there but cannot be opened (sealed under another key, or
+        with no sealer): such a record has no key, so a SAS login with it fails as with a wrong key."""
+        fields = json.loads(raw)
+        sealed = fields.pop(_SEALED, None)
+        record = IdentityRecord(**fields)
+        if sealed is None:
+            return record, False
+        if self._sealer is None:
+            return record, True
+        try:
+            key = self._sealer.unseal(str(sealed), bound_to=identity_id)
+        except SealedSecretError:
+            return record, True
+        return replace(record, key_b64=key.decode("ascii")), False
+
+    def _encode(self, identity: Identity, record: IdentityRecord) -> bytes:
+        fields: dict[str, object] = asdict(record)
+        if self._sealer is not None and record.key_b64 is not None:
+            fields["key_b64"] = None
+            fields[_SEALED] = self._sealer.seal(record.key_b64.encode("ascii"), bound_to=identity.id)
+        return json.dumps(fields).encode()
+
+    async def seal_clear_keys(self) -> tuple[int, int]:
+        """Seal every symmetric key an older hub kept in clear, then make the clear values leave the store's
+        files (``Store.drop_overwritten_metadata``). Returns (keys sealed now, keys that cannot be opened); both
+        0 without a sealer or with nothing to do."""
+        if self._sealer is None:
+            return 0, 0
+        sealed_now, unopenable = 0, 0
+        for key, raw in self._store.metadata_items(_PREFIX):
+            identity = Identity.parse(key[len(_PREFIX) :])
+            record, lost = self._decode(identity.id, raw)
+            unopenable += lost
+            if record.key_b64 is not None and _SEALED not in json.loads(raw):
+                await self.put(identity, record)
+                sealed_now += 1
+        if sealed_now:
+            await self._store.drop_overwritten_metadata()
+        return sealed_now, unopenable
 
     def device_ids(self, limit: int = 10_000) -> list[str]:
         """The device ids of the known identities (a module's device once), at most ``limit``, in order."""
@@ -112,7 +161,7 @@ class IdentityRegistry:
         return list(out)
 
     async def put(self, identity: Identity, record: IdentityRecord) -> None:
-        await self._store.put_metadata(_PREFIX + identity.id, json.dumps(asdict(record)).encode())
+        await self._store.put_metadata(_PREFIX + identity.id, self._encode(identity, record))
 
     async def add_symmetric_key(self, identity: Identity, key_b64: str | None = None) -> str:
         """Give ``identity`` a symmetric key (a fresh 32-byte one unless given); returns it."""
@@ -124,7 +173,8 @@ class IdentityRegistry:
         """Every identity with its record, in id order."""
         out = []
         for key, raw in self._store.metadata_items(_PREFIX):
-            out.append((Identity.parse(key[len(_PREFIX) :]), IdentityRecord(**json.loads(raw))))
+            identity = Identity.parse(key[len(_PREFIX) :])
+            out.append((identity, self._decode(identity.id, raw)[0]))
         return out
 
     async def remove(self, identity: Identity) -> bool:

@@ -16,7 +16,8 @@ Invariants:
 * when a module connects, every endpoint of that module is told (``on_reachable``), which cuts the executor's
   retry wait short; when its link goes away, they are told it is unreachable (``on_unreachable``), which parks
   their queues until it connects again, so nothing is tried, and no attempt counted, while it is away;
-* a delivery the link refuses as PERMANENT (too large for the client) is invalid: dead-lettered, not retried.
+* a delivery the link refuses as PERMANENT (too large for the client, a topic or property its protocol cannot
+  carry) is invalid: dead-lettered at once with the link's reason, not retried, and the deliveries behind it go.
 """
 
 from __future__ import annotations
@@ -63,12 +64,13 @@ class _Batch:
     cost more than the MQTT encoding of the message.
     """
 
-    __slots__ = ("future", "outcomes", "remaining")
+    __slots__ = ("errors", "future", "outcomes", "remaining")
 
     def __init__(self, size: int, future: asyncio.Future[None]) -> None:
         self.outcomes: list[_Outcome | None] = [None] * size
         self.remaining = size
         self.future = future
+        self.errors: dict[int, str] = {}  # index -> why the link refused it for good (rare: made when needed)
 
 
 # A delivery waiting or in flight: (delivery, its batch, its index in the batch). A tuple, not a class: one is
@@ -203,8 +205,15 @@ class ModuleMailboxes:
             return SendResult(succeeded=ok)
         kind = FailureKind.TRANSIENT if failed else FailureKind.PERMANENT
         log.info("module.delivery_failed endpoint=%s failed=%d invalid=%d", endpoint_id, len(failed), len(invalid))
+        errors = batch_state.errors
+        why = {qm.offset: errors[i] for i, qm in enumerate(batch) if i in errors}
         return SendResult(
-            succeeded=ok, failed=failed, invalid=invalid, failure_kind=kind, error=f"module {module_id} did not ack"
+            succeeded=ok,
+            failed=failed,
+            invalid=invalid,
+            failure_kind=kind,
+            error=f"module {module_id} did not ack" if failed else next(iter(why.values()), "refused for good"),
+            invalid_errors=why,
         )
 
     # -- internals ------------------------------------------------------------------------------------------
@@ -232,6 +241,7 @@ class ModuleMailboxes:
             except DeliveryError as exc:
                 if exc.kind is FailureKind.PERMANENT:
                     waiting.popleft()
+                    batch.errors[p[2]] = str(exc)
                     _settle(p, _INVALID)
                     continue
                 return  # the link is not ready yet: link_ready pumps again

@@ -17,7 +17,9 @@ Invariants:
 * a request without the token, or with another, is refused (401) before any route runs, logged through the
   ``RefusalLog`` (``bad_credentials``); the token is compared in constant time;
 * a body a route takes must be a JSON object (at most ``AdminLimits.max_body_bytes``, nesting bounded by the
-  parser); anything else is a 400 with the reason, never a traceback;
+  parser, every integer within Python's digit limit, no NaN or Infinity); anything else is a 400 with the reason,
+  never a traceback. ``json_object`` and ``query_int`` are the only places a route reads its body or a number
+  from its query, so these rules are kept once;
 * the API changes the hub only through the services it is given: it holds no state of its own.
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -41,6 +44,7 @@ __all__ = [
     "DesiredStatus",
     "RouteHandler",
     "json_object",
+    "query_int",
     "status_json",
 ]
 
@@ -84,9 +88,9 @@ class BadRequest(Exception):
 
 
 def json_object(request: Request) -> dict[str, object]:
-    """The request's body as a JSON object; ``BadRequest`` for anything else."""
+    """The request's body as a JSON object; ``BadRequest`` for anything else (the module's invariants)."""
     try:
-        value = json.loads(request.body)
+        value = json.loads(request.body, parse_int=_json_int, parse_constant=_json_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"the body is not JSON: {exc}") from None
     except RecursionError:
@@ -94,6 +98,34 @@ def json_object(request: Request) -> dict[str, object]:
     if not isinstance(value, dict):
         raise BadRequest(f"the body must be a JSON object, not {type(value).__name__}")
     return value
+
+
+def query_int(request: Request, name: str, *, default: int, low: int, high: int) -> int:
+    """The query parameter ``name`` as an integer from ``low`` to ``high`` (``default`` when absent);
+    ``BadRequest`` for anything else. ASCII digits only: ``str.isdigit`` also takes "²", which ``int`` refuses."""
+    text = request.query.get(name)
+    if text is None:
+        return default
+    if not (text.isascii() and text.isdigit() and len(text) <= len(str(high))) or not low <= int(text) <= high:
+        raise BadRequest(f"{name}: a number from {low} to {high}")
+    return int(text)
+
+
+def _json_int(text: str) -> int:
+    # Python refuses to convert an integer of more digits than sys.get_int_max_str_digits() (4,300 by default)
+    # with a bare ValueError, which json.loads lets through: without this it is a 500.
+    try:
+        return int(text)
+    except ValueError:
+        digits = len(text.lstrip("-"))
+        limit = sys.get_int_max_str_digits()
+        raise BadRequest(f"the body's JSON has an integer of {digits} digits (at most {limit} are taken)") from None
+
+
+def _json_constant(name: str) -> object:
+    # json.loads takes NaN and Infinity, which are not JSON: a desired property holding one would make the
+    # reported properties invalid JSON for every client that reads them.
+    raise BadRequest(f"the body is not JSON: {name} is not a JSON number")
 
 
 def status_json(status: DesiredStatus) -> Response:
@@ -190,7 +222,12 @@ class AdminApi:
 
     def _refused(self, request: Request, exc: BadRequest) -> Response:
         self._refusals.refused(
-            exc.reason, peer=request.peer, method=request.method, path=request.path[:200], status=exc.status
+            exc.reason,
+            peer=request.peer,
+            method=request.method,
+            path=request.path[:200],
+            status=exc.status,
+            detail=repr(exc.detail[:200]),
         )
         extra: tuple[tuple[str, str], ...] = (("www-authenticate", "Bearer"),) if exc.status == 401 else ()
         r = Response.error(exc.status, exc.reason.value, exc.detail)

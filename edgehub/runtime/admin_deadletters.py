@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from edgehub.runtime.admin_api import BadRequest, RouteHandler
+from edgehub.runtime.admin_api import BadRequest, RouteHandler, query_int
 from edgehub.runtime.admin_http import Request, Response
 from edgehub.store import Store
 
@@ -97,11 +97,9 @@ def deadletter_routes(admin: DeadLetterAdmin) -> list[tuple[str, str, RouteHandl
         return request.query.get("endpoint") or None
 
     async def listed(request: Request, params: tuple[str, ...]) -> Response:
-        text = request.query.get("limit", "100")
-        if not text.isdigit():
-            raise BadRequest(f"limit: a number from 1 to {MAX_LIST}")
+        limit = query_int(request, "limit", default=100, low=1, high=MAX_LIST)
         try:
-            return Response.json(200, {"dead_letters": admin.list(endpoint_of(request), int(text))})
+            return Response.json(200, {"dead_letters": admin.list(endpoint_of(request), limit)})
         except DeadLetterError as exc:
             raise BadRequest(str(exc)) from None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar, NoReturn
@@ -24,6 +25,7 @@ from edgehub.hub.modules import DEFAULT_WINDOW
 from edgehub.manifest.documents import MAX_PARTITIONS, ManifestError, read_manifest_file
 from edgehub.routing import RouteSpec
 from edgehub.runtime.admin_runtime import DEFAULT_ADMIN_PORT
+from edgehub.runtime.data_dir import private_umask
 from edgehub.runtime.deployment_plan import DeploymentPlan, runnable
 from edgehub.runtime.deployment_settings import StartSettings
 from edgehub.runtime.firstrun import default_landing, sas_token
@@ -79,8 +81,14 @@ class _Commands(click.Group):
 
 @click.group(cls=_Commands)
 @click.version_option(edgehub.__version__, prog_name="edgehub")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """edgehub: an IoT edge hub for gateways on thin, flaky uplinks."""
+    # Every command may create files in the data directory (RocksDB's among them, made with RocksDB's own modes):
+    # umask 077 makes them private from their first byte (data_dir.py). Given back when the command ends, for a
+    # program that runs commands in process (click's test runner).
+    previous = private_umask()
+    ctx.call_on_close(lambda: os.umask(previous))
 
 
 main.add_command(routes)

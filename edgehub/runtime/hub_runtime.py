@@ -90,9 +90,11 @@ from edgehub.manifest.documents import read_manifest_file
 from edgehub.runtime.admin_api import DesiredStateService
 from edgehub.runtime.admin_runtime import LiveConnections, serve_admin
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
+from edgehub.runtime.data_dir import tighten_data_dir
 from edgehub.runtime.deployment import DeploymentController, kept_plan
 from edgehub.runtime.deployment_plan import DeploymentPlan, PendingCheck, runnable
 from edgehub.runtime.deployment_settings import StartSettings
+from edgehub.runtime.keyseal import ensure_sealer
 from edgehub.runtime.memory import ChurnCollector
 from edgehub.runtime.profiles import Profile
 from edgehub.store import FsyncPolicy, Store, StoreQuota
@@ -118,6 +120,7 @@ __all__ = [
     "lane_settings",
     "open_identities",
     "raise_descriptor_limit",
+    "seal_clear_identity_keys",
     "serve",
     "store_quota",
     "transport_settings",
@@ -245,9 +248,10 @@ def open_store(
 ) -> Store:
     """The hub's store in ``data_dir``, with the RocksDB budget, fsync policy and group size of ``profile`` (None:
     the built-in defaults). ``verify`` reads every record first (the hub does at start: a flipped byte is found
-    only by reading it). A damaged store raises ``StoreCorruptionError`` saying what to do."""
+    only by reading it). A damaged store raises ``StoreCorruptionError`` saying what to do. The data directory is
+    made private first (``tighten_data_dir``)."""
     p = profile or Profile()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    tighten_data_dir(data_dir)
     path = store_path(data_dir)
     try:
         if verify and path.is_dir() and any(path.iterdir()):
@@ -295,8 +299,24 @@ def store_quota(store: Store, path: Path, limits: HubLimits) -> StoreQuota:
     return quota
 
 
-def open_identities(store: Store, host_name: str) -> IdentityRegistry:
-    return IdentityRegistry(store, host_name=host_name, clock=SystemClock())
+def open_identities(store: Store, host_name: str, *, data_dir: Path) -> IdentityRegistry:
+    """The identity registry over ``store`` (``data_dir``'s), sealing the keys it writes with ``data_dir``'s seal
+    key (``edgehub.runtime.keyseal``; made when there is none)."""
+    return IdentityRegistry(store, host_name=host_name, clock=SystemClock(), sealer=ensure_sealer(data_dir))
+
+
+async def seal_clear_identity_keys(registry: IdentityRegistry) -> None:
+    """Seal the symmetric keys an older hub kept in clear (on every open of a data directory's identities:
+    nothing to do costs one scan of the identity records), and say what was found."""
+    sealed, unopenable = await registry.seal_clear_keys()
+    if sealed:
+        log.info("identity.keys_sealed count=%d why=kept_in_clear_by_an_older_hub", sealed)
+    if unopenable:
+        log.warning(
+            "identity.keys_unopenable count=%d why=sealed_with_another_seal_key advice=%s",
+            unopenable,
+            "restore the original identity-seal.key, or give these identities new keys (edgehub identity add)",
+        )
 
 
 def upstream_options(up: Mapping[str, Any], config: HubConfig) -> UpstreamOptions:
@@ -451,6 +471,8 @@ async def serve(
             if on_checked is not None:
                 on_checked(plan)
         raise_descriptor_limit()
+        tighten_data_dir(config.data_dir)  # before anything is made in it (data_dir.py)
+        sealer = ensure_sealer(config.data_dir)
         certs = ensure_certs(config.data_dir / "certs", extra_names=(config.host_name,))
         tls = config.mqtts_port is not None or config.amqps_port is not None
         ssl_context = server_ssl_context(certs) if tls else None
@@ -495,7 +517,9 @@ async def serve(
             executor_settings=ExecutorSettings(cleanup_interval_s=config.cleanup_interval_s),
             max_token_lifetime_s=config.limits.max_token_lifetime_s,
             twin_limits=config.limits.twin,
+            sealer=sealer,
         ) as hub:
+            await seal_clear_identity_keys(hub.identities)  # before any head serves a login
             if on_hub is not None:
                 on_hub(hub)
             # The cloud's device-bound messages and method calls come over the first MQTT lane (mqtt_cloud).

@@ -30,7 +30,7 @@ from edgehub.core import DeviceId, Identity, ModuleId, StoreError
 from edgehub.core.sas import ConnectionString
 from edgehub.runtime.admin_client import AdminClient, AdminError, identity_path, running_hub
 from edgehub.runtime.admin_identities import AUTH_KINDS, IdentityAdmin, IdentityError, IdentitySpec
-from edgehub.runtime.hub_runtime import DEFAULT_HOST_NAME, open_identities, open_store
+from edgehub.runtime.hub_runtime import DEFAULT_HOST_NAME, open_identities, open_store, seal_clear_identity_keys
 
 __all__ = ["identity", "on_hub"]
 
@@ -78,7 +78,9 @@ def on_hub(
 async def _offline(data_dir: Path, host_name: str, act: Callable[[IdentityAdmin], Awaitable[T]]) -> T:
     store = open_store(data_dir)
     try:
-        return await act(IdentityAdmin(open_identities(store, host_name)))
+        registry = open_identities(store, host_name, data_dir=data_dir)
+        await seal_clear_identity_keys(registry)
+        return await act(IdentityAdmin(registry))
     finally:
         await store.close()
 

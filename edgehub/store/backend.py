@@ -46,6 +46,11 @@ class Backend(Protocol):
 
     def sync_wal(self) -> None: ...
 
+    def drop_overwritten(self, family: str) -> None:
+        """Make the values overwritten or deleted in ``family`` leave the files on disk (a secret replaced in
+        place must not linger in an old table or log file); nothing changes what reads return."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -113,6 +118,9 @@ class MemoryBackend:
 
     def sync_wal(self) -> None:
         self._live()
+
+    def drop_overwritten(self, family: str) -> None:
+        self._live()  # nothing on disk
 
     def reopened(self) -> MemoryBackend:
         """A new backend over the same data, as a restart would see it (for tests of reopen behaviour)."""

@@ -103,7 +103,12 @@ class DeadLetters:
             deltas = {item.queue.endpoint: (-1, -item.size_bytes)}
             await self._maint.write(ops, deltas, (RemovalReason.DEADLETTER, 1))
         log.info(
-            "store.dead_lettered queue=%s offset=%d reason=%s attempts=%d", item.queue, item.offset, reason, attempts
+            "store.dead_lettered queue=%s offset=%d reason=%s attempts=%d error=%r",
+            item.queue,
+            item.offset,
+            reason,
+            attempts,
+            (error or "")[:200],
         )
         return dlq_off
 

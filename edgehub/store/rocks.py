@@ -438,6 +438,23 @@ class RocksBackend:
             self._failed = True
             raise StorageIOError(f"sync of {self._path} failed: {exc}") from exc
 
+    def drop_overwritten(self, family: str) -> None:
+        """Flush every family's memtable (so no WAL file still holds a write of ``family``: RocksDB deletes a
+        WAL once every family's data in it is in a table), then compact ``family`` whole (its tables are rewritten
+        without the overwritten versions; no snapshot is held, so none is kept)."""
+        self._live()
+        try:
+            for cf in self._cfs.values():
+                cf.flush(True)
+            # forced to the bottom: by default a lone table may be moved down a level as it is, old versions and all
+            opts = rocksdict.CompactOptions()
+            opts.set_bottommost_level_compaction(rocksdict.BottommostLevelCompaction.force())
+            self._cfs[family].compact_range(None, None, opts)
+        except KeyError:
+            raise ValueError(f"no column family {family!r}") from None
+        except Exception as exc:
+            raise _error(self._path, exc, "compaction of") from exc
+
     def close(self) -> None:
         if self._closed:
             return

@@ -580,6 +580,12 @@ class Store:
         self._live()
         await self._meta.put(key, value)
 
+    async def drop_overwritten_metadata(self) -> None:
+        """Make metadata values that were overwritten or deleted leave the files on disk (the identity registry,
+        once it has sealed keys that were kept in clear). Runs in a thread: it flushes and compacts."""
+        self._live()
+        await asyncio.to_thread(self._b.drop_overwritten, META)
+
     # -- lifecycle ----------------------------------------------------------------------------------------
     def _live(self) -> None:
         if self._closed:

@@ -117,5 +117,8 @@ class GatedBackend:
     def sync_wal(self) -> None:
         self._sync(self.inner.sync_wal)
 
+    def drop_overwritten(self, family: str) -> None:
+        self.inner.drop_overwritten(family)
+
     def close(self) -> None:
         self.inner.close()

@@ -17,6 +17,8 @@ Invariants:
   connection closes with proton's (or our) error condition, which ``data_to_send`` carries out.
 * A link is answered once: ``accept_link`` or ``refuse_link``; a refused attach goes back with no terminus and is
   detached with the condition (AMQP 1.0, 2.6.3).
+* A message over the max-message-size the client announced on its receiving link is never sent: ``send`` raises
+  ``PeerMessageTooLarge`` (it could never go on that link, so the hub dead-letters it rather than retry it).
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ from proton import (
     symbol,
 )
 
+from edgehub.core import LocalProtocolError
 from protocol_heads.amqp import events as ev
 from protocol_heads.amqp import proton_raw as raw
 from protocol_heads.amqp.padding import pad
 from protocol_heads.amqp.sasl import SaslCode, SaslError, SaslServer
 
-__all__ = ["AmqpConnection"]
+__all__ = ["AmqpConnection", "PeerMessageTooLarge"]
 
 RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
 MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
@@ -49,6 +52,12 @@ UNAUTHORIZED = "amqp:unauthorized-access"
 NOT_ALLOWED = "amqp:not-allowed"
 NOT_FOUND = "amqp:not-found"
 DECODE_ERROR = "amqp:decode-error"
+
+
+class PeerMessageTooLarge(LocalProtocolError):
+    """An outgoing message over the client's max-message-size on its link; it was not sent."""
+
+
 _WANTED = frozenset(
     kind.number
     for kind in (
@@ -356,7 +365,13 @@ class AmqpConnection:
             link.flow(n)
 
     def send(self, link: Link, tag: str, payload: bytes) -> Delivery:
-        """Send ``payload`` (an encoded message) on outgoing ``link`` as one unsettled delivery."""
+        """Send ``payload`` (an encoded message) on outgoing ``link`` as one unsettled delivery; raises
+        ``PeerMessageTooLarge`` (nothing sent) when it is over the max-message-size the client gave the link."""
+        limit = link.remote_max_message_size
+        if limit and len(payload) > limit:
+            raise PeerMessageTooLarge(
+                f"a message of {len(payload):,} bytes, over the client's max-message-size of {limit:,}"
+            )
         delivery = link.delivery(tag)
         link.send(payload)
         link.advance()

@@ -52,6 +52,7 @@ from protocol_heads.amqp.connection import (
     RESOURCE_LIMIT,
     UNAUTHORIZED,
     AmqpConnection,
+    PeerMessageTooLarge,
 )
 from protocol_heads.amqp.iothub import (
     AddressKind,
@@ -109,7 +110,12 @@ class _Link:
         input_name = delivery.input_name if self.input_kind == AddressKind.MODULE_INPUTS else None
         payload = amqp_from_message(delivery.message, input_name=input_name, redelivery=delivery.redelivery).encode()
         tag = str(next(self._tags))
-        session.conn.send(link, tag, payload)
+        try:
+            session.conn.send(link, tag, payload)
+        except PeerMessageTooLarge as exc:
+            raise DeliveryError(
+                f"cannot be sent over AMQP: {exc}", endpoint=session.sock.peer, kind=FailureKind.PERMANENT
+            ) from exc
         self.pending[tag] = delivery.delivery_id
         session.sock.schedule_flush()
 

@@ -32,7 +32,7 @@ from edgehub.core import LocalProtocolError, RemoteProtocolError
 from protocol_heads.mqtt.acks import AckQueue
 from protocol_heads.mqtt.caches import TOPIC_CACHE_BYTES, BudgetDict
 from protocol_heads.mqtt.decoder import Decoder
-from protocol_heads.mqtt.encoder import encode
+from protocol_heads.mqtt.encoder import UnsendablePacket, encode
 from protocol_heads.mqtt.events import (
     ConnectRequested,
     DeliveryAcked,
@@ -102,7 +102,7 @@ _SEND_MESSAGE: Final = Trigger.SEND_MESSAGE
 _SETTLE: Final = Trigger.SETTLE
 
 
-class PeerPacketTooLarge(LocalProtocolError):
+class PeerPacketTooLarge(UnsendablePacket):
     """An outbound packet is over the client's Maximum Packet Size; it was not sent."""
 
 
@@ -462,7 +462,8 @@ class ServerConnection:
         self, topic: str, payload: bytes, *, qos: int = 1, properties: Properties = NO_PROPERTIES, dup: bool = False
     ) -> int | None:
         """Send an outbound PUBLISH; returns its packet id (None for QoS 0). Raises LocalProtocolError when the
-        window is full, and ``PeerPacketTooLarge`` when the client could not take the packet."""
+        window is full, and ``UnsendablePacket`` when the packet can never go (``PeerPacketTooLarge``: the client
+        could not take it; ``UnencodableField``: a topic or property MQTT cannot carry); nothing was sent then."""
         if self._row.get(_SEND_MESSAGE) is not self.state:  # the table's answer, without a call when it stays
             self._go(_SEND_MESSAGE)
         if qos not in (0, 1):

@@ -1,7 +1,10 @@
 """MQTT 3.1.1 and 5.0 encoding: packet values in, wire bytes out. No state, no I/O.
 
 Invariant: ``encode`` raises only ``LocalProtocolError`` (a value that cannot be put on the wire), and never
-returns bytes the decoder would refuse for the same protocol level.
+returns bytes the decoder would refuse for the same protocol level. A field MQTT cannot carry at all (a string or
+binary field over 65,535 bytes, text that is no UTF-8) raises ``UnencodableField``, an ``UnsendablePacket``: the
+same packet can never be sent, so a caller that would retry it must not (a delivery whose topic is too long is
+dead-lettered, not retried for its whole TTL: issue 34).
 """
 
 from __future__ import annotations
@@ -34,23 +37,43 @@ from protocol_heads.mqtt.packets import (
     Unsubscribe,
 )
 
-__all__ = ["encode", "encode_varint", "fixed_header", "packet_id_field", "string_field"]
+__all__ = [
+    "UnencodableField",
+    "UnsendablePacket",
+    "encode",
+    "encode_varint",
+    "fixed_header",
+    "packet_id_field",
+    "string_field",
+]
 
 _MAX_U16: Final = 0xFFFF
 _U16: Final = struct.Struct("!H")
 
 
+class UnsendablePacket(LocalProtocolError):
+    """A packet that can never be sent as it stands, whatever is retried: a field MQTT cannot carry
+    (``UnencodableField``), or a packet over the client's Maximum Packet Size (``connection.PeerPacketTooLarge``)."""
+
+
+class UnencodableField(UnsendablePacket):
+    """A string or binary field over MQTT's 65,535 bytes, or text that is no UTF-8 (a lone surrogate)."""
+
+
 def string_field(text: str) -> bytes:
     """A UTF-8 string field: its length as two bytes, then the text."""
-    raw = text.encode("utf-8")
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UnencodableField(f"a string field that is not UTF-8 text ({exc.reason} at {exc.start})") from None
     if len(raw) > _MAX_U16:
-        raise LocalProtocolError(f"string of {len(raw)} bytes is too long for MQTT")
+        raise UnencodableField(f"a string field of {len(raw):,} bytes, over MQTT's {_MAX_U16:,}")
     return _U16.pack(len(raw)) + raw
 
 
 def _binary(data: bytes) -> bytes:
     if len(data) > _MAX_U16:
-        raise LocalProtocolError(f"binary field of {len(data)} bytes is too long for MQTT")
+        raise UnencodableField(f"a binary field of {len(data):,} bytes, over MQTT's {_MAX_U16:,}")
     return struct.pack("!H", len(data)) + data
 
 

@@ -3,8 +3,11 @@ inputs as QoS 1 PUBLISHes (MQTT 5 properties when the client speaks 5), desired-
 method calls as QoS 0, each only while the client listens for them.
 
 Invariants: a link whose session was disposed of holds nothing (``_session`` is None) and refuses sends as
-TRANSIENT; a send the connection's state table refuses is a TRANSIENT ``DeliveryError``, one too large for the
-client's Maximum Packet Size a PERMANENT one; every send asks the socket side for one flush, not a write each.
+TRANSIENT; a send the connection's state table refuses is a TRANSIENT ``DeliveryError``, one that can never be
+sent (``UnsendablePacket``: too large for the client's Maximum Packet Size, or a topic or property MQTT cannot
+carry, such as a property bag that makes the topic longer than 65,535 bytes) a PERMANENT one, so the hub
+dead-letters it instead of retrying it at the head of its queue; every send asks the socket side for one flush,
+not a write each.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import TYPE_CHECKING
 from edgehub.core import DeliveryError, FailureKind, Identity, LocalProtocolError, SystemProperty
 from edgehub.hub import Delivery
 from protocol_heads.mqtt.connection import PeerPacketTooLarge
+from protocol_heads.mqtt.encoder import UnsendablePacket
 from protocol_heads.mqtt.iothub import (
     delivery_user_properties,
     device_bound_topic,
@@ -75,8 +79,8 @@ class SessionLink:
             props = Properties(values, delivery_user_properties(m))
         try:
             packet_id = conn.send_message(topic, m.body, qos=1, properties=props, dup=delivery.redelivery)
-        except PeerPacketTooLarge as exc:
-            raise DeliveryError(str(exc), endpoint=peer, kind=FailureKind.PERMANENT) from exc
+        except UnsendablePacket as exc:
+            raise DeliveryError(f"cannot be sent over MQTT: {exc}", endpoint=peer, kind=FailureKind.PERMANENT) from exc
         except LocalProtocolError as exc:
             # A closed connection is one such misuse (the state table refuses the send): said plainly.
             text = "client is not connected" if conn.closed else str(exc)

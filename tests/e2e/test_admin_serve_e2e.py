@@ -36,7 +36,7 @@ async def test_the_running_hub_shows_its_uplink_in_status_and_metrics(tmp_path: 
     manifest = tmp_path / "m.json"
     manifest.write_text(json.dumps({"schemaVersion": "1.1", "routes": {"up": "FROM /messages/* INTO $upstream"}}))
     store = open_store(data)
-    await open_identities(store, "localhost").set_password(Identity.parse("dev1"), b"pw")
+    await open_identities(store, "localhost", data_dir=data).set_password(Identity.parse("dev1"), b"pw")
     await store.close()
     async with MosquittoPeer(tmp_path) as broker:
         upstream = MqttUpstreamSettings(

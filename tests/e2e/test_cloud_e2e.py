@@ -24,7 +24,7 @@ async def test_edgehub_run_relays_the_clouds_method_calls_and_device_bound_messa
     manifest = tmp_path / "m.json"
     manifest.write_text(json.dumps({"schemaVersion": "1.1", "routes": {"up": "FROM /messages/* INTO $upstream"}}))
     store = open_store(data)
-    await open_identities(store, "localhost").set_password(Identity.parse("dev1"), b"pw")
+    await open_identities(store, "localhost", data_dir=data).set_password(Identity.parse("dev1"), b"pw")
     await store.close()
     async with MosquittoPeer(tmp_path) as broker:
         cloud = Paho.make("cloud")

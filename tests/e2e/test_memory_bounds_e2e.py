@@ -33,7 +33,7 @@ async def add_identities(data: Path, identities: list[Identity]) -> dict[str, st
     process each: too slow for a thousand)."""
     store = open_store(data)
     try:
-        registry = open_identities(store, DEFAULT_HOST_NAME)
+        registry = open_identities(store, DEFAULT_HOST_NAME, data_dir=data)
         return {i.id: await registry.add_symmetric_key(i) for i in identities}
     finally:
         await store.close()

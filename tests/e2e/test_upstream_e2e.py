@@ -28,7 +28,7 @@ async def test_telemetry_routed_to_upstream_is_published_to_the_configured_broke
     manifest.write_text(json.dumps({"schemaVersion": "1.1", "routes": {"up": "FROM /messages/* INTO $upstream"}}))
     store = open_store(data)
     dev = Identity.parse("dev1")
-    await open_identities(store, "localhost").set_password(dev, b"pw")
+    await open_identities(store, "localhost", data_dir=data).set_password(dev, b"pw")
     await store.close()
     async with MosquittoPeer(tmp_path) as broker:
         watcher = Paho.make("watcher")
@@ -86,7 +86,7 @@ async def test_partitioned_upstream_sends_each_session_on_its_own_lane_and_conne
     routes = {"up": "FROM /messages/* INTO $upstream"}
     manifest.write_text(json.dumps({"schemaVersion": "1.1", "routes": routes, "upstream": {"partitions": 2}}))
     store = open_store(data)
-    await open_identities(store, "localhost").set_password(Identity.parse("dev1"), b"pw")
+    await open_identities(store, "localhost", data_dir=data).set_password(Identity.parse("dev1"), b"pw")
     await store.close()
     sessions = ["ship-1", "ship-2", "ship-5", "ship-8"]
     assert {stable_partition(s, 2) for s in sessions} == {0, 1}
@@ -124,7 +124,7 @@ async def test_what_the_single_lane_held_still_goes_out_after_partitions_are_tur
     doc = {"schemaVersion": "1.1", "routes": {"up": "FROM /messages/* INTO $upstream"}}
     manifest.write_text(json.dumps(doc))
     store = open_store(data)
-    await open_identities(store, "localhost").set_password(Identity.parse("dev1"), b"pw")
+    await open_identities(store, "localhost", data_dir=data).set_password(Identity.parse("dev1"), b"pw")
     await store.close()
     task, stop, port = await _serve(HubConfig(manifest=manifest, data_dir=data, mqtt_port=0, mqtts_port=None))
     device = Paho.make("dev1")

@@ -5,11 +5,13 @@ settlement is the checkpoint: what it left unsettled comes again after it reconn
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from proton import Link
 
 from edgehub.core import Message
 from edgehub.core.endpoints import device_endpoint
@@ -94,3 +96,39 @@ async def test_what_an_amqp_device_left_unsettled_comes_again_after_it_reconnect
             await client.pump_until(lambda: store.checkpoint(queue).committed >= before + 2)
         finally:
             await client.close()
+
+
+class _MaxMessageSize:
+    """A proton link option (the shape proton's ``LinkOption`` has; proton is untyped, so not its subclass): the
+    receiver announces a max-message-size at attach, as a constrained device may."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def test(self, link: Link) -> bool:
+        return True
+
+    def apply(self, link: Link) -> None:
+        link.max_message_size = self.size
+
+
+async def test_a_message_over_the_devices_max_message_size_is_dead_lettered_and_the_next_arrives(
+    tmp_path: Path,
+) -> None:
+    async with served(tmp_path) as (hub, server, store):
+        await hub.cloud_to_device("dev1", c2d(b"poison" + b"x" * 5_000))
+        await hub.cloud_to_device("dev1", c2d(b"good"))
+        client = await device(server, hub)
+        try:
+            receiver = await asyncio.to_thread(client.conn.create_receiver, ADDRESS, 5, options=_MaxMessageSize(1_000))
+            got = await receive(receiver)
+            assert got.body == b"good"
+            await accept(receiver)
+            await client.pump_until(lambda: len(store.dead_letters(DEVICEBOUND)) == 1)
+            [dead] = store.dead_letters(DEVICEBOUND)
+        finally:
+            await client.close()
+    assert dead.message.body.startswith(b"poison")
+    assert dead.reason == "invalid"
+    assert dead.error is not None
+    assert "over the client's max-message-size of 1,000" in dead.error

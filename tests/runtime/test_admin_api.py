@@ -158,6 +158,39 @@ async def test_a_body_that_is_not_a_json_object_is_a_400(body: bytes, why: str) 
     assert desired.updates == []
 
 
+@pytest.mark.parametrize("method", ["PUT", "PATCH"])
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (b"9" * 5000, b"an integer of 5000 digits"),
+        (b"-" + b"9" * 5000, b"an integer of 5000 digits"),
+        (b"NaN", b"NaN is not a JSON number"),
+        (b"-Infinity", b"-Infinity is not a JSON number"),
+    ],
+)
+async def test_admin_refuses_a_5000_digit_integer_or_a_nan_with_400_and_one_refusal_line(
+    caplog: pytest.LogCaptureFixture, method: str, value: bytes, why: bytes
+) -> None:
+    caplog.set_level(logging.INFO)
+    desired = InMemoryDesiredState()
+    body = b'{"routes": {"r": "FROM /* INTO $upstream"}, "big": ' + value + b"}"
+    async with admin(desired) as client:
+        head = f"{method} /twin/desired HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+        head += f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        response = await raw_exchange(client.port, head.encode() + body)
+        health = await asyncio.to_thread(client.raw, "GET", "/health")  # the server goes on
+    assert status_of(response) == 400
+    assert b'"error": "invalid_request"' in response
+    assert why in response
+    assert health[0] == 200
+    assert desired.updates == []
+    lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert len(lines) == 1
+    assert lines[0].startswith("refused reason=invalid_request peer=127.0.0.1")
+    assert why.decode() in lines[0]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 async def test_a_body_over_the_limit_is_refused_413_before_it_is_read() -> None:
     async with admin(InMemoryDesiredState(), limits=AdminLimits(max_body_bytes=1000)) as client:
         head = f"PUT /twin/desired HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"

@@ -4,6 +4,7 @@ the MQTT head on 127.0.0.1, the admin API on port 0, paho clients."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import ssl
 from collections.abc import AsyncIterator
@@ -236,3 +237,27 @@ async def test_x509_identities_added_through_the_api_log_in_with_their_certifica
     assert not getattr(by_thumbprint, "is_failure", True)
     assert not getattr(ca_signed, "is_failure", True)
     assert getattr(wrong_cn, "is_failure", False)
+
+
+def post_bytes(client: AdminClient, path: str, body: bytes) -> tuple[int, bytes]:
+    """POST a body as given: json.dumps cannot even write the integers the hub must refuse."""
+    conn = http.client.HTTPConnection(client.host, client.port, timeout=client.timeout_s)
+    try:
+        conn.request("POST", path, body=body, headers={"Authorization": f"Bearer {client.token}"})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+async def test_adding_an_identity_with_a_5000_digit_integer_is_a_400_and_adds_nothing(tmp_path: Path) -> None:
+    body = b'{"id": "' + NEW.id.encode() + b'", "key": ' + b"9" * 5000 + b"}"
+    async with hub_with_admin(tmp_path) as admin:
+        status, raw = await asyncio.to_thread(post_bytes, admin.client, "/identities", body)
+        _, listed = await admin.call("GET", "/identities")
+    assert status == 400
+    answer = json.loads(raw)
+    assert answer["error"] == "invalid_request"
+    assert "an integer of 5000 digits" in answer["detail"]
+    assert isinstance(listed, dict)
+    assert NEW.id not in [i["id"] for i in listed["identities"]]

@@ -134,6 +134,15 @@ async def test_dead_letters_are_listed_requeued_and_purged_through_the_api(tmp_p
         assert bad_limit == 400
 
 
+async def test_a_dead_letter_limit_that_int_cannot_read_is_a_400_not_a_500(tmp_path: Path) -> None:
+    async with hub_with_three_queued(tmp_path) as (admin, _):
+        # past Python's digit limit; "²", which str.isdigit takes and int refuses
+        for limit in ("9" * 5000, "\u00b2"):
+            code, answer = await admin.call("GET", "/deadletters", limit=limit)
+            assert (code, answer["error"]) == (400, "invalid_request")
+            assert answer["detail"] == "limit: a number from 1 to 10000"
+
+
 async def test_metrics_use_azure_names_and_read_the_hubs_counters(tmp_path: Path) -> None:
     async with hub_with_three_queued(tmp_path) as (admin, _):
         status, raw = await asyncio.to_thread(admin.client.raw, "GET", "/metrics")

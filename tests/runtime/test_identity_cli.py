@@ -43,7 +43,7 @@ def test_each_way_to_log_in_is_added_and_listed_without_its_secret(tmp_path: Pat
     async def record_of_cam() -> str | None:
         store = open_store(tmp_path)
         try:
-            record = open_identities(store, "localhost").get(Identity.parse("cam"))
+            record = open_identities(store, "localhost", data_dir=tmp_path).get(Identity.parse("cam"))
             return record.thumbprint if record is not None else None
         finally:
             await store.close()

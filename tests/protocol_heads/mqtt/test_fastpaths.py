@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from edgehub.core import LocalProtocolError
 from protocol_heads.mqtt.decoder import Decoder
-from protocol_heads.mqtt.encoder import encode
+from protocol_heads.mqtt.encoder import UnencodableField, encode
 from protocol_heads.mqtt.fastpaths import encode_qos1_publish, plain_puback_ids, puback_success
 from protocol_heads.mqtt.packets import (
     MQTT_50,
@@ -136,8 +136,10 @@ def test_encode_qos1_publish_gives_the_bytes_encode_gives(
 
 
 def test_encode_qos1_publish_refuses_what_encode_refuses() -> None:
-    with pytest.raises(LocalProtocolError, match="too long"):
+    with pytest.raises(UnencodableField, match="over MQTT's 65,535"):
         encode_qos1_publish("t" * 0x10000, b"", 1)
+    with pytest.raises(UnencodableField, match="not UTF-8"):
+        encode_qos1_publish("t\ud800", b"", 1)
     for bad in (0, 0x10000):
         with pytest.raises(LocalProtocolError, match="packet identifier"):
             encode_qos1_publish("t", b"", bad)
