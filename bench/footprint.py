@@ -218,6 +218,10 @@ def main(argv: list[str] | None = None) -> None:
             str(tls),
             "--mqtt-port",
             str(plain),
+            "--amqps-port",
+            "0",
+            "--admin-port",
+            "0",
             "--upstream-mqtt",
             f"127.0.0.1:{dead}",  # nothing listens there: the link is down, the backlog stays in the store
         ]

@@ -265,6 +265,8 @@ def hub_run_args(manifest: Path, data: Path, port: int) -> list[str]:
         "0",
         "--amqps-port",
         "0",
+        "--admin-port",
+        "0",
         "--module-window",
         str(MODULE_WINDOW),
         "--cleanup-interval",

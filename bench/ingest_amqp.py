@@ -166,7 +166,7 @@ def run_edgehub(work: Path, args: argparse.Namespace) -> dict[str, float]:
     mqtt_port, amqp_port = free_port(), free_port()
     # The admin API on a free port: its default (9600) may be another hub's on a shared machine, and then the
     # run ends before it listens.
-    cmd = [EDGEHUB, *hub_run_args(manifest, data, mqtt_port), "--amqp-port", str(amqp_port), "--admin-port", "0"]
+    cmd = [EDGEHUB, *hub_run_args(manifest, data, mqtt_port), "--amqp-port", str(amqp_port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

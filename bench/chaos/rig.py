@@ -144,6 +144,7 @@ class Hub:
             "--mqtt-port", "0",
             "--mqtts-port", "0",
             "--amqps-port", "0",
+            "--admin-port", "0",
             "--upstream-mqtt", f"127.0.0.1:{upstream_port}",
             "--upstream-client-id", "gw",
             "--duplicate-detection",
