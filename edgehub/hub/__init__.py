@@ -26,9 +26,10 @@ Guarantees the implementations give:
 * Deliveries to one link go out in queue order; an unacknowledged delivery is sent again with
   ``redelivery=True`` after the client reconnects. ``link.send`` never blocks.
 
-Two protocol-neutral guards every head uses before login: ``ConnectionLimiter`` (``admission.py``: pre-login
-connections capped in total and per source address, all connections under the descriptor limit) and
-``LoginThrottle`` (``throttle.py``: failed logins per key in a window).
+Two protocol-neutral guards every head uses before login: ``ConnectionLimiter`` (``connection_admission.py``:
+pre-login connections capped in total and per source address, all connections under the descriptor limit) and
+``LoginThrottle`` (``throttle.py``: failed logins per key in a window). The store's admission of messages (size
+limits, quotas, overflow policies) is another thing: ``edgehub.store.quotas``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import msgspec
 from edgehub.core import Identity, Message
 from edgehub.core.methods import MethodCall, MethodResult
 from edgehub.core.refusals import RefusalReason
-from edgehub.hub.admission import Cap, ConnectionLimiter, Ticket
+from edgehub.hub.connection_admission import Cap, ConnectionLimiter, Ticket
 from edgehub.hub.throttle import LoginThrottle
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""discardOldest's step, for ``edgehub.store.admission``: make room by taking one reference out of the store.
+"""discardOldest's step, for ``edgehub.store.quotas``: make room by taking one reference out of the store.
 
 From the head of the lowest-priority non-empty queue (of one endpoint, or of any endpoint for the store-wide
 quota): the delivered references there if it has any (they only wait for cleanup), else its oldest one, counted
