@@ -33,7 +33,7 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
-from edgehub.core import FailureKind, Message
+from edgehub.core import FailureKind, Message, expiry
 
 __all__ = ["Endpoint", "PipelinedEndpoint", "QueuedMessage", "ReportsUnreachable", "SendResult"]
 
@@ -52,7 +52,7 @@ class QueuedMessage(msgspec.Struct, frozen=True, gc=False):
 
     @property
     def expires_at_s(self) -> float:
-        return self.enqueued_at_s + self.ttl_s
+        return expiry.expires_at_s(self)
 
 
 @dataclass(frozen=True, slots=True)
