@@ -3,7 +3,9 @@ a SAS token or password, SASL EXTERNAL with its TLS certificate, or SASL ANONYMO
 ``$cbs``), answers link attaches by address and ACL, hands each read's transfers to ``Hub.ingest`` as one group
 and settles them by the outcome, and carries the hub's deliveries out on the client's receiving link (``_Link``).
 
-It never touches the socket: bytes, timers and reading pauses belong to the socket side (``ClientSocket``).
+It never touches the socket: bytes, timers and reading pauses belong to the socket side (``ClientSocket``), which
+it sees only as ``SessionSocket`` (``protocol_heads.socket_side``), and its server only as ``HeadServer``, so this
+module imports neither the socket module nor the server module, which build it.
 
 Invariants:
 * Settled means durable: a transfer is settled ``accepted`` only when ``Hub.ingest`` said ``Stored``; a refusal is
@@ -26,7 +28,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from proton import Link
 from proton import Message as AmqpMessage
@@ -65,11 +67,10 @@ from protocol_heads.amqp.iothub import (
     rejection_condition,
 )
 from protocol_heads.amqp.sasl import SaslCode, SaslInit
+from protocol_heads.amqp.settings import AmqpSettings
 from protocol_heads.amqp.transfers import TransferDecoder
-
-if TYPE_CHECKING:
-    from protocol_heads.amqp.client_socket import ClientSocket
-    from protocol_heads.amqp.server import AmqpServer
+from protocol_heads.listeners import HeadServer
+from protocol_heads.socket_side import SessionSocket
 
 __all__ = ["Session", "shown"]
 
@@ -92,6 +93,10 @@ class _Link:
         self.input_kind: AddressKind | None = None
         self.pending: dict[str, int] = {}  # delivery tag → hub delivery id
         self._tags = itertools.count(1)
+
+    def detach(self) -> None:
+        """The session let go of this link (a relink, or the connection disposed of): hold nothing of it."""
+        self._session = None
 
     @property
     def window_free(self) -> int:
@@ -123,7 +128,7 @@ class _Link:
 class Session:
     """The session side of one connection (module docstring); ``sock`` is its socket side."""
 
-    def __init__(self, server: AmqpServer, sock: ClientSocket, conn: AmqpConnection) -> None:
+    def __init__(self, server: HeadServer[AmqpSettings, Session], sock: SessionSocket, conn: AmqpConnection) -> None:
         self.server = server
         self.hub = server.hub
         self.settings = server.settings
@@ -284,11 +289,10 @@ class Session:
         self.identity = result.identity
         self.auth_method = result.auth_method
         self.sock.authenticated(result.identity.id)
-        old = server._clients.get(result.identity.id)
-        if old is not None and old is not self:
+        old = server.claim_identity(result.identity.id, self)
+        if old is not None:
             log.info("amqp.session_takeover client=%s", result.identity)
             old.take_over()
-        server._clients[result.identity.id] = self
         await self.hub.connect(result.identity, self.link, clean_session=False)
         self.registered = True
         if not self.logged_in.done():
@@ -412,7 +416,7 @@ class Session:
             # The client let go of its inputs: what it had not settled comes again on its next link.
             old, identity = self.link, self.identity
             self.link = _Link(self)
-            old._session = None
+            old.detach()
 
             async def relink() -> None:
                 await self.hub.disconnect(identity, old)
@@ -513,8 +517,8 @@ class Session:
                 with contextlib.suppress(Exception):
                     await task
         identity = self.identity
-        if identity is not None and self.server._clients.get(identity.id) is self:
-            del self.server._clients[identity.id]
+        if identity is not None:
+            self.server.release_identity(identity.id, self)
         if identity is not None and self.registered:
             self.registered = False
             await self.hub.disconnect(identity, self.link)
@@ -524,7 +528,7 @@ class Session:
             task.cancel()
 
     def dispose(self) -> None:
-        self.link._session = None
+        self.link.detach()
         self.link.link = None
         self._cbs_out = None
         self._tasks.clear()

@@ -3,7 +3,9 @@ acts on ``ServerConnection``'s events (subscriptions, deliveries' acks, will), h
 ``Hub.ingest`` as one group, answers twin requests, and carries the hub's deliveries out (``SessionLink``, ``link.py``).
 
 It never touches the socket: bytes, timers and reading pauses belong to the socket side (``ClientSocket`` in
-``client_socket.py``), which feeds it reads and which it asks to flush, pause or end.
+``client_socket.py``), which feeds it reads and which it asks to flush, pause or end. It sees that side only as
+``MqttSocket`` and its server only as ``HeadServer`` (what both heads' servers share), so this module imports
+neither the socket module nor the server module, which build it.
 
 Invariants:
 * All PUBLISHes of one socket read go to ``Hub.ingest`` as one group (one task per group); acks leave in
@@ -25,7 +27,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Container, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -42,6 +44,7 @@ from edgehub.core import (
 )
 from edgehub.core.refusals import RefusalReason
 from edgehub.hub import Credentials, Rejected
+from protocol_heads.listeners import HeadServer
 from protocol_heads.mqtt.caches import BudgetDict
 from protocol_heads.mqtt.children import Children
 from protocol_heads.mqtt.connection import ServerConnection
@@ -70,12 +73,10 @@ from protocol_heads.mqtt.iothub import (
 from protocol_heads.mqtt.link import SessionLink
 from protocol_heads.mqtt.methods import ModuleCalls
 from protocol_heads.mqtt.packets import NO_PROPERTIES, Connect, PropertyId, Publish, ReasonCode
+from protocol_heads.mqtt.settings import MqttSettings
+from protocol_heads.socket_side import SessionSocket
 
-if TYPE_CHECKING:
-    from protocol_heads.mqtt.client_socket import ClientSocket
-    from protocol_heads.mqtt.server import MqttServer
-
-__all__ = ["REJECT_REASONS", "Session", "shown"]
+__all__ = ["REJECT_REASONS", "MqttSocket", "Session", "shown"]
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +109,19 @@ def shown(text: str, limit: int = 128) -> str:
     return text if text.isprintable() and " " not in text else repr(text)
 
 
+class MqttSocket(SessionSocket, Protocol):
+    """What the session asks of its socket side (``ClientSocket`` is one): what both heads' sessions ask, and the
+    reads before login."""
+
+    async def read(self) -> bytes:
+        """The next read before the client is live; b"" once the connection has ended."""
+        ...
+
+
 class Session:
     """The session side of one connection (module docstring); ``sock`` is its socket side."""
 
-    def __init__(self, server: MqttServer, sock: ClientSocket, conn: ServerConnection) -> None:
+    def __init__(self, server: HeadServer[MqttSettings, Session], sock: MqttSocket, conn: ServerConnection) -> None:
         self.server = server
         self.hub = server.hub
         self.settings = server.settings
@@ -241,11 +251,10 @@ class Session:
         self.identity = result.identity
         self.auth_method = result.auth_method
         self.listening = result.identity.module_id is not None
-        old = self.server._clients.get(self.identity.id)
+        old = self.server.claim_identity(self.identity.id, self)
         if old is not None:
             log.info("mqtt.session_takeover client=%s", self.identity)
             old.take_over()
-        self.server._clients[self.identity.id] = self
         info = await self.hub.connect(self.identity, self.link, clean_session=c.clean_start)
         self.registered = True
         pipelined = self.conn.accept(session_present=info.session_present)
@@ -389,7 +398,7 @@ class Session:
                     continue
                 if p.topic.startswith("$iothub/") and len(p.topic) <= self.settings.max_topic_length:
                     # A method call or answer (methods.py): never a message.
-                    answer = self.calls.on_publish(identity, p.topic, p.payload, self._respond, self.sock.refused)
+                    answer = self.calls.on_publish(identity, p.topic, p.payload, self.respond, self.sock.refused)
                     if answer is not None:
                         settle.append((event.ticket, None, *answer))
                         continue
@@ -472,17 +481,19 @@ class Session:
     async def _on_twin(self, identity: Identity, twin: TwinRequest, p: Publish) -> None:
         if twin.operation == "GET":
             doc: Mapping[str, Any] = await self.hub.get_twin(identity)
-            self._respond(twin_response_topic(200, twin.rid), json.dumps(doc).encode())
+            self.respond(twin_response_topic(200, twin.rid), json.dumps(doc).encode())
             return
         try:
             # The hub parses the raw patch (edgehub.hub.twins): bounded size and depth before any json.loads.
             version = await self.hub.update_reported(identity, p.payload)
         except TwinError as exc:  # refused and logged by the hub; the device gets IoT Hub's status
-            self._respond(twin_response_topic(exc.status, twin.rid), b"")
+            self.respond(twin_response_topic(exc.status, twin.rid), b"")
             return
-        self._respond(twin_response_topic(204, twin.rid, version=version), b"")
+        self.respond(twin_response_topic(204, twin.rid, version=version), b"")
 
-    def _respond(self, topic: str, payload: bytes) -> None:
+    def respond(self, topic: str, payload: bytes) -> None:
+        """A QoS 0 answer on ``topic`` (a twin's, a method call's, a desired-properties patch), if the client
+        subscribed to it; flushed at the end of this turn of the event loop."""
         if self.conn.closed or not any(topic_matches(f, topic) for f in self.subscriptions):
             return
         self.conn.send_message(topic, payload, qos=0)
@@ -520,8 +531,8 @@ class Session:
                 with contextlib.suppress(Exception):
                     await task
         identity = self.identity
-        if identity is not None and self.server._clients.get(identity.id) is self:
-            del self.server._clients[identity.id]
+        if identity is not None:
+            self.server.release_identity(identity.id, self)
         if identity is not None and self.registered:
             await self._publish_will(identity)
             await self.children.close(self.hub)
@@ -535,7 +546,7 @@ class Session:
 
     def dispose(self) -> None:
         """Let go of everything that could lead back to this connection (see ``ClientSocket.dispose``)."""
-        self.link._session = None  # the hub may hold the link a while longer; it no longer holds this session
+        self.link.detach()  # the hub may hold the link a while longer; it no longer holds this session
         self.children.dispose()  # the same for the links of the devices behind it
         self._tasks.clear()
         self._telemetry.clear()
