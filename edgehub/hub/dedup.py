@@ -127,20 +127,21 @@ class Claim:
     at_s: float
     metadata: Mapping[str, bytes | None]
     _window: DuplicateWindow
-    _deletes: list[str] = field(default_factory=list)
+    # The expired records this claim's write deletes (keys of ``metadata`` with None); kept again if it fails.
+    deletes: list[str] = field(default_factory=list)
     _settled: bool = False
 
     def accepted(self) -> None:
         """The group write is durable: so is the message, and so is its record."""
         if not self._settled:
             self._settled = True
-            self._window._settle(self, stored=True)
+            self._window.settle(self, stored=True)
 
     def abandoned(self) -> None:
         """The message was refused, or its group write failed: nothing was recorded."""
         if not self._settled:
             self._settled = True
-            self._window._settle(self, stored=False)
+            self._window.settle(self, stored=False)
 
 
 class DuplicateWindow:
@@ -216,12 +217,14 @@ class DuplicateWindow:
         metadata[own] = json.dumps({"v": 1, "at": now}).encode()
         return Claim(identity, message_id, now, metadata, self, deletes)
 
-    def _settle(self, claim: Claim, *, stored: bool) -> None:
+    def settle(self, claim: Claim, *, stored: bool) -> None:
+        """``claim``'s write is done (``Claim.accepted``, ``Claim.abandoned``; once per claim): remember its id if
+        ``stored``, else keep the deletes it carried for a later write; wake a copy waiting on it (``in_flight``)."""
         key = (claim.identity, claim.message_id)
         if stored:
             self._detector.remember(claim.identity, claim.message_id, claim.at_s)
         else:
-            self._doomed.update(dict.fromkeys(claim._deletes))  # not deleted after all: with a later write
+            self._doomed.update(dict.fromkeys(claim.deletes))  # not deleted after all: with a later write
         fut = self._pending.pop(key, None)
         if fut is not None and not fut.done():
             fut.set_result(stored)
