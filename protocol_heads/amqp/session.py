@@ -9,8 +9,9 @@ module imports neither the socket module nor the server module, which build it.
 
 Invariants:
 * Settled means durable: a transfer is settled ``accepted`` only when ``Hub.ingest`` said ``Stored``; a refusal is
-  ``rejected`` with a condition (``iothub.rejection_condition``). Settlements of a connection go out in arrival
-  order (each group waits for the one before it), and each settled transfer gives its link one credit back.
+  ``rejected`` with a condition (``refusals.REJECT_CONDITIONS``, the one table). Settlements of a connection go out
+  in arrival order (each group waits for the one before it), and each settled transfer gives its link one credit
+  back.
 * Until the client has an identity, only ``$cbs`` links are served; what it pipelined behind a ``put-token``
   waits (at most ``max_waiting_events``) and is handled once the token is checked.
 * A SAS token's expiry is kept: a connection whose token expires without a new ``put-token`` is closed with
@@ -43,9 +44,10 @@ from edgehub.core import (
     StorageIOError,
     StoreError,
 )
+from edgehub.core.logtext import shown
 from edgehub.core.refusals import RefusalReason
 from edgehub.core.sas import parse_sas_token
-from edgehub.hub import Credentials, Rejected
+from edgehub.hub import STORE_UNAVAILABLE, Credentials, Rejected
 from edgehub.hub import Delivery as HubDelivery
 from protocol_heads.amqp import events as ev
 from protocol_heads.amqp.connection import (
@@ -64,24 +66,19 @@ from protocol_heads.amqp.iothub import (
     parse_address,
     parse_cbs_request,
     parse_plain_username,
-    rejection_condition,
 )
+from protocol_heads.amqp.refusals import STORE_FAILED, UNDECODABLE, rejection_condition
 from protocol_heads.amqp.sasl import SaslCode, SaslInit
 from protocol_heads.amqp.settings import AmqpSettings
 from protocol_heads.amqp.transfers import TransferDecoder
 from protocol_heads.listeners import HeadServer
 from protocol_heads.socket_side import SessionSocket
 
-__all__ = ["Session", "shown"]
+__all__ = ["Session"]
 
 log = logging.getLogger(__name__)
 
 _FORCED = "amqp:connection:forced"
-
-
-def shown(text: str, limit: int = 128) -> str:
-    text = text if len(text) <= limit else text[:limit] + "..."
-    return text if text.isprintable() and " " not in text else repr(text)
 
 
 class _Link:
@@ -448,7 +445,7 @@ class Session:
             await self._ingest_group(group, before)
         except StoreError as exc:
             log.warning("amqp.ingest_failed client=%s detail=%s", self.identity, exc)
-            self.conn.close("amqp:internal-error", "store failure")
+            self.conn.close(*STORE_FAILED)
             self.sock.finish()
         except Exception:
             # A bug here must not leave the client's transfers unanswered for ever: end this connection only.
@@ -471,12 +468,12 @@ class Session:
                 message = self._transfers.message(identity, event.body, auth_method=self.auth_method)
             except InvalidMessageError as exc:
                 self.sock.refused(exc.reason, detail=shown(str(exc), 200))
-                answers.append((event, "amqp:decode-error", str(exc)))
+                answers.append((event, UNDECODABLE, str(exc)))
                 slots.append(None)
                 continue
             except Exception as exc:  # proton's decode errors: the bytes are not a message
                 self.sock.refused(RefusalReason.INVALID_MESSAGE, detail=shown(str(exc), 200))
-                answers.append((event, "amqp:decode-error", "not an AMQP message"))
+                answers.append((event, UNDECODABLE, "not an AMQP message"))
                 slots.append(None)
                 continue
             answers.append((event, None, ""))
@@ -485,7 +482,9 @@ class Session:
         try:
             outcomes = await self.hub.ingest(identity, to_store) if to_store else []
         except StorageIOError:
-            outcomes = [Rejected(RefusalReason.STORE_UNAVAILABLE, "the hub cannot store messages now")] * len(to_store)
+            # The disk refused the group's write and the store stays usable (edgehub.hub's contract): a refusal of
+            # each message, which the client may send again, not of the connection.
+            outcomes = [STORE_UNAVAILABLE] * len(to_store)
         if before is not None:
             await before  # settlements leave in arrival order
         credit: dict[str, tuple[Link, int]] = {}

@@ -22,10 +22,10 @@ import ssl
 from edgehub.hub import Hub
 from protocol_heads.listeners import HeadServer
 from protocol_heads.mqtt.client_socket import READ_SIZE, ClientSocket
-from protocol_heads.mqtt.session import REJECT_REASONS, Session
+from protocol_heads.mqtt.session import Session
 from protocol_heads.mqtt.settings import MqttSettings, connection_cap
 
-__all__ = ["REJECT_REASONS", "MqttServer", "MqttSettings", "connection_cap"]
+__all__ = ["MqttServer", "MqttSettings", "connection_cap"]
 
 
 class MqttServer(HeadServer[MqttSettings, Session]):

@@ -14,8 +14,8 @@ Invariants:
 * One live connection per identity: a new one takes the session over and the old one is closed (MQTT 5: 0x8E);
   the hub is told with ``Hub.connect`` and the old link's deliveries come again on the new link. An identity
   whose credentials are removed or rotated is closed at once (``revoke``; MQTT 5: 0x98, no will).
-* A refused message gets MQTT 5's reason (``REJECT_REASONS``) and the hub's detail as Reason String; a 3.1.1
-  client is disconnected instead.
+* A refused message gets MQTT 5's reason (``refusals.REJECT_REASONS``, the one table) and the hub's detail as
+  Reason String; a 3.1.1 client is disconnected instead.
 * A disposed session holds nothing that leads back to its socket or its link (``dispose``), so reference
   counting alone frees a closed connection.
 """
@@ -42,8 +42,9 @@ from edgehub.core import (
     StoreError,
     TwinError,
 )
+from edgehub.core.logtext import shown
 from edgehub.core.refusals import RefusalReason
-from edgehub.hub import Credentials, Rejected
+from edgehub.hub import STORE_UNAVAILABLE, Credentials, Rejected
 from protocol_heads.listeners import HeadServer
 from protocol_heads.mqtt.caches import BudgetDict
 from protocol_heads.mqtt.children import Children
@@ -60,7 +61,6 @@ from protocol_heads.mqtt.events import (
 )
 from protocol_heads.mqtt.iothub import (
     TelemetryTopic,
-    TopicError,
     TwinRequest,
     message_from_publish,
     parse_client_id,
@@ -73,40 +73,19 @@ from protocol_heads.mqtt.iothub import (
 from protocol_heads.mqtt.link import SessionLink
 from protocol_heads.mqtt.methods import ModuleCalls
 from protocol_heads.mqtt.packets import NO_PROPERTIES, Connect, PropertyId, Publish, ReasonCode
+from protocol_heads.mqtt.refusals import REJECT_REASONS, STORE_FAILED
 from protocol_heads.mqtt.settings import MqttSettings
 from protocol_heads.socket_side import SessionSocket
 
-__all__ = ["REJECT_REASONS", "MqttSocket", "Session", "shown"]
+__all__ = ["MqttSocket", "Session"]
 
 log = logging.getLogger(__name__)
 
-# Hub rejection reasons → MQTT 5 reason codes of the negative PUBACK/PUBREC.
-REJECT_REASONS: Mapping[RefusalReason, int] = {
-    RefusalReason.QUOTA_EXCEEDED: ReasonCode.QUOTA_EXCEEDED,
-    RefusalReason.MESSAGE_TOO_LARGE: ReasonCode.PACKET_TOO_LARGE,
-    RefusalReason.NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
-    RefusalReason.TOPIC_INVALID: ReasonCode.TOPIC_NAME_INVALID,
-    RefusalReason.INVALID_MESSAGE: ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
-    # sessionId and partitionKey differ: the PUBLISH is well formed but the hub will not take it, which is 0x83's
-    # meaning in MQTT 5 (0x99 "payload format invalid" is about the payload format indicator, not properties).
-    RefusalReason.PARTITION_KEY_MISMATCH: ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
-    # The disk refused the write (full, failing): 0x97 tells the device to hold on to it and retry later.
-    RefusalReason.STORE_UNAVAILABLE: ReasonCode.QUOTA_EXCEEDED,
-}
-_STORE_UNAVAILABLE = Rejected(
-    RefusalReason.STORE_UNAVAILABLE, "the hub cannot store messages now (disk full or failing)"
-)
 _LOGIN_REFUSALS: Mapping[int, RefusalReason] = {
     ReasonCode.CLIENT_IDENTIFIER_NOT_VALID: RefusalReason.BAD_CLIENT_ID,
     ReasonCode.BAD_USERNAME_OR_PASSWORD: RefusalReason.BAD_USERNAME,
 }
 _ENTRY_OVERHEAD = 512  # a telemetry cache entry's two property maps and tuple, beside its topic's text
-
-
-def shown(text: str, limit: int = 128) -> str:
-    """A client's words (client id, topic) fit for a log line: bounded, and quoted unless plain."""
-    text = text if len(text) <= limit else text[:limit] + "..."
-    return text if text.isprintable() and " " not in text else repr(text)
 
 
 class MqttSocket(SessionSocket, Protocol):
@@ -367,7 +346,8 @@ class Session:
             await self._ingest_group(group)
         except StoreError as exc:
             log.warning("mqtt.ingest_failed client=%s detail=%s", self.identity, exc)
-            self.conn.close(ReasonCode.UNSPECIFIED_ERROR, reason="store failure")
+            code, text = STORE_FAILED
+            self.conn.close(code, reason=text)
             self.sock.finish()
             self.sock.close()
         finally:
@@ -409,7 +389,7 @@ class Session:
             try:
                 msg = self._message(identity, p, now, props)
             except InvalidMessageError as exc:
-                code = ReasonCode.TOPIC_NAME_INVALID if isinstance(exc, TopicError) else 0x83
+                code = REJECT_REASONS.get(exc.reason, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
                 self.sock.refused(exc.reason, topic=shown(p.topic), detail=shown(str(exc), 200))
                 settle.append((event.ticket, None, code, None))
                 continue
@@ -426,14 +406,14 @@ class Session:
         try:
             outcomes = await self.hub.ingest(identity, to_store) if to_store else []
         except StorageIOError:
-            # Nothing of the group was stored and the store stays usable (the store logged why): a refusal of
-            # these messages, as for any other, not of the connection.
-            outcomes = [_STORE_UNAVAILABLE] * len(to_store)
+            # The disk refused the group's write and the store stays usable (the store logged why; edgehub.hub's
+            # contract): a refusal of these messages, as for any other, not of the connection.
+            outcomes = [STORE_UNAVAILABLE] * len(to_store)
         answers: list[tuple[int, int, str | None]] = []
         for ticket, index, reason, text in settle:
             outcome = outcomes[index] if index is not None else None
             if isinstance(outcome, Rejected):
-                reason = REJECT_REASONS.get(outcome.reason, 0x80)
+                reason = REJECT_REASONS.get(outcome.reason, ReasonCode.UNSPECIFIED_ERROR)
                 text = outcome.detail or None
                 self.sock.refused(outcome.reason, qos=0 if ticket is None else 1, code=f"0x{reason:02x}")
             if ticket is None:
