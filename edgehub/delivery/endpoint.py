@@ -47,7 +47,7 @@ class QueuedMessage(msgspec.Struct, frozen=True, gc=False):
     offset: int  # position in its queue (endpoint, priority); grows forever, across restarts
     priority: int  # 0 highest; DEFAULT_PRIORITY for routes without one
     enqueued_at_s: float  # epoch seconds, fixed at enqueue
-    ttl_s: float  # seconds, fixed at enqueue; the message is never sent once enqueued_at_s + ttl_s has passed
+    ttl_s: float  # seconds, fixed at enqueue; never sent from enqueued_at_s + ttl_s on (edgehub.core.expiry)
     attempts: int = 0  # deliveries tried before this one
 
     @property

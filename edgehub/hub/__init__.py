@@ -161,7 +161,8 @@ class Hub(Protocol):
         ...
 
     async def ingest(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:
-        """Route and durably store a group of messages from one identity; one outcome per message."""
+        """Route and durably store a group of messages from one identity; one outcome per message. Raises
+        ``StoreError`` only, and then gives no outcome (the module docstring says what each head does)."""
         ...
 
     async def connect(self, identity: Identity, link: ClientLink, *, clean_session: bool) -> SessionInfo:
