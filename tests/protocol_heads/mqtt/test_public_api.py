@@ -7,7 +7,7 @@ import types
 import pytest
 
 import edgehub.hub
-import edgehub.hub.admission
+import edgehub.hub.connection_admission
 import edgehub.hub.throttle
 import edgehub.testing.hub
 from edgehub.core import sas
@@ -23,6 +23,7 @@ from protocol_heads.mqtt import (
     fastpaths,
     iothub,
     packets,
+    refusals,
     server,
     session,
     settings,
@@ -43,6 +44,7 @@ from protocol_heads.mqtt import (
         fastpaths,
         iothub,
         packets,
+        refusals,
         server,
         session,
         settings,
@@ -53,7 +55,7 @@ from protocol_heads.mqtt import (
         socket_side,
         tls,
         edgehub.hub,
-        edgehub.hub.admission,
+        edgehub.hub.connection_admission,
         edgehub.hub.throttle,
         edgehub.testing.hub,
     ],

@@ -1,5 +1,6 @@
 """Admission of new connections before login: how many may wait unauthenticated, in total and per source
 address, and how many connections there may be at all. Protocol-neutral (the MQTT and AMQP heads share it).
+Messages are admitted elsewhere, by the store's quotas (``edgehub.store.quotas``).
 
 A connection that has not authenticated costs a descriptor (two, with TLS bookkeeping) and buffers, and a
 hostile peer can open them faster than a timeout closes them: without a cap, two such peers took a hub to
@@ -46,7 +47,7 @@ class Ticket:
         limiter = self._limiter
         if limiter is not None and self.pending:
             self.pending = False
-            limiter._unpend(self.address)
+            limiter.unpend(self.address)
 
     def release(self) -> None:
         """The connection is gone. Idempotent."""
@@ -55,7 +56,7 @@ class Ticket:
             return
         if self.pending:
             self.pending = False
-            limiter._unpend(self.address)
+            limiter.unpend(self.address)
         limiter.total -= 1
         limiter.closed += 1
 
@@ -101,7 +102,8 @@ class ConnectionLimiter:
     def pending_from(self, address: str) -> int:
         return self._by_address.get(address, 0)
 
-    def _unpend(self, address: str) -> None:
+    def unpend(self, address: str) -> None:
+        """One connection from ``address`` is no longer pending (a ``Ticket``'s, exactly once per ticket)."""
         self.pending -= 1
         held = self._by_address[address] - 1
         if held:

@@ -1,5 +1,6 @@
-"""Admission of messages to the store: size limits, quotas (per endpoint, store-wide, each identity's share of
-the store), waits for room and the overflow policies (``edgehub.store.policy``).
+"""Admission of messages to the store (connections are admitted elsewhere: ``edgehub.hub.connection_admission``):
+size limits, quotas (per endpoint, store-wide, each identity's share of the store), waits for room and the
+overflow policies (``edgehub.store.policy``).
 
 Invariants:
 * a message over its identity's share is refused at once (``QuotaExceededError``), whatever the overflow policy:
@@ -22,7 +23,7 @@ from edgehub.core import Clock, MessageTooLargeError, QuotaExceededError
 from edgehub.store.policy import Overflow, QueuePolicy, StoreQuota
 from edgehub.store.usage import OWNER, STORE_WIDE, UsageBook
 
-__all__ = ["Admission"]
+__all__ = ["Quotas"]
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def too_large(size: int, limit: int) -> MessageTooLargeError:
     return MessageTooLargeError(f"message of {size} bytes is over maxMessageSizeBytes={limit}")
 
 
-class Admission:
+class Quotas:
     """The policies (settable while the store runs: ``store_quota`` is set once the store's size is known) and
     the checks made with them."""
 
