@@ -15,7 +15,7 @@ start (the CLI exits 1 with that message, no traceback).
 (``UploadUpstreamSettings``, ``edgehub run --upstream-upload``), an ``UploadTransport`` writes one segment file per
 batch there through a ``LandingZone`` (fsspec: a folder, or s3/abfs/... with the plugin installed); otherwise
 messages routed there stay queued in the store (they survive restarts and go out once an upstream is configured;
-``edgehub run`` uploads to ``DATA_DIR/landing`` unless told otherwise, ``edgehub.runtime.firstrun``).
+``edgehub run`` uploads to ``DATA_DIR/landing`` unless told otherwise, ``edgehub.runtime.cli.firstrun``).
 Over MQTT, the first lane's connection also serves the cloud's side: it subscribes for the devices the hub knows,
 and the messages for them and the direct method calls it receives go to the hub (``edgehub.upstream.mqtt_cloud``).
 
@@ -37,12 +37,12 @@ lane the store still holds undelivered messages for but that the partition count
 changed) gets a transport too, so what it held still goes out; new messages never go to it, and once drained it
 is left out at the next start.
 
-The admin API (``HubConfig.admin_port``, ``edgehub run --admin-port``; ``edgehub.runtime.admin_runtime``) listens
+The admin API (``HubConfig.admin_port``, ``edgehub run --admin-port``; ``edgehub.runtime.admin.server``) listens
 on 127.0.0.1 beside the MQTT head, from when the head listens until it stops.
 
 The deployment (issue 17): the manifest is checked whole before anything starts (in a child process,
 ``check_deployment``: the serving hub never loads pydantic, the manifest's models or lark), then a
-``DeploymentController`` (``edgehub.runtime.deployment``) applies it to the running hub, watches the file and
+``DeploymentController`` (``edgehub.runtime.deployment.controller``) applies it to the running hub, watches the file and
 applies it again when it changes, applies desired patches from the cloud over the first upstream lane's MQTT
 connection (``TwinChannel``) and reports back over it; the MQTT head's ACL asks the controller's grants.
 
@@ -87,13 +87,13 @@ from edgehub.hub.lanes import UpstreamOptions
 from edgehub.hub.modules import DEFAULT_WINDOW
 from edgehub.hub.twins import DEFAULT_TWIN_LIMITS, TwinLimits
 from edgehub.manifest.documents import read_manifest_file
-from edgehub.runtime.admin_api import DesiredStateService
-from edgehub.runtime.admin_runtime import LiveConnections, serve_admin
+from edgehub.runtime.admin.api import DesiredStateService
+from edgehub.runtime.admin.server import LiveConnections, serve_admin
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
 from edgehub.runtime.data_dir import tighten_data_dir
-from edgehub.runtime.deployment import DeploymentController, kept_plan
-from edgehub.runtime.deployment_plan import DeploymentPlan, PendingCheck, runnable
-from edgehub.runtime.deployment_settings import StartSettings
+from edgehub.runtime.deployment.controller import DeploymentController, kept_plan
+from edgehub.runtime.deployment.plan import DeploymentPlan, PendingCheck, runnable
+from edgehub.runtime.deployment.settings import StartSettings
 from edgehub.runtime.keyseal import ensure_sealer
 from edgehub.runtime.memory import ChurnCollector
 from edgehub.runtime.profiles import Profile

@@ -35,7 +35,9 @@ from pathlib import Path
 import edgehub.runtime.cli
 from edgehub.runtime.certs import ensure_certs, server_ssl_context
 server_ssl_context(ensure_certs(Path(sys.argv[1])))
-CLI_ONLY = ("capacity_cli", "identity_cli", "linksim_cli", "status_cli", "store_cli", "capacity", "admin_client")
+CLI_ONLY = (
+    "cli.capacity", "cli.identity", "cli.linksim", "cli.status", "cli.store", "cli.config", "capacity", "admin.client"
+)
 heavy = ("cryptography", "fsspec", "edgehub.testing", "proton", *(f"edgehub.runtime.{m}" for m in CLI_ONLY))
 print(sorted(m for m in heavy if m in sys.modules))
 """
@@ -63,8 +65,8 @@ SERVING = """
 import asyncio, json, sys
 from pathlib import Path
 import edgehub.runtime.cli  # all that edgehub run imports
-from edgehub.runtime.admin_client import AdminClient
-from edgehub.runtime.admin_files import read_token
+from edgehub.runtime.admin.client import AdminClient
+from edgehub.runtime.admin.files import read_token
 from edgehub.runtime.hub_runtime import HubConfig, serve
 
 HEAVY = ("pydantic", "pydantic_core", "lark", "edgehub.manifest.models", "edgehub.routing.parser")
