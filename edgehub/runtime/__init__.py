@@ -1,6 +1,6 @@
 """The runtime: what turns edgehub's layers into a running hub and lets an operator steer it.
 
-* ``edgehub.runtime.hub_runtime``: the composition root, ``serve``, which wires the store, the router, the hub
+* ``edgehub.runtime.compose.serve``: the composition root, ``serve``, which wires the store, the router, the hub
   facade, the upstream transports and the heads, and runs them until stopped.
 * ``edgehub.runtime.cli``: the ``edgehub`` command line (``run`` and the operator's tools).
 * ``edgehub.runtime.admin``: the admin API on 127.0.0.1 (``/status``, ``/metrics``, identities, dead letters) and

@@ -19,7 +19,7 @@ from edgehub.core.endpoints import lane_name
 from edgehub.delivery.endpoint import QueuedMessage
 from edgehub.runtime.cli.app import DEFAULT_MANIFEST, main
 from edgehub.runtime.cli.firstrun import connect_help_for, default_landing
-from edgehub.runtime.hub_runtime import HubConfig, UploadUpstreamSettings
+from edgehub.runtime.compose.config import HubConfig, UploadUpstreamSettings
 from edgehub.upstream.mqtt_settings import MqttUpstreamSettings
 from edgehub.upstream.mqtt_wire import dictionary_unit, publish_units
 from edgehub.upstream.segment import Codec

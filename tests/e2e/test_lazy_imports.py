@@ -67,7 +67,8 @@ from pathlib import Path
 import edgehub.runtime.cli  # all that edgehub run imports
 from edgehub.runtime.admin.client import AdminClient
 from edgehub.runtime.admin.files import read_token
-from edgehub.runtime.hub_runtime import HubConfig, serve
+from edgehub.runtime.compose.config import HubConfig
+from edgehub.runtime.compose.serve import serve
 
 HEAVY = ("pydantic", "pydantic_core", "lark", "edgehub.manifest.models", "edgehub.routing.parser")
 manifest, data = Path(sys.argv[1]), Path(sys.argv[2])
@@ -133,7 +134,8 @@ AMQP_SERVING = (
 import asyncio, json, sys
 from pathlib import Path
 import edgehub.runtime.cli  # all that edgehub run imports
-from edgehub.runtime.hub_runtime import HubConfig, serve
+from edgehub.runtime.compose.config import HubConfig
+from edgehub.runtime.compose.serve import serve
 
 seen = {}
 
@@ -222,7 +224,8 @@ MQTT_UPSTREAM_SERVING = (
 import asyncio, json, sys
 from pathlib import Path
 import edgehub.runtime.cli  # all that edgehub run imports
-from edgehub.runtime.hub_runtime import HubConfig, serve
+from edgehub.runtime.compose.config import HubConfig
+from edgehub.runtime.compose.serve import serve
 from edgehub.upstream.mqtt_transport import MqttUpstreamSettings
 
 HEAVY = ("paho", "urllib.request", "email", "http.client")

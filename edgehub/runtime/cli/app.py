@@ -30,19 +30,17 @@ from edgehub.runtime.cli.limits import limit_options
 from edgehub.runtime.cli.profile import describe_profile, profile_options
 from edgehub.runtime.cli.routes import describe_routes, routes
 from edgehub.runtime.cli.serving import loop_factory, serve_until_signalled, start_failures, tune_gc
-from edgehub.runtime.data_dir import private_umask
-from edgehub.runtime.deployment.plan import DeploymentPlan, runnable
-from edgehub.runtime.deployment.settings import StartSettings
-from edgehub.runtime.hub_runtime import (
+from edgehub.runtime.compose.config import (
     DEFAULT_HOST_NAME,
     HubConfig,
     HubLimits,
     UploadUpstreamSettings,
     UpstreamOverrides,
-    landing_zone,
-    transport_settings,
-    upstream_options,
 )
+from edgehub.runtime.compose.upstream import landing_zone, transport_settings, upstream_options
+from edgehub.runtime.data_dir import private_umask
+from edgehub.runtime.deployment.plan import DeploymentPlan, runnable
+from edgehub.runtime.deployment.settings import StartSettings
 from edgehub.runtime.logs import LogFormat, configure_logging
 from edgehub.runtime.profiles import Profile
 from edgehub.upstream.mqtt_settings import MAX_PACKET_BYTES, MIN_PACKET_BYTES

@@ -26,7 +26,7 @@ import click
 
 from edgehub.core.sas import ConnectionString
 from edgehub.core.units import parse_duration_s
-from edgehub.runtime.hub_runtime import HubConfig, UploadUpstreamSettings
+from edgehub.runtime.compose.config import HubConfig, UploadUpstreamSettings
 
 __all__ = ["DEMO_DEVICE", "connect_help", "connect_help_for", "default_landing", "edgehub_command", "sas_token"]
 

@@ -30,7 +30,8 @@ from edgehub.core import DeviceId, Identity, ModuleId, StoreError
 from edgehub.core.sas import ConnectionString
 from edgehub.runtime.admin.client import AdminClient, AdminError, identity_path, running_hub
 from edgehub.runtime.admin.identities import AUTH_KINDS, IdentityAdmin, IdentityError, IdentitySpec
-from edgehub.runtime.hub_runtime import DEFAULT_HOST_NAME, open_identities, open_store, seal_clear_identity_keys
+from edgehub.runtime.compose.config import DEFAULT_HOST_NAME
+from edgehub.runtime.compose.store import open_identities, open_store, seal_clear_identity_keys
 
 __all__ = ["identity", "on_hub"]
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import click
 
-from edgehub.runtime.hub_runtime import HubLimits
+from edgehub.runtime.compose.config import HubLimits
 
 __all__ = ["limit_options", "parse_lifetime_s", "parse_share", "parse_store_quota"]
 

@@ -1,7 +1,7 @@
 """How ``edgehub run`` serves once its options are read: the event loop it runs on (uvloop by default), the
 garbage collector's tuning, the lines it prints as it comes up (certificates, ports, how to connect), systemd's
 notifications and signals, and which start failures are the user's to fix (a message) rather than bugs (a
-traceback). ``edgehub.runtime.cli`` parses the options; ``edgehub.runtime.hub_runtime.serve`` composes the hub.
+traceback). ``edgehub.runtime.cli`` parses the options; ``edgehub.runtime.compose.serve.serve`` composes the hub.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import click
 from edgehub.core import ConfigurationError, StoreError
 from edgehub.runtime.certs import HubCerts
 from edgehub.runtime.cli.firstrun import connect_help_for, edgehub_command
+from edgehub.runtime.compose.config import HubConfig
+from edgehub.runtime.compose.serve import serve
 from edgehub.runtime.deployment.plan import DeploymentPlan
-from edgehub.runtime.hub_runtime import HubConfig, serve
 from edgehub.runtime.sdnotify import SystemdNotifier
 
 __all__ = ["GC_THRESHOLDS", "loop_factory", "serve_until_signalled", "start_failures", "tune_gc"]

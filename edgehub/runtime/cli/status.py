@@ -18,7 +18,8 @@ from edgehub.runtime.admin.client import AdminClient
 from edgehub.runtime.admin.deadletters import MAX_LIST, DeadLetterAdmin, DeadLetterError
 from edgehub.runtime.admin.status import collect_status, format_status
 from edgehub.runtime.cli.identity import data_dir_option, on_hub
-from edgehub.runtime.hub_runtime import HubLimits, open_store, store_path, store_quota
+from edgehub.runtime.compose.config import HubLimits
+from edgehub.runtime.compose.store import open_store, store_path, store_quota
 
 __all__ = ["deadletter", "status"]
 

@@ -19,7 +19,7 @@ from typing import NoReturn
 import click
 
 from edgehub.core import StoreCorruptionError, StoreError
-from edgehub.runtime.hub_runtime import store_path
+from edgehub.runtime.compose.store import store_path
 from edgehub.store import QueueId
 from edgehub.store.salvage import check_store, exclusive, repair_store
 from edgehub.store.store import CHECKPOINTS, MESSAGES

@@ -59,6 +59,9 @@ class DesiredSettings:
     endpoints: dict[str, EndpointWants] = field(default_factory=dict)
     module_window: int | None = None
     upstream: dict[str, Any] = field(default_factory=dict)  # the manifest's upstream section, every key
+    # The keys of the above the document wrote itself (``upstream.partitions``, ...), where a schema default fills
+    # the rest: ``edgehub config show`` names the manifest as the source of these only.
+    given: tuple[str, ...] = ()
 
 
 def desired_settings(desired: EdgeHubDesired) -> DesiredSettings:
@@ -94,6 +97,10 @@ def desired_settings(desired: EdgeHubDesired) -> DesiredSettings:
         },
         module_window=delivery.moduleDeliveryWindow,
         upstream=desired.upstream.model_dump(),
+        given=(
+            *(f"upstream.{key}" for key in sorted(desired.upstream.model_fields_set)),
+            *(("storeAndForwardConfiguration.timeToLiveSecs",) if "timeToLiveSecs" in saf.model_fields_set else ()),
+        ),
     )
 
 

@@ -15,7 +15,7 @@ from edgehub.core import Identity
 from edgehub.core.sas import ConnectionString
 from edgehub.runtime.cli import main
 from edgehub.runtime.cli.identity import thumbprint_of
-from edgehub.runtime.hub_runtime import open_identities, open_store
+from edgehub.runtime.compose.store import open_identities, open_store
 from edgehub.testing.certs import TestCA
 
 

@@ -13,7 +13,7 @@ from fsspec.registry import known_implementations
 from edgehub.manifest.models import UpstreamConfiguration
 from edgehub.runtime.cli.app import DEFAULT_MANIFEST, main, show_transport
 from edgehub.runtime.cli.serving import GC_THRESHOLDS, tune_gc
-from edgehub.runtime.hub_runtime import UploadUpstreamSettings
+from edgehub.runtime.compose.config import UploadUpstreamSettings
 from edgehub.upstream.mqtt_settings import MAX_PACKET_BYTES, MIN_PACKET_BYTES
 from edgehub.upstream.mqtt_transport import MqttUpstreamSettings
 

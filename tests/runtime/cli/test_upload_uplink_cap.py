@@ -10,13 +10,8 @@ from click.testing import CliRunner
 
 from edgehub.manifest import load_desired_file
 from edgehub.runtime.cli.app import main, show_transport
-from edgehub.runtime.hub_runtime import (
-    HubConfig,
-    UploadUpstreamSettings,
-    UpstreamOverrides,
-    transport_settings,
-    upload_lane,
-)
+from edgehub.runtime.compose.config import HubConfig, UploadUpstreamSettings, UpstreamOverrides
+from edgehub.runtime.compose.upstream import transport_settings, upload_lane
 
 
 def _manifest(tmp_path: Path, upstream: dict[str, object]) -> Path:
