@@ -12,7 +12,7 @@ import click
 
 from edgehub.runtime.compose.config import HubLimits
 
-__all__ = ["limit_options", "parse_lifetime_s", "parse_share", "parse_store_quota"]
+__all__ = ["limit_option_list", "limit_options", "limits_from", "parse_lifetime_s", "parse_share", "parse_store_quota"]
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$", re.IGNORECASE)
 _DURATION_SCALE = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
@@ -75,29 +75,36 @@ def _converted(parse: Callable[[str], Any], text: str, flag: str) -> Any:
         raise click.BadParameter(str(exc), param_hint=flag) from None
 
 
-_OPTIONS = (
-    click.option(
+# The flags, as data: ``limit_options`` puts them on a command, ``limit_option_list`` into an option group.
+_OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
+    (
         "--max-token-lifetime",
-        default="365d",
-        show_default=True,
-        metavar="DURATION",
-        help="How far ahead a device's SAS token may expire (e.g. 365d, 12h); further is refused. none: no limit.",
+        dict(
+            default="365d",
+            show_default=True,
+            metavar="DURATION",
+            help="How far ahead a device's SAS token may expire (e.g. 365d, 12h); further is refused. none: no limit.",
+        ),
     ),
-    click.option(
+    (
         "--store-quota",
-        default="auto",
-        show_default=True,
-        metavar="SIZE",
-        help="Bytes the store may hold (e.g. 2GiB). auto: what it holds at start plus half the free disk, at most "
-        "32 GiB. none: no quota.",
+        dict(
+            default="auto",
+            show_default=True,
+            metavar="SIZE",
+            help="Bytes the store may hold (e.g. 2GiB). auto: what it holds at start plus half the free disk, at most "
+            "32 GiB. none: no quota.",
+        ),
     ),
-    click.option(
+    (
         "--identity-share",
-        default="25%",
-        show_default=True,
-        metavar="PERCENT",
-        help="Of the store quota, what one device or module may hold; over it its messages are refused (MQTT 5: "
-        "0x97). none: no per-identity share.",
+        dict(
+            default="25%",
+            show_default=True,
+            metavar="PERCENT",
+            help="Of the store quota, what one device or module may hold; over it its messages are refused (MQTT 5: "
+            "0x97). none: no per-identity share.",
+        ),
     ),
 )
 
@@ -107,14 +114,23 @@ def limit_options(command: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(command)
     def with_limits(*args: Any, max_token_lifetime: str, store_quota: str, identity_share: str, **kwargs: Any) -> None:
-        limits = HubLimits(
-            max_token_lifetime_s=_converted(parse_lifetime_s, max_token_lifetime, "--max-token-lifetime"),
-            store_max_bytes=_converted(parse_store_quota, store_quota, "--store-quota"),
-            identity_share=_converted(parse_share, identity_share, "--identity-share"),
-        )
-        command(*args, limits=limits, **kwargs)
+        command(*args, limits=limits_from(max_token_lifetime, store_quota, identity_share), **kwargs)
 
     decorated: Callable[..., None] = with_limits
-    for option in reversed(_OPTIONS):
-        decorated = option(decorated)
+    for decl, attrs in reversed(_OPTIONS):
+        decorated = click.option(decl, **attrs)(decorated)
     return decorated
+
+
+def limit_option_list() -> tuple[click.Option, ...]:
+    """The limit flags as options of a group (``edgehub.runtime.cli.options``); their values go to ``limits_from``."""
+    return tuple(click.Option([decl], **attrs) for decl, attrs in _OPTIONS)
+
+
+def limits_from(max_token_lifetime: str, store_quota: str, identity_share: str) -> HubLimits:
+    """The limits the flags say; a flag that does not parse is a usage error naming it."""
+    return HubLimits(
+        max_token_lifetime_s=_converted(parse_lifetime_s, max_token_lifetime, "--max-token-lifetime"),
+        store_max_bytes=_converted(parse_store_quota, store_quota, "--store-quota"),
+        identity_share=_converted(parse_share, identity_share, "--identity-share"),
+    )

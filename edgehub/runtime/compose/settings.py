@@ -35,7 +35,7 @@ __all__ = ["HEAD_LIMITS", "EffectiveSettings", "Setting", "Source", "effective_s
 
 # The MQTT and AMQP heads' limits against a hostile outside: given on the command line, or left to the head.
 HEAD_LIMITS = ("connect_timeout_s", "max_connections", "max_pending_connections", "max_pending_per_address")
-_AUTO_QUOTA = "auto: what it holds at start plus half the free disk, at most 32 GiB"
+_AUTO_QUOTA = "auto (at start: what it holds plus half the free disk, at most 32 GiB)"
 _LISTENERS = ("host", "host_name", "mqtt_port", "mqtts_port", "amqp_port", "amqps_port", "admin_port")
 
 
@@ -105,13 +105,15 @@ def _shown(value: object) -> str:
     if isinstance(value, Enum):
         return str(value.value)
     if isinstance(value, float):
-        return f"{value:g}"
+        return str(int(value)) if value.is_integer() else f"{value:g}"
     if isinstance(value, Path):
         return str(value)
     return str(value)
 
 
 def _listeners(config: HubConfig) -> Iterator[Setting]:
+    yield Setting("manifest", str(config.manifest), _source("manifest", config))
+    yield Setting("data_dir", str(config.data_dir), _source("data_dir", config))
     for name in _LISTENERS:
         value = getattr(config, name)
         yield Setting(name, "off" if value is None else _shown(value), _source(name, config))

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from fsspec.registry import known_implementations
 
 from edgehub.manifest.models import UpstreamConfiguration
-from edgehub.runtime.cli.app import DEFAULT_MANIFEST, main, show_transport
+from edgehub.runtime.cli.app import DEFAULT_MANIFEST, main
+from edgehub.runtime.cli.run import show_transport
 from edgehub.runtime.cli.serving import GC_THRESHOLDS, tune_gc
 from edgehub.runtime.compose.config import UploadUpstreamSettings
 from edgehub.upstream.mqtt_settings import MAX_PACKET_BYTES, MIN_PACKET_BYTES

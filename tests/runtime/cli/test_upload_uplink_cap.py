@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from edgehub.manifest import load_desired_file
-from edgehub.runtime.cli.app import main, show_transport
+from edgehub.runtime.cli.app import main
+from edgehub.runtime.cli.run import show_transport
 from edgehub.runtime.compose.config import HubConfig, UploadUpstreamSettings, UpstreamOverrides
 from edgehub.runtime.compose.upstream import transport_settings, upload_lane
 
