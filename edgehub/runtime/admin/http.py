@@ -1,7 +1,7 @@
 """The admin API's HTTP/1.1 server: h11 (sans-IO) driven by an asyncio stream server on 127.0.0.1.
 
 Why h11 and not aiohttp: the admin port answers a handful of local requests a minute, and the hub must fit a
-Raspberry Pi Zero 2 W (issue 18: idle RSS <= 45 MB). h11 is one pure-Python package of some 2,000 lines with no
+Raspberry Pi Zero 2 W (an idle RSS of at most 45 MB). h11 is one pure-Python package of some 2,000 lines with no
 dependencies (importing it costs well under 1 MB), the sans-IO model the house follows for its own protocols
 (bytes in, events out; STYLE.md), and it leaves every bound in our hands. aiohttp brings multidict, yarl,
 frozenlist, aiosignal and its C parser (several MB resident) for features the admin API does not use.

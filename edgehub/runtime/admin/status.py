@@ -1,4 +1,4 @@
-"""What ``edgehub status`` shows (issue 18, "Watching it"), read from a running hub or a stopped hub's store.
+"""What ``edgehub status`` shows (docs/operating.md, "Status"), read from a running hub or a stopped hub's store.
 
 ``collect_status(store, hub=..., heads=..., rates=...)`` gathers, without counting anything per message (it reads
 what the store, the executors and the transports keep anyway):
