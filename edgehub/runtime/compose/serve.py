@@ -158,6 +158,34 @@ def _prepare_host(config: HubConfig) -> _Host:
     return _Host(sealer=sealer, certs=certs, ssl_context=server_ssl_context(certs) if tls else None)
 
 
+async def _check_and_open(
+    stack: AsyncExitStack,
+    config: HubConfig,
+    document: Any,
+    on_checked: Callable[[DeploymentPlan], None] | None,
+) -> tuple[_Host, Store, DeploymentPlan]:
+    """The manifest checked in a child process while the host is prepared and the store opened (see ``serve``);
+    the store's close, and the end of the check, are on ``stack``."""
+    pending = await PendingCheck.start(document)
+    stack.push_async_callback(pending.close)  # idempotent: ends a check the start no longer waits for
+    plan: DeploymentPlan | None = None
+    if not config.data_dir.exists():
+        plan = await pending.answer()
+        if on_checked is not None:
+            on_checked(plan)
+    host = _prepare_host(config)
+    store = open_store(config.data_dir, profile=config.profile, verify=True)  # the TTL is the deployment's
+    stack.callback(log.info, "runtime.stopped")  # said once the store is closed (the next line, run first)
+    stack.push_async_callback(store.close)  # closed last, so every acknowledged message is on disk
+    if plan is None:
+        # a restart whose file is unchanged runs the plan the store kept, and the check is ended
+        plan = kept_plan(store, config.manifest, document) or await pending.answer()
+        await pending.close()
+        if on_checked is not None:
+            on_checked(plan)
+    return host, store, plan
+
+
 async def _upstream_endpoints(
     stack: AsyncExitStack, store: Store, effective: EffectiveSettings
 ) -> tuple[list[Endpoint], TwinChannel | None]:
@@ -288,23 +316,7 @@ async def serve(
     if document is None:
         document = read_manifest_file(config.manifest)
     async with AsyncExitStack() as stack:
-        pending = await PendingCheck.start(document)
-        stack.push_async_callback(pending.close)  # idempotent: ends a check the start no longer waits for
-        plan: DeploymentPlan | None = None
-        if not config.data_dir.exists():
-            plan = await pending.answer()
-            if on_checked is not None:
-                on_checked(plan)
-        host = _prepare_host(config)
-        store = open_store(config.data_dir, profile=config.profile, verify=True)  # the TTL is the deployment's
-        stack.callback(log.info, "runtime.stopped")  # said once the store is closed (the next line, run first)
-        stack.push_async_callback(store.close)  # closed last, so every acknowledged message is on disk
-        if plan is None:
-            # a restart whose file is unchanged runs the plan the store kept, and the check is ended
-            plan = kept_plan(store, config.manifest, document) or await pending.answer()
-            await pending.close()
-            if on_checked is not None:
-                on_checked(plan)
+        host, store, plan = await _check_and_open(stack, config, document, on_checked)
         if on_certs is not None:  # told after the plan, so a start's lines come in their order whatever came first
             on_certs(host.certs)
 
