@@ -38,7 +38,7 @@ def plan_of(document: Any) -> DeploymentPlan:
     deployment = parse_deployment(document)
     wanted = desired_settings(deployment.desired)
     # The values' own checks (a retry policy's order) run where they are filled in (settings_of: in the hub, and
-    # in runtime.deployment_plan.runnable for the commands that check): the store and the executors' types are
+    # in runtime.deployment.plan.runnable for the commands that check): the store and the executors' types are
     # not loaded here, so the check starts sooner.
     routes = [
         PlannedRoute(
