@@ -49,8 +49,8 @@ def settings_lines(rows: tuple[Setting, ...]) -> list[str]:
 @config.command(cls=GroupedCommand)
 @click.pass_context
 def show(ctx: click.Context, /, **params: Any) -> None:
-    """Print every setting ``edgehub run`` would run with given the same flags, with its source: default,
-    profile (--profile), manifest (--manifest) or flag (the command line, or the flag's environment variable)."""
+    """Print every setting edgehub run would use with the same flags, and its source: default, profile
+    (--profile), manifest (--manifest) or flag (the command line, or the flag's environment variable)."""
     started = run_config(ctx, params)
     manifest = started.hub.manifest
     try:

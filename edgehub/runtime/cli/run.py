@@ -71,12 +71,18 @@ def run_option_groups() -> tuple[OptionGroup, ...]:
         OptionGroup(
             "Manifest and data",
             (
-                option("--manifest", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_MANIFEST),
+                option(
+                    "--manifest",
+                    type=click.Path(dir_okay=False, path_type=Path),
+                    default=DEFAULT_MANIFEST,
+                    help="The deployment manifest, watched while the hub runs (default: the one edgehub ships).",
+                ),
                 option(
                     "--data-dir",
                     type=click.Path(file_okay=False, path_type=Path),
                     default=Path("data"),
                     show_default=True,
+                    help="The store, the certificates, the keys and the admin token.",
                 ),
             ),
         ),

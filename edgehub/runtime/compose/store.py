@@ -1,6 +1,9 @@
 """The hub's store and identities as the composition root opens them: the data directory made private first, every
 record read with its checksum verified before the hub writes (a damaged store is refused with what to do about it),
 the store's quota for this run (from the free disk unless given), and the identity registry sealing its keys.
+
+Invariants: a store that fails its verification is never opened read-write (its MANIFEST is not rewritten); the
+data directory is private before anything is created in it; every key the registry writes is sealed.
 """
 
 from __future__ import annotations

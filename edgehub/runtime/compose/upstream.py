@@ -1,6 +1,10 @@
 """From the settings to the upstream transports: the options of the lanes (partitions, duplicate detection), the
 transport settings with the profile's, the manifest's and the command line's link settings applied in that order,
 and one transport per lane (MQTT or upload), the lanes the store still holds messages for included.
+
+Invariants: a lane the store holds undelivered messages for always gets a transport, so nothing stays queued for a
+lane the partition count no longer names; credentials and TLS come from the command line only, never the
+manifest; a setting the transport refuses (zstd without its package) is a ``ConfigurationError`` before the start.
 """
 
 from __future__ import annotations
