@@ -69,7 +69,12 @@ class EffectiveSettings:
 
 def effective_settings(config: HubConfig, wanted: DesiredSettings) -> EffectiveSettings:
     """``config`` (defaults, profile, flags) and ``wanted`` (the checked manifest) laid over each other."""
-    rows = (*_listeners(config), *_store(config, wanted), *_upstream(config, wanted))
+    rows = (
+        *_listeners(config),
+        *_profile(config, wanted),
+        *_deployed_store(config, wanted),
+        *_upstream(config, wanted),
+    )
     names = [row.name for row in rows]
     if len(names) != len(set(names)):  # two layers naming one setting differently would hide one of them
         raise ValueError(f"settings named twice: {sorted({n for n in names if names.count(n) > 1})}")
@@ -129,7 +134,8 @@ def _listeners(config: HubConfig) -> Iterator[Setting]:
     )
 
 
-def _store(config: HubConfig, wanted: DesiredSettings) -> Iterator[Setting]:
+def _profile(config: HubConfig, wanted: DesiredSettings) -> Iterator[Setting]:
+    """What the hardware profile sets (the manifest's fsync over it, module docstring)."""
     profile = config.profile
     yield Setting("profile", profile.name, _source("profile", config))
     yield Setting(
@@ -165,6 +171,10 @@ def _store(config: HubConfig, wanted: DesiredSettings) -> Iterator[Setting]:
         shown = "RocksDB's default" if value is None else _shown(value)
         given = f"rocks.{f.name}" in profile.given
         yield Setting(f"store.rocks.{f.name}", shown, _source(f"store.rocks.{f.name}", config, profile=given))
+
+
+def _deployed_store(config: HubConfig, wanted: DesiredSettings) -> Iterator[Setting]:
+    """The store settings a deployment sets: the TTL, the quota and the cleanup interval."""
     yield Setting(
         "store.default_ttl_s",
         _shown(wanted.default_ttl_s),
@@ -174,9 +184,7 @@ def _store(config: HubConfig, wanted: DesiredSettings) -> Iterator[Setting]:
     max_bytes = quota.get("max_bytes", config.limits.store_max_bytes)
     yield Setting(
         "store.max_bytes",
-        "auto: what it holds at start plus half the free disk, at most 32 GiB"
-        if max_bytes == "auto"
-        else _shown(max_bytes),
+        _AUTO_QUOTA if max_bytes == "auto" else _shown(max_bytes),
         _deployed("store.max_bytes", config, manifest="max_bytes" in quota),
     )
     yield Setting(
