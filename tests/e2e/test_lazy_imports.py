@@ -1,7 +1,7 @@
 """A hub start loads only what serving needs: cryptography (~14 MB of RSS) only when it makes its certificates
 (the first start), fsspec (~15 MB) only for an upload transport, and never the test doubles of edgehub.testing
 (~0.9 MB; ``edgehub link-sim`` loads its simulator when it runs), nor the commands other than ``run`` and
-``routes`` (capacity, identity, link-sim, status, deadletter, store: imported when named), nor
+``routes`` (capacity, config, identity, link-sim, status, deadletter, store: imported when named), nor
 python-qpid-proton until the hub's first AMQP connection (a hub listening for AMQP with no AMQP device connected
 holds none of it; ``--no-amqp`` runs without it: it has no aarch64 wheel). A serving hub never loads pydantic, the
 manifest's models or lark (~15 MB): its deployments are checked in a child process, at start and on each live
