@@ -10,6 +10,12 @@ import pytest
 from click.testing import CliRunner
 
 from edgehub.runtime.cli.app import main
+from edgehub.runtime.cli.run import SETTING_OF, RunConfig, run_option_groups
+from edgehub.runtime.compose.config import HubConfig
+from edgehub.runtime.compose.settings import effective_settings
+from edgehub.runtime.deployment.wants import DesiredSettings
+from edgehub.runtime.logs import LogFormat
+from edgehub.upstream.mqtt_transport import MqttUpstreamSettings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,3 +106,16 @@ def test_run_and_config_show_take_the_same_flags_in_the_same_groups() -> None:
     sections = [line for line in run_help.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
     assert {"Listeners:", "Upstream transport:", "Logging:"} <= set(sections)
     assert [line for line in show_help.splitlines() if line in sections] == sections
+
+
+def test_every_flag_of_run_names_a_setting_that_config_show_prints() -> None:
+    # A flag missing here would be shown as "default" even when given.
+    flags = {option.name for group in run_option_groups() for option in group.options}
+    assert flags == set(SETTING_OF)
+    mqtt = MqttUpstreamSettings(host="broker", port=1883, client_id="gw", hub_id="gw")
+    config = HubConfig(manifest=Path("m.json"), data_dir=Path("data"), upstream=mqtt)
+    started = RunConfig(hub=config, log_level="info", log_format=LogFormat.TEXT)
+    section = {"partitions": 1, "duplicateDetection": False, "duplicateDetectionWindowSecs": 600}
+    wanted = DesiredSettings(default_ttl_s=7200.0, upstream=section)
+    table = effective_settings(config, wanted).table + started.log_settings()
+    assert {name for names in SETTING_OF.values() for name in names} <= {row.name for row in table}
