@@ -55,7 +55,7 @@ class RefusalReason(StrEnum):
     TLS_HANDSHAKE_FAILED = "tls_handshake_failed"
     NOT_READING = "not_reading"
     TOPIC_TOO_LONG = "topic_too_long"
-    # the admin API (edgehub.runtime.admin_http): HTTP requests refused before or by their handler
+    # the admin API (edgehub.runtime.admin.http): HTTP requests refused before or by their handler
     MALFORMED_REQUEST = "malformed_request"
     REQUEST_TOO_LARGE = "request_too_large"
     REQUEST_TIMEOUT = "request_timeout"

@@ -94,7 +94,7 @@ from edgehub.store.records import (
 )
 from edgehub.store.usage import OWNER, STORE_WIDE, Usage, UsageBook, group_usage, owner_of
 
-__all__ = ["CHECKPOINTS", "MESSAGES", "Store"]  # the families for tools (edgehub.runtime.store_cli)
+__all__ = ["CHECKPOINTS", "MESSAGES", "Store"]  # the families for tools (edgehub.runtime.cli.store)
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ one side and a *delay line* writes to the other:
 Invariants: bytes are forwarded unchanged and in order per direction; a byte is never forwarded while the link
 is cut or silent; ``stats`` counts what was delivered to each side.
 
-The CLI (``edgehub link-sim``) is ``edgehub.runtime.linksim_cli``.
+The CLI (``edgehub link-sim``) is ``edgehub.runtime.cli.linksim``.
 """
 
 from __future__ import annotations

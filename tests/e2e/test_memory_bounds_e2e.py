@@ -17,7 +17,8 @@ import pytest
 
 from edgehub.core import Identity
 from edgehub.core.sas import generate_sas_token, resource_uri
-from edgehub.runtime.hub_runtime import DEFAULT_HOST_NAME, open_identities, open_store
+from edgehub.runtime.compose.config import DEFAULT_HOST_NAME
+from edgehub.runtime.compose.store import open_identities, open_store
 from protocol_heads.mqtt.decoder import Decoder
 from protocol_heads.mqtt.encoder import encode
 from protocol_heads.mqtt.packets import MQTT_311, ConnAck, Connect, Disconnect, PubAck, Publish
