@@ -200,8 +200,12 @@ def hand_route(m: Message) -> list[RouteResult]:
         tags = p.get("tags")
         if tags is not None and "critical" in tags:
             hits.append((UP, 1, 7200))
-        ver = b.get("version", None) if body is not None else None
-        if s.get("contentType") == "application/json" and type(ver) in (int, float) and ver != 2:
+        # $body.version <> 2 as Azure's BodyQueryTest has it: a missing path is null, and body values of different
+        # JSON types compare unequal (TRUE); an object or array is undefined; a body that is no JSON is undefined.
+        ver = b.get("version")
+        version_is_2 = type(ver) in (int, float) and ver == 2
+        json_body = s.get("contentType") == "application/json" and body is not None
+        if json_body and type(ver) not in (dict, list) and not version_is_2:
             hits.append((JSONV, DEFAULT_PRIORITY, None))
         if p.get("priority") == "high":
             hits.append((UP, 1, 600))
