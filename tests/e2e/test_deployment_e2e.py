@@ -1,6 +1,6 @@
-"""Issue 17 as it is judged: ``edgehub run --manifest M`` as a process, steered while devices and modules stay
-connected, by editing M and by desired-property patches from a Mosquitto standing in for the cloud (IoT Hub's
-twin topics over the upstream connection); the reported properties come back over the same connection."""
+"""Live deployment as an operator meets it: ``edgehub run --manifest M`` as a process, steered while devices and
+modules stay connected, by editing M and by desired-property patches from a Mosquitto standing in for the cloud
+(IoT Hub's twin topics over the upstream connection); the reported properties come back over the same connection."""
 
 from __future__ import annotations
 
@@ -300,7 +300,7 @@ async def test_grants_from_mqtt_broker_take_effect_on_a_running_connection_at_it
 
 
 async def test_puts_and_patches_through_the_admin_api_apply_live_and_a_bad_one_is_refused(tmp_path: Path) -> None:
-    """The third way in (issue 17): the local admin API of a running ``edgehub run``, with the clients connected."""
+    """The third way in: the local admin API of a running ``edgehub run``, with the clients connected."""
     data, manifest = tmp_path / "data", tmp_path / "m.json"
     write_manifest(manifest, 1, {"a": to_sink("a", "first")})
     dev_cs = await identity_add(data, "dev1")

@@ -1,4 +1,4 @@
-"""``edgehub run`` against a hostile outside, as a process (issue 15): connections that time out mid-CONNECT give
+"""``edgehub run`` against a hostile outside, as a process: connections that time out mid-CONNECT give
 their memory back (it runs the cycle collector rarely: ``tune_gc``), and a flood of pre-login connections from
 one address is capped while a device still logs in and publishes."""
 

@@ -1,4 +1,4 @@
-"""``edgehub identity`` (and ``status``) against ``edgehub run`` as processes (issue 17): an identity added while
+"""``edgehub identity`` (and ``status``) against ``edgehub run`` as processes: an identity added while
 the hub runs connects within a second; one removed is disconnected within a second; the same commands work on
 the data directory once the hub has stopped."""
 

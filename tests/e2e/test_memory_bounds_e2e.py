@@ -1,4 +1,4 @@
-"""Memory bounds of ``edgehub run`` (issue 15), measured as the process's RSS (psutil), each bound stated: 1,000
+"""Memory bounds of ``edgehub run``, measured as the process's RSS (psutil), each bound stated: 1,000
 idle connected devices, 10,000 connections over time (connect, publish, disconnect), and a module that never
 reads what is delivered to it."""
 

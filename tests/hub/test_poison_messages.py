@@ -1,4 +1,4 @@
-"""Poison messages (issue 34, item 3) through the real hub: RocksDB in tmp_path, the MQTT head on 127.0.0.1 port 0,
+"""Poison messages through the real hub: RocksDB in tmp_path, the MQTT head on 127.0.0.1 port 0,
 paho clients. A message that can never be delivered to its endpoint (here: a property bag that makes the MQTT
 topic longer than 65,535 bytes) is dead-lettered at once with its reason, logged and counted, and the message
 queued behind it is delivered; before, it was retried at the head of its queue for its whole TTL."""

@@ -1,4 +1,4 @@
-"""The route language's corners where Azure IoT Edge's behaviour is not what a reader would guess (issue 19).
+"""The route language's corners where Azure IoT Edge's behaviour is not what a reader would guess.
 
 Each table states Azure's behaviour; a row that fails is a place where edgehub and Azure IoT Edge disagree.
 The sources of truth are Azure IoT Edge's routing core (``Microsoft.Azure.Devices.Routing.Core``: the
@@ -63,7 +63,7 @@ def verdict(cond: str) -> Tri:
     ],
 )
 def test_a_literal_null_or_undefined_where_a_number_or_string_is_needed_does_not_compile(cond: str) -> None:
-    # Azure's type checker refuses these; before issue 19 they compiled (and evaluated to undefined).
+    # Azure's type checker refuses these; this router once compiled them (and evaluated to undefined).
     with pytest.raises(RouteCompileError) as info:
         compile_condition(cond)
     assert re.search(r"not (\w+ and )?(null|undefined)\b", str(info.value))

@@ -1,4 +1,4 @@
-"""The data directory is private (issue 34, item 5): a real one in tmp_path, written by ``edgehub identity``
+"""The data directory is private: a real one in tmp_path, written by ``edgehub identity``
 (click's runner, in process, so the command's umask is the one at work) and by RocksDB under it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Keys at rest (issue 34, item 5): a real data directory in tmp_path, written by ``edgehub identity`` (click's
+"""Keys at rest: a real data directory in tmp_path, written by ``edgehub identity`` (click's
 runner, in process) and read back byte for byte (its modes: test_data_dir.py). No symmetric key is in any file
 of the store, neither as given (base64) nor as its raw bytes; a store an older hub
 wrote with keys in clear is sealed when opened, and its keys still log in."""

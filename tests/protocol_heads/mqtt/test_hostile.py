@@ -1,4 +1,4 @@
-"""The MQTT head against a hostile outside (issue 15): closed connections freed without the cycle collector,
+"""The MQTT head against a hostile outside: closed connections freed without the cycle collector,
 bounded subscriptions and topic caches, pre-login caps, login throttling, clients that never read, and every
 refusal logged through the server's RefusalLog."""
 

@@ -1,4 +1,4 @@
-"""A will the hub does not take is a refusal like any other (issue 18: every refusal is one rate-limited line with
+"""A will the hub does not take is a refusal like any other (every refusal is one rate-limited line with
 the client id and the reason): a will topic the client may not publish to, and a will on a topic that is not a
 message, each log one ``refused`` line and store nothing. Before, the first was dropped without a word and the
 second logged an unlimited ``mqtt.will_dropped`` line."""

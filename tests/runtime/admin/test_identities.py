@@ -101,7 +101,7 @@ async def test_removing_an_identity_disconnects_it_at_once_and_keeps_its_queued_
             status, answer = await admin.call("DELETE", identity_path(DEV.id))
             assert status == 200
             assert answer == {"id": DEV.id, "removed": True, "closed": 1}
-            async with asyncio.timeout(1.0):  # issue 17: disconnected within a second
+            async with asyncio.timeout(1.0):  # a removed identity is disconnected within a second
                 reason = await client.disconnects.get()
             assert getattr(reason, "value", None) == 0x98  # MQTT 5: administrative action
         finally:

@@ -1,4 +1,4 @@
-"""Watching the hub (issue 18): ``/status``, the dead-letter routes and ``/metrics`` of a running hub (real
+"""Watching the hub: ``/status``, the dead-letter routes and ``/metrics`` of a running hub (real
 ``EdgeHub`` over RocksDB in tmp_path, MQTT head on 127.0.0.1, paho), and ``edgehub status`` /
 ``edgehub deadletter`` on the stopped hub's data directory (the console script as a process)."""
 
