@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from edgehub.core import LocalProtocolError, RemoteProtocolError
-from edgehub.core.mqtt_varint import MAX_VARINT, encode_varint
+from edgehub.mqtt.varint import MAX_VARINT, encode_varint
 
 __all__ = [
     "MALFORMED",

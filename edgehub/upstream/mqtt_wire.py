@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from edgehub.core import SystemProperty
-from edgehub.core.mqtt_varint import varint_len
 from edgehub.core.property_bag import KEY_OF
 from edgehub.delivery.endpoint import QueuedMessage
+from edgehub.mqtt.varint import varint_len
 from edgehub.upstream.batching import batch_text, edge_message_id
 from edgehub.upstream.mqtt_codec import PublishProperties
 from edgehub.upstream.mqtt_settings import MqttProtocol, MqttUpstreamSettings, WireMode

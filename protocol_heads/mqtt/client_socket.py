@@ -43,8 +43,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from edgehub.core.refusals import RefusalReason
+from edgehub.mqtt.packets import ReasonCode
 from protocol_heads.mqtt.connection import ServerConnection
-from protocol_heads.mqtt.packets import ReasonCode
 from protocol_heads.mqtt.session import Session
 from protocol_heads.mqtt.settings import MqttSettings
 from protocol_heads.socket_side import SocketSide

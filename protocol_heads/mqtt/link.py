@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 
 from edgehub.core import DeliveryError, FailureKind, Identity, LocalProtocolError, SystemProperty
 from edgehub.hub import Delivery
+from edgehub.mqtt.encoder import UnsendablePacket
+from edgehub.mqtt.packets import MQTT_50, NO_PROPERTIES, Properties, PropertyId
 from protocol_heads.mqtt.connection import PeerPacketTooLarge
-from protocol_heads.mqtt.encoder import UnsendablePacket
 from protocol_heads.mqtt.iothub import (
     delivery_user_properties,
     device_bound_topic,
@@ -25,7 +26,6 @@ from protocol_heads.mqtt.iothub import (
     module_input_topic,
     topic_matches,
 )
-from protocol_heads.mqtt.packets import MQTT_50, NO_PROPERTIES, Properties, PropertyId
 
 if TYPE_CHECKING:
     from protocol_heads.mqtt.session import Session

@@ -42,7 +42,8 @@ from edgehub.core import (
 )
 from edgehub.core.refusals import RefusalReason
 from edgehub.hub import Credentials, Rejected
-from protocol_heads.mqtt.caches import BudgetDict
+from edgehub.mqtt.caches import BudgetDict
+from edgehub.mqtt.packets import NO_PROPERTIES, Connect, PropertyId, Publish, ReasonCode
 from protocol_heads.mqtt.children import Children
 from protocol_heads.mqtt.connection import ServerConnection
 from protocol_heads.mqtt.events import (
@@ -69,7 +70,6 @@ from protocol_heads.mqtt.iothub import (
 )
 from protocol_heads.mqtt.link import SessionLink
 from protocol_heads.mqtt.methods import ModuleCalls
-from protocol_heads.mqtt.packets import NO_PROPERTIES, Connect, PropertyId, Publish, ReasonCode
 
 if TYPE_CHECKING:
     from protocol_heads.mqtt.client_socket import ClientSocket

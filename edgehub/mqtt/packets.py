@@ -25,7 +25,7 @@ from typing import Final
 import msgspec
 
 from edgehub.core import RemoteProtocolError
-from edgehub.core.mqtt_varint import MAX_VARINT
+from edgehub.mqtt.varint import MAX_VARINT
 
 __all__ = [
     "MAX_VARINT",

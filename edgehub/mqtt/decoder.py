@@ -11,7 +11,7 @@ Invariants:
 * The protocol version is learned from CONNECT (server side) or given up front (client side); before it is
   known, only CONNECT can be decoded.
 * A PUBLISH on a topic this decoder has decoded before may be read by ``fastpaths.publish_fast``; it gives the
-  packet the general reader gives, or leaves the packet to it (tests/protocol_heads/mqtt/test_fastpaths.py).
+  packet the general reader gives, or leaves the packet to it (tests/mqtt/test_fastpaths.py).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from typing import Final
 
 from edgehub.core import RemoteProtocolError
-from protocol_heads.mqtt.caches import TOPIC_CACHE_BYTES, BudgetDict, topic_cost
-from protocol_heads.mqtt.fastpaths import publish_fast
-from protocol_heads.mqtt.packets import (
+from edgehub.mqtt.caches import TOPIC_CACHE_BYTES, BudgetDict, topic_cost
+from edgehub.mqtt.fastpaths import publish_fast
+from edgehub.mqtt.packets import (
     MAX_VARINT,
     MQTT_50,
     MQTT_311,

@@ -13,8 +13,7 @@ import struct
 from typing import Final
 
 from edgehub.core import LocalProtocolError
-from edgehub.core.mqtt_varint import encode_varint
-from protocol_heads.mqtt.packets import (
+from edgehub.mqtt.packets import (
     MQTT_50,
     MQTT_311,
     PROPERTY_KIND,
@@ -36,6 +35,7 @@ from protocol_heads.mqtt.packets import (
     UnsubAck,
     Unsubscribe,
 )
+from edgehub.mqtt.varint import encode_varint
 
 __all__ = [
     "UnencodableField",
