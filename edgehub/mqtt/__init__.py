@@ -8,6 +8,8 @@ codec for HTTP clients and servers.
   ack's bytes), each pinned to its general path by tests/mqtt/test_fastpaths.py.
 * ``caches``: per-connection memo dictionaries bounded in bytes (the decoder's and encoder's topic caches).
 * ``varint``: the variable byte integer's encoder and its length.
+* ``client``: the client's side as the upstream speaks it: the packets it writes, and what a server sends it
+  checked and summarised.
 
 Invariants: no sockets, no clocks, no tasks (the layer contract forbids asyncio here); imports only
 ``edgehub.core`` and msgspec. Each name is imported from its home module; this package re-exports nothing.

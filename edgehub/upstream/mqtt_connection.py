@@ -1,5 +1,5 @@
-"""One MQTT connection of the upstream to its broker: an asyncio ``Protocol`` driving ``mqtt_codec``, and the
-PUBLISHes it has in flight.
+"""One MQTT connection of the upstream to its broker: an asyncio ``Protocol`` driving the codec's client side
+(``edgehub.mqtt.client``), and the PUBLISHes it has in flight.
 
 Everything runs on the event loop: no thread, no callback hopping between threads. ``open_connection`` makes the
 TCP (and TLS) connection and waits for the CONNACK, all within ``connect_timeout_s``.
@@ -42,8 +42,7 @@ from typing import TYPE_CHECKING, cast
 
 from edgehub.core import FailureKind, RemoteProtocolError, TransportError
 from edgehub.core.refusals import RefusalLog, RefusalReason
-from edgehub.upstream.mqtt_cloud import CloudMessage
-from edgehub.upstream.mqtt_codec import (
+from edgehub.mqtt.client import (
     TOO_LARGE,
     BrokerDecoder,
     BrokerPacket,
@@ -60,6 +59,7 @@ from edgehub.upstream.mqtt_codec import (
     publish_packet,
     subscribe_packet,
 )
+from edgehub.upstream.mqtt_cloud import CloudMessage
 from edgehub.upstream.mqtt_settings import MqttProtocol, MqttUpstreamSettings
 from edgehub.upstream.mqtt_wire import Unit
 

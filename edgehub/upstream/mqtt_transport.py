@@ -76,15 +76,15 @@ method calls go to the hub; their answers come back on this connection. The sess
 Authentication: username/password; an IoT Hub SAS token (the password; the username defaults to
 ``{host}/{client_id}/?api-version=2021-04-12``); TLS with a CA file and optionally a client certificate.
 
-Why our own MQTT client (``mqtt_codec``, sans I/O, under ``mqtt_connection``'s asyncio protocol) and not paho or
+Why our own MQTT client (``edgehub.mqtt``, sans I/O, under ``mqtt_connection``'s asyncio protocol) and not paho or
 aiomqtt: this transport needs a window of PUBLISHes outstanding and the PUBACK of each by packet id (aiomqtt's
 ``publish`` awaits each PUBACK in turn); paho runs a network thread per connection whose callbacks hop to the loop,
 and its client module imports urllib.request (email, http.client, ...: 2 MB of the idle hub's memory) for
 proxy settings we never use. What the upstream speaks is small (CONNECT, PUBLISH QoS 0/1, PUBACK, SUBSCRIBE,
-PINGREQ, DISCONNECT), as the MQTT head already has its own codec. Everything runs on the event loop.
+PINGREQ, DISCONNECT), and the MQTT head's codec speaks it. Everything runs on the event loop.
 
 Modules: ``mqtt_settings`` (the settings and status values), ``mqtt_wire`` (a batch or a message as PUBLISHes,
-and their wire bytes), ``mqtt_codec`` (the client's packets as bytes and back), ``mqtt_connection``
+and their wire bytes), ``edgehub.mqtt.client`` (the client's packets as bytes and back), ``mqtt_connection``
 (one connection and what it has in flight) and this one
 (``MqttUpstream``: the window, the uplink budget, acks into results, reconnects); ``mqtt_inbound`` dispatches
 what the broker publishes to the hub (its twin, the cloud's side). The names importable from here

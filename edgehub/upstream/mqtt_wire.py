@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from edgehub.core import SystemProperty
 from edgehub.core.property_bag import KEY_OF
 from edgehub.delivery.endpoint import QueuedMessage
+from edgehub.mqtt.client import PublishProperties
 from edgehub.mqtt.varint import varint_len
 from edgehub.upstream.batching import batch_text, edge_message_id
-from edgehub.upstream.mqtt_codec import PublishProperties
 from edgehub.upstream.mqtt_settings import MqttProtocol, MqttUpstreamSettings, WireMode
 from edgehub.upstream.segment import Codec, compress_segment
 

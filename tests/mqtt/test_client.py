@@ -1,13 +1,13 @@
-"""The upstream client codec without I/O: the broker's packets decoded whatever way their bytes are cut, MQTT 5
-properties read (what ``CloudMessage`` carries), a bad packet refused with its reason code, and the PUBLISH we
-write as long as ``publish_wire_bytes`` counts."""
+"""The codec's client side without I/O, as the upstream speaks it: the broker's packets decoded whatever way
+their bytes are cut, MQTT 5 properties read (what ``CloudMessage`` carries), a bad packet refused with its reason
+code, and the PUBLISH we write as long as ``publish_wire_bytes`` counts."""
 
 from __future__ import annotations
 
 import pytest
 
 from edgehub.core import LocalProtocolError, RemoteProtocolError
-from edgehub.upstream.mqtt_codec import (
+from edgehub.mqtt.client import (
     BrokerDecoder,
     ConnAckIn,
     DisconnectIn,
@@ -24,13 +24,15 @@ from tests.upstream.scripted_broker import text, with_header
 
 
 def test_a_v5_publish_cut_into_single_bytes_comes_out_whole_with_its_properties() -> None:
-    props = (
-        b"\x26" + text("a") + text("1")
-        + b"\x03" + text("application/json")
-        + b"\x09" + b"\x00\x03cid"
-        + b"\x26" + text("a") + text("2")
-        + b"\x02\x00\x00\x00\x3c"  # Message Expiry Interval: read past, not kept
-    )  # fmt: skip
+    props = b"".join(
+        (
+            b"\x26" + text("a") + text("1"),
+            b"\x03" + text("application/json"),
+            b"\x09" + b"\x00\x03cid",
+            b"\x26" + text("a") + text("2"),
+            b"\x02\x00\x00\x00\x3c",  # Message Expiry Interval: read past, not kept
+        )
+    )
     body = text("devices/d1/messages/devicebound/") + b"\x01\x02" + bytes((len(props),)) + props + b"{}"
     decoder = BrokerDecoder(v5=True, max_packet_bytes=1024)
     wire = with_header(0x32, body)
