@@ -50,7 +50,7 @@ from edgehub.runtime.hub_runtime import DEFAULT_HOST_NAME, HubConfig, open_ident
 from edgehub.store import QueueId, RemovalReason
 from edgehub.testing.linksim import LinkSim, parse_rate_bps
 from edgehub.testing.peers import MosquittoPeer, PeerWay
-from edgehub.upstream.mqtt_transport import MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
 from edgehub.upstream.segment import decode_segment
 from spark_upload.receiver import Received, Receiver, ReceiverSettings
 

@@ -45,8 +45,14 @@ from edgehub.runtime.profile_cli import describe_profile, profile_options
 from edgehub.runtime.profiles import Profile
 from edgehub.runtime.routes_cli import describe_routes, routes
 from edgehub.runtime.serving import loop_factory, serve_until_signalled, start_failures, tune_gc
-from edgehub.upstream.mqtt_settings import MAX_PACKET_BYTES, MIN_PACKET_BYTES
-from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstreamSettings, TlsSettings, WireMode
+from edgehub.upstream.mqtt.settings import (
+    MAX_PACKET_BYTES,
+    MIN_PACKET_BYTES,
+    MqttProtocol,
+    MqttUpstreamSettings,
+    TlsSettings,
+    WireMode,
+)
 from edgehub.upstream.segment import Codec
 
 __all__ = ["DEFAULT_MANIFEST", "main"]

@@ -17,7 +17,7 @@ batch there through a ``LandingZone`` (fsspec: a folder, or s3/abfs/... with the
 messages routed there stay queued in the store (they survive restarts and go out once an upstream is configured;
 ``edgehub run`` uploads to ``DATA_DIR/landing`` unless told otherwise, ``edgehub.runtime.firstrun``).
 Over MQTT, the first lane's connection also serves the cloud's side: it subscribes for the devices the hub knows,
-and the messages for them and the direct method calls it receives go to the hub (``edgehub.upstream.mqtt_cloud``).
+and the messages for them and the direct method calls it receives go to the hub (``edgehub.upstream.mqtt.cloud``).
 
 How the transport uses its link (``wireMode``, ``maxUplinkBps``, ``maxBatchBytes``, ``lingerMs``,
 ``maxInflightBytes``, ``linkRateBps``, ``linkRttMs``, ``compression``, ``maxPacketBytes``, ``brokerMaxPacketBytes``)
@@ -102,7 +102,8 @@ from edgehub.store.policy import DEFAULT_IDENTITY_SHARE, disk_store_quota
 from edgehub.store.rocks import open_rocks_store
 from edgehub.store.salvage import check_store
 from edgehub.upstream.landing import LandingZone
-from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, WireMode
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, WireMode
+from edgehub.upstream.mqtt.transport import MqttUpstream
 from edgehub.upstream.segment import Codec, SegmentName
 from edgehub.upstream.twin_channel import TwinChannel
 from edgehub.upstream.upload_transport import UploadTransport
@@ -522,7 +523,7 @@ async def serve(
             await seal_clear_identity_keys(hub.identities)  # before any head serves a login
             if on_hub is not None:
                 on_hub(hub)
-            # The cloud's device-bound messages and method calls come over the first MQTT lane (mqtt_cloud).
+            # The cloud's device-bound messages and method calls come over the first MQTT lane (upstream.mqtt.cloud).
             cloud = next((e for e in endpoints if isinstance(e, MqttUpstream)), None)
             if cloud is not None:
                 cloud.serve_cloud(hub, refusals=hub.refusals)

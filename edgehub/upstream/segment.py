@@ -73,7 +73,7 @@ not hold is ``UnknownDictionaryError`` naming the id, never a silent loss. The r
 (version 2), so segments without a dictionary, and every older segment, read as before.
 
 ``decode_segment`` tells the codec by those magic numbers, so a reader needs no side channel; on the wire the
-codec is also stated (``edgehub.upstream.mqtt_transport``: the content type's ``encoding=`` on MQTT 5, a
+codec is also stated (``edgehub.upstream.mqtt.transport``: the content type's ``encoding=`` on MQTT 5, a
 ``/zstd`` topic suffix for zstd), so a consumer can route or refuse before it decompresses.
 
 Segment names are a pure function of what the batch is (hub, endpoint lane, priority, first and last offset),

@@ -16,7 +16,7 @@ from edgehub.core import Identity
 from edgehub.runtime.admin_client import AdminClient, running_hub
 from edgehub.runtime.hub_runtime import HubConfig, open_identities, open_store, serve
 from edgehub.testing.peers import MosquittoPeer
-from edgehub.upstream.mqtt_transport import MqttUpstreamSettings, WireMode
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, WireMode
 from tests.protocol_heads.mqtt.conftest import Paho
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]

@@ -221,7 +221,7 @@ import asyncio, json, sys
 from pathlib import Path
 import edgehub.runtime.cli  # all that edgehub run imports
 from edgehub.runtime.hub_runtime import HubConfig, serve
-from edgehub.upstream.mqtt_transport import MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
 
 HEAVY = ("paho", "urllib.request", "email", "http.client")
 seen = {}

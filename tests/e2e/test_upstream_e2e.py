@@ -15,7 +15,7 @@ from edgehub.hub.lanes import stable_partition
 from edgehub.runtime.hub_runtime import HubConfig, open_identities, open_store, serve
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer
-from edgehub.upstream.mqtt_transport import MqttUpstreamSettings, WireMode
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, WireMode
 from edgehub.upstream.segment import SegmentRecord, decode_segment
 from tests.protocol_heads.mqtt.conftest import Paho
 

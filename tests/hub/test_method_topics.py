@@ -10,7 +10,7 @@ import pytest
 from edgehub.core import Identity
 from edgehub.core.endpoints import device_endpoint, parse_device_endpoint, parse_module_endpoint
 from edgehub.core.methods import MethodErrorCode, error_payload, method_name_problem, parse_addressed_call
-from edgehub.upstream.mqtt_cloud import subscriptions
+from edgehub.upstream.mqtt.cloud import subscriptions
 from protocol_heads.mqtt.iothub import method_request_topic, parse_method_response
 
 

@@ -19,7 +19,7 @@ from edgehub.mqtt.client import (
     SubAckIn,
     publish_packet,
 )
-from edgehub.upstream.mqtt_wire import publish_wire_bytes
+from edgehub.upstream.mqtt.wire import publish_wire_bytes
 from tests.upstream.scripted_broker import text, with_header
 
 

@@ -14,8 +14,7 @@ from edgehub.manifest.models import UpstreamConfiguration
 from edgehub.runtime.cli import DEFAULT_MANIFEST, main, show_transport
 from edgehub.runtime.hub_runtime import UploadUpstreamSettings
 from edgehub.runtime.serving import GC_THRESHOLDS, tune_gc
-from edgehub.upstream.mqtt_settings import MAX_PACKET_BYTES, MIN_PACKET_BYTES
-from edgehub.upstream.mqtt_transport import MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MAX_PACKET_BYTES, MIN_PACKET_BYTES, MqttUpstreamSettings
 
 
 def write(path: Path, doc: object) -> str:

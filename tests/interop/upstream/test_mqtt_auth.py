@@ -9,7 +9,8 @@ from pathlib import Path
 from edgehub.core import Message
 from edgehub.delivery.endpoint import QueuedMessage
 from edgehub.testing.peers import MosquittoPeer, PeerWay
-from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, TlsSettings
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, TlsSettings
+from edgehub.upstream.mqtt.transport import MqttUpstream
 
 _BATCH = [QueuedMessage(message=Message(body=b"x"), offset=0, priority=0, enqueued_at_s=1.7e9, ttl_s=60)]
 

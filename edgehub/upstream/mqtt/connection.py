@@ -8,7 +8,7 @@ Invariants: every connection is new (nothing is resent from a previous one), so 
 ``Connection`` counts; ``inflight_bytes`` is the sum of the wire bytes of the PUBLISHes awaiting their PUBACK; once
 the connection is lost, every pending PUBLISH has failed and nothing more is acknowledged or sent on it. Packet ids
 are 1-65535, never one still awaiting its PUBACK or SUBACK. The broker's PUBLISHes to us (device-bound messages,
-method calls: ``mqtt_cloud``) are acknowledged by us (``ack``), once handled. A silent link is noticed: a PINGREQ
+method calls: ``cloud``) are acknowledged by us (``ack``), once handled. A silent link is noticed: a PINGREQ
 goes out when we sent nothing for ``keepalive_s``, and a connection that heard nothing from the broker for 1.5 x
 ``keepalive_s`` is lost. Bytes from the broker that are no MQTT, or a packet over ``max_packet_bytes``, lose the
 connection with the reason logged (``RefusalLog``), never a traceback. No task or descriptor outlives a
@@ -59,12 +59,12 @@ from edgehub.mqtt.client import (
     publish_packet,
     subscribe_packet,
 )
-from edgehub.upstream.mqtt_cloud import CloudMessage
-from edgehub.upstream.mqtt_settings import MqttProtocol, MqttUpstreamSettings
-from edgehub.upstream.mqtt_wire import Unit
+from edgehub.upstream.mqtt.cloud import CloudMessage
+from edgehub.upstream.mqtt.settings import MqttProtocol, MqttUpstreamSettings
+from edgehub.upstream.mqtt.wire import Unit
 
 if TYPE_CHECKING:
-    from edgehub.upstream.mqtt_transport import MqttUpstream
+    from edgehub.upstream.mqtt.transport import MqttUpstream
 
 __all__ = ["Connection", "open_connection"]
 

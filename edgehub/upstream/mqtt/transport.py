@@ -68,25 +68,25 @@ Wire modes
   (``edgehub.core.property_bag``, the table the MQTT head reads bags with: ``$.mid``, ``$.exp``, ``$.schema``,
   ``$.ifid``, ``$.sid``, ``$.pk``, ...).
 
-The cloud's side (``mqtt_cloud``): once ``serve_cloud(commands)`` is called (the runtime does, for the first
+The cloud's side (``cloud``): once ``serve_cloud(commands)`` is called (the runtime does, for the first
 lane), every connection subscribes for the devices the hub serves, and the broker's device-bound messages and
 method calls go to the hub; their answers come back on this connection. The session outlives a connection
-(``session_expiry_s``, see ``mqtt_connection``), so what the broker queued while the hub was away comes in then.
+(``session_expiry_s``, see ``connection``), so what the broker queued while the hub was away comes in then.
 
 Authentication: username/password; an IoT Hub SAS token (the password; the username defaults to
 ``{host}/{client_id}/?api-version=2021-04-12``); TLS with a CA file and optionally a client certificate.
 
-Why our own MQTT client (``edgehub.mqtt``, sans I/O, under ``mqtt_connection``'s asyncio protocol) and not paho or
+Why our own MQTT client (``edgehub.mqtt``, sans I/O, under ``connection``'s asyncio protocol) and not paho or
 aiomqtt: this transport needs a window of PUBLISHes outstanding and the PUBACK of each by packet id (aiomqtt's
 ``publish`` awaits each PUBACK in turn); paho runs a network thread per connection whose callbacks hop to the loop,
 and its client module imports urllib.request (email, http.client, ...: 2 MB of the idle hub's memory) for
 proxy settings we never use. What the upstream speaks is small (CONNECT, PUBLISH QoS 0/1, PUBACK, SUBSCRIBE,
 PINGREQ, DISCONNECT), and the MQTT head's codec speaks it. Everything runs on the event loop.
 
-Modules: ``mqtt_settings`` (the settings and status values), ``mqtt_wire`` (a batch or a message as PUBLISHes,
-and their wire bytes), ``edgehub.mqtt.client`` (the client's packets as bytes and back), ``mqtt_connection``
+Modules: ``settings`` (the settings and status values), ``wire`` (a batch or a message as PUBLISHes,
+and their wire bytes), ``edgehub.mqtt.client`` (the client's packets as bytes and back), ``connection``
 (one connection and what it has in flight) and this one
-(``MqttUpstream``: the window, the uplink budget, acks into results, reconnects); ``mqtt_inbound`` dispatches
+(``MqttUpstream``: the window, the uplink budget, acks into results, reconnects); ``inbound`` dispatches
 what the broker publishes to the hub (its twin, the cloud's side). The names importable from here
 before the split still are.
 """
@@ -108,30 +108,19 @@ from edgehub.core.refusals import RefusalLog
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.bandwidth import RateEstimator, TokenBucket
 from edgehub.upstream.dictionary import DictionaryKeeper, LaneDictionary
-from edgehub.upstream.mqtt_connection import Connection, open_connection
-from edgehub.upstream.mqtt_inbound import Inbound
-from edgehub.upstream.mqtt_settings import (
-    MqttProtocol,
+from edgehub.upstream.mqtt.connection import Connection, open_connection
+from edgehub.upstream.mqtt.inbound import Inbound
+from edgehub.upstream.mqtt.settings import (
     MqttUpstreamSettings,
-    TlsSettings,
     UpstreamStatus,
     WireMode,
 )
-from edgehub.upstream.mqtt_wire import SEGMENT_CONTENT_TYPE, Unit, dictionary_unit, publish_units, publish_wire_bytes
+from edgehub.upstream.mqtt.wire import Unit, dictionary_unit, publish_units
 from edgehub.upstream.reconnect import ConnectFailure, ReconnectSchedule, connect_failure_of
 from edgehub.upstream.segment import Codec
 from edgehub.upstream.twin_channel import TwinChannel
 
-__all__ = [
-    "SEGMENT_CONTENT_TYPE",
-    "MqttProtocol",
-    "MqttUpstream",
-    "MqttUpstreamSettings",
-    "TlsSettings",
-    "UpstreamStatus",
-    "WireMode",
-    "publish_wire_bytes",
-]
+__all__ = ["MqttUpstream"]
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +231,7 @@ class MqttUpstream:
         await self.close()
 
     def serve_cloud(self, commands: CloudCommands, *, refusals: RefusalLog | None = None) -> None:
-        """Hand the broker's device-bound messages and method calls to ``commands`` (``mqtt_cloud``), from the
+        """Hand the broker's device-bound messages and method calls to ``commands`` (``cloud``), from the
         current connection (if any) on."""
         self._inbound.serve_cloud(commands, refusals)
 
