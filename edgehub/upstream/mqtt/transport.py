@@ -108,6 +108,7 @@ from edgehub.core.refusals import RefusalLog
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.bandwidth import RateEstimator, TokenBucket
 from edgehub.upstream.dictionary import DictionaryKeeper, LaneDictionary
+from edgehub.upstream.mqtt.cloud import CloudMessage
 from edgehub.upstream.mqtt.connection import Connection, open_connection
 from edgehub.upstream.mqtt.inbound import Inbound
 from edgehub.upstream.mqtt.settings import (
@@ -432,8 +433,23 @@ class MqttUpstream:
                 self._announcing = None
         await ld.announced(dict_id)
 
-    def _window_changed(self) -> None:
+    # -- what its connections may call (connection.Owner) ---------------------------------------------------
+
+    def window_changed(self) -> None:
+        """A PUBACK came or the connection was lost: ``submit`` stops waiting for room and looks again."""
         self._window_event.set()
+
+    def round_trip(self, rtt_s: float) -> None:
+        """A PUBLISH was acknowledged ``rtt_s`` after it was written (``status().rtt_min_s``)."""
+        self._rtt_samples.append(rtt_s)
+
+    def cloud_message(self, conn: Connection, message: CloudMessage) -> None:
+        """The broker published ``message`` on ``conn``: to the twin or the cloud's side, acknowledged once handled."""
+        self._inbound.received(conn, message)
+
+    def subscribed(self, conn: Connection) -> None:
+        """Every SUBACK of ``conn``'s subscriptions is in."""
+        self._inbound.subscribed(conn)
 
     async def _wait_window(self, conn: Connection, size: int) -> bool:
         window = self.settings.window_bytes
