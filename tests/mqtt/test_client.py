@@ -124,3 +124,10 @@ def test_packet_ids_go_round_1_to_65535_and_skip_those_still_in_use() -> None:
     assert [ids.take(in_use.__contains__) for _ in range(3)] == [65534, 2, 4]
     assert PacketIds().take(lambda pid: pid != 40_000) == 40_000
     assert PacketIds().take(lambda pid: True) is None  # every id awaits its ack
+
+
+@pytest.mark.parametrize("first", [0x10, 0x82, 0xA2, 0xC0])  # CONNECT, SUBSCRIBE, UNSUBSCRIBE, PINGREQ
+def test_a_packet_only_clients_send_is_refused_from_a_broker_before_its_body_is_read(first: int) -> None:
+    with pytest.raises(RemoteProtocolError, match="is not one a server sends") as caught:
+        BrokerDecoder(v5=True, max_packet_bytes=1024).feed(with_header(first, b"\xff\xff"))  # no valid body
+    assert caught.value.reason_code == 0x81
