@@ -12,7 +12,7 @@ import edgehub.hub.admission
 import edgehub.hub.throttle
 import edgehub.testing.hub
 from edgehub.core import sas
-from edgehub.mqtt import caches, decoder, encoder, fastpaths, packets
+from edgehub.mqtt import caches, client, decoder, encoder, fastpaths, packets
 from protocol_heads import limits, listeners, socket_side, tls
 from protocol_heads.mqtt import (
     acks,
@@ -32,6 +32,7 @@ from protocol_heads.mqtt import (
     [
         acks,
         caches,
+        client,
         client_socket,
         connection,
         decoder,
