@@ -46,7 +46,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 from bench.demo_report import PriorityFigures, lake_rows_per_priority, plot, table
 from edgehub.core import Identity
 from edgehub.hub.facade import EdgeHub
-from edgehub.runtime.hub_runtime import DEFAULT_HOST_NAME, HubConfig, open_identities, open_store, serve
+from edgehub.runtime.compose.config import DEFAULT_HOST_NAME, HubConfig
+from edgehub.runtime.compose.serve import serve
+from edgehub.runtime.compose.store import open_identities, open_store
 from edgehub.store import QueueId, RemovalReason
 from edgehub.testing.linksim import LinkSim, parse_rate_bps
 from edgehub.testing.peers import MosquittoPeer, PeerWay

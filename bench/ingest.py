@@ -47,7 +47,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edgehub.core.sas import ConnectionString
-from edgehub.runtime.hub_runtime import open_store
+from edgehub.runtime.compose.store import open_store
 
 BODY = b"x" * 200
 MODULE_WINDOW = 64  # deliveries in flight to the subscriber, the same for both brokers

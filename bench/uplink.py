@@ -70,7 +70,9 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edgehub.core import Identity
-from edgehub.runtime.hub_runtime import DEFAULT_HOST_NAME, HubConfig, open_identities, open_store, serve
+from edgehub.runtime.compose.config import DEFAULT_HOST_NAME, HubConfig
+from edgehub.runtime.compose.serve import serve
+from edgehub.runtime.compose.store import open_identities, open_store
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer, PeerWay

@@ -10,9 +10,9 @@ Invariants:
   descriptor limit, see ``connection_cap``), and failed logins are throttled per address and claimed identity
   (``LoginThrottle``).
 * Every refusal goes through the server's one ``RefusalLog`` (``refusals``), on the head's own logger.
-* One live session per identity (``_clients``): a new login takes the session over; ``close_identity`` ends it
-  when the identity's credentials are removed or rotated (the admin API), and a login that was checking them
-  meanwhile checks them again (``authenticate``).
+* One live session per identity (``claim_identity``, ``release_identity``): a new login takes the session over;
+  ``close_identity`` ends it when the identity's credentials are removed or rotated (the admin API), and a login
+  that was checking them meanwhile checks them again (``authenticate``).
 """
 
 from __future__ import annotations
@@ -138,6 +138,20 @@ class HeadServer(Generic[SettingsT, SessionT]):
         for srv in self._servers:
             await srv.wait_closed()
 
+    def claim_identity(self, identity_id: str, session: SessionT) -> SessionT | None:
+        """Make ``session`` the live session of ``identity_id``; returns the session it replaces (None: none, or
+        ``session`` itself), which the caller takes over. Called without an await between it and the login's
+        ``authenticate`` (see there)."""
+        old = self._clients.get(identity_id)
+        self._clients[identity_id] = session
+        return old if old is not session else None
+
+    def release_identity(self, identity_id: str, session: SessionT) -> None:
+        """``session`` has ended: it is no longer ``identity_id``'s live session (a newer one that took over
+        stays)."""
+        if self._clients.get(identity_id) is session:
+            del self._clients[identity_id]
+
     @property
     def connected(self) -> list[str]:
         """Identity ids with a live, authenticated connection."""
@@ -165,7 +179,8 @@ class HeadServer(Generic[SettingsT, SessionT]):
                 return result
         raise AuthenticationError(f"the credentials of {creds.identity} changed during login")
 
-    def _start(self, client: ClientTask) -> None:
+    def start_client(self, client: ClientTask) -> None:
+        """Run ``client`` (a connection just admitted) in its own named task of the server's ``TaskGroup``."""
         task = self._tg.create_task(self._run_client(client), name=f"{self.protocol}.client {client.peer}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

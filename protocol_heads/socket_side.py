@@ -14,6 +14,9 @@ Invariants:
   own once the socket is being closed (``close``): a closed connection always lets go of its socket and its place
   under the caps, within ``TLS_SHUTDOWN_S`` of ``close``.
 * Every refusal line goes through the server's ``RefusalLog``, keyed by source address, naming the client.
+
+A head's session side sees its socket side only through ``SessionSocket`` (what a session may ask of it), so the
+session modules never import the socket modules that build them.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from protocol_heads.limits import HeadSettings
 from protocol_heads.listeners import HeadServer
 from protocol_heads.tls import peer_certificate
 
-__all__ = ["TLS_SHUTDOWN_S", "Outgoing", "SocketSide"]
+__all__ = ["TLS_SHUTDOWN_S", "Outgoing", "SessionSocket", "SocketSide"]
 
 # How long a closing TLS connection waits for the peer's close_notify (asyncio's default: 30 s, the connection's
 # buffers held all along).
@@ -40,6 +43,44 @@ class Outgoing(Protocol):
     """The sans-IO connection as the socket side flushes it."""
 
     def data_to_send(self) -> bytes: ...
+
+
+class SessionSocket(Protocol):
+    """What a session side (and the links it hands the hub) may ask of its connection's socket side: each head's
+    ``SocketSide`` is one. A head whose session needs more (the MQTT head's reads before login) extends it."""
+
+    @property
+    def peer(self) -> str:
+        """address:port, for task names and delivery errors."""
+        ...
+
+    @property
+    def address(self) -> str:
+        """The source address: the key of the pre-login caps and the login throttle."""
+        ...
+
+    @property
+    def client_id(self) -> str | None:
+        """The authenticated identity, once ``authenticated`` was called."""
+        ...
+
+    def authenticated(self, client_id: str) -> None: ...
+
+    def refused(self, reason: RefusalReason | str, *, client: str | None = None, **detail: object) -> None: ...
+
+    def peer_certificate(self) -> tuple[str | None, str | None, bool]: ...
+
+    def group_started(self) -> None: ...
+
+    def group_done(self) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def schedule_flush(self) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def _feed(transport: asyncio.BaseTransport, data: bytes) -> None:

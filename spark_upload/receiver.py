@@ -348,8 +348,11 @@ class Receiver:
                 self.quarantined_count += 1
                 _log.warning(
                     "receiver.quarantined reason=unknown_dictionary dict_id=%d topic=%s path=%s bytes=%d",
-                    exc.dict_id, message.topic, path, len(raw),
-                )  # fmt: skip
+                    exc.dict_id,
+                    message.topic,
+                    path,
+                    len(raw),
+                )
                 # Another receiver may have kept the dictionary (and released its quarantine) in between.
                 outcome = "quarantined"
                 if self._zone.read_path(dictionary_path(exc.dict_id)) is not None:

@@ -26,7 +26,8 @@ from bench.chaos.rig import Hub, Processes
 from bench.chaos.schedule import Event, EventKind, make_schedule
 from bench.chaos.verify import Acked, LakeRow, Route, Verdict, verify
 from edgehub.core import Identity
-from edgehub.runtime.hub_runtime import DEFAULT_HOST_NAME, open_identities, open_store
+from edgehub.runtime.compose.config import DEFAULT_HOST_NAME
+from edgehub.runtime.compose.store import open_identities, open_store
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.peers import MosquittoPeer, PeerWay
 from edgehub.upstream.segment import decode_segment

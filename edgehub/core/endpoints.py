@@ -10,7 +10,7 @@ these spellings, and core is the one layer every one of them may import.
 * A device's cloud-to-device queue: ``/devices/{device}/messages/devicebound`` (``device_endpoint``,
   ``parse_device_endpoint``), as IoT Hub's topic for it reads; a route's ``INTO BrokeredEndpoint("...")`` may name
   it, and messages for the device from the upstream go there. The device id is non-empty and holds no ``/``.
-* Upstream lanes (issue 5): with ``partitions`` N > 1 the upstream is N lanes, each its own endpoint (so its own
+* Upstream lanes: with ``partitions`` N > 1 the upstream is N lanes, each its own endpoint (so its own
   queues, checkpoints and executor): ``$upstream/0`` … ``$upstream/{N-1}`` (``upstream_lane_id``,
   ``parse_upstream_lane_id``). With one partition the lane is ``$upstream`` itself, so a hub that never turned
   partitions on keeps its queues.

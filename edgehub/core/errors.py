@@ -11,7 +11,7 @@ Third-party errors are translated once, in the library's home module, with ``rai
     │   │   ├── RouteSyntaxError
     │   │   └── RouteCompileError
     │   ├── ManifestError            (edgehub.manifest)
-    │   │   └── DeploymentCheckFailed (edgehub.runtime.deployment_plan) the child that checks a deployment failed
+    │   │   └── DeploymentCheckFailed (edgehub.runtime.deployment.plan) the child that checks a deployment failed
     │   ├── CheckpointMismatchError  (spark_upload.sink) the lake was written through another checkpoint
     │   └── SparkInternalsError      (spark_upload.spark_internals) Spark's checkpoint layout is not the one we read
     ├── IngestRejected               a message was refused at the door; .reason says why

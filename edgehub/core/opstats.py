@@ -1,5 +1,5 @@
 """Counts and times of the hub's operations (twin GETs and patches, method calls, logins), kept where the work
-happens, once per operation, and read by ``/metrics`` at scrape time (``edgehub.runtime.admin_metrics``).
+happens, once per operation, and read by ``/metrics`` at scrape time (``edgehub.runtime.admin.metrics``).
 
 Why not prometheus-client objects: they would be imported and updated on paths that must not pay for metrics
 (prometheus-client is imported only at the first scrape), and a hub that is never scraped would carry them. An

@@ -23,7 +23,7 @@ from enum import StrEnum
 
 from edgehub.core.clock import Clock, SystemClock
 
-__all__ = ["RefusalLog", "RefusalReason"]
+__all__ = ["MESSAGE_REFUSALS", "STORE_UNAVAILABLE_TEXT", "RefusalLog", "RefusalReason"]
 
 
 class RefusalReason(StrEnum):
@@ -55,7 +55,7 @@ class RefusalReason(StrEnum):
     TLS_HANDSHAKE_FAILED = "tls_handshake_failed"
     NOT_READING = "not_reading"
     TOPIC_TOO_LONG = "topic_too_long"
-    # the admin API (edgehub.runtime.admin_http): HTTP requests refused before or by their handler
+    # the admin API (edgehub.runtime.admin.http): HTTP requests refused before or by their handler
     MALFORMED_REQUEST = "malformed_request"
     REQUEST_TOO_LARGE = "request_too_large"
     REQUEST_TIMEOUT = "request_timeout"
@@ -70,6 +70,26 @@ class RefusalReason(StrEnum):
     TOKEN_EXPIRED = "token_expired"  # a connection's SAS token expired without renewal (AMQP CBS)
     UNKNOWN_ADDRESS = "unknown_address"  # an AMQP link to or from a node the hub does not serve
     TOO_MANY_LINKS = "too_many_links"  # AMQP links on one connection over the limit
+
+
+# The refusals a head answers one message with, the one list each head maps to its protocol's words in one table
+# (protocol_heads.mqtt.refusals, protocol_heads.amqp.refusals): the reasons of Hub.ingest's ``Rejected`` outcomes
+# (IngestRejected's), the head's own refusals of a message before ingest (its ACL, IoT Hub's topic rules), and
+# STORE_UNAVAILABLE, each message of a group whose write the disk refused (the client may send it again later).
+MESSAGE_REFUSALS: frozenset[RefusalReason] = frozenset(
+    {
+        RefusalReason.QUOTA_EXCEEDED,
+        RefusalReason.MESSAGE_TOO_LARGE,
+        RefusalReason.INVALID_MESSAGE,
+        RefusalReason.PARTITION_KEY_MISMATCH,
+        RefusalReason.NOT_AUTHORIZED,
+        RefusalReason.TOPIC_INVALID,
+        RefusalReason.REJECTED,
+        RefusalReason.STORE_UNAVAILABLE,
+    }
+)
+# What a client is told, whatever its protocol, when its message is refused as STORE_UNAVAILABLE.
+STORE_UNAVAILABLE_TEXT = "the hub cannot store messages now (disk full or failing)"
 
 
 class RefusalLog:

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from edgehub.core import Clock, StoreClosedError, StoreError
+from edgehub.core.expiry import has_expired
 from edgehub.store import RemovalReason, Store
 
 __all__ = ["cleanup_loop", "remove_delivered_and_expired"]
@@ -55,7 +56,7 @@ async def remove_delivered_and_expired(
             expired: list[int] = []
             stop = False
             for r in refs:
-                if r.expires_at_s <= now:
+                if has_expired(r, now):
                     expired.append(r.offset)
                 elif not whole:
                     stop = True

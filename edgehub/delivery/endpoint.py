@@ -33,7 +33,7 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
-from edgehub.core import FailureKind, Message
+from edgehub.core import FailureKind, Message, expiry
 
 __all__ = ["Endpoint", "PipelinedEndpoint", "QueuedMessage", "ReportsUnreachable", "SendResult"]
 
@@ -47,12 +47,12 @@ class QueuedMessage(msgspec.Struct, frozen=True, gc=False):
     offset: int  # position in its queue (endpoint, priority); grows forever, across restarts
     priority: int  # 0 highest; DEFAULT_PRIORITY for routes without one
     enqueued_at_s: float  # epoch seconds, fixed at enqueue
-    ttl_s: float  # seconds, fixed at enqueue; the message is never sent once enqueued_at_s + ttl_s has passed
+    ttl_s: float  # seconds, fixed at enqueue; never sent from enqueued_at_s + ttl_s on (edgehub.core.expiry)
     attempts: int = 0  # deliveries tried before this one
 
     @property
     def expires_at_s(self) -> float:
-        return self.enqueued_at_s + self.ttl_s
+        return expiry.expires_at_s(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,7 @@ Invariants:
   deletes a body with its last reference. The values and per-queue state live in ``executor_state``.
 
 Use: ``async with EndpointExecutor(store, endpoint, ...) as ex: ...``; call ``ex.notify()`` after enqueueing to
-one of its queues (the hub does, after ``store.enqueue``).
+one of its queues (the hub does, once ``store.admit_many``'s group write is durable).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from types import TracebackType
 from typing import Self
 
 from edgehub.core import Clock, FailureKind, StoreClosedError, StoreError, SystemClock
+from edgehub.core.expiry import has_expired
 from edgehub.delivery.cleanup import cleanup_loop, remove_delivered_and_expired
 from edgehub.delivery.endpoint import Endpoint, PipelinedEndpoint, QueuedMessage, ReportsUnreachable, SendResult
 from edgehub.delivery.executor_state import DeadLetterReason, ExecutorSettings, SendStats, _InFlight, _QueueState
@@ -366,12 +367,12 @@ class EndpointExecutor:
         qs.cursor = items[-1].offset + 1
         qs.checkpointer.propose([it.offset for it in items])
         now = self._clock.time()
-        expired = [it.offset for it in items if it.expires_at_s <= now]
+        expired = [it.offset for it in items if has_expired(it, now)]
         if not expired:
             return items
         await self._store.remove(q, expired, RemovalReason.TTL)
         await self._commit(q, qs.checkpointer.commit(expired))
-        return [it for it in items if it.expires_at_s > now]
+        return [it for it in items if not has_expired(it, now)]
 
     def _held(self, q: QueueId, items: Sequence[StoredItem]) -> set[int]:
         """The offsets of ``items`` (in queue order) whose references the store still holds."""
@@ -384,8 +385,8 @@ class EndpointExecutor:
         """Send the failed batch of ``q`` again, without what expired or left the store meanwhile."""
         revived = self._revived(qs)
         now = self._clock.time()
-        expired = [it.offset for it in qs.pending if it.expires_at_s <= now]
-        live = [it for it in qs.pending if it.expires_at_s > now]
+        expired = [it.offset for it in qs.pending if has_expired(it, now)]
+        live = [it for it in qs.pending if not has_expired(it, now)]
         held = self._held(q, live)
         gone = [it.offset for it in live if it.offset not in held]  # removed by cleanup or eviction: counted there
         live = [it for it in live if it.offset in held]
@@ -394,8 +395,11 @@ class EndpointExecutor:
         if expired or gone:
             log.info(
                 "executor.retry_dropped endpoint=%s priority=%d expired=%d gone=%d",
-                self._id, q.priority, len(expired), len(gone),
-            )  # fmt: skip
+                self._id,
+                q.priority,
+                len(expired),
+                len(gone),
+            )
         if not live:
             qs.clear_retry()
             qs.fire(Event.GIVE_UP)
@@ -543,7 +547,7 @@ class EndpointExecutor:
             if limit is not None and n >= limit:
                 await self._dead_letter(qs, it, DeadLetterReason.MAX_DELIVERY_ATTEMPTS, result.error)
                 done.add(it.offset)
-            elif it.expires_at_s <= now:
+            elif has_expired(it, now):
                 await self._store.remove(q, [it.offset], RemovalReason.TTL)
                 done.add(it.offset)
             else:

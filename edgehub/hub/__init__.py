@@ -19,16 +19,24 @@ A head, for each connected client:
 
 Guarantees the implementations give:
 * ``ingest`` returns one outcome per message, in order. ``Stored`` means routed and durable in every queue the
-  message goes to (an ack may go out); ``Rejected.reason`` is a stable word (``IngestRejected.reason``:
-  ``quota_exceeded``, ``too_large``, ``invalid``, ``not_authorized``, ``topic_invalid``,
-  ``partition_key_mismatch``). It raises only
-  ``StoreError`` (nothing was stored; the head should close the connection without acking).
+  message goes to (an ack may go out); ``Rejected`` means that message was not stored, and its ``reason`` is a
+  stable word of ``edgehub.core.refusals.MESSAGE_REFUSALS`` (``IngestRejected.reason``: ``quota_exceeded``,
+  ``too_large``, ``partition_key_mismatch``, ...), which each head maps to its protocol's refusal in one table.
+* When the store fails the group's write, ``ingest`` gives no outcome and raises ``StoreError``, and nothing else
+  on purpose (a cancelled ``ingest`` gives none either):
+  ``StorageIOError`` when the disk refused the write (full, failing) and the store stays usable: the head answers
+  every message of the group with ``STORE_UNAVAILABLE``, a refusal the client may retry; any other
+  ``StoreError`` (``StoreClosedError`` while the hub stops): the head closes the connection without acking.
+  Messages of the group written before the failed write (a group the duplicate window cut in segments, or whose
+  messages waited for room in turn) may be durable all the same: they are delivered, and the client's retry may
+  store them a second time (at least once, never lost).
 * Deliveries to one link go out in queue order; an unacknowledged delivery is sent again with
   ``redelivery=True`` after the client reconnects. ``link.send`` never blocks.
 
-Two protocol-neutral guards every head uses before login: ``ConnectionLimiter`` (``admission.py``: pre-login
-connections capped in total and per source address, all connections under the descriptor limit) and
-``LoginThrottle`` (``throttle.py``: failed logins per key in a window).
+Two protocol-neutral guards every head uses before login: ``ConnectionLimiter`` (``connection_admission.py``:
+pre-login connections capped in total and per source address, all connections under the descriptor limit) and
+``LoginThrottle`` (``throttle.py``: failed logins per key in a window). The store's admission of messages (size
+limits, quotas, overflow policies) is another thing: ``edgehub.store.quotas``.
 """
 
 from __future__ import annotations
@@ -41,11 +49,12 @@ import msgspec
 
 from edgehub.core import Identity, Message
 from edgehub.core.methods import MethodCall, MethodResult
-from edgehub.core.refusals import RefusalReason
-from edgehub.hub.admission import Cap, ConnectionLimiter, Ticket
+from edgehub.core.refusals import STORE_UNAVAILABLE_TEXT, RefusalReason
+from edgehub.hub.connection_admission import Cap, ConnectionLimiter, Ticket
 from edgehub.hub.throttle import LoginThrottle
 
 __all__ = [
+    "STORE_UNAVAILABLE",
     "AuthResult",
     "Cap",
     "ClientLink",
@@ -103,6 +112,9 @@ class Rejected(msgspec.Struct, frozen=True, gc=False):
 
 IngestOutcome = Stored | Rejected
 
+# The outcome a head gives each message of a group when ``ingest`` raised ``StorageIOError`` (module docstring).
+STORE_UNAVAILABLE = Rejected(RefusalReason.STORE_UNAVAILABLE, STORE_UNAVAILABLE_TEXT)
+
 
 # A msgspec Struct, as above: built for every message.
 class Delivery(msgspec.Struct, frozen=True, gc=False):
@@ -149,7 +161,8 @@ class Hub(Protocol):
         ...
 
     async def ingest(self, identity: Identity, messages: Sequence[Message]) -> list[IngestOutcome]:
-        """Route and durably store a group of messages from one identity; one outcome per message."""
+        """Route and durably store a group of messages from one identity; one outcome per message. Raises
+        ``StoreError`` only, and then gives no outcome (the module docstring says what each head does)."""
         ...
 
     async def connect(self, identity: Identity, link: ClientLink, *, clean_session: bool) -> SessionInfo:

@@ -1,5 +1,6 @@
 """Duplicate detection, an ingest stage of the hub: the duplicate window, kept durably in the store's metadata
-(issue 5, "Partitions and duplicates"; after Service Bus's duplicate detection window).
+(after Service Bus's duplicate detection window): a device that retries a message it never saw acked must not
+have it stored twice, and the window must survive a restart, or a retry after one would be.
 
 Off by default (``UpstreamOptions.duplicate_detection``). A message whose ``messageId`` was already accepted from
 the same identity inside the window (``window_s``, default 600, from the first acceptance, on the hub's
@@ -14,9 +15,9 @@ without a ``messageId`` is never a duplicate. Two parts:
 
 Invariants:
 * **never marked seen before it is stored**: ``claim`` only looks; the record of an acceptance is written by
-  ``store.enqueue(..., metadata=claim.metadata)`` in the same atomic group write as the message, and only a
-  successful enqueue makes it count (``accepted``). A failed write records nothing, so the device's retry is
-  taken, not dropped;
+  ``store.admit_many(..., metadata=[claim.metadata, ...])`` in the same atomic group write as the message, and
+  only a write that became durable makes it count (``accepted``). A failed write records nothing, so the
+  device's retry is taken, not dropped;
 * **a restart remembers the window**: ``load`` reads the records back (the hub's clock decides what is still in
   the window);
 * **two copies in flight at once** (a retry in the same read as its original): the second is claimed only once
@@ -118,7 +119,7 @@ class DuplicateDetector:
 
 @dataclass(slots=True)
 class Claim:
-    """A message that may be stored: pass ``metadata`` to ``store.enqueue``, then call ``accepted`` or
+    """A message that may be stored: pass ``metadata`` to ``store.admit_many``, then call ``accepted`` or
     ``abandoned`` (exactly one of them)."""
 
     identity: str
@@ -126,20 +127,21 @@ class Claim:
     at_s: float
     metadata: Mapping[str, bytes | None]
     _window: DuplicateWindow
-    _deletes: list[str] = field(default_factory=list)
+    # The expired records this claim's write deletes (keys of ``metadata`` with None); kept again if it fails.
+    deletes: list[str] = field(default_factory=list)
     _settled: bool = False
 
     def accepted(self) -> None:
-        """The enqueue returned: the message is durable, and so is its record."""
+        """The group write is durable: so is the message, and so is its record."""
         if not self._settled:
             self._settled = True
-            self._window._settle(self, stored=True)
+            self._window.settle(self, stored=True)
 
     def abandoned(self) -> None:
-        """The enqueue raised (refused, or the write failed): nothing was recorded."""
+        """The message was refused, or its group write failed: nothing was recorded."""
         if not self._settled:
             self._settled = True
-            self._window._settle(self, stored=False)
+            self._window.settle(self, stored=False)
 
 
 class DuplicateWindow:
@@ -215,12 +217,14 @@ class DuplicateWindow:
         metadata[own] = json.dumps({"v": 1, "at": now}).encode()
         return Claim(identity, message_id, now, metadata, self, deletes)
 
-    def _settle(self, claim: Claim, *, stored: bool) -> None:
+    def settle(self, claim: Claim, *, stored: bool) -> None:
+        """``claim``'s write is done (``Claim.accepted``, ``Claim.abandoned``; once per claim): remember its id if
+        ``stored``, else keep the deletes it carried for a later write; wake a copy waiting on it (``in_flight``)."""
         key = (claim.identity, claim.message_id)
         if stored:
             self._detector.remember(claim.identity, claim.message_id, claim.at_s)
         else:
-            self._doomed.update(dict.fromkeys(claim._deletes))  # not deleted after all: with a later write
+            self._doomed.update(dict.fromkeys(claim.deletes))  # not deleted after all: with a later write
         fut = self._pending.pop(key, None)
         if fut is not None and not fut.done():
             fut.set_result(stored)

@@ -63,6 +63,7 @@ from edgehub.core import (
     TwinError,
 )
 from edgehub.core.endpoints import parse_module_endpoint
+from edgehub.core.logtext import shown
 from edgehub.core.message import TWIN_CHANGE_NOTIFICATION
 from edgehub.core.methods import MethodCall, MethodResult
 from edgehub.core.opstats import OpStats
@@ -466,7 +467,7 @@ class EdgeHub:
         try:
             endpoint = await self.c2d.accept(device_id, stamped)
         except IngestRejected as exc:
-            self.refusals.refused(exc.reason, peer="$upstream", client=device_id[:128], detail=exc)
+            self.refusals.refused(exc.reason, peer="$upstream", client=shown(device_id), detail=exc)
             raise
         await self._notify((endpoint,))
 

@@ -6,7 +6,7 @@ certificate that chained to the listener's CAs and names the identity as its CN 
 
 Invariants: a plain password is never stored, only its scrypt hash; a symmetric key is stored sealed
 (``key_sealed``, by the registry's ``SecretSealer``, bound to the identity) whenever the registry has a sealer, so
-a copied store holds no key in clear (issue 34; without a sealer, as in tests of the hub alone, it is kept as
+a copied store, or a backup of it, holds no key in clear (without a sealer, as in tests of the hub alone, it is kept as
 given); a record kept by an older hub with its key in clear still works and is sealed by ``seal_clear_keys``,
 which the runtime runs at start; every comparison of a secret is constant time (``hmac.compare_digest``); a
 record is written durably before ``add``/``set`` return. ``authenticate``

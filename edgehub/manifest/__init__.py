@@ -2,7 +2,7 @@
 
 The names below are loaded when first used, not with the package: ``edgehub.manifest.documents`` (reading a
 manifest within its bounds, ``ManifestError``) and ``edgehub.manifest.grants`` need no pydantic, and a serving hub
-imports only those (its manifests are checked in a child process, ``edgehub.runtime.deployment_check``: pydantic
+imports only those (its manifests are checked in a child process, ``edgehub.runtime.deployment.check``: pydantic
 and the models are ~10 MB of a small gateway's memory). ``from edgehub.manifest import EdgeHubDesired`` loads
 the models as before.
 """

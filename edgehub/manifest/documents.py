@@ -1,5 +1,5 @@
 """Manifest documents before any model sees them, with no pydantic (a serving hub reads and sends documents to
-the check; it does not validate them itself: ``edgehub.runtime.deployment_check``): ``ManifestError``, a manifest
+the check; it does not validate them itself: ``edgehub.runtime.deployment.check``): ``ManifestError``, a manifest
 file read within its bounds (``read_manifest_file``), the ``$edgeHub`` section of a document
 (``edgehub_section``), and one error for many problems (``refusal``).
 

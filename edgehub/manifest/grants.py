@@ -1,6 +1,6 @@
 """An ACL grant of the manifest's ``mqttBroker`` section (``edgehub.manifest.broker`` makes them), with no pydantic:
-the serving hub gets its grants from the manifest check (``edgehub.runtime.deployment_check``) and applies them
-to running connections (``edgehub.runtime.deployment_state.LiveGrants``)."""
+the serving hub gets its grants from the manifest check (``edgehub.runtime.deployment.check``) and applies them
+to running connections (``edgehub.runtime.deployment.state.LiveGrants``)."""
 
 from __future__ import annotations
 

@@ -269,6 +269,8 @@ def body_query(segments: tuple[str | int, ...], app_name: str | None = None) -> 
             v = ctx.props.get(app_name, UNDEF)
             if v is not UNDEF:
                 return v
+        # EvalContext's own slot, read here in its module: a call to ctx.body() per query would cost as much as
+        # the lookup (see above); the closure falls back to it while the body is unparsed.
         cur = ctx._body
         if cur is _UNPARSED:
             cur = ctx.body()

@@ -1,6 +1,6 @@
 """A route's syntax tree as plain JSON values (lists, strings, numbers), and back: how a parsed route crosses a
 process boundary, so a process that only compiles and runs routes never loads lark (~6 MB of a small gateway's
-memory). The manifest check (``python -m edgehub.runtime.deployment_check``) parses; the serving hub gets the
+memory). The manifest check (``python -m edgehub.runtime.deployment.check``) parses; the serving hub gets the
 trees, compiles them (``Router(specs, trees=...)``) and never parses.
 
 A node is ``[kind, ...fields, line, column, length]`` (its span last). Numbers travel as their ``repr`` (a route

@@ -1,7 +1,8 @@
 """The data directory is private: the directory and every directory in it 0700, every file 0600.
 
 It holds the store (messages, twins, identities), the admin token, the hub's certificate keys and the key that
-seals identity keys (``edgehub.runtime.keyseal``): nothing in it is for other local users (issue 34, item 5).
+seals identity keys (``edgehub.runtime.keyseal``): nothing in it is for other local users, whose reading
+it would give them the devices' keys and the admin API.
 
 Two parts keep it so:
 * ``private_umask``: the ``edgehub`` command runs with umask 077, so whatever it creates in the data directory

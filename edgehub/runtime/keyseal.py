@@ -2,7 +2,7 @@
 ``DATA/identity-seal.key`` (beside ``admin.token``), made once with mode 0600.
 
 The store (``DATA/store``) then holds every symmetric key only sealed (``edgehub.hub.identities``), so a copy of
-the store, or a backup of it, leaks no device's key (issue 34, item 5). The seal key file is to the identity keys
+the store, or a backup of it, leaks no device's key. The seal key file is to the identity keys
 what ``admin.token`` is to the admin API: whoever reads it can open them, so it is never readable by others, and
 a backup that must not leak keys leaves it out.
 

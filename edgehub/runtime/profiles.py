@@ -66,6 +66,9 @@ class Profile:
     held_max_bytes: int = HELD_MAX_BYTES
     max_batch_messages: int | None = None  # None: each transport's own default
     event_loop: str = EVENT_LOOPS[0]
+    # The fields the profile's file set (``fsync``, ``rocks.block_cache_bytes``, ...): the others are the built-in
+    # defaults, and ``edgehub config show`` says so. Not compared: two profiles with equal values are equal.
+    given: frozenset[str] = field(default=frozenset(), compare=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.fsync_interval_ms <= 10_000:
@@ -141,7 +144,8 @@ def parse_profile(data: Mapping[str, Any], *, name: str, source: str) -> Profile
             )
         if "event_loop" in runtime:
             settings["event_loop"] = runtime["event_loop"]
-        return Profile(name=name, description=description, rocks=rocks, **settings)
+        given = frozenset({*settings, *(f"rocks.{key}" for key in rocks_table)})
+        return Profile(name=name, description=description, rocks=rocks, given=given, **settings)
     except ValueError as exc:
         raise ConfigurationError(f"{where}: {exc}") from None
 

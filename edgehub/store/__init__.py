@@ -4,7 +4,7 @@
 imports rocksdict, and this package does not import it (so layers above never load rocksdict through it).
 
 See ``edgehub.store.store`` for the API the hub and the executors call, and its invariants; the store's parts
-(admission, usage, held, ingest, maintenance, dead_letters, metadata, queue_state) open with theirs.
+(quotas, usage, held, ingest, maintenance, dead_letters, metadata, queue_state) open with theirs.
 """
 
 from edgehub.store.backend import Backend, DeleteTo, MemoryBackend

@@ -125,6 +125,7 @@ class MemoryBackend:
     def reopened(self) -> MemoryBackend:
         """A new backend over the same data, as a restart would see it (for tests of reopen behaviour)."""
         fresh = MemoryBackend()
+        # Its own class's state, as a __copy__ would share it: a restart sees the same data, not a copy of it.
         fresh._data, fresh._keys = self._data, self._keys
         return fresh
 

@@ -14,7 +14,7 @@ from enum import StrEnum
 
 import msgspec
 
-from edgehub.core import Message, SystemProperty
+from edgehub.core import Message, SystemProperty, expiry
 from edgehub.store.queues import QueueId
 
 __all__ = [
@@ -81,7 +81,7 @@ class StoredItem(msgspec.Struct, frozen=True, gc=False):
 
     @property
     def expires_at_s(self) -> float:
-        return self.enqueued_at_s + self.ttl_s
+        return expiry.expires_at_s(self)
 
 
 class Reference(msgspec.Struct, frozen=True, gc=False):
@@ -95,7 +95,7 @@ class Reference(msgspec.Struct, frozen=True, gc=False):
 
     @property
     def expires_at_s(self) -> float:
-        return self.enqueued_at_s + self.ttl_s
+        return expiry.expires_at_s(self)
 
 
 class EnqueueReceipt(msgspec.Struct, frozen=True, gc=False):

@@ -17,7 +17,7 @@ API the hub facade and the executors call (on one event loop, except ``read_dura
     await store.close()
 
 The hub calls ``executor.notify()`` for each routed endpoint after ``enqueue`` returns. Policies
-(``default_policy``, ``endpoint_policies``, ``store_quota``) are applied by ``edgehub.store.admission``;
+(``default_policy``, ``endpoint_policies``, ``store_quota``) are applied by ``edgehub.store.quotas``;
 ``usage(endpoint)`` / ``usage(None)`` / ``identity_usage(identity_id)`` and ``removed`` (per ``RemovalReason``)
 come from ``edgehub.store.usage``. Metadata: ``get_metadata`` / ``put_metadata`` / ``metadata_items(prefix)``.
 
@@ -58,7 +58,6 @@ from edgehub.core import (
     StoreClosedError,
     SystemClock,
 )
-from edgehub.store.admission import Admission, too_large
 from edgehub.store.backend import Backend, MemoryBackend
 from edgehub.store.codec import (
     VERSION,
@@ -78,6 +77,7 @@ from edgehub.store.metadata import Metadata
 from edgehub.store.policy import QueuePolicy, StoreQuota
 from edgehub.store.queue_state import QueueState
 from edgehub.store.queues import QueueId
+from edgehub.store.quotas import Quotas, too_large
 from edgehub.store.records import (
     CHECKPOINTS,
     DEFAULT_TTL_S,
@@ -94,7 +94,7 @@ from edgehub.store.records import (
 )
 from edgehub.store.usage import OWNER, STORE_WIDE, Usage, UsageBook, group_usage, owner_of
 
-__all__ = ["CHECKPOINTS", "MESSAGES", "Store"]  # the families for tools (edgehub.runtime.store_cli)
+__all__ = ["CHECKPOINTS", "MESSAGES", "Store"]  # the families for tools (edgehub.runtime.cli.store)
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class Store:
         )
         self._maint = Maintenance(self._b, self._usage, self._held, sync=fsync is not FsyncPolicy.NONE)
         self._fsync = fsync
-        self._admission = Admission(
+        self._quotas = Quotas(
             self._usage,
             self._clock,
             functools.partial(evict_one, self),
@@ -186,11 +186,11 @@ class Store:
     # -- policies and usage -------------------------------------------------------------------------------
     @property
     def default_policy(self) -> QueuePolicy:
-        return self._admission.default_policy
+        return self._quotas.default_policy
 
     @default_policy.setter
     def default_policy(self, policy: QueuePolicy) -> None:
-        self._admission.default_policy = policy
+        self._quotas.default_policy = policy
 
     def set_fsync(self, fsync: FsyncPolicy, fsync_interval_ms: int = 10) -> None:
         """Change the fsync policy while running (a deployment update): group writes from the next one on, and
@@ -208,18 +208,18 @@ class Store:
 
     @property
     def endpoint_policies(self) -> dict[str, QueuePolicy]:
-        return self._admission.endpoint_policies
+        return self._quotas.endpoint_policies
 
     @property
     def store_quota(self) -> StoreQuota:
-        return self._admission.store_quota
+        return self._quotas.store_quota
 
     @store_quota.setter
     def store_quota(self, quota: StoreQuota) -> None:
-        self._admission.store_quota = quota
+        self._quotas.store_quota = quota
 
     def policy(self, endpoint: str) -> QueuePolicy:
-        return self._admission.policy(endpoint)
+        return self._quotas.policy(endpoint)
 
     def usage(self, endpoint: str | None = None) -> tuple[int, int]:
         """(messages, bytes) held for ``endpoint`` (None: the whole store), writes in flight included."""
@@ -329,7 +329,7 @@ class Store:
         accepted message is durable; a failed write fails its futures. Producers that admit their groups one
         after the other get their offsets, and are written, in that order.
 
-        Admission is a stage: a group the admission clears as a whole (``edgehub.store.admission``) is checked
+        Admission is a stage: a group the admission clears as a whole (``edgehub.store.quotas``) is checked
         only against the default size limit; else each message is checked in turn, and one that must wait for
         room first queues what is pending (so the ones before it are written while it waits) and holds the
         ones after it. The usage the group adds is reserved once for the group (``usage.group_usage``), or
@@ -341,16 +341,16 @@ class Store:
         ``enqueue``). ``arrived_mono_s`` (the store clock's monotonic time): when the group arrived, if it
         waited before it got here; a wait for room ends ``enqueue_timeout_s`` after it (default: now)."""
         self._live()
-        admission, ingest = self._admission, self._ingest
+        quotas, ingest = self._quotas, self._ingest
         sender_key = None if sender is None else OWNER + sender
         sizes = [charged_size(m) for m, _ in items]
         owners = None if sender_key is not None else [owner_of(m.system_properties) for m, _ in items]
-        in_turn = admission.needs_turns() or (
-            admission.store_quota.max_bytes is not None and not admission.group_fits(sizes, owners, sender_key)
+        in_turn = quotas.needs_turns() or (
+            quotas.store_quota.max_bytes is not None and not quotas.group_fits(sizes, owners, sender_key)
         )
         if in_turn and arrived_mono_s is None:
             arrived_mono_s = self._clock.monotonic()
-        limit = admission.default_policy.max_message_size_bytes
+        limit = quotas.default_policy.max_message_size_bytes
         now = self._clock.time()
         pending = Pending([], {}, [])
         durable: list[asyncio.Future[None]] = []
@@ -373,11 +373,11 @@ class Store:
                 for q in queues:
                     per_endpoint[q.endpoint] = per_endpoint.get(q.endpoint, 0) + 1
                 try:
-                    if not admission.has_room(per_endpoint, size, owner):
+                    if not quotas.has_room(per_endpoint, size, owner):
                         if pending.ops or pending.overflow:
                             durable.append(ingest.enqueue(pending))
                             pending = Pending([], {}, [])
-                        dropped = await admission.make_room(per_endpoint, size, arrived_mono_s, owner)
+                        dropped = await quotas.make_room(per_endpoint, size, arrived_mono_s, owner)
                         self._live()  # closed while waiting for room
                         now = self._clock.time()  # enqueued once there was room
                         if dropped:

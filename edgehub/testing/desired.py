@@ -1,4 +1,4 @@
-"""``InMemoryDesiredState``: a complete desired-state service (``edgehub.runtime.admin_api.DesiredStateService``)
+"""``InMemoryDesiredState``: a complete desired-state service (``edgehub.runtime.admin.api.DesiredStateService``)
 for tests of what drives a deployment (the admin API), without the hub's ``DeploymentController``.
 
 It keeps the desired properties and the reported ones the way the controller does: an update is checked whole

@@ -19,7 +19,7 @@ one side and a *delay line* writes to the other:
 Invariants: bytes are forwarded unchanged and in order per direction; a byte is never forwarded while the link
 is cut or silent; ``stats`` counts what was delivered to each side.
 
-The CLI (``edgehub link-sim``) is ``edgehub.runtime.linksim_cli``.
+The CLI (``edgehub link-sim``) is ``edgehub.runtime.cli.linksim``.
 """
 
 from __future__ import annotations
@@ -106,16 +106,16 @@ class _Conn:
 
     async def _pump(self, reader: asyncio.StreamReader, line: asyncio.Queue[tuple[float, bytes]], d: str) -> None:
         sim, loop = self.sim, asyncio.get_running_loop()
-        bucket = sim._buckets[d]
+        bucket = sim.bucket(d)
         last_due = 0.0
         while True:
-            await sim._flowing.wait()
+            await sim.wait_flowing()
             data = await reader.read(sim.chunk_bytes)
             if not data:
                 line.put_nowait((loop.time(), b""))  # EOF travels down the line like a byte (FIN)
                 return
             await bucket.take(len(data))
-            await sim._flowing.wait()
+            await sim.wait_flowing()
             jitter = random.uniform(-sim.jitter_s, sim.jitter_s) if sim.jitter_s else 0.0
             due = max(last_due, loop.time() + max(0.0, sim.delay_s + jitter))
             last_due = due
@@ -128,14 +128,14 @@ class _Conn:
             wait = due - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
-            await sim._flowing.wait()
+            await sim.wait_flowing()
             if not data:
                 if writer.can_write_eof():
                     writer.write_eof()
                 return
             writer.write(data)
             await writer.drain()
-            sim._count(d, len(data))
+            sim.count_delivered(d, len(data))
 
     def abort(self) -> None:
         for w in self.writers:
@@ -303,16 +303,27 @@ class LinkSim:
             self._state_changed.clear()
             await self._state_changed.wait()
 
-    # -- internals --------------------------------------------------------------------------------------------
+    # -- what a connection's pumps ask of the link ------------------------------------------------------------
 
-    def _target(self) -> tuple[str, int]:
-        return self.target_host, self.target_port
+    def bucket(self, direction: str) -> _TokenBucket:
+        """The token bucket that paces ``direction`` ("up", "down")."""
+        return self._buckets[direction]
 
-    def _count(self, direction: str, n: int) -> None:
+    async def wait_flowing(self) -> None:
+        """Return at once while the link is up; during an outage, once it is restored."""
+        await self._flowing.wait()
+
+    def count_delivered(self, direction: str, n: int) -> None:
+        """``n`` bytes went through in ``direction`` (``stats``)."""
         if direction == "up":
             self._up += n
         else:
             self._down += n
+
+    # -- internals --------------------------------------------------------------------------------------------
+
+    def _target(self) -> tuple[str, int]:
+        return self.target_host, self.target_port
 
     def _spawn(self, coro: object, name: str) -> None:
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]

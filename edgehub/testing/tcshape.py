@@ -67,13 +67,9 @@ class TbfNamespace:
     def set_rate(self, rate_bps: float) -> None:
         """(Re)apply the cap; ``replace`` works whether a qdisc is there or not."""
         self.rate_bps = rate_bps
-        _run(
-            self.command(
-                "tc", "qdisc", "replace", "dev", "lo", "root", "tbf",
-                "rate", f"{int(rate_bps)}bit", "burst", str(self.burst_bytes),
-                "latency", f"{int(self.latency_s * 1000)}ms",
-            )
-        )  # fmt: skip
+        rate, latency = f"{int(rate_bps)}bit", f"{int(self.latency_s * 1000)}ms"
+        tbf = ["rate", rate, "burst", str(self.burst_bytes), "latency", latency]
+        _run(self.command("tc", "qdisc", "replace", "dev", "lo", "root", "tbf", *tbf))
 
     def delete(self) -> None:
         if self._created:

@@ -215,8 +215,11 @@ class LaneDictionary:
             self._drifted = True
             log.info(
                 "upstream.dictionary_drift lane=%s dict_id=%d ratio=%.3f baseline=%.3f",
-                self.lane, self.usable.dict_id, self._ratio, self._baseline,
-            )  # fmt: skip
+                self.lane,
+                self.usable.dict_id,
+                self._ratio,
+                self._baseline,
+            )
 
     def wants_training(self) -> bool:
         if len(self._ring) < self.min_lines:
@@ -246,8 +249,11 @@ class LaneDictionary:
         self._segments, self._baseline, self._ratio = 0, None, None
         log.info(
             "upstream.dictionary_trained lane=%s dict_id=%d bytes=%d lines=%d",
-            self.lane, trained.dict_id, len(trained.data), len(lines),
-        )  # fmt: skip
+            self.lane,
+            trained.dict_id,
+            len(trained.data),
+            len(lines),
+        )
         await self._keep()
         return trained
 

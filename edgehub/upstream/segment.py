@@ -1,88 +1,16 @@
 """The segment format: how a batch of messages leaves the hub for the cloud, record format version 2.
 
-One segment is one upstream batch (one endpoint lane, one priority, a run of consecutive queue offsets). The
-same bytes are the payload of an MQTT ``batch``-mode PUBLISH and the content of a landing-zone file, so the
-landing receiver stores what it receives unchanged and the Spark job reads both the same way.
+One segment is one upstream batch (one endpoint lane, one priority, a run of consecutive queue offsets): UTF-8
+JSON lines, one record per message, compressed by one codec (gzip, or zstd with or without a trained dictionary).
+The same bytes are the payload of an MQTT ``batch``-mode PUBLISH and the content of a landing-zone file, and the
+Spark job (``spark_upload``) reads them too, so the format is specified once for all of them, field by field, in
+docs/segment-format.md; this module is its reference implementation. Writers write version 2; readers read 1
+and 2, in any mix.
 
-A segment is UTF-8 JSON lines (separated by ``\\n``), one record per message, compressed by one codec (below),
-each record a JSON object with exactly these fields. Writers write version 2; readers (``decode_segment`` and
-``spark_upload.job``) read versions 1 and 2, in any mix.
-
-=====================  ==============================  ==================================================
-field                  JSON type                       meaning
-=====================  ==============================  ==================================================
-``v``                  number (1 or 2)                 record format version
-``edge_message_id``    string                          the hub's id for the message; unique per hub
-``message_id``         string or null                  the device's ``messageId`` system property
-``device_id``          string or null                  ``connectionDeviceId``
-``module_id``          string or null                  ``connectionModuleId``
-``hub_id``             string                          the edge hub that sent it
-``enqueued_at``        string                          ISO 8601 UTC, milliseconds, ``Z`` (e.g.
-                                                       ``2026-11-22T21:33:06.123Z``)
-``priority``           number                          0 highest; 10 for routes without a priority
-``ttl_s``              number                          time-to-live fixed at enqueue
-``source``             string                          the routing source (``/messages/modules/m1/...``)
-``properties``         object of string -> string|null application properties
-``system_properties``  v1: object of string -> string  system properties; v2: without the column ones
-                       v2: string -> string|null       (below)
-v1: ``body``           string                          the body bytes, base64 (RFC 4648, padded)
-v2: exactly one of:                                    the body bytes, the first form that fits:
-``body_json``          any JSON value but null         the body is this value's text as it stands in the
-                                                       line, UTF-8; used when the body is a JSON text that
-                                                       the writer's compact form (``json.dumps(value,
-                                                       separators=(",", ":"), ensure_ascii=False)``) gives
-                                                       back byte for byte; always the line's last field
-``body_text``          string                          the body is this string, UTF-8 (when it decodes)
-``body_b64``           string                          the body bytes, base64 (RFC 4648, padded)
-=====================  ==============================  ==================================================
-
-Version 2 writes nothing twice, which is what a batch on a thin link pays for (issue 5): the body is not
-base64'ed when it is text, and the four system properties that are columns (``edgeMessageId`` =
-``edge_message_id``, ``messageId`` = ``message_id``, ``connectionDeviceId`` = ``device_id``,
-``connectionModuleId`` = ``module_id``) are left out of ``system_properties`` when equal to their column (not
-null); a reader puts them back from the column. When a column is set but the message had no such system
-property (an ``edge_message_id`` the transport derived), ``system_properties`` holds that key with ``null``,
-which a reader removes. So v1 and v2 records of one message decode to the same ``SegmentRecord``.
-
-``body_json`` is taken from the line's text (the Spark job has no ``json.dumps`` of its own to write it back
-with): the value after the first ``"body_json":`` of the line up to the record's closing brace, spaces around it
-aside. Writers therefore put ``body_json`` last and use ``body_text`` when ``properties`` or
-``system_properties`` has a key ``body_json``. A v2 record with none or several body fields, or whose
-``body_json`` is not its last field, is malformed.
-
-Two things are versioned apart: the **record format** (the ``v`` field of every record, 2 when written; a reader
-refuses a version it does not know) and the **codec** that compresses the whole segment:
-
-=========  =====================================  ================================================================
-codec      bytes                                  where
-=========  =====================================  ================================================================
-``gzip``   RFC 1952, ``mtime=0``; starts 1f 8b    the default everywhere; the only codec of landing-zone files
-                                                  (``*.jsonl.gz``, read by Spark's gzip text source)
-``zstd``   RFC 8878, one frame with its content   MQTT ``batch`` mode only (``zstandard`` is a dependency of the
-           size; starts 28 b5 2f fd               hub); some 10 % fewer bytes than gzip on small segments at
-                                                  level 19, a third fewer with a trained dictionary
-=========  =====================================  ================================================================
-
-**zstd with a trained dictionary** (MQTT ``batch`` mode, ``compression: zstd``, the default there once a
-dictionary is trained: ``edgehub.upstream.dictionary``): the same zstd frame, compressed with a dictionary whose
-32-bit id the frame header carries (RFC 8878 ``Dictionary_ID``; ``segment_dictionary_id``). The dictionary
-travels once, before the first segment that uses it, as a payload of its own: the zstd dictionary format (RFC
-8878 section 5, starts 37 a4 30 ec, its id in the next four bytes little-endian; ``dictionary_id``). A reader
-decodes such a segment with that dictionary (``decode_segment(data, dictionaries={id: bytes})``); one it does
-not hold is ``UnknownDictionaryError`` naming the id, never a silent loss. The record format inside is the same
-(version 2), so segments without a dictionary, and every older segment, read as before.
-
-``decode_segment`` tells the codec by those magic numbers, so a reader needs no side channel; on the wire the
-codec is also stated (``edgehub.upstream.mqtt.transport``: the content type's ``encoding=`` on MQTT 5, a
-``/zstd`` topic suffix for zstd), so a consumer can route or refuse before it decompresses.
-
-Segment names are a pure function of what the batch is (hub, endpoint lane, priority, first and last offset),
-so a retried upload of the same batch gets the same name and never makes a second copy. A batch cut
-differently after a restart can overlap an earlier one; consumers remove duplicates by ``edge_message_id``.
-Names never start with ``.`` or ``_`` (Spark's file sources skip those, which writers use for temp files).
-
-Invariants: ``decode_segment(encode_segment(rs)) == rs``; decoding rejects unknown versions and malformed
-lines with ``SegmentFormatError`` naming the line.
+Invariants: ``decode_segment(encode_segment(rs)) == rs`` (v1 and v2 records of one message decode to the same
+``SegmentRecord``); decoding rejects unknown versions and malformed lines with ``SegmentFormatError`` naming the
+line, and a segment whose dictionary it does not hold with ``UnknownDictionaryError`` naming the id; segment names
+are a pure function of the batch (a retried upload makes no second copy) and never start with ``.`` or ``_``.
 """
 
 from __future__ import annotations
@@ -170,7 +98,7 @@ _ZDICT_MAGIC = b"\x37\xa4\x30\xec"
 
 
 class Codec(StrEnum):
-    """How a segment's JSON lines are compressed (see the module docstring)."""
+    """How a segment's JSON lines are compressed (docs/segment-format.md)."""
 
     GZIP = "gzip"
     ZSTD = "zstd"
@@ -246,7 +174,7 @@ def _reject_constant(name: str) -> object:
 
 def _body_field(body: bytes, *, json_allowed: bool) -> tuple[str, object]:
     """The v2 body field for ``body``: JSON when the compact form writes the same bytes back, else text, else
-    base64 (the module docstring)."""
+    base64 (docs/segment-format.md)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
@@ -426,7 +354,7 @@ def _body(obj: dict[str, Any], line: str, line_no: int) -> bytes:
             return text.encode("utf-8")
         except UnicodeEncodeError as exc:  # a lone surrogate, written as a \u escape
             raise SegmentFormatError(f"line {line_no}: body_text is not UTF-8 text") from exc
-    # body_json: its text in the line, which must end the record (see the module docstring).
+    # body_json: its text in the line, which must end the record (docs/segment-format.md).
     stripped = line.rstrip(" \r")
     raw = stripped[stripped.index(_BODY_JSON_KEY) + len(_BODY_JSON_KEY) : -1].strip(" ")
     try:

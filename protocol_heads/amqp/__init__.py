@@ -6,6 +6,7 @@ Sans-IO, no sockets, no clocks:
 * ``sasl``: the SASL exchange (ours: proton's cannot check a SAS token); ``connection``: one connection
   (``AmqpConnection``: SASL, then proton's ``Transport``/``Connection``/``Collector``), bytes in, ``events`` out.
 * ``iothub``: Azure IoT Hub's AMQP conventions (link addresses, usernames, ``$cbs``, the message mapping).
+* ``refusals``: every refusal of a message as the condition of its ``rejected`` outcome, in one table.
 
 The asyncio adapter:
 

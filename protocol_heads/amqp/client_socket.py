@@ -18,26 +18,23 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from typing import TYPE_CHECKING
 
 from edgehub.core.refusals import RefusalReason
 from protocol_heads.amqp.connection import AmqpConnection
 from protocol_heads.amqp.session import Session
 from protocol_heads.amqp.settings import AmqpSettings
+from protocol_heads.listeners import HeadServer
 from protocol_heads.socket_side import SocketSide
-
-if TYPE_CHECKING:
-    from protocol_heads.amqp.server import AmqpServer
 
 __all__ = ["ClientSocket"]
 
 log = logging.getLogger(__name__)
 
 
-class ClientSocket(SocketSide["AmqpServer", AmqpSettings, AmqpConnection], asyncio.Protocol):
+class ClientSocket(SocketSide[HeadServer[AmqpSettings, Session], AmqpSettings, AmqpConnection], asyncio.Protocol):
     """One connection's socket side (module docstring); ``session`` is its session side, ``conn`` the protocol."""
 
-    def __init__(self, server: AmqpServer, tls: ssl.SSLContext | None) -> None:
+    def __init__(self, server: HeadServer[AmqpSettings, Session], tls: ssl.SSLContext | None) -> None:
         super().__init__(server, tls)
         s = server.settings
         mechanisms = ("EXTERNAL", "PLAIN", "ANONYMOUS") if tls is not None else ("PLAIN", "ANONYMOUS")
@@ -57,7 +54,7 @@ class ClientSocket(SocketSide["AmqpServer", AmqpSettings, AmqpConnection], async
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self._admit(transport):
-            self.server._start(self)
+            self.server.start_client(self)
 
     def data_received(self, data: bytes) -> None:
         if self._early is not None:  # TLS bytes before the handshake began: kept for it

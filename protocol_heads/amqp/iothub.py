@@ -38,7 +38,6 @@ from proton import Message as AmqpMessage
 from proton import symbol
 
 from edgehub.core import DeviceId, Identity, InvalidMessageError, Message, ModuleId, SystemProperty
-from edgehub.core.refusals import RefusalReason
 
 __all__ = [
     "CBS_NODE",
@@ -53,7 +52,6 @@ __all__ = [
     "parse_address",
     "parse_cbs_request",
     "parse_plain_username",
-    "rejection_condition",
 ]
 
 CBS_NODE = "$cbs"
@@ -345,16 +343,3 @@ def amqp_from_message(message: Message, *, input_name: str | None, redelivery: b
         out.delivery_count = 1
         out.first_acquirer = False
     return out
-
-
-def rejection_condition(reason: RefusalReason) -> str:
-    """The AMQP error condition of a ``rejected`` outcome for a hub refusal."""
-    return _CONDITIONS.get(reason, "amqp:not-allowed")
-
-
-_CONDITIONS: Mapping[RefusalReason, str] = {
-    RefusalReason.QUOTA_EXCEEDED: "amqp:resource-limit-exceeded",
-    RefusalReason.STORE_UNAVAILABLE: "amqp:resource-limit-exceeded",
-    RefusalReason.MESSAGE_TOO_LARGE: "amqp:link:message-size-exceeded",
-    RefusalReason.NOT_AUTHORIZED: "amqp:unauthorized-access",
-}

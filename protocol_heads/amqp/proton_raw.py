@@ -84,7 +84,7 @@ delivery_settled = pn_delivery_settled
 
 def handle(wrapper: Any) -> Any:
     """The C object under one of proton's wrappers (a ``Collector``, ``Link``...)."""
-    return wrapper._impl
+    return wrapper._impl  # proton's handle on its C object: this module's job (module docstring)
 
 
 def next_event(collector_impl: Any) -> Any:
@@ -132,7 +132,7 @@ class MessageReader:
 
     def __init__(self) -> None:
         self._owner = AmqpMessage()  # owns the pn_message_t (frees it when collected)
-        self._msg = self._owner._msg
+        self._msg = self._owner._msg  # proton's pn_message_t handle: this module's job (module docstring)
 
     def read(self, encoded: bytes) -> MessageFields:
         """Raises proton's ``MessageException`` for bytes that are not a message."""
@@ -176,7 +176,8 @@ def _id(atom: Any) -> Any:
 
 def fields_of(message: AmqpMessage) -> MessageFields:
     """The general path: proton's ``Message`` (decoded) read through its wrappers. Binary values as bytes of their
-    own (proton's are views into the message, gone with it)."""
+    own (proton's are views into the message, gone with it). Content type and encoding are read from its
+    pn_message_t handle (``_msg``) with the C calls ``MessageReader`` makes: proton's internals, this module's job."""
     return MessageFields(
         body=_owned(message.body),
         properties=message.properties,

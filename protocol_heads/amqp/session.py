@@ -3,12 +3,15 @@ a SAS token or password, SASL EXTERNAL with its TLS certificate, or SASL ANONYMO
 ``$cbs``), answers link attaches by address and ACL, hands each read's transfers to ``Hub.ingest`` as one group
 and settles them by the outcome, and carries the hub's deliveries out on the client's receiving link (``_Link``).
 
-It never touches the socket: bytes, timers and reading pauses belong to the socket side (``ClientSocket``).
+It never touches the socket: bytes, timers and reading pauses belong to the socket side (``ClientSocket``), which
+it sees only as ``SessionSocket`` (``protocol_heads.socket_side``), and its server only as ``HeadServer``, so this
+module imports neither the socket module nor the server module, which build it.
 
 Invariants:
 * Settled means durable: a transfer is settled ``accepted`` only when ``Hub.ingest`` said ``Stored``; a refusal is
-  ``rejected`` with a condition (``iothub.rejection_condition``). Settlements of a connection go out in arrival
-  order (each group waits for the one before it), and each settled transfer gives its link one credit back.
+  ``rejected`` with a condition (``refusals.REJECT_CONDITIONS``, the one table). Settlements of a connection go out
+  in arrival order (each group waits for the one before it), and each settled transfer gives its link one credit
+  back.
 * Until the client has an identity, only ``$cbs`` links are served; what it pipelined behind a ``put-token``
   waits (at most ``max_waiting_events``) and is handled once the token is checked.
 * A SAS token's expiry is kept: a connection whose token expires without a new ``put-token`` is closed with
@@ -26,7 +29,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from proton import Link
 from proton import Message as AmqpMessage
@@ -41,9 +44,10 @@ from edgehub.core import (
     StorageIOError,
     StoreError,
 )
+from edgehub.core.logtext import shown
 from edgehub.core.refusals import RefusalReason
 from edgehub.core.sas import parse_sas_token
-from edgehub.hub import Credentials, Rejected
+from edgehub.hub import STORE_UNAVAILABLE, Credentials, Rejected
 from edgehub.hub import Delivery as HubDelivery
 from protocol_heads.amqp import events as ev
 from protocol_heads.amqp.connection import (
@@ -62,25 +66,19 @@ from protocol_heads.amqp.iothub import (
     parse_address,
     parse_cbs_request,
     parse_plain_username,
-    rejection_condition,
 )
+from protocol_heads.amqp.refusals import STORE_FAILED, UNDECODABLE, rejection_condition
 from protocol_heads.amqp.sasl import SaslCode, SaslInit
+from protocol_heads.amqp.settings import AmqpSettings
 from protocol_heads.amqp.transfers import TransferDecoder
+from protocol_heads.listeners import HeadServer
+from protocol_heads.socket_side import SessionSocket
 
-if TYPE_CHECKING:
-    from protocol_heads.amqp.client_socket import ClientSocket
-    from protocol_heads.amqp.server import AmqpServer
-
-__all__ = ["Session", "shown"]
+__all__ = ["Session"]
 
 log = logging.getLogger(__name__)
 
 _FORCED = "amqp:connection:forced"
-
-
-def shown(text: str, limit: int = 128) -> str:
-    text = text if len(text) <= limit else text[:limit] + "..."
-    return text if text.isprintable() and " " not in text else repr(text)
 
 
 class _Link:
@@ -92,6 +90,10 @@ class _Link:
         self.input_kind: AddressKind | None = None
         self.pending: dict[str, int] = {}  # delivery tag → hub delivery id
         self._tags = itertools.count(1)
+
+    def detach(self) -> None:
+        """The session let go of this link (a relink, or the connection disposed of): hold nothing of it."""
+        self._session = None
 
     @property
     def window_free(self) -> int:
@@ -123,7 +125,7 @@ class _Link:
 class Session:
     """The session side of one connection (module docstring); ``sock`` is its socket side."""
 
-    def __init__(self, server: AmqpServer, sock: ClientSocket, conn: AmqpConnection) -> None:
+    def __init__(self, server: HeadServer[AmqpSettings, Session], sock: SessionSocket, conn: AmqpConnection) -> None:
         self.server = server
         self.hub = server.hub
         self.settings = server.settings
@@ -284,11 +286,10 @@ class Session:
         self.identity = result.identity
         self.auth_method = result.auth_method
         self.sock.authenticated(result.identity.id)
-        old = server._clients.get(result.identity.id)
-        if old is not None and old is not self:
+        old = server.claim_identity(result.identity.id, self)
+        if old is not None:
             log.info("amqp.session_takeover client=%s", result.identity)
             old.take_over()
-        server._clients[result.identity.id] = self
         await self.hub.connect(result.identity, self.link, clean_session=False)
         self.registered = True
         if not self.logged_in.done():
@@ -412,7 +413,7 @@ class Session:
             # The client let go of its inputs: what it had not settled comes again on its next link.
             old, identity = self.link, self.identity
             self.link = _Link(self)
-            old._session = None
+            old.detach()
 
             async def relink() -> None:
                 await self.hub.disconnect(identity, old)
@@ -444,7 +445,7 @@ class Session:
             await self._ingest_group(group, before)
         except StoreError as exc:
             log.warning("amqp.ingest_failed client=%s detail=%s", self.identity, exc)
-            self.conn.close("amqp:internal-error", "store failure")
+            self.conn.close(*STORE_FAILED)
             self.sock.finish()
         except Exception:
             # A bug here must not leave the client's transfers unanswered for ever: end this connection only.
@@ -467,12 +468,12 @@ class Session:
                 message = self._transfers.message(identity, event.body, auth_method=self.auth_method)
             except InvalidMessageError as exc:
                 self.sock.refused(exc.reason, detail=shown(str(exc), 200))
-                answers.append((event, "amqp:decode-error", str(exc)))
+                answers.append((event, UNDECODABLE, str(exc)))
                 slots.append(None)
                 continue
             except Exception as exc:  # proton's decode errors: the bytes are not a message
                 self.sock.refused(RefusalReason.INVALID_MESSAGE, detail=shown(str(exc), 200))
-                answers.append((event, "amqp:decode-error", "not an AMQP message"))
+                answers.append((event, UNDECODABLE, "not an AMQP message"))
                 slots.append(None)
                 continue
             answers.append((event, None, ""))
@@ -481,7 +482,9 @@ class Session:
         try:
             outcomes = await self.hub.ingest(identity, to_store) if to_store else []
         except StorageIOError:
-            outcomes = [Rejected(RefusalReason.STORE_UNAVAILABLE, "the hub cannot store messages now")] * len(to_store)
+            # The disk refused the group's write and the store stays usable (edgehub.hub's contract): a refusal of
+            # each message, which the client may send again, not of the connection.
+            outcomes = [STORE_UNAVAILABLE] * len(to_store)
         if before is not None:
             await before  # settlements leave in arrival order
         credit: dict[str, tuple[Link, int]] = {}
@@ -513,8 +516,8 @@ class Session:
                 with contextlib.suppress(Exception):
                     await task
         identity = self.identity
-        if identity is not None and self.server._clients.get(identity.id) is self:
-            del self.server._clients[identity.id]
+        if identity is not None:
+            self.server.release_identity(identity.id, self)
         if identity is not None and self.registered:
             self.registered = False
             await self.hub.disconnect(identity, self.link)
@@ -524,7 +527,7 @@ class Session:
             task.cancel()
 
     def dispose(self) -> None:
-        self.link._session = None
+        self.link.detach()
         self.link.link = None
         self._cbs_out = None
         self._tasks.clear()

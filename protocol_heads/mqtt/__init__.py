@@ -6,6 +6,7 @@ upstream. Sans-IO, no sockets, no clocks:
 * ``states``: the connection's transition table; ``events``: what a connection tells the server; ``acks``: the
   inbound ack slots in arrival order; ``connection``: the server side of one connection (``ServerConnection``).
 * ``iothub``: Azure IoT Hub topic, property-bag, identity and ACL conventions (pure functions).
+* ``refusals``: every refusal of a message as the reason code of its negative PUBACK, in one table.
 
 The asyncio adapter:
 

@@ -12,21 +12,20 @@ bag alone carries the properties (no MQTT 5 properties); everything it stood in 
 when the connection ends, and a disposed link holds nothing of the connection. Modules behind a child hub are not
 connected: their method calls go through their device's link (``relays_modules``), on
 ``$iothub/{d}/{m}/methods/POST/...``; nothing device-bound is ever for a module.
+
+It sees the connection's session as ``LinkedSession`` (``link.py``), as the client's own link does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from typing import TYPE_CHECKING
 
 from edgehub.core import DeliveryError, FailureKind, Identity, LocalProtocolError
 from edgehub.hub import Delivery, Hub
 from protocol_heads.mqtt.connection import PeerPacketTooLarge
 from protocol_heads.mqtt.iothub import device_bound_topic, topic_matches
-
-if TYPE_CHECKING:
-    from protocol_heads.mqtt.session import Session
+from protocol_heads.mqtt.link import LinkedSession
 
 __all__ = ["ChildLink", "Children"]
 
@@ -39,11 +38,15 @@ class ChildLink:
     """A device behind a child hub, as the hub sees it: ``ClientLink`` and ``MethodLink`` over the child's
     connection."""
 
-    def __init__(self, session: Session, child: Identity) -> None:
-        self._session: Session | None = session  # None once the connection is disposed of
+    def __init__(self, session: LinkedSession, child: Identity) -> None:
+        self._session: LinkedSession | None = session  # None once the connection is disposed of
         self.child = child
         self.listening = False  # the device-bound filter is subscribed
         self.pending: dict[int, int] = {}  # packet id -> delivery id
+
+    def detach(self) -> None:
+        """The connection is disposed of, or stands in for the device no more: hold nothing of it."""
+        self._session = None
 
     @property
     def window_free(self) -> int:
@@ -91,7 +94,7 @@ class Children:
         self.links: dict[str, ChildLink] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def stand_in(self, session: Session, topic_filter: str) -> bool:
+    def stand_in(self, session: LinkedSession, topic_filter: str) -> bool:
         """Whether ``topic_filter`` is ``session``'s (a child hub's) for a device behind it; if so, the device is
         connected to the hub through this connection (in a task: the SUBACK does not wait for it)."""
         assert session.identity is not None
@@ -114,7 +117,7 @@ class Children:
             return None
         return child if child != parent and hub.is_parent(parent, child) else None
 
-    async def subscribed(self, session: Session, child: Identity, topic_filter: str) -> None:
+    async def subscribed(self, session: LinkedSession, child: Identity, topic_filter: str) -> None:
         """``session`` subscribed ``topic_filter`` for ``child`` (already authorized): stand in for it."""
         link = self.links.get(child.id)
         if link is None:
@@ -140,7 +143,7 @@ class Children:
     def dispose(self) -> None:
         """Let go of the connection (also when ``close`` never ran: the hub may still hold a link)."""
         for link in self.links.values():
-            link._session = None
+            link.detach()
         self.links.clear()
 
     async def close(self, hub: Hub) -> None:
@@ -148,4 +151,4 @@ class Children:
         links, self.links = list(self.links.values()), {}
         for link in links:
             await hub.disconnect(link.child, link)
-            link._session = None
+            link.detach()

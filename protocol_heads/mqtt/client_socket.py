@@ -3,9 +3,10 @@
 ingest, twins, will) is the session side, ``Session`` in ``session.py``, which it feeds every read.
 
 Once the client is authenticated, every read arrives in ``buffer_updated`` and goes to the session there, without
-a task wake-up, a stream buffer or a timeout per read. Reads go into one buffer per server, allocated once; each
-read is copied out of it before anything else runs, and the event loop calls ``get_buffer`` and
-``buffer_updated`` back to back, so connections never see each other's bytes. The connection's task
+a task wake-up, a stream buffer or a timeout per read. Reads go into one buffer per server, allocated once and
+handed to each of its connections (``read_buffer``); each read is copied out of it before anything else runs,
+and the event loop calls ``get_buffer`` and ``buffer_updated`` back to back, so connections never see each
+other's bytes. The connection's task
 (``mqtt.client {peer}``, ``run``) only does the TLS handshake and the login, waits for the end and cleans up.
 
 While deliveries to a client wait for its acks, its segments are ACKed at once (Linux: ``TCP_QUICKACK``, set again
@@ -40,17 +41,14 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from edgehub.core.refusals import RefusalReason
 from edgehub.mqtt.packets import ReasonCode
+from protocol_heads.listeners import HeadServer
 from protocol_heads.mqtt.connection import ServerConnection
 from protocol_heads.mqtt.session import Session
 from protocol_heads.mqtt.settings import MqttSettings
 from protocol_heads.socket_side import SocketSide
-
-if TYPE_CHECKING:
-    from protocol_heads.mqtt.server import MqttServer
 
 __all__ = ["READ_SIZE", "ClientSocket"]
 
@@ -60,11 +58,17 @@ READ_SIZE = 256 * 1024  # the server's one read buffer; also what may wait unrea
 _QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only; see the module docstring
 
 
-class ClientSocket(SocketSide["MqttServer", MqttSettings, ServerConnection], asyncio.BufferedProtocol):
-    """One connection's socket side (module docstring); ``session`` is its session side, ``conn`` the protocol."""
+class ClientSocket(
+    SocketSide[HeadServer[MqttSettings, Session], MqttSettings, ServerConnection], asyncio.BufferedProtocol
+):
+    """One connection's socket side (module docstring); ``session`` is its session side, ``conn`` the protocol.
+    ``read_buffer`` is the server's one buffer (``READ_SIZE`` bytes) that every connection reads into."""
 
-    def __init__(self, server: MqttServer, tls: ssl.SSLContext | None) -> None:
+    def __init__(
+        self, server: HeadServer[MqttSettings, Session], tls: ssl.SSLContext | None, read_buffer: memoryview
+    ) -> None:
         super().__init__(server, tls)
+        self._read_buffer = read_buffer
         s = server.settings
         self.conn = ServerConnection(
             max_packet_size=s.max_packet_size,
@@ -96,13 +100,13 @@ class ClientSocket(SocketSide["MqttServer", MqttSettings, ServerConnection], asy
             own = socket.socket(sock.family, sock.type, sock.proto, fileno=os.dup(sock.fileno()))
             self._quickack_sock = own
             self._quickack = functools.partial(own.setsockopt, socket.IPPROTO_TCP, _QUICKACK, 1)
-        self.server._start(self)
+        self.server.start_client(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.server._read_buffer
+        return self._read_buffer
 
     def buffer_updated(self, nbytes: int) -> None:
-        data = bytes(self.server._read_buffer[:nbytes])
+        data = bytes(self._read_buffer[:nbytes])
         if self._early is not None:  # TLS bytes before the handshake began: kept for it
             self._keep_early(data)
             return

@@ -428,7 +428,7 @@ class ServerConnection:
                 self._out += puback_success(head.packet_id)
                 continue
             if rc >= 0x80 and not self.v5:
-                # 3.1.1 has no negative ack: the client learns by losing the connection [issue 4].
+                # 3.1.1 has no negative ack: losing the connection is the only refusal a client can see.
                 # DEBUG: the server logs the refusal itself, rate-limited (RefusalLog).
                 log.debug("mqtt.nack_disconnect client=%s reason=0x%02x", self._client_id(), rc)
                 self._close_quietly()

@@ -2,23 +2,25 @@
 inputs as QoS 1 PUBLISHes (MQTT 5 properties when the client speaks 5), desired-property patches and direct
 method calls as QoS 0, each only while the client listens for them.
 
-Invariants: a link whose session was disposed of holds nothing (``_session`` is None) and refuses sends as
-TRANSIENT; a send the connection's state table refuses is a TRANSIENT ``DeliveryError``, one that can never be
-sent (``UnsendablePacket``: too large for the client's Maximum Packet Size, or a topic or property MQTT cannot
-carry, such as a property bag that makes the topic longer than 65,535 bytes) a PERMANENT one, so the hub
-dead-letters it instead of retrying it at the head of its queue; every send asks the socket side for one flush,
-not a write each.
+A link sees its session as ``LinkedSession``, what it may ask of it (``Session`` in ``session.py`` is one, and
+builds its link), so this module does not import the session's.
+
+Invariants: a link whose session was disposed of holds nothing (``detach``) and refuses sends as TRANSIENT; a send the
+connection's state table refuses is a TRANSIENT ``DeliveryError``, one that can never be sent (``UnsendablePacket``: too
+large for the client's Maximum Packet Size, or a topic or property MQTT cannot carry, such as a property bag that makes
+the topic longer than 65,535 bytes) a PERMANENT one, so the hub dead-letters it instead of retrying it at the head of
+its queue; every send asks the socket side for one flush, not a write each.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from edgehub.core import DeliveryError, FailureKind, Identity, LocalProtocolError, SystemProperty
-from edgehub.hub import Delivery
+from edgehub.hub import Delivery, Hub
 from edgehub.mqtt.encoder import UnsendablePacket
 from edgehub.mqtt.packets import MQTT_50, NO_PROPERTIES, Properties, PropertyId
-from protocol_heads.mqtt.connection import PeerPacketTooLarge
+from protocol_heads.mqtt.connection import PeerPacketTooLarge, ServerConnection
 from protocol_heads.mqtt.iothub import (
     delivery_user_properties,
     device_bound_topic,
@@ -26,19 +28,52 @@ from protocol_heads.mqtt.iothub import (
     module_input_topic,
     topic_matches,
 )
+from protocol_heads.socket_side import SessionSocket
 
-if TYPE_CHECKING:
-    from protocol_heads.mqtt.session import Session
+__all__ = ["LinkedSession", "SessionLink"]
 
-__all__ = ["SessionLink"]
+
+class LinkedSession(Protocol):
+    """What a link (the client's own, or a device's behind a child hub, ``children.py``) may ask of the session
+    of the connection it sends on."""
+
+    @property
+    def hub(self) -> Hub: ...
+
+    @property
+    def conn(self) -> ServerConnection: ...
+
+    @property
+    def sock(self) -> SessionSocket: ...
+
+    @property
+    def identity(self) -> Identity | None:
+        """The authenticated identity; None before login."""
+        ...
+
+    @property
+    def listening(self) -> bool:
+        """Deliveries may go out to the client (its device-bound topic is subscribed, or it is a module)."""
+        ...
+
+    @property
+    def subscriptions(self) -> set[str]: ...
+
+    def respond(self, topic: str, payload: bytes) -> None:
+        """A QoS 0 PUBLISH on ``topic``, if the client subscribed to it."""
+        ...
 
 
 class SessionLink:
     """The ``ClientLink`` the hub sends deliveries through."""
 
-    def __init__(self, session: Session) -> None:
-        self._session: Session | None = session  # None once the connection is disposed of (no cycle left)
+    def __init__(self, session: LinkedSession) -> None:
+        self._session: LinkedSession | None = session  # None once the connection is disposed of (no cycle left)
         self.pending: dict[int, int] = {}  # packet id → delivery id
+
+    def detach(self) -> None:
+        """The connection is disposed of: hold nothing of it (the hub may hold the link a while longer)."""
+        self._session = None
 
     @property
     def window_free(self) -> int:
@@ -51,7 +86,7 @@ class SessionLink:
         """``TwinLink``: a desired-properties patch, QoS 0 as IoT Hub sends it, if the client subscribed to it."""
         session = self._session
         if session is not None:
-            session._respond(f"$iothub/twin/PATCH/properties/desired/?$version={version}", patch)
+            session.respond(f"$iothub/twin/PATCH/properties/desired/?$version={version}", patch)
             session.sock.schedule_flush()  # sent from outside a read: nothing else flushes it
 
     def send(self, delivery: Delivery) -> None:

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable
 
 from edgehub.core import Identity
+from edgehub.core.logtext import shown
 from edgehub.core.methods import (
     AddressedCall,
     MethodCall,
@@ -66,20 +67,20 @@ class ModuleCalls:
         if is_method_response(topic):
             if answer_call(self._hub, identity, topic, payload):
                 return 0, None
-            refused(RefusalReason.NO_PENDING_CALL, topic=repr(topic[:128]))
+            refused(RefusalReason.NO_PENDING_CALL, topic=shown(topic))
             return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "no direct method call is pending"
         relayed = parse_addressed_response(topic)  # a child hub answers for a device behind it (children.py)
         if relayed is not None:
             target, status, rid = relayed
             if self._hub.is_parent(identity, target) and self._hub.method_response(target, rid, status, payload):
                 return 0, None
-            refused(RefusalReason.NO_PENDING_CALL, topic=repr(topic[:128]))
+            refused(RefusalReason.NO_PENDING_CALL, topic=shown(topic))
             return ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "no direct method call is pending"
         call = parse_addressed_call(topic)
         if call is None:
             return None
         if identity.module_id is None:  # devices do not call methods (IoT Hub)
-            refused(RefusalReason.NOT_AUTHORIZED, topic=repr(topic[:128]))
+            refused(RefusalReason.NOT_AUTHORIZED, topic=shown(topic))
             return ReasonCode.NOT_AUTHORIZED, "only modules may call direct methods"
         self.start(identity, call, payload, respond)
         return 0, None

@@ -8,8 +8,8 @@ in ``connection.py``, a connection's socket in ``client_socket.py``, what the cl
 
 Invariants (beside ``HeadServer``'s: named client tasks that never cancel the server, bounded admission and
 login throttles, one ``RefusalLog`` on this module's logger, one live session per identity):
-* Every connection reads into the server's one read buffer (``_read_buffer``; ``client_socket`` says why that is
-  safe).
+* Every connection reads into the server's one read buffer, handed to each ``ClientSocket`` (``client_socket``
+  says why that is safe).
 * ``close_identity`` (``HeadServer``'s) ends an identity's session when its credentials are removed or rotated
   (the admin API): an MQTT 5 client gets DISCONNECT 0x98 (administrative action), and no will is published.
 """
@@ -22,10 +22,10 @@ import ssl
 from edgehub.hub import Hub
 from protocol_heads.listeners import HeadServer
 from protocol_heads.mqtt.client_socket import READ_SIZE, ClientSocket
-from protocol_heads.mqtt.session import REJECT_REASONS, Session
+from protocol_heads.mqtt.session import Session
 from protocol_heads.mqtt.settings import MqttSettings, connection_cap
 
-__all__ = ["REJECT_REASONS", "MqttServer", "MqttSettings", "connection_cap"]
+__all__ = ["MqttServer", "MqttSettings", "connection_cap"]
 
 
 class MqttServer(HeadServer[MqttSettings, Session]):
@@ -41,4 +41,4 @@ class MqttServer(HeadServer[MqttSettings, Session]):
         self._read_buffer = memoryview(bytearray(READ_SIZE))  # every connection reads into it (see above)
 
     def _socket(self, tls: ssl.SSLContext | None) -> ClientSocket:
-        return ClientSocket(self, tls)
+        return ClientSocket(self, tls, self._read_buffer)

@@ -3,7 +3,9 @@ acts on ``ServerConnection``'s events (subscriptions, deliveries' acks, will), h
 ``Hub.ingest`` as one group, answers twin requests, and carries the hub's deliveries out (``SessionLink``, ``link.py``).
 
 It never touches the socket: bytes, timers and reading pauses belong to the socket side (``ClientSocket`` in
-``client_socket.py``), which feeds it reads and which it asks to flush, pause or end.
+``client_socket.py``), which feeds it reads and which it asks to flush, pause or end. It sees that side only as
+``MqttSocket`` and its server only as ``HeadServer`` (what both heads' servers share), so this module imports
+neither the socket module nor the server module, which build it.
 
 Invariants:
 * All PUBLISHes of one socket read go to ``Hub.ingest`` as one group (one task per group); acks leave in
@@ -12,8 +14,8 @@ Invariants:
 * One live connection per identity: a new one takes the session over and the old one is closed (MQTT 5: 0x8E);
   the hub is told with ``Hub.connect`` and the old link's deliveries come again on the new link. An identity
   whose credentials are removed or rotated is closed at once (``revoke``; MQTT 5: 0x98, no will).
-* A refused message gets MQTT 5's reason (``REJECT_REASONS``) and the hub's detail as Reason String; a 3.1.1
-  client is disconnected instead.
+* A refused message gets MQTT 5's reason (``refusals.REJECT_REASONS``, the one table) and the hub's detail as
+  Reason String; a 3.1.1 client is disconnected instead.
 * A disposed session holds nothing that leads back to its socket or its link (``dispose``), so reference
   counting alone frees a closed connection.
 """
@@ -25,7 +27,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Container, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -40,10 +42,12 @@ from edgehub.core import (
     StoreError,
     TwinError,
 )
+from edgehub.core.logtext import shown
 from edgehub.core.refusals import RefusalReason
-from edgehub.hub import Credentials, Rejected
+from edgehub.hub import STORE_UNAVAILABLE, Credentials, Rejected
 from edgehub.mqtt.caches import BudgetDict
 from edgehub.mqtt.packets import NO_PROPERTIES, Connect, PropertyId, Publish, ReasonCode
+from protocol_heads.listeners import HeadServer
 from protocol_heads.mqtt.children import Children
 from protocol_heads.mqtt.connection import ServerConnection
 from protocol_heads.mqtt.events import (
@@ -58,7 +62,6 @@ from protocol_heads.mqtt.events import (
 )
 from protocol_heads.mqtt.iothub import (
     TelemetryTopic,
-    TopicError,
     TwinRequest,
     message_from_publish,
     parse_client_id,
@@ -70,31 +73,14 @@ from protocol_heads.mqtt.iothub import (
 )
 from protocol_heads.mqtt.link import SessionLink
 from protocol_heads.mqtt.methods import ModuleCalls
+from protocol_heads.mqtt.refusals import REJECT_REASONS, STORE_FAILED
+from protocol_heads.mqtt.settings import MqttSettings
+from protocol_heads.socket_side import SessionSocket
 
-if TYPE_CHECKING:
-    from protocol_heads.mqtt.client_socket import ClientSocket
-    from protocol_heads.mqtt.server import MqttServer
-
-__all__ = ["REJECT_REASONS", "Session", "shown"]
+__all__ = ["MqttSocket", "Session"]
 
 log = logging.getLogger(__name__)
 
-# Hub rejection reasons → MQTT 5 reason codes of the negative PUBACK/PUBREC.
-REJECT_REASONS: Mapping[RefusalReason, int] = {
-    RefusalReason.QUOTA_EXCEEDED: ReasonCode.QUOTA_EXCEEDED,
-    RefusalReason.MESSAGE_TOO_LARGE: ReasonCode.PACKET_TOO_LARGE,
-    RefusalReason.NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
-    RefusalReason.TOPIC_INVALID: ReasonCode.TOPIC_NAME_INVALID,
-    RefusalReason.INVALID_MESSAGE: ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
-    # sessionId and partitionKey differ: the PUBLISH is well formed but the hub will not take it, which is 0x83's
-    # meaning in MQTT 5 (0x99 "payload format invalid" is about the payload format indicator, not properties).
-    RefusalReason.PARTITION_KEY_MISMATCH: ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
-    # The disk refused the write (full, failing): 0x97 tells the device to hold on to it and retry later.
-    RefusalReason.STORE_UNAVAILABLE: ReasonCode.QUOTA_EXCEEDED,
-}
-_STORE_UNAVAILABLE = Rejected(
-    RefusalReason.STORE_UNAVAILABLE, "the hub cannot store messages now (disk full or failing)"
-)
 _LOGIN_REFUSALS: Mapping[int, RefusalReason] = {
     ReasonCode.CLIENT_IDENTIFIER_NOT_VALID: RefusalReason.BAD_CLIENT_ID,
     ReasonCode.BAD_USERNAME_OR_PASSWORD: RefusalReason.BAD_USERNAME,
@@ -102,16 +88,19 @@ _LOGIN_REFUSALS: Mapping[int, RefusalReason] = {
 _ENTRY_OVERHEAD = 512  # a telemetry cache entry's two property maps and tuple, beside its topic's text
 
 
-def shown(text: str, limit: int = 128) -> str:
-    """A client's words (client id, topic) fit for a log line: bounded, and quoted unless plain."""
-    text = text if len(text) <= limit else text[:limit] + "..."
-    return text if text.isprintable() and " " not in text else repr(text)
+class MqttSocket(SessionSocket, Protocol):
+    """What the session asks of its socket side (``ClientSocket`` is one): what both heads' sessions ask, and the
+    reads before login."""
+
+    async def read(self) -> bytes:
+        """The next read before the client is live; b"" once the connection has ended."""
+        ...
 
 
 class Session:
     """The session side of one connection (module docstring); ``sock`` is its socket side."""
 
-    def __init__(self, server: MqttServer, sock: ClientSocket, conn: ServerConnection) -> None:
+    def __init__(self, server: HeadServer[MqttSettings, Session], sock: MqttSocket, conn: ServerConnection) -> None:
         self.server = server
         self.hub = server.hub
         self.settings = server.settings
@@ -241,11 +230,10 @@ class Session:
         self.identity = result.identity
         self.auth_method = result.auth_method
         self.listening = result.identity.module_id is not None
-        old = self.server._clients.get(self.identity.id)
+        old = self.server.claim_identity(self.identity.id, self)
         if old is not None:
             log.info("mqtt.session_takeover client=%s", self.identity)
             old.take_over()
-        self.server._clients[self.identity.id] = self
         info = await self.hub.connect(self.identity, self.link, clean_session=c.clean_start)
         self.registered = True
         pipelined = self.conn.accept(session_present=info.session_present)
@@ -358,7 +346,8 @@ class Session:
             await self._ingest_group(group)
         except StoreError as exc:
             log.warning("mqtt.ingest_failed client=%s detail=%s", self.identity, exc)
-            self.conn.close(ReasonCode.UNSPECIFIED_ERROR, reason="store failure")
+            code, text = STORE_FAILED
+            self.conn.close(code, reason=text)
             self.sock.finish()
             self.sock.close()
         finally:
@@ -389,7 +378,7 @@ class Session:
                     continue
                 if p.topic.startswith("$iothub/") and len(p.topic) <= self.settings.max_topic_length:
                     # A method call or answer (methods.py): never a message.
-                    answer = self.calls.on_publish(identity, p.topic, p.payload, self._respond, self.sock.refused)
+                    answer = self.calls.on_publish(identity, p.topic, p.payload, self.respond, self.sock.refused)
                     if answer is not None:
                         settle.append((event.ticket, None, *answer))
                         continue
@@ -400,7 +389,7 @@ class Session:
             try:
                 msg = self._message(identity, p, now, props)
             except InvalidMessageError as exc:
-                code = ReasonCode.TOPIC_NAME_INVALID if isinstance(exc, TopicError) else 0x83
+                code = REJECT_REASONS.get(exc.reason, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
                 self.sock.refused(exc.reason, topic=shown(p.topic), detail=shown(str(exc), 200))
                 settle.append((event.ticket, None, code, None))
                 continue
@@ -417,14 +406,14 @@ class Session:
         try:
             outcomes = await self.hub.ingest(identity, to_store) if to_store else []
         except StorageIOError:
-            # Nothing of the group was stored and the store stays usable (the store logged why): a refusal of
-            # these messages, as for any other, not of the connection.
-            outcomes = [_STORE_UNAVAILABLE] * len(to_store)
+            # The disk refused the group's write and the store stays usable (the store logged why; edgehub.hub's
+            # contract): a refusal of these messages, as for any other, not of the connection.
+            outcomes = [STORE_UNAVAILABLE] * len(to_store)
         answers: list[tuple[int, int, str | None]] = []
         for ticket, index, reason, text in settle:
             outcome = outcomes[index] if index is not None else None
             if isinstance(outcome, Rejected):
-                reason = REJECT_REASONS.get(outcome.reason, 0x80)
+                reason = REJECT_REASONS.get(outcome.reason, ReasonCode.UNSPECIFIED_ERROR)
                 text = outcome.detail or None
                 self.sock.refused(outcome.reason, qos=0 if ticket is None else 1, code=f"0x{reason:02x}")
             if ticket is None:
@@ -472,17 +461,19 @@ class Session:
     async def _on_twin(self, identity: Identity, twin: TwinRequest, p: Publish) -> None:
         if twin.operation == "GET":
             doc: Mapping[str, Any] = await self.hub.get_twin(identity)
-            self._respond(twin_response_topic(200, twin.rid), json.dumps(doc).encode())
+            self.respond(twin_response_topic(200, twin.rid), json.dumps(doc).encode())
             return
         try:
             # The hub parses the raw patch (edgehub.hub.twins): bounded size and depth before any json.loads.
             version = await self.hub.update_reported(identity, p.payload)
         except TwinError as exc:  # refused and logged by the hub; the device gets IoT Hub's status
-            self._respond(twin_response_topic(exc.status, twin.rid), b"")
+            self.respond(twin_response_topic(exc.status, twin.rid), b"")
             return
-        self._respond(twin_response_topic(204, twin.rid, version=version), b"")
+        self.respond(twin_response_topic(204, twin.rid, version=version), b"")
 
-    def _respond(self, topic: str, payload: bytes) -> None:
+    def respond(self, topic: str, payload: bytes) -> None:
+        """A QoS 0 answer on ``topic`` (a twin's, a method call's, a desired-properties patch), if the client
+        subscribed to it; flushed at the end of this turn of the event loop."""
         if self.conn.closed or not any(topic_matches(f, topic) for f in self.subscriptions):
             return
         self.conn.send_message(topic, payload, qos=0)
@@ -520,8 +511,8 @@ class Session:
                 with contextlib.suppress(Exception):
                     await task
         identity = self.identity
-        if identity is not None and self.server._clients.get(identity.id) is self:
-            del self.server._clients[identity.id]
+        if identity is not None:
+            self.server.release_identity(identity.id, self)
         if identity is not None and self.registered:
             await self._publish_will(identity)
             await self.children.close(self.hub)
@@ -535,7 +526,7 @@ class Session:
 
     def dispose(self) -> None:
         """Let go of everything that could lead back to this connection (see ``ClientSocket.dispose``)."""
-        self.link._session = None  # the hub may hold the link a while longer; it no longer holds this session
+        self.link.detach()  # the hub may hold the link a while longer; it no longer holds this session
         self.children.dispose()  # the same for the links of the devices behind it
         self._tasks.clear()
         self._telemetry.clear()

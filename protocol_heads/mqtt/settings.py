@@ -1,7 +1,7 @@
 """The MQTT head's settings: what both heads share (``HeadSettings``: listeners, connection caps, the login
 throttle, pacing; ``protocol_heads.limits``) and MQTT's own per-connection limits, the bounds that keep a hostile
-outside from costing more than they say (issue 15). Each limit is a keyword field with a safe default, documented
-on ``MqttSettings``; ``edgehub run`` exposes those an operator needs as flags.
+outside from costing more than they say. Each limit is a keyword field with a safe default, documented on
+``MqttSettings``; ``edgehub run`` exposes those an operator needs as flags.
 
 Invariants: a ``MqttSettings`` is valid once built (``__post_init__`` refuses a limit out of range), and
 ``connection_cap`` never passes what the process's descriptor limit allows.

@@ -17,9 +17,9 @@ from edgehub import Message
 from edgehub.core import DEFAULT_PRIORITY
 from edgehub.core.endpoints import lane_name
 from edgehub.delivery.endpoint import QueuedMessage
-from edgehub.runtime.cli import DEFAULT_MANIFEST, main
-from edgehub.runtime.firstrun import connect_help_for, default_landing
-from edgehub.runtime.hub_runtime import HubConfig, UploadUpstreamSettings
+from edgehub.runtime.cli.app import DEFAULT_MANIFEST, main
+from edgehub.runtime.cli.firstrun import connect_help_for, default_landing
+from edgehub.runtime.compose.config import HubConfig, UploadUpstreamSettings
 from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
 from edgehub.upstream.mqtt.wire import dictionary_unit, publish_units
 from edgehub.upstream.segment import Codec

@@ -13,8 +13,8 @@ from pydantic_core import PydanticUndefined
 
 from edgehub.delivery.retry import RetryPolicy
 from edgehub.manifest import EdgeHubDesired, load_desired
-from edgehub.runtime.deployment_settings import StartSettings, settings_of
-from edgehub.runtime.deployment_wants import QUEUE_KEYS, RETRY_KEYS, desired_settings
+from edgehub.runtime.deployment.settings import StartSettings, settings_of
+from edgehub.runtime.deployment.wants import QUEUE_KEYS, RETRY_KEYS, desired_settings
 from edgehub.store import QueuePolicy
 from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
 from tests.docs.manifest_keys import manifest_keys

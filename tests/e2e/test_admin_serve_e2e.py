@@ -13,8 +13,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgehub.core import Identity
-from edgehub.runtime.admin_client import AdminClient, running_hub
-from edgehub.runtime.hub_runtime import HubConfig, open_identities, open_store, serve
+from edgehub.runtime.admin.client import AdminClient, running_hub
+from edgehub.runtime.compose.config import HubConfig
+from edgehub.runtime.compose.serve import serve
+from edgehub.runtime.compose.store import open_identities, open_store
 from edgehub.testing.peers import MosquittoPeer
 from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, WireMode
 from tests.protocol_heads.mqtt.conftest import Paho

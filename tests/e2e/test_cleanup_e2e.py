@@ -11,7 +11,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from edgehub.runtime.hub_runtime import open_store
+from edgehub.runtime.compose.store import open_store
 from edgehub.store import QueueId, RemovalReason
 from tests.e2e.hub_process import identity_add, start, stop
 from tests.protocol_heads.mqtt.conftest import Paho

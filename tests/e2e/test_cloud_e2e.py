@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from edgehub.core import Identity
-from edgehub.runtime.hub_runtime import HubConfig, open_identities, open_store, serve
+from edgehub.runtime.compose.config import HubConfig
+from edgehub.runtime.compose.serve import serve
+from edgehub.runtime.compose.store import open_identities, open_store
 from edgehub.testing.peers import MosquittoPeer
 from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, WireMode
 from tests.protocol_heads.mqtt.conftest import Paho

@@ -17,7 +17,7 @@ import pytest
 from paho.mqtt.enums import MQTTProtocolVersion
 
 from edgehub.core.sas import ConnectionString
-from edgehub.runtime.admin_client import running_hub
+from edgehub.runtime.admin.client import running_hub
 from edgehub.testing.cloud_twin import CloudTwinService
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edgehub.runtime.cli import DEFAULT_MANIFEST
+from edgehub.runtime.cli.app import DEFAULT_MANIFEST
 from tests.e2e.hub_process import start, stop
 from tests.e2e.test_upload_run_e2e import landed
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from edgehub.runtime.cli import DEFAULT_MANIFEST
-from edgehub.runtime.hub_runtime import open_store
+from edgehub.runtime.cli.app import DEFAULT_MANIFEST
+from edgehub.runtime.compose.store import open_store
 from tests.e2e.hub_process import identity_add, start
 from tests.protocol_heads.mqtt.conftest import Paho
 

@@ -1,7 +1,7 @@
 """A hub start loads only what serving needs: cryptography (~14 MB of RSS) only when it makes its certificates
 (the first start), fsspec (~15 MB) only for an upload transport, and never the test doubles of edgehub.testing
 (~0.9 MB; ``edgehub link-sim`` loads its simulator when it runs), nor the commands other than ``run`` and
-``routes`` (capacity, identity, link-sim, status, deadletter, store: imported when named), nor
+``routes`` (capacity, config, identity, link-sim, status, deadletter, store: imported when named), nor
 python-qpid-proton until the hub's first AMQP connection (a hub listening for AMQP with no AMQP device connected
 holds none of it; ``--no-amqp`` runs without it: it has no aarch64 wheel). A serving hub never loads pydantic, the
 manifest's models or lark (~15 MB): its deployments are checked in a child process, at start and on each live
@@ -35,7 +35,9 @@ from pathlib import Path
 import edgehub.runtime.cli
 from edgehub.runtime.certs import ensure_certs, server_ssl_context
 server_ssl_context(ensure_certs(Path(sys.argv[1])))
-CLI_ONLY = ("capacity_cli", "identity_cli", "linksim_cli", "status_cli", "store_cli", "capacity", "admin_client")
+CLI_ONLY = (
+    "cli.capacity", "cli.identity", "cli.linksim", "cli.status", "cli.store", "cli.config", "capacity", "admin.client"
+)
 heavy = ("cryptography", "fsspec", "edgehub.testing", "proton", *(f"edgehub.runtime.{m}" for m in CLI_ONLY))
 print(sorted(m for m in heavy if m in sys.modules))
 """
@@ -63,9 +65,10 @@ SERVING = """
 import asyncio, json, sys
 from pathlib import Path
 import edgehub.runtime.cli  # all that edgehub run imports
-from edgehub.runtime.admin_client import AdminClient
-from edgehub.runtime.admin_files import read_token
-from edgehub.runtime.hub_runtime import HubConfig, serve
+from edgehub.runtime.admin.client import AdminClient
+from edgehub.runtime.admin.files import read_token
+from edgehub.runtime.compose.config import HubConfig
+from edgehub.runtime.compose.serve import serve
 
 HEAVY = ("pydantic", "pydantic_core", "lark", "edgehub.manifest.models", "edgehub.routing.parser")
 manifest, data = Path(sys.argv[1]), Path(sys.argv[2])
@@ -131,7 +134,8 @@ AMQP_SERVING = (
 import asyncio, json, sys
 from pathlib import Path
 import edgehub.runtime.cli  # all that edgehub run imports
-from edgehub.runtime.hub_runtime import HubConfig, serve
+from edgehub.runtime.compose.config import HubConfig
+from edgehub.runtime.compose.serve import serve
 
 seen = {}
 
@@ -220,7 +224,8 @@ MQTT_UPSTREAM_SERVING = (
 import asyncio, json, sys
 from pathlib import Path
 import edgehub.runtime.cli  # all that edgehub run imports
-from edgehub.runtime.hub_runtime import HubConfig, serve
+from edgehub.runtime.compose.config import HubConfig
+from edgehub.runtime.compose.serve import serve
 from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
 
 HEAVY = ("paho", "urllib.request", "email", "http.client")

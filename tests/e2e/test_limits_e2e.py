@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from edgehub.core.sas import ConnectionString
 from edgehub.runtime.cli import main
-from edgehub.runtime.limits_cli import parse_lifetime_s, parse_share, parse_store_quota
+from edgehub.runtime.cli.limits import parse_lifetime_s, parse_share, parse_store_quota
 from tests.e2e.hub_process import identity_add, start, stop
 from tests.protocol_heads.mqtt.conftest import Paho
 

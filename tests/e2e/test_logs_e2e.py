@@ -11,7 +11,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from edgehub.runtime.cli import DEFAULT_MANIFEST
+from edgehub.runtime.cli.app import DEFAULT_MANIFEST
 from tests.e2e.hub_process import start
 from tests.protocol_heads.mqtt.conftest import Paho
 

@@ -19,7 +19,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from edgehub.core.endpoints import upstream_lane_id
 from edgehub.delivery import Endpoint
 from edgehub.hub.lanes import UpstreamOptions, stable_partition
-from edgehub.runtime.hub_runtime import lane_settings
+from edgehub.runtime.compose.upstream import lane_settings
 from edgehub.testing import ManualClock, TestEndpoint
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector

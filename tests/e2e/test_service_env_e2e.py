@@ -52,8 +52,8 @@ async def test_a_hub_in_the_units_environment_serves_and_caches_optimised_byteco
     [record] = [r for rs in segments.values() for r in rs]
     assert (record.message_id, record.body) == ("m1", b'{"t": 21.5}')
     cached = bytecode_in(Path(env["PYTHONPYCACHEPREFIX"]))
-    assert "hub_runtime.cpython-311.opt-2.pyc" in cached, sorted(cached)[:20]
-    assert "hub_runtime.cpython-311.pyc" not in cached  # -OO: only the optimised kind
+    assert "serve.cpython-311.opt-2.pyc" in cached, sorted(cached)[:20]
+    assert "serve.cpython-311.pyc" not in cached  # -OO: only the optimised kind
 
 
 async def test_a_hub_in_the_units_environment_refuses_a_bad_manifest_with_every_located_problem(

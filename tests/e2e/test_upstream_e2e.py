@@ -12,7 +12,9 @@ import pytest
 
 from edgehub.core import Identity
 from edgehub.hub.lanes import stable_partition
-from edgehub.runtime.hub_runtime import HubConfig, open_identities, open_store, serve
+from edgehub.runtime.compose.config import HubConfig
+from edgehub.runtime.compose.serve import serve
+from edgehub.runtime.compose.store import open_identities, open_store
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer
 from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, WireMode

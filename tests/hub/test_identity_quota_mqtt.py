@@ -18,7 +18,8 @@ import pytest
 from edgehub.core import Identity, Message, RouteResult
 from edgehub.hub.facade import EdgeHub
 from edgehub.routing import Router
-from edgehub.runtime.hub_runtime import HubLimits, store_quota
+from edgehub.runtime.compose.config import HubLimits
+from edgehub.runtime.compose.store import store_quota
 from edgehub.store import QueuePolicy, StoreQuota
 from edgehub.store.rocks import open_rocks_store
 from protocol_heads.mqtt.server import MqttServer, MqttSettings

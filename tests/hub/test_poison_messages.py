@@ -80,6 +80,9 @@ async def test_a_module_input_message_whose_topic_would_pass_65535_bytes_is_dead
             assert delivered.payload == b"good"
             async with asyncio.timeout(10):  # the batch is settled (its dead letter written) once the module acked
                 await hub.executors[INPUT].wait_for(lambda: len(store.dead_letters(INPUT)) == 1)
+                # The record is readable as soon as its write is durable, a moment before the executor's task
+                # resumes to log it; once the pump idles, that batch is settled whole.
+                await hub.executors[INPUT].wait_idle()
             [dead] = store.dead_letters(INPUT)
             counted = store.removed[RemovalReason.DEADLETTER]
         finally:

@@ -9,7 +9,7 @@ import pytest
 
 from edgehub.core import Identity
 from edgehub.manifest import ManifestError, parse_deployment
-from edgehub.runtime.deployment_settings import StartSettings, running_settings
+from edgehub.runtime.deployment.settings import StartSettings, running_settings
 
 
 def hub(**kw: Any) -> dict[str, Any]:

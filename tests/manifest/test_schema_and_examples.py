@@ -8,7 +8,7 @@ import pytest
 
 from edgehub.manifest import parse_deployment, read_manifest_file
 from edgehub.manifest.schema import SCHEMA_PATH, schema_text
-from edgehub.runtime.deployment_settings import StartSettings, running_settings
+from edgehub.runtime.deployment.settings import StartSettings, running_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "deployment" / "examples").glob("*.json"))

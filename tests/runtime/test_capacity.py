@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from edgehub.runtime.capacity import MEASURED_OVERHEAD, measure_overhead, overhead_bytes, plan
-from edgehub.runtime.capacity_cli import parse_message_rate
 from edgehub.runtime.cli import main
+from edgehub.runtime.cli.capacity import parse_message_rate
 
 # message, rate/s, ttl s, store B, uplink bit/s, overhead, wire -> fits, full after s, survives s, use, drain s
 CASES = [

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgehub.runtime.cli import main
-from edgehub.runtime.hub_runtime import store_path
+from edgehub.runtime.compose.store import store_path
 
 
 def edgehub(*args: str) -> str:

@@ -21,7 +21,7 @@ from edgehub.core.sas import ConnectionString, generate_sas_token, resource_uri
 from edgehub.hub import Credentials
 from edgehub.hub.identities import IdentityRegistry
 from edgehub.runtime.cli import main
-from edgehub.runtime.hub_runtime import open_identities, open_store, store_path
+from edgehub.runtime.compose.store import open_identities, open_store, store_path
 from edgehub.runtime.keyseal import SEAL_KEY_FILE, ensure_sealer
 
 HOST = "localhost"

@@ -14,8 +14,10 @@ from click.testing import CliRunner
 
 from edgehub.core import ConfigurationError, Message, RouteResult
 from edgehub.manifest import load_desired_file
-from edgehub.runtime.hub_runtime import HubConfig, UploadUpstreamSettings, open_store, transport_settings
-from edgehub.runtime.profile_cli import profile_options
+from edgehub.runtime.cli.profile import profile_options
+from edgehub.runtime.compose.config import HubConfig, UploadUpstreamSettings
+from edgehub.runtime.compose.store import open_store
+from edgehub.runtime.compose.upstream import transport_settings
 from edgehub.runtime.profiles import PROFILES_DIR, Profile, available_profiles, load_profile
 from edgehub.store import FsyncPolicy
 from edgehub.store.rocks import RocksBackend

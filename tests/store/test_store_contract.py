@@ -264,7 +264,7 @@ async def test_removal_counts_by_reason_survive_reopen(store_factory: StoreFacto
         RemovalReason.OVERFLOW: 2,
         RemovalReason.DEADLETTER: 1,
         RemovalReason.PURGED: 1,
-        RemovalReason.DROPPED: 0,  # an endpoint a deployment dropped (edgehub.runtime.deployment)
+        RemovalReason.DROPPED: 0,  # an endpoint a deployment dropped (edgehub.runtime.deployment.controller)
     }
     assert s.removed == expected
     await s.close()

@@ -8,7 +8,7 @@ import types
 import pytest
 
 import edgehub.hub
-import edgehub.hub.admission
+import edgehub.hub.connection_admission
 import edgehub.hub.throttle
 import edgehub.testing.hub
 from edgehub.core import sas
@@ -20,6 +20,7 @@ from protocol_heads.mqtt import (
     connection,
     events,
     iothub,
+    refusals,
     server,
     session,
     settings,
@@ -41,6 +42,7 @@ from protocol_heads.mqtt import (
         fastpaths,
         iothub,
         packets,
+        refusals,
         server,
         session,
         settings,
@@ -51,7 +53,7 @@ from protocol_heads.mqtt import (
         socket_side,
         tls,
         edgehub.hub,
-        edgehub.hub.admission,
+        edgehub.hub.connection_admission,
         edgehub.hub.throttle,
         edgehub.testing.hub,
     ],

@@ -1,0 +1,121 @@
+"""``edgehub config show`` through the real command line: every setting with its source, from the same functions
+``edgehub run`` serves with (``run_config``, ``effective_settings``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from edgehub.runtime.cli.app import main
+from edgehub.runtime.cli.run import SETTING_OF, RunConfig, run_option_groups
+from edgehub.runtime.compose.config import HubConfig
+from edgehub.runtime.compose.settings import effective_settings
+from edgehub.runtime.deployment.wants import DesiredSettings
+from edgehub.runtime.logs import LogFormat
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def shown(output: str) -> dict[str, tuple[str, str]]:
+    """``config show``'s lines as name -> (value, source)."""
+    rows: dict[str, tuple[str, str]] = {}
+    for line in output.splitlines():
+        name, rest = line.split(maxsplit=1)
+        value, source = rest.rsplit(maxsplit=1)
+        rows[name] = (value.strip(), source)
+    return rows
+
+
+ROUTES = {"schemaVersion": "1.1", "routes": {"all": "FROM /messages/* INTO $upstream"}}
+
+
+def config_show(tmp_path: Path, *flags: str, manifest: dict[str, object], admin_port: str | None = None) -> str:
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(ROUTES | manifest))
+    args = ["config", "show", "--manifest", str(path), "--data-dir", str(tmp_path / "data"), *flags]
+    # The test session sets the admin port's environment variable (tests/conftest.py); None takes it out.
+    result = CliRunner().invoke(main, args, env={"EDGEHUB_ADMIN_PORT": admin_port})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_config_show_names_flag_profile_manifest_and_default_as_the_source_of_each_setting(tmp_path: Path) -> None:
+    profile = tmp_path / "board.toml"
+    profile.write_text('[store]\nfsync = "none"\n')
+    rows = shown(
+        config_show(
+            tmp_path, "--profile", str(profile), "--mqtt-port", "1883", manifest={"upstream": {"partitions": 2}}
+        )
+    )
+
+    assert rows["mqtt_port"] == ("1883", "flag")
+    assert rows["store.fsync"] == ("none", "profile")
+    assert rows["upstream.partitions"] == ("2", "manifest")
+    given = {"mqtt_port", "store.fsync", "upstream.partitions", "manifest", "data_dir", "profile"}
+    assert {name: source for name, (_, source) in rows.items() if name not in given} == {
+        name: "default" for name in rows if name not in given
+    }
+    assert rows["mqtts_port"] == ("8883", "default")
+    assert rows["upstream.transport"] == (f"upload {tmp_path / 'data' / 'landing'}", "default")
+
+
+def test_a_flag_over_the_manifest_over_the_profile_for_the_upstream_and_the_manifest_over_the_flag_for_fsync(
+    tmp_path: Path,
+) -> None:
+    # The deployment's store settings are applied over the command line's at every deployment (settings.py).
+    rows = shown(
+        config_show(
+            tmp_path,
+            "--upstream-partitions",
+            "3",
+            "--fsync",
+            "always",
+            manifest={"upstream": {"partitions": 2}, "storeAndForwardConfiguration": {"fsync": "interval"}},
+        )
+    )
+
+    assert rows["upstream.partitions"] == ("3", "flag")
+    assert rows["store.fsync"] == ("interval", "manifest")
+
+
+def test_a_flag_given_in_its_environment_variable_is_a_flag(tmp_path: Path) -> None:
+    rows = shown(config_show(tmp_path, manifest={}, admin_port="9700"))
+
+    assert rows["admin_port"] == ("9700", "flag")
+
+
+def test_config_show_refuses_a_bad_manifest_as_run_does_and_leaves_no_data_directory(tmp_path: Path) -> None:
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"schemaVersion": "1.1", "routes": {"r": "FROM /messages/* INTO"}}))
+
+    result = CliRunner().invoke(main, ["config", "show", "--manifest", str(path), "--data-dir", str(tmp_path / "d")])
+
+    assert result.exit_code == 1
+    assert result.output.splitlines()[0] == f"{path}: refused"
+    assert not (tmp_path / "d").exists()
+
+
+def test_run_and_config_show_take_the_same_flags_in_the_same_groups() -> None:
+    run_help = CliRunner().invoke(main, ["run", "--help"]).output
+    show_help = CliRunner().invoke(main, ["config", "show", "--help"]).output
+
+    sections = [line for line in run_help.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    assert {"Listeners:", "Upstream transport:", "Logging:"} <= set(sections)
+    assert [line for line in show_help.splitlines() if line in sections] == sections
+
+
+def test_every_flag_of_run_names_a_setting_that_config_show_prints() -> None:
+    # A flag missing here would be shown as "default" even when given.
+    flags = {option.name for group in run_option_groups() for option in group.options}
+    assert flags == set(SETTING_OF)
+    mqtt = MqttUpstreamSettings(host="broker", port=1883, client_id="gw", hub_id="gw")
+    config = HubConfig(manifest=Path("m.json"), data_dir=Path("data"), upstream=mqtt)
+    started = RunConfig(hub=config, log_level="info", log_format=LogFormat.TEXT)
+    section = {"partitions": 1, "duplicateDetection": False, "duplicateDetectionWindowSecs": 600}
+    wanted = DesiredSettings(default_ttl_s=7200.0, upstream=section)
+    table = effective_settings(config, wanted).table + started.log_settings()
+    assert {name for names in SETTING_OF.values() for name in names} <= {row.name for row in table}
