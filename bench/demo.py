@@ -52,7 +52,7 @@ from edgehub.runtime.compose.store import open_identities, open_store
 from edgehub.store import QueueId, RemovalReason
 from edgehub.testing.linksim import LinkSim, parse_rate_bps
 from edgehub.testing.peers import MosquittoPeer, PeerWay
-from edgehub.upstream.mqtt_transport import MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
 from edgehub.upstream.segment import decode_segment
 from spark_upload.receiver import Received, Receiver, ReceiverSettings
 

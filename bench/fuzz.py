@@ -58,8 +58,8 @@ def _properties(target: str, scratch: Path) -> list[tuple[str, SearchStrategy[An
     from hypothesis import strategies as st
 
     if target == "codec":
-        from protocol_heads.mqtt.encoder import encode
-        from protocol_heads.mqtt.packets import Connect
+        from edgehub.mqtt.encoder import encode
+        from edgehub.mqtt.packets import Connect
         from tests.fuzz.mqtt_checks import check_connection, check_decoder, check_round_trip
         from tests.fuzz.mqtt_inputs import levels, mutated, packets, session_bytes, split
 
@@ -170,8 +170,8 @@ def atheris_available() -> bool:
 def _seeds(target: str) -> list[bytes]:
     root = Path(__file__).resolve().parents[1]
     if target == "codec":
-        from protocol_heads.mqtt.encoder import encode
-        from protocol_heads.mqtt.packets import Connect, Properties, PropertyId, Publish, Subscribe, Subscription
+        from edgehub.mqtt.encoder import encode
+        from edgehub.mqtt.packets import Connect, Properties, PropertyId, Publish, Subscribe, Subscription
 
         props = Properties({PropertyId.CONTENT_TYPE: "json", PropertyId.TOPIC_ALIAS: 1}, (("k", "v"),))
         seeds = []

@@ -76,7 +76,8 @@ from edgehub.runtime.compose.store import open_identities, open_store
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer, PeerWay
-from edgehub.upstream.mqtt_transport import MqttUpstreamSettings, publish_wire_bytes
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
+from edgehub.upstream.mqtt.wire import publish_wire_bytes
 from edgehub.upstream.segment import Codec, decode_segment, dictionary_id
 
 SETTLE_S = 3.0  # after the end, and the guard before an outage for counting an alert as "raised while up"

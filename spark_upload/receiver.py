@@ -4,7 +4,7 @@ Usage:
     python -m spark_upload.receiver --broker mqtt://HOST:1883 --landing URL \\
         [--topic 'edgehub/segments/#'] [--group ingest] [--client-id ID] [--mqtt-version 5|3.1.1]
 
-The hub's MQTT upstream in batch mode (``edgehub.upstream.mqtt_transport``) publishes each segment on
+The hub's MQTT upstream in batch mode (``edgehub.upstream.mqtt.transport``) publishes each segment on
 ``edgehub/segments/{hub_id}/{lane}/p{priority:02d}`` (its ``batch_topic``), so the default filter
 ``edgehub/segments/#`` takes every hub, lane and priority; change both together. Each PUBLISH payload is one
 segment (``edgehub.upstream.segment``), stored with the same bytes through ``edgehub.upstream.landing``.

@@ -58,7 +58,7 @@ from edgehub.core.endpoints import UPSTREAM_ENDPOINT, upstream_lane_id
 from edgehub.core.refusals import RefusalReason
 from edgehub.delivery import Endpoint, EndpointExecutor, State
 from edgehub.store import QueueId, Store
-from edgehub.upstream.mqtt_transport import UpstreamStatus
+from edgehub.upstream.mqtt.settings import UpstreamStatus
 
 __all__ = [
     "LaneStatus",

@@ -144,7 +144,7 @@ class UpstreamConfiguration(BaseModel):
     linkRateBps: StrictInt | None = Field(default=None, ge=1_000)
     linkRttMs: StrictInt | None = Field(default=None, ge=0, le=60_000)
     compression: Literal["gzip", "zstd"] | None = None
-    # The transport's bounds (edgehub.upstream.mqtt_settings, which this layer does not import; a test keeps them
+    # The transport's bounds (edgehub.upstream.mqtt.settings, which this layer does not import; a test keeps them
     # equal): a twin document or a method call must fit, and MQTT cannot say more.
     maxPacketBytes: StrictInt | None = Field(default=None, ge=1024, le=268_435_460)
     brokerMaxPacketBytes: StrictInt | None = Field(default=None, ge=1024, le=268_435_460)

@@ -70,7 +70,7 @@ _Item = tuple[str, dict[str, object]]  # (_PATCH or _DOCUMENT, the desired prope
 
 
 class Publisher(Protocol):
-    """What the channel needs of a connection (``mqtt_connection.Connection``): publish, and subscribe to filters
+    """What the channel needs of a connection (``mqtt.connection.Connection``): publish, and subscribe to filters
     (each with its QoS) in one SUBSCRIBE."""
 
     def publish(self, topic: str, payload: bytes, qos: int) -> object: ...

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import msgspec
 
 from edgehub.core import LocalProtocolError
-from protocol_heads.mqtt.packets import ProtocolViolation, ReasonCode
+from edgehub.mqtt.packets import ProtocolViolation, ReasonCode
 
 __all__ = ["AckQueue", "AckSlot"]
 

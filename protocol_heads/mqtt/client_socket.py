@@ -43,9 +43,9 @@ from collections import deque
 from collections.abc import Callable
 
 from edgehub.core.refusals import RefusalReason
+from edgehub.mqtt.packets import ReasonCode
 from protocol_heads.listeners import HeadServer
 from protocol_heads.mqtt.connection import ServerConnection
-from protocol_heads.mqtt.packets import ReasonCode
 from protocol_heads.mqtt.session import Session
 from protocol_heads.mqtt.settings import MqttSettings
 from protocol_heads.socket_side import SocketSide

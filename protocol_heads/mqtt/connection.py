@@ -29,22 +29,11 @@ from typing import Final
 import msgspec
 
 from edgehub.core import LocalProtocolError, RemoteProtocolError
-from protocol_heads.mqtt.acks import AckQueue
-from protocol_heads.mqtt.caches import TOPIC_CACHE_BYTES, BudgetDict
-from protocol_heads.mqtt.decoder import Decoder
-from protocol_heads.mqtt.encoder import UnsendablePacket, encode
-from protocol_heads.mqtt.events import (
-    ConnectRequested,
-    DeliveryAcked,
-    Disconnected,
-    Event,
-    MessageReceived,
-    ProtocolFailed,
-    SubscribeRequested,
-    UnsubscribeRequested,
-)
-from protocol_heads.mqtt.fastpaths import encode_qos1_publish, plain_puback_ids, puback_success
-from protocol_heads.mqtt.packets import (
+from edgehub.mqtt.caches import TOPIC_CACHE_BYTES, BudgetDict
+from edgehub.mqtt.decoder import Decoder
+from edgehub.mqtt.encoder import UnsendablePacket, encode
+from edgehub.mqtt.fastpaths import encode_qos1_publish, plain_puback_ids, puback_success
+from edgehub.mqtt.packets import (
     MAX_VARINT,
     MQTT_50,
     NO_PROPERTIES,
@@ -68,6 +57,17 @@ from protocol_heads.mqtt.packets import (
     Subscribe,
     UnsubAck,
     Unsubscribe,
+)
+from protocol_heads.mqtt.acks import AckQueue
+from protocol_heads.mqtt.events import (
+    ConnectRequested,
+    DeliveryAcked,
+    Disconnected,
+    Event,
+    MessageReceived,
+    ProtocolFailed,
+    SubscribeRequested,
+    UnsubscribeRequested,
 )
 from protocol_heads.mqtt.states import ROWS, TRANSITIONS, TRIGGER_OF, ConnectionState, Trigger
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from edgehub.core import RemoteProtocolError
-from protocol_heads.mqtt.packets import Connect, Publish, Subscribe, Unsubscribe
+from edgehub.mqtt.packets import Connect, Publish, Subscribe, Unsubscribe
 
 __all__ = [
     "ConnectRequested",

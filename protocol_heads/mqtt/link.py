@@ -18,8 +18,9 @@ from typing import Protocol
 
 from edgehub.core import DeliveryError, FailureKind, Identity, LocalProtocolError, SystemProperty
 from edgehub.hub import Delivery, Hub
+from edgehub.mqtt.encoder import UnsendablePacket
+from edgehub.mqtt.packets import MQTT_50, NO_PROPERTIES, Properties, PropertyId
 from protocol_heads.mqtt.connection import PeerPacketTooLarge, ServerConnection
-from protocol_heads.mqtt.encoder import UnsendablePacket
 from protocol_heads.mqtt.iothub import (
     delivery_user_properties,
     device_bound_topic,
@@ -27,7 +28,6 @@ from protocol_heads.mqtt.iothub import (
     module_input_topic,
     topic_matches,
 )
-from protocol_heads.mqtt.packets import MQTT_50, NO_PROPERTIES, Properties, PropertyId
 from protocol_heads.socket_side import SessionSocket
 
 __all__ = ["LinkedSession", "SessionLink"]

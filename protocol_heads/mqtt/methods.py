@@ -32,8 +32,8 @@ from edgehub.core.methods import (
 )
 from edgehub.core.refusals import RefusalReason
 from edgehub.hub import Hub
+from edgehub.mqtt.packets import ReasonCode
 from protocol_heads.mqtt.iothub import is_method_response, parse_method_response
-from protocol_heads.mqtt.packets import ReasonCode
 
 __all__ = ["ModuleCalls", "answer_call"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from edgehub.core.refusals import RefusalReason
-from protocol_heads.mqtt.packets import ReasonCode
+from edgehub.mqtt.packets import ReasonCode
 
 __all__ = ["REJECT_REASONS", "STORE_FAILED"]
 

@@ -45,8 +45,9 @@ from edgehub.core import (
 from edgehub.core.logtext import shown
 from edgehub.core.refusals import RefusalReason
 from edgehub.hub import STORE_UNAVAILABLE, Credentials, Rejected
+from edgehub.mqtt.caches import BudgetDict
+from edgehub.mqtt.packets import NO_PROPERTIES, Connect, PropertyId, Publish, ReasonCode
 from protocol_heads.listeners import HeadServer
-from protocol_heads.mqtt.caches import BudgetDict
 from protocol_heads.mqtt.children import Children
 from protocol_heads.mqtt.connection import ServerConnection
 from protocol_heads.mqtt.events import (
@@ -72,7 +73,6 @@ from protocol_heads.mqtt.iothub import (
 )
 from protocol_heads.mqtt.link import SessionLink
 from protocol_heads.mqtt.methods import ModuleCalls
-from protocol_heads.mqtt.packets import NO_PROPERTIES, Connect, PropertyId, Publish, ReasonCode
 from protocol_heads.mqtt.refusals import REJECT_REASONS, STORE_FAILED
 from protocol_heads.mqtt.settings import MqttSettings
 from protocol_heads.socket_side import SessionSocket

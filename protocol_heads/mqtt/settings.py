@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from edgehub.mqtt.caches import TOPIC_CACHE_BYTES
 from protocol_heads.limits import HeadSettings, connection_cap
-from protocol_heads.mqtt.caches import TOPIC_CACHE_BYTES
 from protocol_heads.mqtt.iothub import Acl
 
 __all__ = ["MqttSettings", "connection_cap"]

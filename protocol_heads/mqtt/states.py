@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Final
 
-from protocol_heads.mqtt.packets import (
+from edgehub.mqtt.packets import (
     Auth,
     Connect,
     Disconnect,

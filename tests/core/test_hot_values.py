@@ -12,10 +12,10 @@ from edgehub.core import Message
 from edgehub.core.refusals import RefusalReason
 from edgehub.delivery.endpoint import QueuedMessage
 from edgehub.hub import Delivery, Rejected, Stored
+from edgehub.mqtt.packets import PubAck, Publish
 from edgehub.store import QueueId
 from edgehub.store.records import EnqueueReceipt, Reference, StoredItem
 from protocol_heads.mqtt.connection import DeliveryAcked, MessageReceived
-from protocol_heads.mqtt.packets import PubAck, Publish
 
 MSG = Message(b"x", {"a": "1"})
 Q = QueueId("ep", 1)

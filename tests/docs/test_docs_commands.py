@@ -20,8 +20,8 @@ from edgehub.delivery.endpoint import QueuedMessage
 from edgehub.runtime.cli.app import DEFAULT_MANIFEST, main
 from edgehub.runtime.cli.firstrun import connect_help_for, default_landing
 from edgehub.runtime.compose.config import HubConfig, UploadUpstreamSettings
-from edgehub.upstream.mqtt_settings import MqttUpstreamSettings
-from edgehub.upstream.mqtt_wire import dictionary_unit, publish_units
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
+from edgehub.upstream.mqtt.wire import dictionary_unit, publish_units
 from edgehub.upstream.segment import Codec
 from protocol_heads.mqtt.iothub import topic_matches
 from spark_upload.receiver import DEFAULT_TOPIC

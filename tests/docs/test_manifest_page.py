@@ -16,7 +16,7 @@ from edgehub.manifest import EdgeHubDesired, load_desired
 from edgehub.runtime.deployment.settings import StartSettings, settings_of
 from edgehub.runtime.deployment.wants import QUEUE_KEYS, RETRY_KEYS, desired_settings
 from edgehub.store import QueuePolicy
-from edgehub.upstream.mqtt_settings import MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
 from tests.docs.manifest_keys import manifest_keys
 from tests.docs.pages import DOCS, table_rows
 

@@ -40,7 +40,8 @@ from edgehub.delivery import Endpoint
 from edgehub.store import QueueId, StoredItem
 from edgehub.testing.connect_proxy import ConnectProxy
 from edgehub.testing.peers import MosquittoPeer
-from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, WireMode
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, WireMode
+from edgehub.upstream.mqtt.transport import MqttUpstream
 from tests.e2e.conftest import DEV, FILTER, HOST, KEYS, SENSOR, Rig, running_hub
 from tests.protocol_heads.mqtt.conftest import Paho
 

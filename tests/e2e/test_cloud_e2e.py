@@ -15,7 +15,7 @@ from edgehub.runtime.compose.config import HubConfig
 from edgehub.runtime.compose.serve import serve
 from edgehub.runtime.compose.store import open_identities, open_store
 from edgehub.testing.peers import MosquittoPeer
-from edgehub.upstream.mqtt_transport import MqttUpstreamSettings, WireMode
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, WireMode
 from tests.protocol_heads.mqtt.conftest import Paho
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]

@@ -13,10 +13,10 @@ from paho.mqtt.enums import MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
+from edgehub.mqtt.decoder import Decoder
+from edgehub.mqtt.encoder import encode
+from edgehub.mqtt.packets import Connect, Publish
 from edgehub.store import QueueId, QueuePolicy
-from protocol_heads.mqtt.decoder import Decoder
-from protocol_heads.mqtt.encoder import encode
-from protocol_heads.mqtt.packets import Connect, Publish
 from tests.e2e.conftest import DEV, FILTER, IN1, KEYS, SENSOR, Rig, running_hub, sas, username
 from tests.protocol_heads.mqtt.conftest import Paho
 

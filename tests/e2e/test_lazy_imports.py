@@ -226,7 +226,7 @@ from pathlib import Path
 import edgehub.runtime.cli  # all that edgehub run imports
 from edgehub.runtime.compose.config import HubConfig
 from edgehub.runtime.compose.serve import serve
-from edgehub.upstream.mqtt_transport import MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
 
 HEAVY = ("paho", "urllib.request", "email", "http.client")
 seen = {}

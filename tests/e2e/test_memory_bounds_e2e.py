@@ -17,11 +17,11 @@ import pytest
 
 from edgehub.core import Identity
 from edgehub.core.sas import generate_sas_token, resource_uri
+from edgehub.mqtt.decoder import Decoder
+from edgehub.mqtt.encoder import encode
+from edgehub.mqtt.packets import MQTT_311, ConnAck, Connect, Disconnect, PubAck, Publish
 from edgehub.runtime.compose.config import DEFAULT_HOST_NAME
 from edgehub.runtime.compose.store import open_identities, open_store
-from protocol_heads.mqtt.decoder import Decoder
-from protocol_heads.mqtt.encoder import encode
-from protocol_heads.mqtt.packets import MQTT_311, ConnAck, Connect, Disconnect, PubAck, Publish
 from tests.e2e import hub_process
 
 pytestmark = [pytest.mark.interop, pytest.mark.slow, pytest.mark.timeout(240)]

@@ -24,7 +24,8 @@ from edgehub.testing import ManualClock, TestEndpoint
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer
-from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
+from edgehub.upstream.mqtt.transport import MqttUpstream
 from edgehub.upstream.segment import decode_segment
 from tests.e2e.conftest import DEV, SENSOR, Rig, running_hub, sas, username
 from tests.protocol_heads.mqtt.conftest import Paho

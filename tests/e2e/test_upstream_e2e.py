@@ -17,7 +17,7 @@ from edgehub.runtime.compose.serve import serve
 from edgehub.runtime.compose.store import open_identities, open_store
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer
-from edgehub.upstream.mqtt_transport import MqttUpstreamSettings, WireMode
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, WireMode
 from edgehub.upstream.segment import SegmentRecord, decode_segment
 from tests.protocol_heads.mqtt.conftest import Paho
 

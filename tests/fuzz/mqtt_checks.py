@@ -13,6 +13,9 @@ from __future__ import annotations
 import pytest
 
 from edgehub.core import RemoteProtocolError
+from edgehub.mqtt.decoder import Decoder
+from edgehub.mqtt.encoder import encode
+from edgehub.mqtt.packets import MalformedPacket, Packet, PacketTooLarge, ProtocolViolation, ReasonCode
 from protocol_heads.mqtt.connection import (
     ConnectionState,
     ConnectRequested,
@@ -26,9 +29,6 @@ from protocol_heads.mqtt.connection import (
     SubscribeRequested,
     UnsubscribeRequested,
 )
-from protocol_heads.mqtt.decoder import Decoder
-from protocol_heads.mqtt.encoder import encode
-from protocol_heads.mqtt.packets import MalformedPacket, Packet, PacketTooLarge, ProtocolViolation, ReasonCode
 
 __all__ = ["DECLARED", "check_connection", "check_decoder", "check_round_trip", "decode_all"]
 

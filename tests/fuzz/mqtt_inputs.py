@@ -12,8 +12,8 @@ import itertools
 
 from hypothesis import strategies as st
 
-from protocol_heads.mqtt.encoder import encode
-from protocol_heads.mqtt.packets import (
+from edgehub.mqtt.encoder import encode
+from edgehub.mqtt.packets import (
     MAX_VARINT,
     MQTT_50,
     MQTT_311,

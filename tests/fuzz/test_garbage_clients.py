@@ -14,9 +14,9 @@ import pytest
 from paho.mqtt.enums import MQTTProtocolVersion
 
 from edgehub.core import Identity, Message
+from edgehub.mqtt.encoder import encode
+from edgehub.mqtt.packets import MQTT_50, Connect, Properties, PropertyId, Publish, Subscribe, Subscription
 from edgehub.testing import InMemoryHub
-from protocol_heads.mqtt.encoder import encode
-from protocol_heads.mqtt.packets import MQTT_50, Connect, Properties, PropertyId, Publish, Subscribe, Subscription
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 from tests.protocol_heads.mqtt.conftest import DEV, DEVICE_KEY, HOST, MOD, MODULE_KEY, Paho, sas_password, username
 

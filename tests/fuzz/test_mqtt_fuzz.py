@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edgehub.mqtt.encoder import encode
+from edgehub.mqtt.packets import MQTT_50, MQTT_311, Connect, Packet, ReasonCode
 from protocol_heads.mqtt.connection import MessageReceived, ProtocolFailed
-from protocol_heads.mqtt.encoder import encode
-from protocol_heads.mqtt.packets import MQTT_50, MQTT_311, Connect, Packet, ReasonCode
 from tests.fuzz.budget import fuzz_settings
 from tests.fuzz.mqtt_checks import check_connection, check_decoder, check_round_trip
 from tests.fuzz.mqtt_inputs import levels, mutated, packets, session_bytes, split
@@ -63,7 +63,7 @@ def test_server_connection_never_raises_on_random_bytes(chunks: list[bytes]) -> 
 
 def test_a_broken_packet_after_good_ones_fails_the_connection_and_closes_it() -> None:
     # The checks are not vacuous: a valid session then a reserved packet type ends in ProtocolFailed, CLOSED.
-    from protocol_heads.mqtt.packets import Publish
+    from edgehub.mqtt.packets import Publish
 
     wire = encode(Connect("c", MQTT_50), MQTT_50) + encode(Publish("t", b"1", 1, packet_id=1), MQTT_50) + b"\x00\x00"
     events = check_connection([wire])

@@ -9,11 +9,11 @@ import struct
 import pytest
 
 from edgehub.core import Identity
+from edgehub.mqtt.decoder import Decoder
+from edgehub.mqtt.encoder import encode
+from edgehub.mqtt.packets import MQTT_50, MQTT_311, Connect, ProtocolViolation
 from edgehub.testing import InMemoryHub
 from protocol_heads.mqtt.connection import ConnectRequested, ProtocolFailed, ServerConnection
-from protocol_heads.mqtt.decoder import Decoder
-from protocol_heads.mqtt.encoder import encode
-from protocol_heads.mqtt.packets import MQTT_50, MQTT_311, Connect, ProtocolViolation
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 
 

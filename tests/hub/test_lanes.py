@@ -14,7 +14,7 @@ from edgehub.hub.lanes import (
     partition_key,
     stable_partition,
 )
-from edgehub.upstream.mqtt_transport import UpstreamStatus
+from edgehub.upstream.mqtt.settings import UpstreamStatus
 
 
 def _msg(**sp: str) -> Message:

@@ -25,7 +25,8 @@ from edgehub.hub.methods import UPSTREAM_CALLER
 from edgehub.routing import Router
 from edgehub.store import Store
 from edgehub.store.rocks import open_rocks_store
-from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, WireMode
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, WireMode
+from edgehub.upstream.mqtt.transport import MqttUpstream
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 from tests.protocol_heads.mqtt.conftest import HOST, Paho, sas_password, username
 

@@ -7,8 +7,8 @@ import pytest
 from edgehub.core.logtext import shown
 from edgehub.core.refusals import MESSAGE_REFUSALS, STORE_UNAVAILABLE_TEXT, RefusalReason
 from edgehub.hub import STORE_UNAVAILABLE
+from edgehub.mqtt.packets import ReasonCode
 from protocol_heads.amqp.refusals import REJECT_CONDITIONS, rejection_condition
-from protocol_heads.mqtt.packets import ReasonCode
 from protocol_heads.mqtt.refusals import REJECT_REASONS
 
 

@@ -22,7 +22,7 @@ from edgehub.runtime.profiles import PROFILES_DIR, Profile, available_profiles, 
 from edgehub.store import FsyncPolicy
 from edgehub.store.rocks import RocksBackend
 from edgehub.store.tuning import RocksTuning
-from edgehub.upstream.mqtt_transport import MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
 from tests.e2e.hub_process import start, stop
 
 MIB = 1 << 20

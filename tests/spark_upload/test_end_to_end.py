@@ -16,7 +16,8 @@ from pyspark.sql import SparkSession
 
 from edgehub.delivery.endpoint import QueuedMessage
 from edgehub.testing.peers import MosquittoPeer
-from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstream, MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MqttProtocol, MqttUpstreamSettings
+from edgehub.upstream.mqtt.transport import MqttUpstream
 from edgehub.upstream.segment import Codec
 from spark_upload.job import run
 from spark_upload.receiver import Received, Receiver, ReceiverSettings, dictionary_path

@@ -17,8 +17,8 @@ import pytest
 
 from edgehub.core import Message
 from edgehub.delivery.endpoint import QueuedMessage
-from edgehub.upstream.mqtt_settings import MqttProtocol, WireMode
-from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MqttProtocol, MqttUpstreamSettings, WireMode
+from edgehub.upstream.mqtt.transport import MqttUpstream
 from edgehub.upstream.twin_channel import TwinChannel
 from tests.upstream.scripted_broker import ScriptedBroker, scripted, text, with_header
 
@@ -237,7 +237,7 @@ class _Heard(logging.Handler):
 
 async def test_a_refused_mqtt5_connack_is_a_refusal_with_its_reason_and_the_socket_is_closed() -> None:
     heard = _Heard("upstream.connect_refused")
-    logger = logging.getLogger("edgehub.upstream.mqtt_transport")
+    logger = logging.getLogger("edgehub.upstream.mqtt.transport")
     logger.addHandler(heard)
     try:
         async with scripted() as broker:

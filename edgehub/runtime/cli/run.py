@@ -44,8 +44,14 @@ from edgehub.runtime.compose.upstream import LINK_KEYS, landing_zone
 from edgehub.runtime.deployment.plan import DeploymentPlan, runnable
 from edgehub.runtime.deployment.settings import StartSettings
 from edgehub.runtime.logs import LogFormat, configure_logging
-from edgehub.upstream.mqtt_settings import MAX_PACKET_BYTES, MIN_PACKET_BYTES
-from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstreamSettings, TlsSettings, WireMode
+from edgehub.upstream.mqtt.settings import (
+    MAX_PACKET_BYTES,
+    MIN_PACKET_BYTES,
+    MqttProtocol,
+    MqttUpstreamSettings,
+    TlsSettings,
+    WireMode,
+)
 from edgehub.upstream.segment import Codec
 
 __all__ = [

@@ -20,7 +20,7 @@ from edgehub.hub.twins import DEFAULT_TWIN_LIMITS, TwinLimits
 from edgehub.runtime.profiles import Profile
 from edgehub.store import FsyncPolicy
 from edgehub.store.policy import DEFAULT_IDENTITY_SHARE
-from edgehub.upstream.mqtt_transport import MqttUpstreamSettings, WireMode
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, WireMode
 from edgehub.upstream.segment import Codec, SegmentName
 
 __all__ = ["DEFAULT_HOST_NAME", "HubConfig", "HubLimits", "Source", "UploadUpstreamSettings", "UpstreamOverrides"]

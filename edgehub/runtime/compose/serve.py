@@ -17,7 +17,7 @@ batch there through a ``LandingZone`` (fsspec: a folder, or s3/abfs/... with the
 messages routed there stay queued in the store (they survive restarts and go out once an upstream is configured;
 ``edgehub run`` uploads to ``DATA_DIR/landing`` unless told otherwise, ``edgehub.runtime.cli.firstrun``).
 Over MQTT, the first lane's connection also serves the cloud's side: it subscribes for the devices the hub knows,
-and the messages for them and the direct method calls it receives go to the hub (``edgehub.upstream.mqtt_cloud``).
+and the messages for them and the direct method calls it receives go to the hub (``edgehub.upstream.mqtt.cloud``).
 
 How the transport uses its link (``wireMode``, ``maxUplinkBps``, ``maxBatchBytes``, ``lingerMs``,
 ``maxInflightBytes``, ``linkRateBps``, ``linkRttMs``, ``compression``, ``maxPacketBytes``, ``brokerMaxPacketBytes``)
@@ -96,7 +96,7 @@ from edgehub.runtime.deployment.settings import StartSettings
 from edgehub.runtime.keyseal import ensure_sealer
 from edgehub.runtime.memory import ChurnCollector
 from edgehub.store import Store
-from edgehub.upstream.mqtt_transport import MqttUpstream
+from edgehub.upstream.mqtt.transport import MqttUpstream
 from edgehub.upstream.twin_channel import TwinChannel
 from protocol_heads.mqtt.iothub import Acl
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
@@ -340,7 +340,7 @@ async def serve(
         await seal_clear_identity_keys(hub.identities)  # before any head serves a login
         if on_hub is not None:
             on_hub(hub)
-        # The cloud's device-bound messages and method calls come over the first MQTT lane (mqtt_cloud).
+        # The cloud's device-bound messages and method calls come over the first MQTT lane (upstream.mqtt.cloud).
         cloud = next((e for e in endpoints if isinstance(e, MqttUpstream)), None)
         if cloud is not None:
             cloud.serve_cloud(hub, refusals=hub.refusals)

@@ -29,7 +29,7 @@ from edgehub.runtime.compose.config import HubConfig, Source, UploadUpstreamSett
 from edgehub.runtime.compose.upstream import LINK_KEYS, transport_settings, upstream_options
 from edgehub.runtime.deployment.wants import DesiredSettings
 from edgehub.store.tuning import RocksTuning
-from edgehub.upstream.mqtt_transport import MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
 
 __all__ = ["HEAD_LIMITS", "EffectiveSettings", "Setting", "Source", "effective_settings"]
 

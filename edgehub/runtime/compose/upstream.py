@@ -25,7 +25,7 @@ from edgehub.hub.lanes import UpstreamOptions
 from edgehub.runtime.compose.config import HubConfig, UploadUpstreamSettings
 from edgehub.store import Store
 from edgehub.upstream.landing import LandingZone
-from edgehub.upstream.mqtt_transport import MqttUpstreamSettings, WireMode
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, WireMode
 from edgehub.upstream.segment import Codec
 from edgehub.upstream.upload_transport import UploadTransport
 

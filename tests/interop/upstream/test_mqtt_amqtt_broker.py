@@ -15,7 +15,8 @@ from amqtt.client import MQTTClient
 from edgehub.core import Message
 from edgehub.delivery.endpoint import QueuedMessage
 from edgehub.testing.peers import free_port
-from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
+from edgehub.upstream.mqtt.transport import MqttUpstream
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]
 

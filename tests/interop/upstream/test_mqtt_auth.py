@@ -9,7 +9,8 @@ from pathlib import Path
 from edgehub.core import Message
 from edgehub.delivery.endpoint import QueuedMessage
 from edgehub.testing.peers import MosquittoPeer, PeerWay
-from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, TlsSettings
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, TlsSettings
+from edgehub.upstream.mqtt.transport import MqttUpstream
 
 _BATCH = [QueuedMessage(message=Message(body=b"x"), offset=0, priority=0, enqueued_at_s=1.7e9, ttl_s=60)]
 
@@ -36,12 +37,10 @@ def _make_pki(d: Path) -> None:
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=test-ca", cwd=d)
     (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    signed_by_ca = ["-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1", "-extfile", "san.ext"]
     for name in ("server", "client"):
         _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
-        _openssl(
-            "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", f"{name}.crt", "-days", "1", "-extfile", "san.ext", cwd=d,
-        )  # fmt: skip
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-out", f"{name}.crt", *signed_by_ca, cwd=d)
 
 
 async def test_username_and_password_are_required_and_accepted(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ from edgehub.core import Message
 from edgehub.delivery.endpoint import QueuedMessage
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer
-from edgehub.upstream.mqtt_settings import MqttProtocol
-from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MqttProtocol, MqttUpstreamSettings
+from edgehub.upstream.mqtt.transport import MqttUpstream
 from edgehub.upstream.segment import Codec, decode_segment, dictionary_id, segment_dictionary_id
 from tests.upstream.test_dictionary import telemetry_batch
 

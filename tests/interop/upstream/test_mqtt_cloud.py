@@ -24,8 +24,8 @@ from edgehub.store import Store
 from edgehub.store.rocks import open_rocks_store
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.peers import MosquittoPeer
-from edgehub.upstream.mqtt_settings import MAX_SESSION_EXPIRY_S
-from edgehub.upstream.mqtt_transport import MqttProtocol, MqttUpstream, MqttUpstreamSettings, WireMode
+from edgehub.upstream.mqtt.settings import MAX_SESSION_EXPIRY_S, MqttProtocol, MqttUpstreamSettings, WireMode
+from edgehub.upstream.mqtt.transport import MqttUpstream
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 from tests.protocol_heads.mqtt.conftest import DEV, DEVICE_KEY, HOST, MOD, MODULE_KEY, Paho, sas_password, username
 

@@ -14,7 +14,8 @@ from edgehub.store.rocks import open_rocks_store
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer
-from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
+from edgehub.upstream.mqtt.transport import MqttUpstream
 from edgehub.upstream.segment import Codec, decode_segment, dictionary_id, segment_dictionary_id
 from tests.upstream.test_dictionary import telemetry_batch
 

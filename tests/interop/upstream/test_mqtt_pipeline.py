@@ -18,7 +18,9 @@ from edgehub.store.rocks import open_rocks_store
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer
-from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings, publish_wire_bytes
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
+from edgehub.upstream.mqtt.transport import MqttUpstream
+from edgehub.upstream.mqtt.wire import publish_wire_bytes
 from edgehub.upstream.segment import decode_segment
 
 pytestmark = pytest.mark.timeout(90)

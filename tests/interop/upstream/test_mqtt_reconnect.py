@@ -11,7 +11,8 @@ from pathlib import Path
 from edgehub.core import FailureKind
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.peers import MosquittoPeer, PeerWay
-from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
+from edgehub.upstream.mqtt.transport import MqttUpstream
 from edgehub.upstream.reconnect import ConnectFailure, ReconnectSchedule, connect_failure_of
 
 

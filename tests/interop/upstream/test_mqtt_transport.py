@@ -17,13 +17,9 @@ from edgehub.delivery.endpoint import Endpoint, QueuedMessage, ReportsUnreachabl
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer
-from edgehub.upstream.mqtt_transport import (
-    MqttProtocol,
-    MqttUpstream,
-    MqttUpstreamSettings,
-    WireMode,
-    publish_wire_bytes,
-)
+from edgehub.upstream.mqtt.settings import MqttProtocol, MqttUpstreamSettings, WireMode
+from edgehub.upstream.mqtt.transport import MqttUpstream
+from edgehub.upstream.mqtt.wire import publish_wire_bytes
 from edgehub.upstream.segment import Codec, decode_segment, segment_codec
 
 

@@ -13,7 +13,8 @@ from edgehub.testing.cloud_twin import CloudTwinService
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer
-from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
+from edgehub.upstream.mqtt.transport import MqttUpstream
 from edgehub.upstream.twin_channel import TwinChannel
 from tests.protocol_heads.mqtt.conftest import Paho
 

@@ -15,7 +15,7 @@ import pytest
 from paho.mqtt.enums import MQTTProtocolVersion
 
 from edgehub.core import Identity
-from protocol_heads.mqtt.packets import ReasonCode
+from edgehub.mqtt.packets import ReasonCode
 from tests.e2e.conftest import DEV, FILTER, SENSOR, running_hub, sas, username
 from tests.protocol_heads.mqtt.conftest import Paho
 from tests.store.fulldisk import fill, small_disk

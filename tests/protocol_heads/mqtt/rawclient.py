@@ -8,9 +8,9 @@ import socket
 import ssl
 import struct
 
-from protocol_heads.mqtt.decoder import Decoder
-from protocol_heads.mqtt.encoder import encode
-from protocol_heads.mqtt.packets import MQTT_311, Connect, Packet
+from edgehub.mqtt.decoder import Decoder
+from edgehub.mqtt.encoder import encode
+from edgehub.mqtt.packets import MQTT_311, Connect, Packet
 
 
 class RawClient:

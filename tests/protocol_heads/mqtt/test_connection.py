@@ -8,25 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgehub.core import LocalProtocolError
-from protocol_heads.mqtt.connection import (
-    ROWS,
-    TRANSITIONS,
-    TRIGGER_OF,
-    ConnectionState,
-    ConnectRequested,
-    DeliveryAcked,
-    Disconnected,
-    Event,
-    MessageReceived,
-    ProtocolFailed,
-    ServerConnection,
-    SubscribeRequested,
-    Trigger,
-    UnsubscribeRequested,
-)
-from protocol_heads.mqtt.decoder import Decoder
-from protocol_heads.mqtt.encoder import encode
-from protocol_heads.mqtt.packets import (
+from edgehub.mqtt.decoder import Decoder
+from edgehub.mqtt.encoder import encode
+from edgehub.mqtt.packets import (
     MQTT_50,
     ConnAck,
     Connect,
@@ -47,6 +31,22 @@ from protocol_heads.mqtt.packets import (
     Subscription,
     UnsubAck,
     Unsubscribe,
+)
+from protocol_heads.mqtt.connection import (
+    ROWS,
+    TRANSITIONS,
+    TRIGGER_OF,
+    ConnectionState,
+    ConnectRequested,
+    DeliveryAcked,
+    Disconnected,
+    Event,
+    MessageReceived,
+    ProtocolFailed,
+    ServerConnection,
+    SubscribeRequested,
+    Trigger,
+    UnsubscribeRequested,
 )
 
 

@@ -18,11 +18,8 @@ from typing import Any
 import pytest
 
 from edgehub.core import Message
-from edgehub.testing import InMemoryHub
-from edgehub.testing.certs import TestCA
-from protocol_heads.mqtt.client_socket import ClientSocket
-from protocol_heads.mqtt.encoder import encode
-from protocol_heads.mqtt.packets import (
+from edgehub.mqtt.encoder import encode
+from edgehub.mqtt.packets import (
     MQTT_50,
     ConnAck,
     Connect,
@@ -36,6 +33,9 @@ from protocol_heads.mqtt.packets import (
     Subscribe,
     Subscription,
 )
+from edgehub.testing import InMemoryHub
+from edgehub.testing.certs import TestCA
+from protocol_heads.mqtt.client_socket import ClientSocket
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 from tests.protocol_heads.mqtt.conftest import DEV, DEVICE_KEY, HOST, sas_password, server_context, username
 from tests.protocol_heads.mqtt.rawclient import RawClient

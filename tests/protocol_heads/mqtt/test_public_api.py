@@ -1,4 +1,5 @@
-"""Every public name of the MQTT head's modules is in its ``__all__`` (and every name there exists)."""
+"""Every public name of the MQTT head's modules, and of the codec it shares, is in its ``__all__`` (and every
+name there exists)."""
 
 from __future__ import annotations
 
@@ -11,18 +12,14 @@ import edgehub.hub.connection_admission
 import edgehub.hub.throttle
 import edgehub.testing.hub
 from edgehub.core import sas
+from edgehub.mqtt import caches, client, decoder, encoder, fastpaths, packets
 from protocol_heads import limits, listeners, socket_side, tls
 from protocol_heads.mqtt import (
     acks,
-    caches,
     client_socket,
     connection,
-    decoder,
-    encoder,
     events,
-    fastpaths,
     iothub,
-    packets,
     refusals,
     server,
     session,
@@ -36,6 +33,7 @@ from protocol_heads.mqtt import (
     [
         acks,
         caches,
+        client,
         client_socket,
         connection,
         decoder,

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
+from edgehub.mqtt.packets import MQTT_50, ConnAck, Disconnect, PubAck, Publish, ReasonCode
 from edgehub.testing import InMemoryHub
-from protocol_heads.mqtt.packets import MQTT_50, ConnAck, Disconnect, PubAck, Publish, ReasonCode
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 from tests.protocol_heads.mqtt.rawclient import RawClient
 from tests.protocol_heads.mqtt.test_hostile import dev_connect, polled

@@ -10,9 +10,9 @@ import logging
 
 import pytest
 
+from edgehub.mqtt.encoder import encode
+from edgehub.mqtt.packets import Connect, Will
 from edgehub.testing import InMemoryHub
-from protocol_heads.mqtt.encoder import encode
-from protocol_heads.mqtt.packets import Connect, Will
 from protocol_heads.mqtt.server import MqttServer
 from tests.protocol_heads.mqtt.conftest import DEV, DEVICE_KEY, sas_password, username
 

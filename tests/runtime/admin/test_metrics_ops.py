@@ -19,7 +19,8 @@ from edgehub.runtime.admin.files import read_port, read_token
 from edgehub.runtime.admin.metrics import AZURE_NAMES
 from edgehub.runtime.admin.server import serve_admin
 from edgehub.testing.linksim import LinkSim
-from edgehub.upstream.mqtt_transport import MqttUpstream, MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
+from edgehub.upstream.mqtt.transport import MqttUpstream
 from tests.e2e.conftest import DEV, FILTER, SENSOR, Rig, running_hub, sas, username
 from tests.protocol_heads.mqtt.conftest import Paho
 from tests.store.fulldisk import fill, small_disk

@@ -15,7 +15,7 @@ from edgehub.runtime.compose.config import HubConfig
 from edgehub.runtime.compose.settings import effective_settings
 from edgehub.runtime.deployment.wants import DesiredSettings
 from edgehub.runtime.logs import LogFormat
-from edgehub.upstream.mqtt_transport import MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,8 +15,7 @@ from edgehub.runtime.cli.app import DEFAULT_MANIFEST, main
 from edgehub.runtime.cli.run import show_transport
 from edgehub.runtime.cli.serving import GC_THRESHOLDS, tune_gc
 from edgehub.runtime.compose.config import UploadUpstreamSettings
-from edgehub.upstream.mqtt_settings import MAX_PACKET_BYTES, MIN_PACKET_BYTES
-from edgehub.upstream.mqtt_transport import MqttUpstreamSettings
+from edgehub.upstream.mqtt.settings import MAX_PACKET_BYTES, MIN_PACKET_BYTES, MqttUpstreamSettings
 
 
 def write(path: Path, doc: object) -> str:

@@ -19,11 +19,11 @@ from paho.mqtt.properties import Properties as PahoProperties
 
 from edgehub.core import Identity, Message
 from edgehub.core.refusals import RefusalReason
+from edgehub.mqtt.decoder import Decoder
+from edgehub.mqtt.encoder import encode
+from edgehub.mqtt.packets import Connect, Disconnect, ReasonCode, Will
 from edgehub.testing import InMemoryHub
 from edgehub.testing.certs import TestCA
-from protocol_heads.mqtt.decoder import Decoder
-from protocol_heads.mqtt.encoder import encode
-from protocol_heads.mqtt.packets import Connect, Disconnect, ReasonCode, Will
 from protocol_heads.mqtt.server import MqttServer
 from tests.protocol_heads.mqtt.conftest import (
     DEV,
@@ -272,7 +272,7 @@ async def test_a_garbage_client_does_not_disturb_another(head: MqttServer, hub: 
 
 
 async def test_pipelined_publishes_of_one_read_reach_the_hub_as_one_group(head: MqttServer, hub: InMemoryHub) -> None:
-    from protocol_heads.mqtt.packets import Publish
+    from edgehub.mqtt.packets import Publish
 
     reader, writer = await asyncio.open_connection("127.0.0.1", head.ports["tcp"])
     connect = encode(Connect("dev1", username=username(DEV), password=sas_password(DEV, DEVICE_KEY).encode()))
@@ -296,7 +296,7 @@ async def test_a_topic_used_again_gives_the_same_properties_and_twin_topics_stay
 ) -> None:
     # The head remembers what a telemetry topic means for a connection; a repeat, in the same read or a later
     # one, must come out as the first did, and a twin topic must keep being answered, never stored.
-    from protocol_heads.mqtt.packets import Publish, SubAck, Subscribe, Subscription
+    from edgehub.mqtt.packets import Publish, SubAck, Subscribe, Subscription
 
     telemetry = "devices/dev1/messages/events/$.mid=m1&$.ct=text%2Fplain&k=v%20w"
     twin = "$iothub/twin/PATCH/properties/reported/?$rid=1"
@@ -475,7 +475,7 @@ async def test_store_failure_refuses_the_message_of_a_v5_client_and_keeps_the_co
 async def test_reading_pauses_while_max_groups_wait_on_the_hub_and_resumes_on_release(
     hub: InMemoryHub,
 ) -> None:
-    from protocol_heads.mqtt.packets import PingReq, PingResp, PubAck, Publish
+    from edgehub.mqtt.packets import PingReq, PingResp, PubAck, Publish
     from protocol_heads.mqtt.server import MqttSettings
 
     settings = MqttSettings(tcp_port=0, tls_port=None, max_groups_in_flight=2)
@@ -511,7 +511,7 @@ async def test_reading_pauses_while_max_groups_wait_on_the_hub_and_resumes_on_re
 
 
 async def test_a_client_that_talks_within_its_keepalive_stays_connected(head: MqttServer) -> None:
-    from protocol_heads.mqtt.packets import PingReq, PingResp
+    from edgehub.mqtt.packets import PingReq, PingResp
 
     reader, writer = await asyncio.open_connection("127.0.0.1", head.ports["tcp"])
     connect = Connect("dev1", keepalive_s=1, username=username(DEV), password=sas_password(DEV, DEVICE_KEY).encode())

@@ -84,7 +84,7 @@ class MqttUpstreamSettings:
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 300.0
     reconnect_refused_min_s: float = 5.0
-    max_cloud_devices: int = 1000  # devices subscribed for (device-bound messages, method calls); see mqtt_cloud
+    max_cloud_devices: int = 1000  # devices subscribed for (device-bound messages, method calls); see cloud
     # How long the broker keeps this client's session (its subscriptions and the QoS 1 device-bound messages that
     # came while the hub was away) after a connection is lost: MQTT 5's session expiry interval; on 3.1.1 any
     # value but 0 is clean_session=False (the broker's own expiry applies). 0: a clean session on every connection.

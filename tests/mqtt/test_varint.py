@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edgehub.core import LocalProtocolError
-from edgehub.core.mqtt_varint import MAX_VARINT, encode_varint, varint_len
+from edgehub.mqtt.varint import MAX_VARINT, encode_varint, varint_len
 
 
 @pytest.mark.parametrize("value", [0, 127, 128, 16_383, 16_384, 2_097_151, 2_097_152, MAX_VARINT])

@@ -1,13 +1,13 @@
-"""The upstream client codec without I/O: the broker's packets decoded whatever way their bytes are cut, MQTT 5
-properties read (what ``CloudMessage`` carries), a bad packet refused with its reason code, and the PUBLISH we
-write as long as ``publish_wire_bytes`` counts."""
+"""The codec's client side without I/O, as the upstream speaks it: the broker's packets decoded whatever way
+their bytes are cut, MQTT 5 properties read (what ``CloudMessage`` carries), a bad packet refused with its reason
+code, and the PUBLISH we write as long as ``publish_wire_bytes`` counts."""
 
 from __future__ import annotations
 
 import pytest
 
 from edgehub.core import LocalProtocolError, RemoteProtocolError
-from edgehub.upstream.mqtt_codec import (
+from edgehub.mqtt.client import (
     BrokerDecoder,
     ConnAckIn,
     DisconnectIn,
@@ -19,18 +19,20 @@ from edgehub.upstream.mqtt_codec import (
     SubAckIn,
     publish_packet,
 )
-from edgehub.upstream.mqtt_wire import publish_wire_bytes
+from edgehub.upstream.mqtt.wire import publish_wire_bytes
 from tests.upstream.scripted_broker import text, with_header
 
 
 def test_a_v5_publish_cut_into_single_bytes_comes_out_whole_with_its_properties() -> None:
-    props = (
-        b"\x26" + text("a") + text("1")
-        + b"\x03" + text("application/json")
-        + b"\x09" + b"\x00\x03cid"
-        + b"\x26" + text("a") + text("2")
-        + b"\x02\x00\x00\x00\x3c"  # Message Expiry Interval: read past, not kept
-    )  # fmt: skip
+    props = b"".join(
+        (
+            b"\x26" + text("a") + text("1"),
+            b"\x03" + text("application/json"),
+            b"\x09" + b"\x00\x03cid",
+            b"\x26" + text("a") + text("2"),
+            b"\x02\x00\x00\x00\x3c",  # Message Expiry Interval: read past, not kept
+        )
+    )
     body = text("devices/d1/messages/devicebound/") + b"\x01\x02" + bytes((len(props),)) + props + b"{}"
     decoder = BrokerDecoder(v5=True, max_packet_bytes=1024)
     wire = with_header(0x32, body)
@@ -122,3 +124,10 @@ def test_packet_ids_go_round_1_to_65535_and_skip_those_still_in_use() -> None:
     assert [ids.take(in_use.__contains__) for _ in range(3)] == [65534, 2, 4]
     assert PacketIds().take(lambda pid: pid != 40_000) == 40_000
     assert PacketIds().take(lambda pid: True) is None  # every id awaits its ack
+
+
+@pytest.mark.parametrize("first", [0x10, 0x82, 0xA2, 0xC0])  # CONNECT, SUBSCRIBE, UNSUBSCRIBE, PINGREQ
+def test_a_packet_only_clients_send_is_refused_from_a_broker_before_its_body_is_read(first: int) -> None:
+    with pytest.raises(RemoteProtocolError, match="is not one a server sends") as caught:
+        BrokerDecoder(v5=True, max_packet_bytes=1024).feed(with_header(first, b"\xff\xff"))  # no valid body
+    assert caught.value.reason_code == 0x81

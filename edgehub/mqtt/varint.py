@@ -1,6 +1,6 @@
-"""MQTT's variable byte integer (MQTT 5.0 section 1.5.5, 3.1.1 section 2.2.3): the one encoder, used by the MQTT
-head's encoder and by the upstream's accounting of PUBLISH bytes on the wire. (Decoding lives in the head's
-decoder, the only place that reads a peer's bytes.)
+"""MQTT's variable byte integer (MQTT 5.0 section 1.5.5, 3.1.1 section 2.2.3): the one encoder, used by the codec's
+encoder and by the upstream's accounting of PUBLISH bytes on the wire. (Decoding lives in ``decoder``, the only
+place that reads a peer's bytes.)
 
 Seven bits a byte, least significant group first, the high bit set on every byte but the last; at most four
 bytes, so 0 .. 268,435,455. A value out of range is our bug: ``LocalProtocolError``."""

@@ -5,7 +5,7 @@ Each is a shortcut for exactly what the general path does, and only that: ``publ
 the general decoder gives, or None where it cannot be sure (a new topic, properties, anything odd), and then the
 general decoder reads the packet; ``plain_puback_ids`` answers only for reads of nothing but ``40 02`` PUBACKs;
 ``encode_qos1_publish`` and ``puback_success`` give the bytes ``encode`` gives. The tests that pin each to its
-general path are tests/protocol_heads/mqtt/test_fastpaths.py; a change here needs them green.
+general path are tests/mqtt/test_fastpaths.py; a change here needs them green.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from protocol_heads.mqtt.caches import BudgetDict, topic_cost
-from protocol_heads.mqtt.encoder import fixed_header, packet_id_field, string_field
-from protocol_heads.mqtt.packets import NO_PROPERTIES, Publish
+from edgehub.mqtt.caches import BudgetDict, topic_cost
+from edgehub.mqtt.encoder import fixed_header, packet_id_field, string_field
+from edgehub.mqtt.packets import NO_PROPERTIES, Publish
 
 __all__ = ["encode_qos1_publish", "plain_puback_ids", "puback_success", "publish_fast"]
 

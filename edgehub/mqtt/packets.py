@@ -25,7 +25,7 @@ from typing import Final
 import msgspec
 
 from edgehub.core import RemoteProtocolError
-from edgehub.core.mqtt_varint import MAX_VARINT
+from edgehub.mqtt.varint import MAX_VARINT
 
 __all__ = [
     "MAX_VARINT",
@@ -33,6 +33,7 @@ __all__ = [
     "MQTT_311",
     "NO_PROPERTIES",
     "PROPERTY_KIND",
+    "SENT_BY_SERVER",
     "Auth",
     "ConnAck",
     "Connect",
@@ -81,6 +82,25 @@ class PacketType(IntEnum):
     PINGRESP = 13
     DISCONNECT = 14
     AUTH = 15
+
+
+# The packet types a server sends a client; the others (CONNECT, SUBSCRIBE, UNSUBSCRIBE, PINGREQ) only a client
+# sends. PUBLISH, its acks, DISCONNECT and AUTH go both ways.
+SENT_BY_SERVER: Final = frozenset(
+    {
+        PacketType.CONNACK,
+        PacketType.PUBLISH,
+        PacketType.PUBACK,
+        PacketType.PUBREC,
+        PacketType.PUBREL,
+        PacketType.PUBCOMP,
+        PacketType.SUBACK,
+        PacketType.UNSUBACK,
+        PacketType.PINGRESP,
+        PacketType.DISCONNECT,
+        PacketType.AUTH,
+    }
+)
 
 
 class ReasonCode(IntEnum):

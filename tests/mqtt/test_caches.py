@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from protocol_heads.mqtt.caches import BudgetDict
-from protocol_heads.mqtt.decoder import Decoder
-from protocol_heads.mqtt.encoder import encode
-from protocol_heads.mqtt.packets import Publish
+from edgehub.mqtt.caches import BudgetDict
+from edgehub.mqtt.decoder import Decoder
+from edgehub.mqtt.encoder import encode
+from edgehub.mqtt.packets import Publish
 
 
 def test_what_is_kept_never_passes_the_budget_and_huge_entries_are_not_kept() -> None:

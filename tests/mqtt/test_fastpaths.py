@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgehub.core import LocalProtocolError
-from protocol_heads.mqtt.decoder import Decoder
-from protocol_heads.mqtt.encoder import UnencodableField, encode
-from protocol_heads.mqtt.fastpaths import encode_qos1_publish, plain_puback_ids, puback_success
-from protocol_heads.mqtt.packets import (
+from edgehub.mqtt.decoder import Decoder
+from edgehub.mqtt.encoder import UnencodableField, encode
+from edgehub.mqtt.fastpaths import encode_qos1_publish, plain_puback_ids, puback_success
+from edgehub.mqtt.packets import (
     MQTT_50,
     MQTT_311,
     MalformedPacket,

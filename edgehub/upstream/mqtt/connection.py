@@ -1,5 +1,5 @@
-"""One MQTT connection of the upstream to its broker: an asyncio ``Protocol`` driving ``mqtt_codec``, and the
-PUBLISHes it has in flight.
+"""One MQTT connection of the upstream to its broker: an asyncio ``Protocol`` driving the codec's client side
+(``edgehub.mqtt.client``), and the PUBLISHes it has in flight.
 
 Everything runs on the event loop: no thread, no callback hopping between threads. ``open_connection`` makes the
 TCP (and TLS) connection and waits for the CONNACK, all within ``connect_timeout_s``.
@@ -8,7 +8,7 @@ Invariants: every connection is new (nothing is resent from a previous one), so 
 ``Connection`` counts; ``inflight_bytes`` is the sum of the wire bytes of the PUBLISHes awaiting their PUBACK; once
 the connection is lost, every pending PUBLISH has failed and nothing more is acknowledged or sent on it. Packet ids
 are 1-65535, never one still awaiting its PUBACK or SUBACK. The broker's PUBLISHes to us (device-bound messages,
-method calls: ``mqtt_cloud``) are acknowledged by us (``ack``), once handled. A silent link is noticed: a PINGREQ
+method calls: ``cloud``) are acknowledged by us (``ack``), once handled. A silent link is noticed: a PINGREQ
 goes out when we sent nothing for ``keepalive_s``, and a connection that heard nothing from the broker for 1.5 x
 ``keepalive_s`` is lost. Bytes from the broker that are no MQTT, or a packet over ``max_packet_bytes``, lose the
 connection with the reason logged (``RefusalLog``), never a traceback. No task or descriptor outlives a
@@ -38,12 +38,11 @@ import logging
 import ssl
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 from edgehub.core import FailureKind, RemoteProtocolError, TransportError
 from edgehub.core.refusals import RefusalLog, RefusalReason
-from edgehub.upstream.mqtt_cloud import CloudMessage
-from edgehub.upstream.mqtt_codec import (
+from edgehub.mqtt.client import (
     TOO_LARGE,
     BrokerDecoder,
     BrokerPacket,
@@ -60,13 +59,11 @@ from edgehub.upstream.mqtt_codec import (
     publish_packet,
     subscribe_packet,
 )
-from edgehub.upstream.mqtt_settings import MqttProtocol, MqttUpstreamSettings
-from edgehub.upstream.mqtt_wire import Unit
+from edgehub.upstream.mqtt.cloud import CloudMessage
+from edgehub.upstream.mqtt.settings import MqttProtocol, MqttUpstreamSettings
+from edgehub.upstream.mqtt.wire import Unit
 
-if TYPE_CHECKING:
-    from edgehub.upstream.mqtt_transport import MqttUpstream
-
-__all__ = ["Connection", "open_connection"]
+__all__ = ["Connection", "Owner", "open_connection"]
 
 log = logging.getLogger(__name__)
 _CLOSE_GRACE_S = 2.0  # a closing socket (TLS close_notify, a last DISCONNECT) gets this long, then it is aborted
@@ -85,11 +82,28 @@ class _Pending:
     sent_at_s: float  # loop time when it was written
 
 
+class Owner(Protocol):
+    """What a connection may call on the endpoint that owns it (``transport.MqttUpstream``), and nothing more: the
+    connection reports room in the window and round trips, and hands on what the broker published to us."""
+
+    def window_changed(self) -> None:
+        """A PUBACK came, or the connection was lost."""
+
+    def round_trip(self, rtt_s: float) -> None:
+        """A PUBLISH was acknowledged with success ``rtt_s`` after it was written."""
+
+    def cloud_message(self, conn: Connection, message: CloudMessage) -> None:
+        """The broker published ``message`` on ``conn``; the owner has it acknowledged (``conn.ack``) once handled."""
+
+    def subscribed(self, conn: Connection) -> None:
+        """Every SUBACK of ``conn``'s subscriptions (``subscribe``) is in."""
+
+
 class Connection(asyncio.Protocol):
     """One connection to the broker. ``connack`` resolves on the CONNACK (a refusal: ``TransportError`` PERMANENT);
     ``lost`` is set once the connection is gone, ``lost_reason`` says why."""
 
-    def __init__(self, owner: MqttUpstream, settings: MqttUpstreamSettings, refusals: RefusalLog) -> None:
+    def __init__(self, owner: Owner, settings: MqttUpstreamSettings, refusals: RefusalLog) -> None:
         self.owner = owner
         self.loop = asyncio.get_running_loop()
         self._settings = settings
@@ -178,13 +192,13 @@ class Connection(asyncio.Protocol):
                 packet.content_type,
                 packet.correlation_data,
             )
-            self.owner._inbound.received(self, m)
+            self.owner.cloud_message(self, m)
         elif isinstance(packet, ConnAckIn):
             self._on_connack(packet)
         elif isinstance(packet, SubAckIn):
             self.subscribing.discard(packet.packet_id)
             if not self.subscribing:
-                self.owner._inbound.subscribed(self)
+                self.owner.subscribed(self)
         elif isinstance(packet, DisconnectIn):
             why = f" ({packet.reason})" if packet.reason else ""
             self.drop(f"disconnected by the broker: reason 0x{packet.code:02x}{why}", send_disconnect=False)
@@ -216,7 +230,7 @@ class Connection(asyncio.Protocol):
         if self._unawaited and ack.packet_id in self._unawaited:
             self._unawaited.discard(ack.packet_id)
             self._release_held()
-            self.owner._window_changed()
+            self.owner.window_changed()
             return
         p = self.pending.pop(ack.packet_id, None)
         if p is None:
@@ -225,7 +239,7 @@ class Connection(asyncio.Protocol):
         self.inflight_bytes -= p.wire_bytes
         failed = ack.code >= 0x80
         if not failed:
-            self.owner._rtt_samples.append(self.loop.time() - p.sent_at_s)
+            self.owner.round_trip(self.loop.time() - p.sent_at_s)
         if not p.future.done():
             if failed:
                 why = f" ({ack.reason})" if ack.reason else ""
@@ -233,7 +247,7 @@ class Connection(asyncio.Protocol):
                 p.future.set_exception(TransportError(f"PUBACK reason 0x{ack.code:02x}{why}", kind=kind))
             else:
                 p.future.set_result(None)
-        self.owner._window_changed()
+        self.owner.window_changed()
 
     # -- what we send ----------------------------------------------------------------------------------------
 
@@ -315,7 +329,7 @@ class Connection(asyncio.Protocol):
             self._send(topic, payload, 1)
 
     def subscribe(self, filters: list[tuple[str, int]]) -> None:
-        """SUBSCRIBE to ``filters`` (one packet); ``owner._inbound.subscribed`` is called once every SUBACK is in."""
+        """SUBSCRIBE to ``filters`` (one packet); ``owner.subscribed`` is called once every SUBACK is in."""
         if not self.alive or not filters:
             return
         pid = self._take_id()
@@ -385,7 +399,7 @@ class Connection(asyncio.Protocol):
         self.pending.clear()
         self.inflight_bytes = 0
         self.lost.set()
-        self.owner._window_changed()
+        self.owner.window_changed()
 
     def drop(self, reason: str, *, send_disconnect: bool = True, abort: bool = False) -> None:
         """Give up on this connection now (ack timeout, close, a broker that broke the protocol): fail what is
@@ -415,7 +429,7 @@ class Connection(asyncio.Protocol):
             await self._closed.wait()
 
 
-async def open_connection(owner: MqttUpstream, s: MqttUpstreamSettings, refusals: RefusalLog) -> Connection:
+async def open_connection(owner: Owner, s: MqttUpstreamSettings, refusals: RefusalLog) -> Connection:
     """Connect to ``s.host`` (TCP, TLS as set) and wait for the CONNACK, all within ``s.connect_timeout_s``.
     Raises ``TransportError``: TIMEOUT for a silent link, PERMANENT for a CONNACK refusal, TRANSIENT otherwise."""
     loop = asyncio.get_running_loop()

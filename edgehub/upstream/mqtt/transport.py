@@ -1,94 +1,21 @@
-"""The MQTT upstream transport: ``$upstream`` as an ``Endpoint`` over MQTT 3.1.1 or 5 to any broker or parent hub.
+"""``MqttUpstream``: ``$upstream`` as a ``PipelinedEndpoint`` over MQTT 3.1.1 or 5, to a broker or a parent hub.
+It turns the executor's batches into PUBLISHes (``wire``), keeps a window of them in flight on one ``Connection``
+at a time, turns their PUBACKs into ``SendResult``s, spends the uplink budget, and reconnects (tenacity, on
+``edgehub.upstream.reconnect``'s schedule). What it offers the world, the format on the wire included, is
+docs/upstream.md ("Over MQTT").
 
-What it guarantees
-------------------
-* **The PUBACK is the checkpoint.** Every PUBLISH is QoS 1. ``send`` reports a message as succeeded only when
-  the PUBACK for the PUBLISH that carried it has come back on the connection that sent it. A connection that
-  drops, or a link that goes silent (no acks, no FIN: the keepalive or ``ack_timeout_s`` notices), fails
-  every unacknowledged message of the batch; nothing is reported delivered without its ack. A message may
-  arrive twice (a PUBLISH that got through but whose PUBACK was lost); consumers remove duplicates by
-  ``edge_message_id`` (segment records) or ``$.mid`` (message mode).
-* **Pipelined, and bytes in flight are bounded.** It is a ``PipelinedEndpoint``: the executor ``submit``s
-  batches of about ``max_batch_bytes`` wire bytes (``max_batch_messages`` follows the wire bytes per message
-  seen so far) while the window ``has_room``, and each batch's PUBACKs settle it, its own checkpoint. A PUBLISH
-  is handed to the socket only while the unacknowledged wire bytes plus its own stay within
-  ``max_inflight_bytes`` (one PUBLISH larger than the bound goes alone). The window is configured, not
-  measured: by default one bandwidth-delay product of the link hints ``link_rate_bps`` x ``link_rtt_s`` plus
-  one batch (64 kbit/s, 600 ms: 4,800 + 2,400 bytes). Socket buffers therefore never hold more than one
-  window, so a priority-0 message waits behind about one window of lower-priority bytes (at most the window
-  plus the batch being handed over when it came): the executor chooses the next batch only when the window has
-  room, highest priority first.
-* **What the broker announces is kept** (MQTT 5 CONNACK): no more PUBLISHes await their PUBACK than its Receive
-  Maximum (one is left to the twin reports ``Connection.publish`` sends at QoS 1, which wait for a PUBACK when
-  none is free; method answers are QoS 0 and take none), and segments are cut so that every
-  PUBLISH is within its Maximum Packet Size (or ``broker_max_packet_bytes``, for a broker that announces none, as
-  no MQTT 3.1.1 broker does; the smaller of the two). A message that alone is over that size is refused for good
-  (``invalid``: the executor dead-letters it with the reason), never written: the broker would close the
-  connection, and the same PUBLISH would close the next one for ever. A PUBACK with a failure reason code refuses
-  its messages for good, except "not now" codes (0x80, 0x83, 0x91, 0x97), which fail them for a later batch.
-* **``max_uplink_bps``**: a token bucket on PUBLISH wire bytes; a backlog after an outage cannot exceed it.
-  ``status()`` reports the achieved rate (acknowledged bytes over a 10 s window) and wire bytes per message.
-* **Reconnect** runs in its own task (tenacity), on ``edgehub.upstream.reconnect``'s schedule: an attempt
-  refused or reset at once (a hard cut: the modem is down, the port refuses) is followed by the next after a
-  steady ``reconnect_min_s`` with up to 50 % jitter, however long the cut lasts, so the first attempt after the
-  link returns is at most about one interval away; an attempt that hung until ``connect_timeout_s`` (a silent
-  link) by the next one at once (it paced the loop already, and the attempt on its way is the one that hears
-  first when the link returns); a CONNACK refusal (bad credentials) by a hard backoff, doubling from
-  ``reconnect_refused_min_s`` to ``reconnect_max_s``, logged as a warning. ``reconnect_now()`` cuts a wait
-  short, but never that of a refusal (the executor's probes must not hammer a broker that said no), and every
-  ``submit`` while disconnected calls it. Each successful CONNACK calls the executor's ``on_reachable``; the
-  loss of that connection (a drop, or a silent link noticed by keepalive or ``ack_timeout_s``) calls its
-  ``on_unreachable``, which parks the executor's queues until the next CONNACK rather than have it send into a
-  dead link. Every connection starts afresh: no PUBLISH of a previous connection is sent again behind the
-  executor's back, so what is in flight is exactly what this module counts.
-
-Wire modes
-----------
-* ``batch`` (default): one PUBLISH carries one segment (``edgehub.upstream.segment``: record format v2,
-  compressed by ``compression``, gzip by default) of one priority, on ``batch_topic`` (default
-  ``edgehub/segments/{hub_id}/{lane}/p{priority:02d}``). A ``send``'s batch is cut into segments of at most
-  about ``max_batch_bytes`` compressed bytes. On MQTT 5 the PUBLISH also carries content type
-  ``application/x-edgehub-segment;v=1;encoding=gzip`` (``encoding=zstd`` for zstd) and user properties
-  ``edgehub-segment-version=1`` and ``edgehub-segment-codec``. A zstd segment's topic ends in ``/zstd`` (on
-  both MQTT versions), so a subscriber that reads gzip only can leave it out by topic; the bytes themselves
-  tell their codec by magic number too. zstd needs the ``zstandard`` package (a dependency of the hub; asking
-  for it without the package is refused when the settings are made).
-* zstd with a trained dictionary (``zstd_dictionary``, on by default with zstd): the lane trains a dictionary
-  from its own segments (``edgehub.upstream.dictionary``: bounded sample and time, retrained on drift, kept in
-  the store through ``keeper``), sends it once on ``dictionary_topic`` (default
-  ``edgehub/segments/{hub_id}/{lane}/dict``; the payload is the dictionary, its id in it; MQTT 5: content type
-  ``application/x-edgehub-zstd-dictionary;dict={id}``), and compresses with it only once that PUBLISH is
-  acknowledged; until then, plain zstd. Such a segment names its dictionary in its zstd frame header, and on
-  MQTT 5 in ``application/x-edgehub-segment;v=2;encoding=zstd;dict={id}`` and the user properties
-  ``edgehub-segment-version=2`` and ``edgehub-segment-dictionary``. The landing receiver keeps the dictionaries
-  and decodes with them (``spark_upload.receiver``).
-* ``message``: one PUBLISH per message on the IoT Hub telemetry topic
-  ``devices/{device_id}/messages/events/{property_bag}`` (``devices/{d}/modules/{m}/...`` when ``module_id``
-  is set), the bag holding the application properties URL-encoded and every system property under its bag key
-  (``edgehub.core.property_bag``, the table the MQTT head reads bags with: ``$.mid``, ``$.exp``, ``$.schema``,
-  ``$.ifid``, ``$.sid``, ``$.pk``, ...).
-
-The cloud's side (``mqtt_cloud``): once ``serve_cloud(commands)`` is called (the runtime does, for the first
-lane), every connection subscribes for the devices the hub serves, and the broker's device-bound messages and
-method calls go to the hub; their answers come back on this connection. The session outlives a connection
-(``session_expiry_s``, see ``mqtt_connection``), so what the broker queued while the hub was away comes in then.
-
-Authentication: username/password; an IoT Hub SAS token (the password; the username defaults to
-``{host}/{client_id}/?api-version=2021-04-12``); TLS with a CA file and optionally a client certificate.
-
-Why our own MQTT client (``mqtt_codec``, sans I/O, under ``mqtt_connection``'s asyncio protocol) and not paho or
-aiomqtt: this transport needs a window of PUBLISHes outstanding and the PUBACK of each by packet id (aiomqtt's
-``publish`` awaits each PUBACK in turn); paho runs a network thread per connection whose callbacks hop to the loop,
-and its client module imports urllib.request (email, http.client, ...: 2 MB of the idle hub's memory) for
-proxy settings we never use. What the upstream speaks is small (CONNECT, PUBLISH QoS 0/1, PUBACK, SUBSCRIBE,
-PINGREQ, DISCONNECT), as the MQTT head already has its own codec. Everything runs on the event loop.
-
-Modules: ``mqtt_settings`` (the settings and status values), ``mqtt_wire`` (a batch or a message as PUBLISHes,
-and their wire bytes), ``mqtt_codec`` (the client's packets as bytes and back), ``mqtt_connection``
-(one connection and what it has in flight) and this one
-(``MqttUpstream``: the window, the uplink budget, acks into results, reconnects); ``mqtt_inbound`` dispatches
-what the broker publishes to the hub (its twin, the cloud's side). The names importable from here
-before the split still are.
+Invariants:
+* The PUBACK is the checkpoint: ``send`` reports a message succeeded only once the PUBACK of the PUBLISH that
+  carried it came back on the connection that sent it; a lost connection or a silent link (keepalive,
+  ``ack_timeout_s``) fails every unacknowledged message of the batch. Nothing is reported delivered without its ack.
+* A PUBLISH is handed to the socket only while the unacknowledged wire bytes plus its own stay within
+  ``window_bytes`` (one larger than the window goes alone), and while the broker's Receive Maximum has a slot.
+* No PUBLISH is over the broker's Maximum Packet Size (or ``broker_max_packet_bytes``): a message that alone is
+  over it is ``invalid``, never written.
+* Every connection starts afresh: no PUBLISH of a previous connection is sent again behind the executor's back, so
+  what is in flight is exactly what this module counts.
+* Each CONNACK calls the executor's ``on_reachable`` and the loss of that connection its ``on_unreachable``;
+  ``reconnect_now()`` never cuts short the backoff after a CONNACK refusal.
 """
 
 from __future__ import annotations
@@ -108,30 +35,20 @@ from edgehub.core.refusals import RefusalLog
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.bandwidth import RateEstimator, TokenBucket
 from edgehub.upstream.dictionary import DictionaryKeeper, LaneDictionary
-from edgehub.upstream.mqtt_connection import Connection, open_connection
-from edgehub.upstream.mqtt_inbound import Inbound
-from edgehub.upstream.mqtt_settings import (
-    MqttProtocol,
+from edgehub.upstream.mqtt.cloud import CloudMessage
+from edgehub.upstream.mqtt.connection import Connection, open_connection
+from edgehub.upstream.mqtt.inbound import Inbound
+from edgehub.upstream.mqtt.settings import (
     MqttUpstreamSettings,
-    TlsSettings,
     UpstreamStatus,
     WireMode,
 )
-from edgehub.upstream.mqtt_wire import SEGMENT_CONTENT_TYPE, Unit, dictionary_unit, publish_units, publish_wire_bytes
+from edgehub.upstream.mqtt.wire import Unit, dictionary_unit, publish_units
 from edgehub.upstream.reconnect import ConnectFailure, ReconnectSchedule, connect_failure_of
 from edgehub.upstream.segment import Codec
 from edgehub.upstream.twin_channel import TwinChannel
 
-__all__ = [
-    "SEGMENT_CONTENT_TYPE",
-    "MqttProtocol",
-    "MqttUpstream",
-    "MqttUpstreamSettings",
-    "TlsSettings",
-    "UpstreamStatus",
-    "WireMode",
-    "publish_wire_bytes",
-]
+__all__ = ["MqttUpstream"]
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +159,7 @@ class MqttUpstream:
         await self.close()
 
     def serve_cloud(self, commands: CloudCommands, *, refusals: RefusalLog | None = None) -> None:
-        """Hand the broker's device-bound messages and method calls to ``commands`` (``mqtt_cloud``), from the
+        """Hand the broker's device-bound messages and method calls to ``commands`` (``cloud``), from the
         current connection (if any) on."""
         self._inbound.serve_cloud(commands, refusals)
 
@@ -405,8 +322,11 @@ class MqttUpstream:
                 self._oversized_dictionary = pending.dict_id
                 log.warning(
                     "upstream.dictionary_too_large lane=%s dict_id=%d bytes=%d max_packet=%s: segments stay plain zstd",
-                    self.settings.lane, pending.dict_id, unit.wire_bytes, conn.max_packet_out,
-                )  # fmt: skip
+                    self.settings.lane,
+                    pending.dict_id,
+                    unit.wire_bytes,
+                    conn.max_packet_out,
+                )
             return
         if not await self._wait_window(conn, unit.wire_bytes):
             return
@@ -443,8 +363,23 @@ class MqttUpstream:
                 self._announcing = None
         await ld.announced(dict_id)
 
-    def _window_changed(self) -> None:
+    # -- what its connections may call (connection.Owner) ---------------------------------------------------
+
+    def window_changed(self) -> None:
+        """A PUBACK came or the connection was lost: ``submit`` stops waiting for room and looks again."""
         self._window_event.set()
+
+    def round_trip(self, rtt_s: float) -> None:
+        """A PUBLISH was acknowledged ``rtt_s`` after it was written (``status().rtt_min_s``)."""
+        self._rtt_samples.append(rtt_s)
+
+    def cloud_message(self, conn: Connection, message: CloudMessage) -> None:
+        """The broker published ``message`` on ``conn``: to the twin or the cloud's side, acknowledged once handled."""
+        self._inbound.received(conn, message)
+
+    def subscribed(self, conn: Connection) -> None:
+        """Every SUBACK of ``conn``'s subscriptions is in."""
+        self._inbound.subscribed(conn)
 
     async def _wait_window(self, conn: Connection, size: int) -> bool:
         window = self.settings.window_bytes
@@ -498,8 +433,13 @@ class MqttUpstream:
         if failed or invalid:
             log.info(
                 "upstream.send_failed lane=%s acked=%d failed=%d invalid=%d kind=%s error=%s",
-                self.settings.lane, len(succeeded), len(failed), len(invalid), kind, error,
-            )  # fmt: skip
+                self.settings.lane,
+                len(succeeded),
+                len(failed),
+                len(invalid),
+                kind,
+                error,
+            )
         return SendResult(
             succeeded=tuple(succeeded),
             failed=tuple(failed),
@@ -529,16 +469,23 @@ class MqttUpstream:
         if self._refused_wait:
             log.warning(
                 "upstream.connect_refused lane=%s attempt=%d refusals=%d retry_in_s=%.1f error=%s",
-                self.settings.lane, rs.attempt_number, self._refusals, wait_s, error,
-            )  # fmt: skip
+                self.settings.lane,
+                rs.attempt_number,
+                self._refusals,
+                wait_s,
+                error,
+            )
             return
         # Through a hard cut an attempt fails every half second: the first and every 100th at INFO, not each.
         level = logging.INFO if rs.attempt_number % 100 == 1 else logging.DEBUG
         log.log(
             level,
             "upstream.connect_failed lane=%s attempt=%d retry_in_s=%.2f error=%s",
-            self.settings.lane, rs.attempt_number, wait_s, error,
-        )  # fmt: skip
+            self.settings.lane,
+            rs.attempt_number,
+            wait_s,
+            error,
+        )
 
     def _reconnect_wait(self, rs: RetryCallState) -> float:
         """The wait after a failed attempt, by how it failed (``edgehub.upstream.reconnect``)."""

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgehub.core import LocalProtocolError, RemoteProtocolError
-from protocol_heads.mqtt.decoder import Decoder, decode_varint
-from protocol_heads.mqtt.encoder import encode, encode_varint
-from protocol_heads.mqtt.packets import (
+from edgehub.mqtt.decoder import Decoder, decode_varint
+from edgehub.mqtt.encoder import encode, encode_varint
+from edgehub.mqtt.packets import (
     MQTT_50,
     Auth,
     ConnAck,

@@ -10,8 +10,11 @@ Invariants:
   dead (every further call raises again): a broken stream cannot be resynchronised.
 * The protocol version is learned from CONNECT (server side) or given up front (client side); before it is
   known, only CONNECT can be decoded.
+* A client's decoder (``from_server=True``) refuses, before reading its body, a packet type only clients send
+  (CONNECT, SUBSCRIBE, UNSUBSCRIBE, PINGREQ). The server's decoder reads every type and leaves it to the
+  connection's state machine to say which it takes when.
 * A PUBLISH on a topic this decoder has decoded before may be read by ``fastpaths.publish_fast``; it gives the
-  packet the general reader gives, or leaves the packet to it (tests/protocol_heads/mqtt/test_fastpaths.py).
+  packet the general reader gives, or leaves the packet to it (tests/mqtt/test_fastpaths.py).
 """
 
 from __future__ import annotations
@@ -21,14 +24,15 @@ from collections.abc import Mapping
 from typing import Final
 
 from edgehub.core import RemoteProtocolError
-from protocol_heads.mqtt.caches import TOPIC_CACHE_BYTES, BudgetDict, topic_cost
-from protocol_heads.mqtt.fastpaths import publish_fast
-from protocol_heads.mqtt.packets import (
+from edgehub.mqtt.caches import TOPIC_CACHE_BYTES, BudgetDict, topic_cost
+from edgehub.mqtt.fastpaths import publish_fast
+from edgehub.mqtt.packets import (
     MAX_VARINT,
     MQTT_50,
     MQTT_311,
     NO_PROPERTIES,
     PROPERTY_KIND,
+    SENT_BY_SERVER,
     Auth,
     ConnAck,
     Connect,
@@ -68,9 +72,11 @@ _ID_ACKS: Final[Mapping[int, type[PubAck | PubRec | PubRel | PubComp]]] = {
 }  # read for every packet: a plain int, not an Enum member look-up
 
 
-def decode_varint(data: bytes | bytearray | memoryview, pos: int) -> tuple[int, int] | None:
+def decode_varint(
+    data: bytes | bytearray | memoryview, pos: int, what: str = "variable byte integer"
+) -> tuple[int, int] | None:
     """``(value, next_pos)``, or None when the bytes end before the integer does. Raises MalformedPacket
-    for a fifth continuation byte."""
+    for a fifth continuation byte (naming ``what`` the integer is)."""
     value = 0
     for i in range(4):
         if pos + i >= len(data):
@@ -79,7 +85,7 @@ def decode_varint(data: bytes | bytearray | memoryview, pos: int) -> tuple[int, 
         value |= (byte & 0x7F) << (7 * i)
         if not byte & 0x80:
             return value, pos + i + 1
-    raise MalformedPacket("variable byte integer longer than 4 bytes")
+    raise MalformedPacket(f"{what} over four bytes")
 
 
 class _Reader:
@@ -97,14 +103,14 @@ class _Reader:
 
     def take(self, n: int) -> bytes:
         if n < 0 or self.pos + n > self.end:
-            raise MalformedPacket("packet ends inside a field")
+            raise MalformedPacket("packet ends early, inside a field")
         out = self.buf[self.pos : self.pos + n]
         self.pos += n
         return out
 
     def u8(self) -> int:
         if self.pos >= self.end:
-            raise MalformedPacket("packet ends inside a field")
+            raise MalformedPacket("packet ends early, inside a field")
         b = self.buf[self.pos]
         self.pos += 1
         return b
@@ -128,7 +134,7 @@ class _Reader:
     def varint(self) -> int:
         got = decode_varint(self.buf[: self.end], self.pos)
         if got is None:
-            raise MalformedPacket("packet ends inside a variable byte integer")
+            raise MalformedPacket("packet ends early, inside a variable byte integer")
         value, self.pos = got
         return value
 
@@ -140,7 +146,7 @@ class _Reader:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise MalformedPacket("string is not valid UTF-8") from exc
+            raise MalformedPacket("a string that is not UTF-8") from exc
         # MQTT forbids U+0000 in strings [MQTT-1.5.4-2].
         if "\x00" in text:
             raise MalformedPacket("string contains U+0000")
@@ -158,7 +164,7 @@ class _Reader:
             raw_id = sub.varint()
             kind = PROPERTY_KIND.get(raw_id)
             if kind is None:
-                raise MalformedPacket(f"unknown property id 0x{raw_id:02x}")
+                raise MalformedPacket(f"unknown property 0x{raw_id:02x}")
             pid = PropertyId(raw_id)
             value: PropertyValue
             if kind == "p":
@@ -195,7 +201,7 @@ class _Reader:
 
     def done(self, what: str) -> None:
         if self.pos != self.end:
-            raise MalformedPacket(f"{what} has {self.end - self.pos} trailing bytes")
+            raise MalformedPacket(f"{what}: {self.end - self.pos} bytes after the packet's fields")
 
 
 _EXPECTED_FLAGS: Final[Mapping[int, int]] = {
@@ -220,7 +226,10 @@ class Decoder:
     """Splits a byte stream into packets. Feed it with ``receive_data``; it returns complete packets.
 
     ``max_packet_size`` bounds a whole packet (fixed header included), as MQTT 5's Maximum Packet Size does;
-    a larger announced length raises ``PacketTooLarge`` before the body is buffered.
+    a larger announced length raises ``PacketTooLarge`` before the body is buffered. ``from_server``: this is a
+    client's decoder, reading what a server sends (give ``protocol_level`` too: a client knows it up front).
+    ``max_qos``: a PUBLISH above it is a protocol error found before its fields are read (a client that
+    subscribed at QoS 1 at most). The fast path does not look: a caller that sets it checks what it gets too.
     """
 
     def __init__(
@@ -229,6 +238,8 @@ class Decoder:
         protocol_level: int | None = None,
         max_packet_size: int = MAX_VARINT + 5,
         topic_cache_bytes: int = TOPIC_CACHE_BYTES,
+        from_server: bool = False,
+        max_qos: int = 2,
     ) -> None:
         if protocol_level not in (None, MQTT_311, MQTT_50):
             raise ValueError(f"unsupported protocol level {protocol_level}")
@@ -241,6 +252,8 @@ class Decoder:
         # Topic bytes → topic, for topics that decoded without error; this connection's, bounded in bytes.
         self._topics: BudgetDict[bytes, str] = BudgetDict(topic_cache_bytes)
         self._seen_connect = False
+        self._from_server = from_server
+        self._max_qos = max_qos
 
     def at_packet_boundary(self) -> bool:
         """Nothing of a packet is buffered, the decoder is alive and knows its protocol level: the next bytes
@@ -278,13 +291,13 @@ class Decoder:
                     length = (length & 0x7F) | (buf[pos + 2] << 7)
                     body = pos + 3
                 else:
-                    got = decode_varint(buf, pos + 1)
+                    got = decode_varint(buf, pos + 1, "remaining length")
                     if got is None:
                         break
                     length, body = got
                 end = body + length
                 if end - pos > self.max_packet_size:
-                    raise PacketTooLarge(f"packet of {end - pos} bytes over the maximum of {self.max_packet_size}")
+                    raise PacketTooLarge(f"packet of {end - pos} bytes is over the limit of {self.max_packet_size}")
                 if n < end:
                     break
                 first = buf[pos]
@@ -319,6 +332,8 @@ class Decoder:
         ptype, flags = first >> 4, first & 0x0F
         if ptype == 0:
             raise MalformedPacket("packet type 0 is reserved")
+        if self._from_server and ptype not in SENT_BY_SERVER:
+            raise MalformedPacket(f"packet type {ptype} ({PacketType(ptype).name}) is not one a server sends")
         if ptype != PacketType.PUBLISH and _EXPECTED_FLAGS[ptype] != flags:
             raise MalformedPacket(f"{PacketType(ptype).name} with reserved flags 0x{flags:x}")
         if ptype == PacketType.CONNECT:
@@ -395,6 +410,8 @@ class Decoder:
         qos = (flags >> 1) & 0x03
         if qos == 3:
             raise MalformedPacket("PUBLISH with QoS 3")
+        if qos > self._max_qos:
+            raise ProtocolViolation(f"PUBLISH: QoS {qos}, above every subscription of ours")
         dup = bool(flags & 0x08)
         if dup and qos == 0:
             raise MalformedPacket("PUBLISH QoS 0 with DUP set")

@@ -2,7 +2,7 @@
 
 A ``Unit`` is one PUBLISH and the messages it carries; the transport's window, uplink budget and status count
 ``Unit.wire_bytes``. The wire modes (segments in batch mode, the IoT Hub telemetry topic in message mode) are
-described in ``edgehub.upstream.mqtt_transport``.
+described in ``edgehub.upstream.mqtt.transport``.
 
 Invariants: ``wire_bytes`` is the PUBLISH's size on the wire, fixed header to payload (``publish_wire_bytes``),
 MQTT 5 properties included; in batch mode every message of the batch is in exactly one unit, in order, and a
@@ -18,12 +18,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from edgehub.core import SystemProperty
-from edgehub.core.mqtt_varint import varint_len
 from edgehub.core.property_bag import KEY_OF
 from edgehub.delivery.endpoint import QueuedMessage
+from edgehub.mqtt.client import PublishProperties
+from edgehub.mqtt.varint import varint_len
 from edgehub.upstream.batching import batch_text, edge_message_id
-from edgehub.upstream.mqtt_codec import PublishProperties
-from edgehub.upstream.mqtt_settings import MqttProtocol, MqttUpstreamSettings, WireMode
+from edgehub.upstream.mqtt.settings import MqttProtocol, MqttUpstreamSettings, WireMode
 from edgehub.upstream.segment import Codec, compress_segment
 
 __all__ = [

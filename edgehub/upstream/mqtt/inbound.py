@@ -2,7 +2,7 @@
 
 Two consumers share the upstream connection (``MqttUpstream`` owns one ``Inbound``):
 * the hub's own twin (``twin_channel``): desired patches and twin answers, when a ``TwinChannel`` is attached;
-* the cloud's side (``mqtt_cloud``): device-bound messages and method calls for the identities behind the hub, once
+* the cloud's side (``cloud``): device-bound messages and method calls for the identities behind the hub, once
   ``serve_cloud`` is called; its subscriptions are made on every connection, and ``ready`` is set once the
   current connection's SUBACKs are in.
 
@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 from edgehub.core import Clock
 from edgehub.core.methods import CloudCommands
 from edgehub.core.refusals import RefusalLog
-from edgehub.upstream.mqtt_cloud import CloudMessage, CloudSide, subscriptions
-from edgehub.upstream.mqtt_settings import MqttUpstreamSettings
+from edgehub.upstream.mqtt.cloud import CloudMessage, CloudSide, subscriptions
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
 from edgehub.upstream.twin_channel import TwinChannel
 
 if TYPE_CHECKING:
-    from edgehub.upstream.mqtt_connection import Connection
+    from edgehub.upstream.mqtt.connection import Connection
 
 __all__ = ["Inbound"]
 

@@ -13,8 +13,7 @@ import struct
 from typing import Final
 
 from edgehub.core import LocalProtocolError
-from edgehub.core.mqtt_varint import encode_varint
-from protocol_heads.mqtt.packets import (
+from edgehub.mqtt.packets import (
     MQTT_50,
     MQTT_311,
     PROPERTY_KIND,
@@ -36,6 +35,7 @@ from protocol_heads.mqtt.packets import (
     UnsubAck,
     Unsubscribe,
 )
+from edgehub.mqtt.varint import encode_varint
 
 __all__ = [
     "UnencodableField",
@@ -44,6 +44,7 @@ __all__ = [
     "encode_varint",
     "fixed_header",
     "packet_id_field",
+    "property_bytes",
     "string_field",
 ]
 
@@ -77,7 +78,8 @@ def _binary(data: bytes) -> bytes:
     return struct.pack("!H", len(data)) + data
 
 
-def _properties(props: Properties) -> bytes:
+def property_bytes(props: Properties) -> bytes:
+    """MQTT 5 properties without their length prefix (what a sender counts against a Maximum Packet Size)."""
     out = bytearray()
     for pid, value in props.values.items():
         kind = PROPERTY_KIND[pid]
@@ -106,7 +108,12 @@ def _properties(props: Properties) -> bytes:
             out += _binary(value)
     for name, value in props.user:
         out += b"\x26" + string_field(name) + string_field(value)
-    return encode_varint(len(out)) + out
+    return bytes(out)
+
+
+def _properties(props: Properties) -> bytes:
+    raw = property_bytes(props)
+    return encode_varint(len(raw)) + raw
 
 
 def _packet(first: int, *parts: bytes) -> bytes:
