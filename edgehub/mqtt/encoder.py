@@ -4,7 +4,7 @@ Invariant: ``encode`` raises only ``LocalProtocolError`` (a value that cannot be
 returns bytes the decoder would refuse for the same protocol level. A field MQTT cannot carry at all (a string or
 binary field over 65,535 bytes, text that is no UTF-8) raises ``UnencodableField``, an ``UnsendablePacket``: the
 same packet can never be sent, so a caller that would retry it must not (a delivery whose topic is too long is
-dead-lettered, not retried for its whole TTL: issue 34).
+dead-lettered at once, not retried for its whole TTL).
 """
 
 from __future__ import annotations
