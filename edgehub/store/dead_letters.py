@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from edgehub.core import Clock, Message
+from edgehub.core.logtext import shown
 from edgehub.store.backend import Backend, Op
 from edgehub.store.codec import (
     VERSION,
@@ -103,12 +104,12 @@ class DeadLetters:
             deltas = {item.queue.endpoint: (-1, -item.size_bytes)}
             await self._maint.write(ops, deltas, (RemovalReason.DEADLETTER, 1))
         log.info(
-            "store.dead_lettered queue=%s offset=%d reason=%s attempts=%d error=%r",
+            "store.dead_lettered queue=%s offset=%d reason=%s attempts=%d error=%s",
             item.queue,
             item.offset,
             reason,
             attempts,
-            (error or "")[:200],
+            shown(error or "", 200),
         )
         return dlq_off
 

@@ -24,7 +24,7 @@ from enum import StrEnum
 
 from edgehub.core import FailureKind
 
-__all__ = ["ConnectFailure", "ReconnectSchedule", "connect_failure_of"]
+__all__ = ["DEFAULT_SCHEDULE", "ConnectFailure", "ReconnectSchedule", "connect_failure_of"]
 
 
 class ConnectFailure(StrEnum):
@@ -72,3 +72,7 @@ class ReconnectSchedule:
                 return min(self.refused_max_s, base * (1 + r))
             case ConnectFailure.AT_ONCE:
                 return self.interval_s * (1 + r)
+
+
+# The defaults, which every setting of the reconnect waits (the MQTT upstream's) takes its own defaults from.
+DEFAULT_SCHEDULE = ReconnectSchedule()

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import unquote
 
+from edgehub.core.logtext import shown
 from edgehub.core.refusals import RefusalLog, RefusalReason
 from edgehub.runtime.admin.files import token_matches
 from edgehub.runtime.admin.http import Request, Response
@@ -225,9 +226,9 @@ class AdminApi:
             exc.reason,
             peer=request.peer,
             method=request.method,
-            path=request.path[:200],
+            path=shown(request.path, 200),
             status=exc.status,
-            detail=repr(exc.detail[:200]),
+            detail=shown(exc.detail, 200),
         )
         extra: tuple[tuple[str, str], ...] = (("www-authenticate", "Bearer"),) if exc.status == 401 else ()
         r = Response.error(exc.status, exc.reason.value, exc.detail)

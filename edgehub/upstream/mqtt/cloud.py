@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from edgehub.core import Clock, EdgeHubError, IngestRejected, Message, StoreError, SystemProperty
+from edgehub.core.logtext import shown
 from edgehub.core.methods import (
     AddressedCall,
     CloudCommands,
@@ -131,7 +132,7 @@ class CloudSide:
         if call is not None:
             self._method(m, call)
             return
-        self._refusals.refused(RefusalReason.TOPIC_INVALID, peer="$upstream", topic=m.topic[:128])
+        self._refusals.refused(RefusalReason.TOPIC_INVALID, peer="$upstream", topic=shown(m.topic))
 
     def _spawn(self, coro: Coroutine[None, None, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from edgehub.core import Clock
+from edgehub.core.logtext import shown
 from edgehub.core.methods import CloudCommands
 from edgehub.core.refusals import RefusalLog
 from edgehub.upstream.mqtt.cloud import CloudMessage, CloudSide, subscriptions
@@ -102,7 +103,7 @@ class Inbound:
         if conn is not None and conn.alive:
             conn.publish(topic, payload, 0)
         else:
-            log.info("upstream.cloud_answer_dropped lane=%s topic=%s", self._settings.lane, topic[:128])
+            log.info("upstream.cloud_answer_dropped lane=%s topic=%s", self._settings.lane, shown(topic))
 
     async def close(self) -> None:
         if self.cloud is not None:

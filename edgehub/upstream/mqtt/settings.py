@@ -12,6 +12,7 @@ from enum import StrEnum
 
 from edgehub.core.endpoints import UPSTREAM_ENDPOINT, UPSTREAM_LANE
 from edgehub.upstream.bandwidth import bdp_bytes
+from edgehub.upstream.reconnect import DEFAULT_SCHEDULE
 from edgehub.upstream.segment import Codec, zstd_available
 
 __all__ = ["MAX_SESSION_EXPIRY_S", "MqttProtocol", "MqttUpstreamSettings", "TlsSettings", "UpstreamStatus", "WireMode"]
@@ -81,9 +82,9 @@ class MqttUpstreamSettings:
     # Connect attempts (edgehub.upstream.reconnect): refused or reset at once, the next after this steady
     # interval (+ up to 50 % jitter); refused by the far side (CONNACK), a backoff doubling from
     # reconnect_refused_min_s up to reconnect_max_s.
-    reconnect_min_s: float = 0.5
-    reconnect_max_s: float = 300.0
-    reconnect_refused_min_s: float = 5.0
+    reconnect_min_s: float = DEFAULT_SCHEDULE.interval_s
+    reconnect_max_s: float = DEFAULT_SCHEDULE.refused_max_s
+    reconnect_refused_min_s: float = DEFAULT_SCHEDULE.refused_min_s
     max_cloud_devices: int = 1000  # devices subscribed for (device-bound messages, method calls); see cloud
     # How long the broker keeps this client's session (its subscriptions and the QoS 1 device-bound messages that
     # came while the hub was away) after a connection is lost: MQTT 5's session expiry interval; on 3.1.1 any
