@@ -42,6 +42,7 @@ from edgehub.mqtt.packets import (
     PubAck,
     Publish,
     ReasonCode,
+    SkippedPublish,
     SubAck,
     Subscribe,
     Subscription,
@@ -60,6 +61,7 @@ __all__ = [
     "PubAckIn",
     "PublishIn",
     "PublishProperties",
+    "SkippedPublishIn",
     "SubAckIn",
     "connect_packet",
     "disconnect_packet",
@@ -214,6 +216,16 @@ class PublishIn:
 
 
 @dataclass(frozen=True, slots=True)
+class SkippedPublishIn:
+    """A PUBLISH over our Maximum Packet Size: its payload was skipped unread; acknowledge it and say so."""
+
+    topic: str
+    qos: int
+    packet_id: int  # 0 for QoS 0
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class PingRespIn:
     pass
 
@@ -224,7 +236,7 @@ class DisconnectIn:
     reason: str | None = None
 
 
-BrokerPacket = ConnAckIn | PubAckIn | SubAckIn | PublishIn | PingRespIn | DisconnectIn
+BrokerPacket = ConnAckIn | PubAckIn | SubAckIn | PublishIn | SkippedPublishIn | PingRespIn | DisconnectIn
 _PINGRESP: Final = PingRespIn()
 
 
@@ -243,7 +255,15 @@ class BrokerDecoder:
         self.v5 = v5
         self.max_packet_bytes = max_packet_bytes
         level = MQTT_50 if v5 else MQTT_311
-        self._decoder = Decoder(protocol_level=level, max_packet_size=max_packet_bytes, from_server=True, max_qos=1)
+        # A broker may send a PUBLISH over our limit (3.1.1 cannot be told one): skipped, so it can be acked and
+        # dropped; a broker that keeps the session would otherwise send it again on every connection.
+        self._decoder = Decoder(
+            protocol_level=level,
+            max_packet_size=max_packet_bytes,
+            from_server=True,
+            max_qos=1,
+            skip_oversize_publish=True,
+        )
 
     def feed(self, data: bytes) -> list[BrokerPacket]:
         """The packets ``data`` completes, in order; raises ``RemoteProtocolError`` on bytes that are not one."""
@@ -255,6 +275,8 @@ class BrokerDecoder:
             return PubAckIn(packet.packet_id, packet.reason_code, packet.properties.get_str(PropertyId.REASON_STRING))
         if isinstance(packet, Publish):
             return _publish(packet)
+        if isinstance(packet, SkippedPublish):
+            return SkippedPublishIn(packet.topic, packet.qos, packet.packet_id or 0, packet.size_bytes)
         if isinstance(packet, ConnAck):
             return self._connack(packet)
         if isinstance(packet, SubAck):

@@ -53,6 +53,7 @@ from edgehub.mqtt.packets import (
     PubRec,
     PubRel,
     ReasonCode,
+    SkippedPublish,
     SubAck,
     Subscribe,
     Subscription,
@@ -230,6 +231,10 @@ class Decoder:
     client's decoder, reading what a server sends (give ``protocol_level`` too: a client knows it up front).
     ``max_qos``: a PUBLISH above it is a protocol error found before its fields are read (a client that
     subscribed at QoS 1 at most). The fast path does not look: a caller that sets it checks what it gets too.
+    ``skip_oversize_publish``: a PUBLISH over ``max_packet_size`` is not an error but a ``SkippedPublish`` (its
+    topic and packet id, read from the packet's first bytes), and the rest of it is dropped as it arrives, never
+    buffered: a client whose server can send what it cannot take (MQTT 3.1.1 has no Maximum Packet Size) acks it
+    and goes on. Any other packet over the limit still raises ``PacketTooLarge``.
     """
 
     def __init__(
@@ -240,6 +245,7 @@ class Decoder:
         topic_cache_bytes: int = TOPIC_CACHE_BYTES,
         from_server: bool = False,
         max_qos: int = 2,
+        skip_oversize_publish: bool = False,
     ) -> None:
         if protocol_level not in (None, MQTT_311, MQTT_50):
             raise ValueError(f"unsupported protocol level {protocol_level}")
@@ -254,11 +260,17 @@ class Decoder:
         self._seen_connect = False
         self._from_server = from_server
         self._max_qos = max_qos
+        self._skip_oversize_publish = skip_oversize_publish
+        self._skip_bytes = 0  # what is left of a skipped PUBLISH, dropped as it arrives
 
     def at_packet_boundary(self) -> bool:
         """Nothing of a packet is buffered, the decoder is alive and knows its protocol level: the next bytes
         start a packet (``fastpaths.plain_puback_ids`` may read them)."""
         return not self._buf and self._error is None and self.protocol_level is not None
+
+    def buffered_bytes(self) -> int:
+        """The bytes of a packet not yet complete that the decoder holds until its next read."""
+        return len(self._buf)
 
     def discard_partial(self) -> None:
         """Forget the bytes of a packet not yet complete: the connection takes no more reads (they may be most of
@@ -269,6 +281,12 @@ class Decoder:
         """Every complete packet so far, in order. Partial bytes stay buffered for the next call."""
         if self._error is not None:
             raise self._error
+        if self._skip_bytes:
+            dropped = min(self._skip_bytes, len(data))
+            self._skip_bytes -= dropped
+            data = data[dropped:]
+            if not data:
+                return []
         # Parse straight from ``data`` when nothing is left over from the last call (the common case): slices
         # of bytes are bytes, so a packet's fields are copied once.
         buf: bytes | bytearray
@@ -296,11 +314,20 @@ class Decoder:
                         break
                     length, body = got
                 end = body + length
+                first = buf[pos]
                 if end - pos > self.max_packet_size:
-                    raise PacketTooLarge(f"packet of {end - pos} bytes is over the limit of {self.max_packet_size}")
+                    if not (self._skip_oversize_publish and first >> 4 == _PUBLISH and known):
+                        raise PacketTooLarge(f"packet of {end - pos} bytes is over the limit of {self.max_packet_size}")
+                    skipped = self._skipped_publish(first, buf, pos, body, end)
+                    if skipped is None:
+                        break  # its topic and packet id are not all here yet (at most 64 KiB of it is kept)
+                    packets.append(skipped)
+                    if end > n:
+                        self._skip_bytes = end - n
+                    pos = min(end, n)
+                    continue
                 if n < end:
                     break
-                first = buf[pos]
                 if first >> 4 == _PUBLISH and known:
                     publish = publish_fast(self._topics, v5, first, buf, body, end)
                     packets.append(publish if publish is not None else self._publish_general(first, buf, body, end))
@@ -319,6 +346,31 @@ class Decoder:
         elif pos < n:
             self._buf += buf[pos:]
         return packets
+
+    def _skipped_publish(
+        self, first: int, buf: bytes | bytearray, pos: int, body: int, end: int
+    ) -> SkippedPublish | None:
+        """The topic and packet id of an oversize PUBLISH from its first bytes; None until they are all here."""
+        qos = (first >> 1) & 0x03
+        if qos == 3:
+            raise MalformedPacket("PUBLISH with QoS 3")
+        if qos > self._max_qos:
+            raise ProtocolViolation(f"PUBLISH: QoS {qos}, above every subscription of ours")
+        if len(buf) < body + 2:
+            return None
+        topic_end = body + 2 + ((buf[body] << 8) | buf[body + 1])
+        head_end = topic_end + (2 if qos else 0)
+        if head_end > end:
+            raise MalformedPacket("PUBLISH: its topic runs past the packet's end")
+        if len(buf) < head_end:
+            return None
+        packet_id = None
+        if qos:
+            packet_id = (buf[topic_end] << 8) | buf[topic_end + 1]
+            if packet_id == 0:
+                raise ProtocolViolation("packet identifier 0")
+        topic = bytes(buf[body + 2 : topic_end]).decode("utf-8", "replace")
+        return SkippedPublish(topic, qos, packet_id, end - pos)
 
     def _publish_general(self, first: int, buf: bytes | bytearray, body: int, end: int) -> Publish:
         packet = self._decode(first, bytes(buf[body:end]))

@@ -54,6 +54,7 @@ __all__ = [
     "PubRel",
     "Publish",
     "ReasonCode",
+    "SkippedPublish",
     "SubAck",
     "Subscribe",
     "Subscription",
@@ -384,6 +385,18 @@ class Auth(_Reasoned, frozen=True, gc=False):
     """MQTT 5 enhanced authentication (not offered by this head: a client's AUTH is a protocol error)."""
 
 
+class SkippedPublish(msgspec.Struct, frozen=True, gc=False):
+    """No packet on the wire: what a client's decoder (``Decoder(skip_oversize_publish=True)``) yields in place of
+    a PUBLISH over its maximum packet size. It read the topic and packet id and skipped the rest unbuffered, so the
+    client can acknowledge it (a server that keeps a session then stops sending it) and say what it dropped; an
+    MQTT 3.1.1 server cannot be told a Maximum Packet Size."""
+
+    topic: str
+    qos: int
+    packet_id: int | None
+    size_bytes: int
+
+
 Packet = (
     Connect
     | ConnAck
@@ -400,4 +413,5 @@ Packet = (
     | PingResp
     | Disconnect
     | Auth
+    | SkippedPublish
 )

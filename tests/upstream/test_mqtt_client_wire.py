@@ -17,6 +17,7 @@ import pytest
 
 from edgehub.core import Message
 from edgehub.delivery.endpoint import QueuedMessage
+from edgehub.mqtt.encoder import encode_varint
 from edgehub.upstream.mqtt.settings import MqttProtocol, MqttUpstreamSettings, WireMode
 from edgehub.upstream.mqtt.transport import MqttUpstream
 from edgehub.upstream.twin_channel import TwinChannel
@@ -141,6 +142,39 @@ async def test_the_twin_subscribes_in_one_packet_and_our_puback_answers_the_brok
             assert await broker.read_packet() == b"\x40\x02\x00\x07"
 
 
+async def test_a_brokers_publish_over_our_limit_is_acknowledged_and_dropped_and_the_connection_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # MQTT 3.1.1 cannot tell the broker a limit; a broker that keeps the session would send it again on every
+    # connection if the client dropped the connection instead (and later cloud messages would never come).
+    caplog.set_level(logging.INFO, logger="edgehub.upstream")
+    async with scripted() as broker:
+        up = MqttUpstream(settings(broker.port, keepalive_s=60, max_packet_bytes=2048))
+        up.attach_twin(TwinChannel())
+        async with up:
+            await broker.next_connection()
+            await broker.read_packet()
+            broker.write(CONNACK_OK_311)
+            await broker.read_packet()  # SUBSCRIBE
+            await broker.read_packet()  # the twin GET
+            broker.write(b"\x90\x04\x00\x01\x01\x00")
+            topic = text("$iothub/twin/PATCH/properties/desired/?$version=2")
+            body = topic + b"\x00\x06" + b"{" + b" " * 5000 + b"}"
+            huge = b"\x32" + encode_varint(len(body)) + body
+            broker.write(huge[:1000])  # in pieces, as a thin link brings it
+            broker.write(huge[1000:])
+            assert await broker.read_packet() == b"\x40\x02\x00\x06"  # acknowledged: the broker lets it go
+            patch = topic + b"\x00\x07" + b"{}"
+            broker.write(b"\x32" + bytes((len(patch),)) + patch)
+            assert await broker.read_packet() == b"\x40\x02\x00\x07"  # the next one comes on the same connection
+            assert up.connected
+    lines = [r.getMessage() for r in caplog.records if "reason=packet_too_large" in r.getMessage()]
+    assert len(lines) == 1
+    assert f"bytes={len(huge)}" in lines[0]
+    assert "outcome=acknowledged_and_dropped" in lines[0]
+    assert not any("upstream.lost" in r.getMessage() for r in caplog.records)
+
+
 async def test_an_idle_connection_pings_on_keepalive_and_a_silent_broker_is_noticed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -169,7 +203,7 @@ async def test_an_idle_connection_pings_on_keepalive_and_a_silent_broker_is_noti
 @pytest.mark.parametrize(
     ("bad", "reason", "detail"),
     [
-        (b"\x30\x88\x27", "packet_too_large", "over the limit of 2048"),  # a PUBLISH announcing 5000 bytes
+        (b"\x90\x88\x27", "packet_too_large", "over the limit of 2048"),  # a SUBACK announcing 5000 bytes
         (b"\x30\xff\xff\xff\xff\x01", "malformed_packet", "remaining length over four bytes"),
         (b"\x00\x00", "malformed_packet", "packet type 0"),
         (b"\x30\x04\x00\x02\xff\xfe", "malformed_packet", "not UTF-8"),

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Protocol, cast
 
 from edgehub.core import FailureKind, RemoteProtocolError, TransportError
+from edgehub.core.logtext import shown
 from edgehub.core.refusals import RefusalLog, RefusalReason
 from edgehub.mqtt.client import (
     TOO_LARGE,
@@ -51,6 +52,7 @@ from edgehub.mqtt.client import (
     PacketIds,
     PubAckIn,
     PublishIn,
+    SkippedPublishIn,
     SubAckIn,
     connect_packet,
     disconnect_packet,
@@ -193,6 +195,18 @@ class Connection(asyncio.Protocol):
                 packet.correlation_data,
             )
             self.owner.cloud_message(self, m)
+        elif isinstance(packet, SkippedPublishIn):
+            # Acknowledged, so the broker stops sending it again; dropped, since nothing of it was kept.
+            self._refusals.refused(
+                RefusalReason.PACKET_TOO_LARGE,
+                peer=self._peer,
+                client=self._settings.client_id,
+                topic=shown(packet.topic),
+                bytes=packet.size_bytes,
+                limit=self._settings.max_packet_bytes,
+                outcome="acknowledged_and_dropped",
+            )
+            self.ack(packet.packet_id, packet.qos)
         elif isinstance(packet, ConnAckIn):
             self._on_connack(packet)
         elif isinstance(packet, SubAckIn):

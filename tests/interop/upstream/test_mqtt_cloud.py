@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -160,3 +161,26 @@ def test_the_session_expiry_is_bounded() -> None:
         with pytest.raises(ValueError, match="session_expiry_s"):
             MqttUpstreamSettings(host="h", client_id="gw", hub_id="gw", session_expiry_s=bad)
     assert MqttUpstreamSettings(host="h", client_id="gw", hub_id="gw").session_expiry_s == 86_400
+
+
+async def test_a_device_bound_message_over_the_upstreams_limit_is_acked_and_dropped_and_the_next_one_arrives(
+    tmp_path: Path, broker: MosquittoPeer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # MQTT 3.1.1 with the session kept (the default): the broker cannot be told a limit and, if the hub dropped the
+    # connection instead of acknowledging, would send the 1.5 MB message again on every connection, ahead of
+    # everything queued behind it.
+    caplog.set_level(logging.INFO)
+    async with served(tmp_path, broker) as rig:
+        dev = await connected(rig, DEV, DEVICE_KEY, "devices/dev1/messages/devicebound/#")
+        rig.cloud.publish("devices/dev1/messages/devicebound/$.mid=huge", b"x" * 1_500_000, qos=1)
+        rig.cloud.publish("devices/dev1/messages/devicebound/$.mid=after", b"after", qos=1)
+        async with asyncio.timeout(20):
+            await rig.cloud.publishes.get()
+            await rig.cloud.publishes.get()
+            got = await dev.messages.get()
+        assert got.payload == b"after"
+        assert rig.upstream.connected
+        await dev.close()
+    lines = [r.getMessage() for r in caplog.records if "reason=packet_too_large" in r.getMessage()]
+    assert len(lines) == 1
+    assert "outcome=acknowledged_and_dropped" in lines[0]
