@@ -266,8 +266,8 @@ class Session:
     async def _authenticate(self, creds: Credentials) -> bool:
         """Ask the hub; on success the connection is this identity's (taking over an older one)."""
         server = self.server
-        keys = (self.sock.address, creds.identity.id[:128])
-        if server.address_throttle.blocked(keys[0]) or server.throttle.blocked(keys[1]):
+        keys = (self.sock.address, creds.identity.id)
+        if server.logins.blocked(*keys):
             self.sock.refused(RefusalReason.LOGIN_THROTTLED, client=shown(creds.identity.id))
             return False
         if self.identity is not None and creds.identity != self.identity:
@@ -276,11 +276,10 @@ class Session:
         try:
             result = await server.authenticate(creds)  # checked again if a revocation overlapped it
         except AuthenticationError as exc:
-            server.address_throttle.failed(keys[0])
-            server.throttle.failed(keys[1])
+            server.logins.failed(*keys)
             self.sock.refused(RefusalReason.BAD_CREDENTIALS, client=shown(creds.identity.id), detail=shown(str(exc)))
             return False
-        server.throttle.succeeded(keys[1])
+        server.logins.succeeded(*keys)
         if self.identity is not None:
             return True  # a renewal
         self.identity = result.identity

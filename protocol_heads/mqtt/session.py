@@ -192,10 +192,10 @@ class Session:
             self.children.refill(self.hub)
 
     async def _authenticate(self, c: Connect) -> list[Event] | None:
-        # Throttled per source address and per claimed client id (a key of 128 characters at most).
-        keys = (self.sock.address, c.client_id[:128])
+        # Throttled per source address and per (address, claimed client id): LoginThrottle says why.
+        keys = (self.sock.address, c.client_id)
         server = self.server
-        if server.address_throttle.blocked(keys[0]) or server.throttle.blocked(keys[1]):
+        if server.logins.blocked(*keys):
             self.sock.refused(RefusalReason.LOGIN_THROTTLED, client=shown(c.client_id))
             self.conn.refuse(ReasonCode.CONNECTION_RATE_EXCEEDED, reason="too many failed logins; try again later")
             self.sock.flush()
@@ -225,7 +225,7 @@ class Session:
             return self._refuse(
                 keys, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "client id is not the authenticated identity", c
             )
-        server.throttle.succeeded(keys[1])
+        server.logins.succeeded(*keys)
         self.sock.authenticated(result.identity.id)
         self.identity = result.identity
         self.auth_method = result.auth_method
@@ -247,8 +247,7 @@ class Session:
     ) -> list[Event] | None:
         """Refuse the login: a failing CONNACK with ``reason`` and ``text``, counted by the login throttle. None,
         as ``_authenticate`` returns for a refusal."""
-        self.server.address_throttle.failed(keys[0])
-        self.server.throttle.failed(keys[1])
+        self.server.logins.failed(*keys)
         why = _LOGIN_REFUSALS.get(reason, RefusalReason.BAD_CREDENTIALS)
         extra = {"detail": shown(str(detail), 200)} if detail is not None else {}
         self.sock.refused(why, client=shown(c.client_id), why=repr(text), **extra)
