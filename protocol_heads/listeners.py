@@ -9,7 +9,9 @@ Invariants:
   counted from accept (``ConnectionLimiter``: pre-login caps in total and per address, a total cap under the
   descriptor limit, see ``connection_cap``), and failed logins are throttled per source address and per (address,
   claimed identity) (``LoginThrottle``: ``logins``, which the composition root shares between the heads).
-* Every refusal goes through the server's one ``RefusalLog`` (``refusals``), on the head's own logger.
+* Every refusal goes through the server's one ``RefusalLog`` (``refusals``), on the head's own logger, and every
+  other line a client can cause by logging in (a login, a takeover, a will) through its ``RateLimitedLog``
+  (``events``, per identity): a device that reconnects in a loop cannot fill the disk.
 * One live session per identity (``claim_identity``, ``release_identity``): a new login takes the session over;
   ``close_identity`` ends it when the identity's credentials are removed or rotated (the admin API), and a login
   that was checking them meanwhile checks them again (``authenticate``).
@@ -25,7 +27,7 @@ from types import TracebackType
 from typing import ClassVar, Generic, Protocol, Self, TypeVar
 
 from edgehub.core import AuthenticationError
-from edgehub.core.refusals import RefusalLog
+from edgehub.core.refusals import RateLimitedLog, RefusalLog
 from edgehub.hub import AuthResult, ConnectionLimiter, Credentials, Hub, LoginThrottle
 from protocol_heads.limits import HeadSettings, connection_cap
 
@@ -89,6 +91,7 @@ class HeadServer(Generic[SettingsT, SessionT]):
         self.revocations = 0  # close_identity calls so far: a login that overlapped one checks its credentials again
         self._tasks: set[asyncio.Task[None]] = set()
         self.refusals = RefusalLog(self.log, clock=settings.clock)
+        self.events = RateLimitedLog(self.log, clock=settings.clock)
         self.limiter = ConnectionLimiter(
             max_connections=connection_cap(settings),
             max_pending=settings.max_pending_connections,

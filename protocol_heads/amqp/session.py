@@ -287,13 +287,13 @@ class Session:
         self.sock.authenticated(result.identity.id)
         old = server.claim_identity(result.identity.id, self)
         if old is not None:
-            log.info("amqp.session_takeover client=%s", result.identity)
+            server.events.line(result.identity.id, "amqp.session_takeover", client=result.identity)
             old.take_over()
         await self.hub.connect(result.identity, self.link, clean_session=False)
         self.registered = True
         if not self.logged_in.done():
             self.logged_in.set_result(None)
-        log.info("amqp.connected client=%s auth=%s", result.identity, result.auth_method)
+        server.events.line(result.identity.id, "amqp.connected", client=result.identity, auth=result.auth_method)
         return True
 
     def _token_expiry(self, password: bytes) -> None:

@@ -232,13 +232,15 @@ class Session:
         self.listening = result.identity.module_id is not None
         old = self.server.claim_identity(self.identity.id, self)
         if old is not None:
-            log.info("mqtt.session_takeover client=%s", self.identity)
+            self.server.events.line(self.identity.id, "mqtt.session_takeover", client=self.identity)
             old.take_over()
         info = await self.hub.connect(self.identity, self.link, clean_session=c.clean_start)
         self.registered = True
         pipelined = self.conn.accept(session_present=info.session_present)
         self.sock.flush()
-        log.info("mqtt.connected client=%s level=%d auth=%s", self.identity, c.protocol_level, self.auth_method)
+        self.server.events.line(
+            self.identity.id, "mqtt.connected", client=self.identity, level=c.protocol_level, auth=self.auth_method
+        )
         self.hub.link_ready(self.identity, self.link)
         return pipelined
 
@@ -496,10 +498,10 @@ class Session:
             self.sock.refused(exc.reason, client=identity.id, will=shown(will.topic), detail=shown(str(exc), 200))
             return
         except EdgeHubError as exc:  # the store failed: not the client's doing
-            log.info("mqtt.will_dropped client=%s detail=%s", identity, exc)
+            self.server.events.line(identity.id, "mqtt.will_dropped", client=identity, detail=exc)
             return
         if not isinstance(outcome, Rejected):  # a refusal the hub made it has logged itself
-            log.info("mqtt.will_published client=%s topic=%s", identity, will.topic)
+            self.server.events.line(identity.id, "mqtt.will_published", client=identity, topic=will.topic)
 
     async def close(self) -> None:
         """The connection has ended: let the groups in flight finish, then leave the hub (and publish the will)."""
