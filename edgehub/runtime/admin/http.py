@@ -278,7 +278,8 @@ class AdminHttpServer:
                     if not started[0]:
                         return  # it asked nothing: nothing to answer
                 else:
-                    timeout_s = limits.request_timeout_s if slot.holder else limits.header_timeout_s
+                    # The deadline it had: the holder's request_timeout_s, or a stranger's header_timeout_s.
+                    timeout_s = round((deadline.when() or begun) - begun, 3)
                     self._refusals.refused(RefusalReason.REQUEST_TIMEOUT, peer=peer, timeout_s=timeout_s)
                 await self._refuse(writer, conn, _Refused(408, RefusalReason.REQUEST_TIMEOUT, "request too slow"))
                 return

@@ -283,7 +283,10 @@ async def test_a_connection_without_a_whole_request_head_is_closed_after_the_hea
     assert all("timeout_s=0.2 phase=head" in line for line in lines)
 
 
-async def test_a_token_holders_request_may_take_the_request_timeout_a_strangers_only_the_header_timeout() -> None:
+async def test_a_token_holders_request_may_take_the_request_timeout_a_strangers_only_the_header_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
     async with admin(InMemoryDesiredState(), limits=AdminLimits(header_timeout_s=0.3, request_timeout_s=60.0)) as c:
         body = b'{"$version": 1}'
         head = "PATCH /twin/desired HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n{}\r\n"
@@ -299,6 +302,9 @@ async def test_a_token_holders_request_may_take_the_request_timeout_a_strangers_
         finally:
             stranger.close()
             holder.close()
+    assert any(
+        "refused reason=request_timeout" in r.getMessage() and "timeout_s=0.3" in r.getMessage() for r in caplog.records
+    )
 
 
 async def test_a_new_connection_is_answered_503_only_while_every_slot_is_in_its_handler() -> None:
