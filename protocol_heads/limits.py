@@ -40,10 +40,11 @@ class HeadSettings:
     * ``max_pending_connections``: connections accepted but not yet authenticated (at most half of
       ``max_connections``: the rest is for authenticated work). Over it: closed at accept.
     * ``max_pending_per_address``: of those, from one source address.
-    * ``max_login_failures`` per ``login_failure_window_s`` per claimed identity, and
-      ``max_login_failures_per_address`` per source address (higher: devices behind one NAT share it, and one
-      with a stale key must not lock out the rest); then logins naming either are refused at once, without
-      asking the authenticator.
+    * ``max_login_failures`` per ``login_failure_window_s`` per (source address, claimed identity), and
+      ``max_login_failures_per_address`` per source address whatever it claims (higher: devices behind one NAT
+      share it, and one with a stale key must not lock out the rest); then logins from that address (naming that
+      identity, for the pair) are refused at once, without asking the authenticator. Never per identity alone:
+      a stranger naming a device must not lock the device out (``edgehub.hub.throttle``).
     * ``outbound_window``: deliveries in flight per client (the module endpoint's window).
     * ``max_groups_in_flight``: ingest groups a connection may have waiting on the hub before reading pauses.
     """

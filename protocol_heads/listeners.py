@@ -7,9 +7,11 @@ Invariants:
   everything but cancellation, so one bad client never cancels the server or another client.
 * A hostile outside costs bounded memory and descriptors (each bound a ``HeadSettings`` field): connections are
   counted from accept (``ConnectionLimiter``: pre-login caps in total and per address, a total cap under the
-  descriptor limit, see ``connection_cap``), and failed logins are throttled per address and claimed identity
-  (``LoginThrottle``).
-* Every refusal goes through the server's one ``RefusalLog`` (``refusals``), on the head's own logger.
+  descriptor limit, see ``connection_cap``), and failed logins are throttled per source address and per (address,
+  claimed identity) (``LoginThrottle``: ``logins``, which the composition root shares between the heads).
+* Every refusal goes through the server's one ``RefusalLog`` (``refusals``), on the head's own logger, and every
+  other line a client can cause by logging in (a login, a takeover, a will) through its ``RateLimitedLog``
+  (``events``, per identity): a device that reconnects in a loop cannot fill the disk.
 * One live session per identity (``claim_identity``, ``release_identity``): a new login takes the session over;
   ``close_identity`` ends it when the identity's credentials are removed or rotated (the admin API), and a login
   that was checking them meanwhile checks them again (``authenticate``).
@@ -25,13 +27,23 @@ from types import TracebackType
 from typing import ClassVar, Generic, Protocol, Self, TypeVar
 
 from edgehub.core import AuthenticationError
-from edgehub.core.refusals import RefusalLog
+from edgehub.core.refusals import RateLimitedLog, RefusalLog
 from edgehub.hub import AuthResult, ConnectionLimiter, Credentials, Hub, LoginThrottle
 from protocol_heads.limits import HeadSettings, connection_cap
 
-__all__ = ["ClientTask", "HeadServer", "Revocable"]
+__all__ = ["ClientTask", "HeadServer", "Revocable", "login_throttle"]
 
 _LOGIN_ATTEMPTS = 3  # authentications of one login while revocations overlap it (admin actions: rare)
+
+
+def login_throttle(settings: HeadSettings) -> LoginThrottle:
+    """The login throttle ``settings`` ask for (to share between heads: pass it to each as ``logins``)."""
+    return LoginThrottle(
+        max_failures=settings.max_login_failures,
+        max_failures_per_address=settings.max_login_failures_per_address,
+        window_s=settings.login_failure_window_s,
+        clock=settings.clock,
+    )
 
 
 class Revocable(Protocol):
@@ -67,7 +79,7 @@ class HeadServer(Generic[SettingsT, SessionT]):
 
     stopping = False  # set when the server begins to stop: no more accepts, clients finishing
 
-    def __init__(self, hub: Hub, *, settings: SettingsT) -> None:
+    def __init__(self, hub: Hub, *, settings: SettingsT, logins: LoginThrottle | None = None) -> None:
         if settings.tls_port is not None and settings.ssl_context is None:
             raise ValueError("a TLS listener needs an ssl_context")
         self.hub = hub
@@ -79,20 +91,16 @@ class HeadServer(Generic[SettingsT, SessionT]):
         self.revocations = 0  # close_identity calls so far: a login that overlapped one checks its credentials again
         self._tasks: set[asyncio.Task[None]] = set()
         self.refusals = RefusalLog(self.log, clock=settings.clock)
+        self.events = RateLimitedLog(self.log, clock=settings.clock)
         self.limiter = ConnectionLimiter(
             max_connections=connection_cap(settings),
             max_pending=settings.max_pending_connections,
             max_pending_per_address=settings.max_pending_per_address,
         )
-        # Failed logins, per claimed identity and per source address (HeadSettings says why two).
-        self.throttle = LoginThrottle(
-            max_failures=settings.max_login_failures, window_s=settings.login_failure_window_s, clock=settings.clock
-        )
-        self.address_throttle = LoginThrottle(
-            max_failures=settings.max_login_failures_per_address,
-            window_s=settings.login_failure_window_s,
-            clock=settings.clock,
-        )
+        # Failed logins, per source address and per (address, claimed identity): ``logins`` when given (one
+        # throttle for every head of a hub, so a guesser has no second budget on the other protocol), else this
+        # head's own, from its settings.
+        self.logins = logins or login_throttle(settings)
 
     def _socket(self, tls: ssl.SSLContext | None) -> asyncio.BaseProtocol:
         """A new connection's socket side; ``tls``: the handshake it runs in its task (None: plain TCP)."""

@@ -1,17 +1,17 @@
-"""Refusals made visible, and bounded: one INFO line per refusal, at most a few per peer per window.
+"""Log lines an outside party can cause, made visible and bounded: at most a few per peer per window.
 
 A hub that refuses quietly cannot be operated (an operator must see 2,000 failed logins), and a hub that logs
-every refusal of a hostile peer lets that peer fill the disk. ``RefusalLog`` is the one place that decides
-which refusals reach the log: each peer (an address, or a client id once it is known) may log ``burst``
+every refusal of a hostile peer, or every login of a device that reconnects in a loop, or every call a module
+makes to a device that is away, lets that peer fill the disk. ``RateLimitedLog`` is the one place that decides
+which of those lines reach the log: each peer (an address, or a client id once it is known) may log ``burst``
 lines per ``window_s``; what is held back is counted and said in the peer's next line once its window has
 passed (``suppressed=N``). The peers it remembers are bounded too (``max_peers``; the oldest is forgotten).
-
-A line reads ``refused reason=REASON peer=ADDR client=ID key=value...``, reason first so that log
-searches group by it. Standard library only, like all of ``edgehub.core``.
+``RefusalLog`` is the one for refusals: a line reads ``refused reason=REASON peer=ADDR client=ID key=value...``,
+reason first so that log searches group by it. Standard library only, like all of ``edgehub.core``.
 
 Invariants:
-* ``refused`` never raises for any values given (they are formatted with ``%s``) and costs a dict look-up
-  when the line is held back.
+* ``line`` and ``refused`` never raise for any values given (they are formatted with ``%s``) and cost a dict
+  look-up when the line is held back.
 * Memory is bounded by ``max_peers`` whatever the peers send.
 """
 
@@ -23,7 +23,7 @@ from enum import StrEnum
 
 from edgehub.core.clock import Clock, SystemClock
 
-__all__ = ["MESSAGE_REFUSALS", "STORE_UNAVAILABLE_TEXT", "RefusalLog", "RefusalReason"]
+__all__ = ["MESSAGE_REFUSALS", "STORE_UNAVAILABLE_TEXT", "RateLimitedLog", "RefusalLog", "RefusalReason"]
 
 
 class RefusalReason(StrEnum):
@@ -92,8 +92,8 @@ MESSAGE_REFUSALS: frozenset[RefusalReason] = frozenset(
 STORE_UNAVAILABLE_TEXT = "the hub cannot store messages now (disk full or failing)"
 
 
-class RefusalLog:
-    """Rate-limited refusal lines, per peer. ``burst`` lines per ``window_s`` per peer; ``max_peers`` peers."""
+class RateLimitedLog:
+    """Rate-limited INFO lines, per peer. ``burst`` lines per ``window_s`` per peer; ``max_peers`` peers."""
 
     def __init__(
         self,
@@ -113,11 +113,11 @@ class RefusalLog:
         self._clock = clock or SystemClock()
         # peer -> [window start, lines logged in it, lines held back since the last logged one]
         self._peers: OrderedDict[str, list[float]] = OrderedDict()
-        self.total = 0  # refusals seen, logged or not
-        self.suppressed = 0  # refusals held back
+        self.total = 0  # lines asked for, logged or not
+        self.suppressed = 0  # lines held back
 
-    def refused(self, reason: RefusalReason | str, *, peer: str, client: str | None = None, **detail: object) -> bool:
-        """Record a refusal; log it unless ``peer`` has used its lines for this window. True when logged."""
+    def line(self, peer: str, event: str, /, **fields: object) -> bool:
+        """Log ``event key=value...`` unless ``peer`` has used its lines for this window. True when logged."""
         self.total += 1
         now = self._clock.monotonic()
         state = self._peers.get(peer)
@@ -137,9 +137,17 @@ class RefusalLog:
         state[1] += 1
         held = int(state[2])
         state[2] = 0.0
-        parts = [f"refused reason={reason}", f"peer={peer}", f"client={client or '-'}"]
-        parts.extend(f"{key}={value}" for key, value in detail.items())
+        parts = [event]
+        parts.extend(f"{key}={value}" for key, value in fields.items())
         if held:
             parts.append(f"suppressed={held}")
         self._log.info("%s", " ".join(parts))
         return True
+
+
+class RefusalLog(RateLimitedLog):
+    """Rate-limited refusal lines, per peer (``RateLimitedLog``'s bounds)."""
+
+    def refused(self, reason: RefusalReason | str, *, peer: str, client: str | None = None, **detail: object) -> bool:
+        """Record a refusal; log it unless ``peer`` has used its lines for this window. True when logged."""
+        return self.line(peer, f"refused reason={reason}", peer=peer, client=client or "-", **detail)

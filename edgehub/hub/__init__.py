@@ -35,8 +35,9 @@ Guarantees the implementations give:
 
 Two protocol-neutral guards every head uses before login: ``ConnectionLimiter`` (``connection_admission.py``:
 pre-login connections capped in total and per source address, all connections under the descriptor limit) and
-``LoginThrottle`` (``throttle.py``: failed logins per key in a window). The store's admission of messages (size
-limits, quotas, overflow policies) is another thing: ``edgehub.store.quotas``.
+``LoginThrottle`` (``throttle.py``: failed logins per source address and per (address, identity) in a window).
+The store's admission of messages (size limits, quotas, overflow policies) is another thing:
+``edgehub.store.quotas``.
 """
 
 from __future__ import annotations

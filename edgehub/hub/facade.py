@@ -67,7 +67,7 @@ from edgehub.core.logtext import shown
 from edgehub.core.message import TWIN_CHANGE_NOTIFICATION
 from edgehub.core.methods import MethodCall, MethodResult
 from edgehub.core.opstats import OpStats
-from edgehub.core.refusals import RefusalLog, RefusalReason
+from edgehub.core.refusals import RateLimitedLog, RefusalLog, RefusalReason
 from edgehub.core.sas import DEFAULT_MAX_TOKEN_LIFETIME_S
 from edgehub.core.sealing import SecretSealer
 from edgehub.delivery import Endpoint, EndpointExecutor, ExecutorSettings
@@ -157,6 +157,8 @@ class EdgeHub:
         self._module_desired: dict[str, tuple[dict[str, Any], int]] = {}
         self._twin_lock = asyncio.Lock()  # a patch is merged and written: one at a time, so none is lost
         self.refusals = refusals or RefusalLog(log, clock=self.clock)
+        # Connects and disconnects are a client's doing: rate-limited per identity, as refusals are.
+        self._events = RateLimitedLog(log, clock=self.clock)
         self.c2d = CloudToDevice(
             store, known=lambda i: self.identities.get(i) is not None, limits=c2d_limits, max_batch=module_batch
         )
@@ -417,10 +419,10 @@ class EdgeHub:
         self.methods.connect(identity, link)
         if identity.module_id is None:
             self.c2d.mailboxes.connect(identity, link)
-            log.info("hub.device_connected identity=%s", identity)
+            self._events.line(identity.id, "hub.device_connected", identity=identity)
             return SessionInfo(session_present=not clean_session and self.c2d.has_queued(identity.device_id))
         self.modules.connect(identity, link)
-        log.info("hub.module_connected identity=%s", identity)
+        self._events.line(identity.id, "hub.module_connected", identity=identity)
         # Queued module messages belong to the module, not to the MQTT session: they are kept across clean
         # sessions, so "session present" is only reported for a persistent session with something queued.
         return SessionInfo(session_present=not clean_session and self._has_queued(identity.module_id))
@@ -439,10 +441,10 @@ class EdgeHub:
         self.methods.disconnect(identity, link)
         if identity.module_id is not None:
             self.modules.disconnect(identity, link)
-            log.info("hub.module_disconnected identity=%s", identity)
+            self._events.line(identity.id, "hub.module_disconnected", identity=identity)
         else:
             self.c2d.mailboxes.disconnect(identity, link)
-            log.info("hub.device_disconnected identity=%s", identity)
+            self._events.line(identity.id, "hub.device_disconnected", identity=identity)
 
     def delivered(self, identity: Identity, delivery_id: int, ok: bool) -> None:
         self.delivered_many(identity, ((delivery_id, ok),))

@@ -39,7 +39,7 @@ from edgehub.core.methods import (
     method_name_problem,
 )
 from edgehub.core.opstats import OpStats
-from edgehub.core.refusals import RefusalLog, RefusalReason
+from edgehub.core.refusals import RateLimitedLog, RefusalLog, RefusalReason
 
 __all__ = ["UPSTREAM_CALLER", "MethodDispatcher", "MethodLimits", "MethodLink"]
 
@@ -102,6 +102,8 @@ class MethodDispatcher:
         self.limits = limits or MethodLimits()
         self._clock = clock
         self._refusals = refusals
+        # The lines a call causes (target away, timed out, answered): the caller's doing, rate-limited per caller.
+        self._events = RateLimitedLog(log, clock=clock)
         self._targets: dict[str, _Target] = {}  # identity id -> its current link
         self._calls: dict[str, _Call] = {}  # request id -> call
         self._per_caller: dict[str, int] = {}
@@ -176,7 +178,7 @@ class MethodDispatcher:
             return self._refuse(RefusalReason.METHOD_INVALID, MethodErrorCode.BAD_FORMAT, caller, target, problem)
         entry = self._target(target)
         if entry is None:
-            log.info("method.not_online caller=%s target=%s method=%s", caller, target, call.name)
+            self._events.line(caller, "method.not_online", caller=caller, target=target, method=call.name)
             return method_error(MethodErrorCode.DEVICE_NOT_ONLINE, now_s=self._clock.time())
         lim = self.limits
         by_caller = self._per_caller.get(caller, 0)
@@ -189,7 +191,7 @@ class MethodDispatcher:
             return self._refuse(RefusalReason.TOO_MANY_CALLS, MethodErrorCode.THROTTLED, caller, target, why)
         rid = format(next(self._rids), "x")
         if not entry.link.send_method_request(rid, call.name, call.payload, target):
-            log.info("method.not_listening caller=%s target=%s method=%s", caller, target, call.name)
+            self._events.line(caller, "method.not_listening", caller=caller, target=target, method=call.name)
             return method_error(MethodErrorCode.DEVICE_NOT_ONLINE, now_s=self._clock.time())
         future: asyncio.Future[MethodResult] = asyncio.get_running_loop().create_future()
         self._calls[rid] = _Call(caller, target, entry.link, future)
@@ -199,8 +201,8 @@ class MethodDispatcher:
             async with asyncio.timeout(call.timeout_s):
                 result = await future
         except TimeoutError:
-            log.info(
-                "method.timeout caller=%s target=%s method=%s timeout_s=%s", caller, target, call.name, call.timeout_s
+            self._events.line(
+                caller, "method.timeout", caller=caller, target=target, method=call.name, timeout_s=call.timeout_s
             )
             result = method_error(MethodErrorCode.GATEWAY_TIMEOUT, now_s=self._clock.time())
         finally:
@@ -211,7 +213,9 @@ class MethodDispatcher:
                 self._per_caller[caller] = left
             else:
                 del self._per_caller[caller]
-        log.info("method.answered caller=%s target=%s method=%s status=%d", caller, target, call.name, result.status)
+        self._events.line(
+            caller, "method.answered", caller=caller, target=target, method=call.name, status=result.status
+        )
         return result
 
     def respond(self, identity: Identity, rid: str, status: int, payload: bytes) -> bool:

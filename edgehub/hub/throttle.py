@@ -1,17 +1,20 @@
-"""Throttling of failed logins, per source address and per claimed identity. Protocol-neutral (the MQTT and
-AMQP heads share it).
+"""Throttling of failed logins, per source address and per (source address, claimed identity). Protocol-neutral:
+the one home of the rule, which both heads ask (and, in a running hub, one throttle shared by both, so a guesser
+gets no second budget by changing protocol).
 
-Without it a peer could try 436 passwords a second. Each key (a source address, a claimed identity: the head
-chooses them, and keeps one throttle per kind when their limits differ) may fail ``max_failures`` times per
-``window_s``; after that every attempt naming that key is
-refused at once, without asking the authenticator, until the window has passed. A fixed window per key keeps
-the cost at one dict look-up per key and attempt.
+Without it a peer could try 436 passwords a second. An address may fail ``max_failures_per_address`` times per
+``window_s`` whatever identities it names, and ``max_failures`` times for one identity; after that every
+attempt from that address (or, for the pair, naming that identity from that address) is refused at once, without
+asking the authenticator, until the window has passed. Failures are never counted against an identity alone: a
+stranger who names a device must not lock out the device's valid logins from its own address, so a valid
+credential from an address that has not failed always gets in. A fixed window per key keeps the cost at one
+dict look-up per key and attempt.
 
 Invariants:
-* ``blocked`` and ``failed`` are O(number of keys given); memory is bounded by ``max_keys`` (the key that
-  failed longest ago is forgotten first).
-* A success clears that identity's failures only when the head says so (``succeeded``); a source address is
-  never cleared by one success, or one valid credential would reset a guesser's count.
+* ``blocked`` and ``failed`` cost two dict look-ups; memory is bounded by ``max_keys`` (the key that failed
+  longest ago is forgotten first); an identity is cut to ``MAX_IDENTITY_CHARS`` before it is a key.
+* A success clears only its own (address, identity) pair (``succeeded``); a source address is never cleared by
+  one success, or one valid credential would reset a guesser's count.
 """
 
 from __future__ import annotations
@@ -20,40 +23,55 @@ from collections import OrderedDict
 
 from edgehub.core.clock import Clock, SystemClock
 
-__all__ = ["LoginThrottle"]
+__all__ = ["MAX_IDENTITY_CHARS", "LoginThrottle"]
+
+MAX_IDENTITY_CHARS = 128  # longer claimed identities share the key of their first 128 characters
+
+_Key = str | tuple[str, str]  # an address, or (address, identity)
 
 
 class LoginThrottle:
-    """``blocked(*keys)`` before authenticating; ``failed(*keys)`` after a refusal; ``succeeded(key)``."""
+    """``blocked(address, identity)`` before authenticating; ``failed(address, identity)`` after a refusal;
+    ``succeeded(address, identity)`` after a login."""
 
     def __init__(
-        self, *, max_failures: int = 5, window_s: float = 60.0, max_keys: int = 10_000, clock: Clock | None = None
+        self,
+        *,
+        max_failures: int = 5,
+        max_failures_per_address: int = 30,
+        window_s: float = 60.0,
+        max_keys: int = 10_000,
+        clock: Clock | None = None,
     ) -> None:
-        if max_failures < 1 or window_s <= 0 or max_keys < 1:
-            raise ValueError("max_failures, window_s and max_keys must be positive")
+        if min(max_failures, max_failures_per_address, max_keys) < 1 or window_s <= 0:
+            raise ValueError("max_failures, max_failures_per_address, window_s and max_keys must be positive")
         self.max_failures = max_failures
+        self.max_failures_per_address = max_failures_per_address
         self.window_s = window_s
         self._max_keys = max_keys
         self._clock = clock or SystemClock()
-        self._failures: OrderedDict[str, tuple[float, int]] = OrderedDict()  # key -> (window start, count)
+        self._failures: OrderedDict[_Key, tuple[float, int]] = OrderedDict()  # key -> (window start, count)
         self.refused = 0  # logins ``blocked`` refused so far (for /metrics)
 
-    def blocked(self, *keys: str) -> bool:
-        """Whether any of ``keys`` has used up its failures in the current window (counted in ``refused``: a head
-        that asks two throttles in turn stops at the first that refuses, so a refusal is counted once)."""
-        now = self._clock.monotonic()
-        for key in keys:
-            state = self._failures.get(key)
-            if state is not None and now - state[0] < self.window_s and state[1] >= self.max_failures:
-                self.refused += 1
-                return True
+    def blocked(self, address: str, identity: str) -> bool:
+        """Whether ``address`` has used up its failures, or its failures naming ``identity``, in the current
+        window (counted in ``refused``)."""
+        if self._over(address, self.max_failures_per_address) or self._over(
+            (address, identity[:MAX_IDENTITY_CHARS]), self.max_failures
+        ):
+            self.refused += 1
+            return True
         return False
 
-    def failed(self, *keys: str) -> None:
-        """Count one failed login against each of ``keys``."""
+    def _over(self, key: _Key, limit: int) -> bool:
+        state = self._failures.get(key)
+        return state is not None and self._clock.monotonic() - state[0] < self.window_s and state[1] >= limit
+
+    def failed(self, address: str, identity: str) -> None:
+        """Count one failed login from ``address`` naming ``identity``."""
         now = self._clock.monotonic()
         failures = self._failures
-        for key in keys:
+        for key in (address, (address, identity[:MAX_IDENTITY_CHARS])):
             state = failures.pop(key, None)
             if state is None or now - state[0] >= self.window_s:
                 state = (now, 0)
@@ -61,9 +79,10 @@ class LoginThrottle:
             if len(failures) > self._max_keys:
                 failures.popitem(last=False)
 
-    def succeeded(self, key: str) -> None:
-        """Forget ``key``'s failures (an identity that proved itself)."""
-        self._failures.pop(key, None)
+    def succeeded(self, address: str, identity: str) -> None:
+        """Forget the failures of ``identity`` from ``address`` (it proved itself there); the address's own
+        count stays."""
+        self._failures.pop((address, identity[:MAX_IDENTITY_CHARS]), None)
 
     def __len__(self) -> int:
         return len(self._failures)

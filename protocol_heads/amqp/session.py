@@ -266,8 +266,8 @@ class Session:
     async def _authenticate(self, creds: Credentials) -> bool:
         """Ask the hub; on success the connection is this identity's (taking over an older one)."""
         server = self.server
-        keys = (self.sock.address, creds.identity.id[:128])
-        if server.address_throttle.blocked(keys[0]) or server.throttle.blocked(keys[1]):
+        keys = (self.sock.address, creds.identity.id)
+        if server.logins.blocked(*keys):
             self.sock.refused(RefusalReason.LOGIN_THROTTLED, client=shown(creds.identity.id))
             return False
         if self.identity is not None and creds.identity != self.identity:
@@ -276,11 +276,10 @@ class Session:
         try:
             result = await server.authenticate(creds)  # checked again if a revocation overlapped it
         except AuthenticationError as exc:
-            server.address_throttle.failed(keys[0])
-            server.throttle.failed(keys[1])
+            server.logins.failed(*keys)
             self.sock.refused(RefusalReason.BAD_CREDENTIALS, client=shown(creds.identity.id), detail=shown(str(exc)))
             return False
-        server.throttle.succeeded(keys[1])
+        server.logins.succeeded(*keys)
         if self.identity is not None:
             return True  # a renewal
         self.identity = result.identity
@@ -288,13 +287,13 @@ class Session:
         self.sock.authenticated(result.identity.id)
         old = server.claim_identity(result.identity.id, self)
         if old is not None:
-            log.info("amqp.session_takeover client=%s", result.identity)
+            server.events.line(result.identity.id, "amqp.session_takeover", client=result.identity)
             old.take_over()
         await self.hub.connect(result.identity, self.link, clean_session=False)
         self.registered = True
         if not self.logged_in.done():
             self.logged_in.set_result(None)
-        log.info("amqp.connected client=%s auth=%s", result.identity, result.auth_method)
+        server.events.line(result.identity.id, "amqp.connected", client=result.identity, auth=result.auth_method)
         return True
 
     def _token_expiry(self, password: bytes) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import ssl
 
-from edgehub.hub import Hub
+from edgehub.hub import Hub, LoginThrottle
 from protocol_heads.listeners import HeadServer
 from protocol_heads.mqtt.client_socket import READ_SIZE, ClientSocket
 from protocol_heads.mqtt.session import Session
@@ -36,8 +36,8 @@ class MqttServer(HeadServer[MqttSettings, Session]):
     port_names = ("tcp", "tls")
     log = logging.getLogger(__name__)
 
-    def __init__(self, hub: Hub, *, settings: MqttSettings) -> None:
-        super().__init__(hub, settings=settings)
+    def __init__(self, hub: Hub, *, settings: MqttSettings, logins: LoginThrottle | None = None) -> None:
+        super().__init__(hub, settings=settings, logins=logins)
         self._read_buffer = memoryview(bytearray(READ_SIZE))  # every connection reads into it (see above)
 
     def _socket(self, tls: ssl.SSLContext | None) -> ClientSocket:

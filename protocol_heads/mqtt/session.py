@@ -192,10 +192,10 @@ class Session:
             self.children.refill(self.hub)
 
     async def _authenticate(self, c: Connect) -> list[Event] | None:
-        # Throttled per source address and per claimed client id (a key of 128 characters at most).
-        keys = (self.sock.address, c.client_id[:128])
+        # Throttled per source address and per (address, claimed client id): LoginThrottle says why.
+        keys = (self.sock.address, c.client_id)
         server = self.server
-        if server.address_throttle.blocked(keys[0]) or server.throttle.blocked(keys[1]):
+        if server.logins.blocked(*keys):
             self.sock.refused(RefusalReason.LOGIN_THROTTLED, client=shown(c.client_id))
             self.conn.refuse(ReasonCode.CONNECTION_RATE_EXCEEDED, reason="too many failed logins; try again later")
             self.sock.flush()
@@ -225,20 +225,22 @@ class Session:
             return self._refuse(
                 keys, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "client id is not the authenticated identity", c
             )
-        server.throttle.succeeded(keys[1])
+        server.logins.succeeded(*keys)
         self.sock.authenticated(result.identity.id)
         self.identity = result.identity
         self.auth_method = result.auth_method
         self.listening = result.identity.module_id is not None
         old = self.server.claim_identity(self.identity.id, self)
         if old is not None:
-            log.info("mqtt.session_takeover client=%s", self.identity)
+            self.server.events.line(self.identity.id, "mqtt.session_takeover", client=self.identity)
             old.take_over()
         info = await self.hub.connect(self.identity, self.link, clean_session=c.clean_start)
         self.registered = True
         pipelined = self.conn.accept(session_present=info.session_present)
         self.sock.flush()
-        log.info("mqtt.connected client=%s level=%d auth=%s", self.identity, c.protocol_level, self.auth_method)
+        self.server.events.line(
+            self.identity.id, "mqtt.connected", client=self.identity, level=c.protocol_level, auth=self.auth_method
+        )
         self.hub.link_ready(self.identity, self.link)
         return pipelined
 
@@ -247,8 +249,7 @@ class Session:
     ) -> list[Event] | None:
         """Refuse the login: a failing CONNACK with ``reason`` and ``text``, counted by the login throttle. None,
         as ``_authenticate`` returns for a refusal."""
-        self.server.address_throttle.failed(keys[0])
-        self.server.throttle.failed(keys[1])
+        self.server.logins.failed(*keys)
         why = _LOGIN_REFUSALS.get(reason, RefusalReason.BAD_CREDENTIALS)
         extra = {"detail": shown(str(detail), 200)} if detail is not None else {}
         self.sock.refused(why, client=shown(c.client_id), why=repr(text), **extra)
@@ -497,10 +498,10 @@ class Session:
             self.sock.refused(exc.reason, client=identity.id, will=shown(will.topic), detail=shown(str(exc), 200))
             return
         except EdgeHubError as exc:  # the store failed: not the client's doing
-            log.info("mqtt.will_dropped client=%s detail=%s", identity, exc)
+            self.server.events.line(identity.id, "mqtt.will_dropped", client=identity, detail=exc)
             return
         if not isinstance(outcome, Rejected):  # a refusal the hub made it has logged itself
-            log.info("mqtt.will_published client=%s topic=%s", identity, will.topic)
+            self.server.events.line(identity.id, "mqtt.will_published", client=identity, topic=will.topic)
 
     async def close(self) -> None:
         """The connection has ended: let the groups in flight finish, then leave the hub (and publish the will)."""

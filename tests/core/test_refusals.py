@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from edgehub.core.refusals import RefusalLog, RefusalReason
+from edgehub.core.refusals import RateLimitedLog, RefusalLog, RefusalReason
 from edgehub.testing import ManualClock
 
 
@@ -40,3 +40,21 @@ def test_the_peers_it_remembers_are_bounded() -> None:
 def test_bad_settings_are_misuse() -> None:
     with pytest.raises(ValueError, match="positive"):
         RefusalLog(logging.getLogger("t"), burst=0)
+
+
+def test_any_line_an_outside_party_causes_is_held_back_per_peer_like_a_refusal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = ManualClock()
+    events = RateLimitedLog(logging.getLogger("t.events"), burst=2, window_s=10.0, clock=clock)
+    with caplog.at_level(logging.INFO, logger="t.events"):
+        logged = [events.line("dev1", "mqtt.connected", client="dev1", level=4) for _ in range(5)]
+        assert logged == [True, True, False, False, False]
+        clock.advance(10.0)
+        assert events.line("dev1", "mqtt.connected", client="dev1", level=5)
+    assert [r.getMessage() for r in caplog.records] == [
+        "mqtt.connected client=dev1 level=4",
+        "mqtt.connected client=dev1 level=4",
+        "mqtt.connected client=dev1 level=5 suppressed=3",
+    ]
+    assert (events.total, events.suppressed) == (6, 3)

@@ -218,7 +218,12 @@ class AdminApi:
         )
 
     def _authorized(self, request: Request) -> bool:
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        return self.holds_token(request.headers.get("authorization", ""))
+
+    def holds_token(self, authorization: str) -> bool:
+        """Whether an ``Authorization`` header's value carries the admin token (the server asks it at a request's
+        head, to keep the token holder's connections out of the strangers' pool)."""
+        scheme, _, token = authorization.partition(" ")
         return scheme.lower() == "bearer" and token_matches(self._token, token.strip())
 
     def _refused(self, request: Request, exc: BadRequest) -> Response:

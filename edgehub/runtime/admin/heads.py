@@ -20,8 +20,7 @@ class LiveConnections(Protocol):
     @property
     def connected(self) -> list[str]: ...
 
-    throttle: LoginThrottle  # failed logins per claimed identity
-    address_throttle: LoginThrottle  # failed logins per source address
+    logins: LoginThrottle  # failed logins per source address and per (address, identity); may be shared
     refusals: RefusalLog
 
     def close_identity(self, identity_id: str) -> int: ...

@@ -11,9 +11,19 @@ to the handler and writes its ``Response``. Everything a client sends is bounded
 * the request line and headers (``max_header_bytes``: h11's ``max_incomplete_event_size``; over it: 431);
 * the body (``max_body_bytes``: a larger ``Content-Length`` is refused before any of the body is read, a
   chunked body as soon as it passes the bound; 413);
-* connections at once (``max_connections``: one more is answered 503 and closed);
-* time: a request must arrive whole within ``request_timeout_s`` of the connection being ready for it (an idle
-  keep-alive connection is closed after that too); a response must be written within it.
+* connections at once (``max_connections``), and time: a connection must send a whole request head within
+  ``header_timeout_s`` of being ready for it (a new connection: of its accept; a kept-alive one: of its last
+  answer), or it is closed (a new one that asked nothing, or one with half a head, logged; an idle kept-alive one
+  quietly); a request with the token then has ``request_timeout_s`` from its start to arrive whole, one without
+  it ``header_timeout_s`` (it can only be a probe or a refusal: nothing it asks needs a slow body); a response
+  must be written within ``request_timeout_s``.
+* the token holder always gets a connection (``holds_token``: whether a request's ``Authorization`` carries the
+  admin token). A connection whose request carried the token leaves the ``max_connections`` pool for its own
+  (``max_token_connections``). And when the pool is full, a new connection closes the pool's connection that has
+  waited longest for its request (head or body) instead of being refused: a stranger's idle sockets, re-opened as
+  fast as they are closed, cannot keep the CLI out, since its request arrives the moment it connects. Only when
+  every pooled connection is in its handler is a new one answered 503. (A reserved slot any connection may try
+  would be held by the same stranger's sockets: the head must be read before the token is seen.)
 Each refusal is one line through the shared ``RefusalLog`` (per peer, rate-limited) with its ``RefusalReason``.
 
 Invariants:
@@ -27,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import json
 import logging
@@ -55,15 +66,18 @@ class AdminLimits:
 
     max_header_bytes: int = 8_192
     max_body_bytes: int = 1 << 20  # a deployment manifest is a few KB; IoT Hub caps a twin's desired at 32 KB
-    max_connections: int = 16
+    max_connections: int = 16  # the pool every new connection starts in
+    max_token_connections: int = 16  # connections that sent the admin token, beside the pool
+    header_timeout_s: float = 3.0
     request_timeout_s: float = 10.0
     max_query_params: int = 16
 
     def __post_init__(self) -> None:
-        if min(self.max_header_bytes, self.max_body_bytes, self.max_connections, self.max_query_params) < 1:
+        counts = (self.max_header_bytes, self.max_body_bytes, self.max_connections, self.max_token_connections)
+        if min(*counts, self.max_query_params) < 1:
             raise ValueError("admin limits must be positive")
-        if self.request_timeout_s <= 0:
-            raise ValueError("request_timeout_s must be positive")
+        if self.request_timeout_s <= 0 or self.header_timeout_s <= 0:
+            raise ValueError("request_timeout_s and header_timeout_s must be positive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +123,17 @@ class _Refused(Exception):
         self.detail = detail
 
 
+@dataclass(slots=True, eq=False)
+class _Slot:
+    """One served connection: whether it showed the token, and since when it waits for a request (None: its
+    request is in the handler or its answer on the way)."""
+
+    peer: str
+    task: asyncio.Task[None]
+    reading_since: float | None
+    holder: bool = False
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -130,6 +155,7 @@ class AdminHttpServer:
         host: str = "127.0.0.1",
         port: int = 0,
         limits: AdminLimits | None = None,
+        holds_token: Callable[[str], bool] = lambda authorization: False,
     ) -> None:
         if not is_loopback(host):
             raise ValueError(f"the admin API listens on loopback only, not {host!r}")
@@ -139,8 +165,10 @@ class AdminHttpServer:
         self._port = port
         self.limits = limits or AdminLimits()
         self.port = 0
+        self._holds_token = holds_token
         self._server: asyncio.Server | None = None
-        self._active = 0
+        self._pool: set[_Slot] = set()  # every connection, until one of its requests carried the token
+        self._holders: set[_Slot] = set()  # those whose request did
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> Self:
@@ -176,9 +204,31 @@ class AdminHttpServer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _make_room(self) -> bool:
+        """Whether the pool has room for one more, once the connection that has waited longest for its request
+        is closed when it is full (module docstring)."""
+        if len(self._pool) < self.limits.max_connections:
+            return True
+        waiting = [slot for slot in self._pool if slot.reading_since is not None]
+        if not waiting:
+            return False
+        oldest = min(waiting, key=lambda slot: slot.reading_since or 0.0)
+        self._pool.discard(oldest)
+        oldest.task.cancel()
+        self._refusals.refused(
+            RefusalReason.TOO_MANY_CONNECTIONS,
+            peer=oldest.peer,
+            port=self.port,
+            limit=self.limits.max_connections,
+            detail="closed for a newer connection: it had waited longest for its request",
+        )
+        return True
+
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
         try:
-            if self._active >= self.limits.max_connections:
+            task = asyncio.current_task()
+            assert task is not None  # a coroutine run by the loop
+            if not self._make_room():
                 self._refusals.refused(
                     RefusalReason.TOO_MANY_CONNECTIONS, peer=peer, port=self.port, limit=self.limits.max_connections
                 )
@@ -189,11 +239,13 @@ class AdminHttpServer:
                         await _write(writer, conn, busy, close=True)
                 await _linger(reader, writer)
                 return
-            self._active += 1
+            slot = _Slot(peer, task, asyncio.get_running_loop().time())
+            self._pool.add(slot)
             try:
-                await self._serve(reader, writer, peer)
+                await self._serve(reader, writer, slot)
             finally:
-                self._active -= 1
+                self._pool.discard(slot)
+                self._holders.discard(slot)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -203,18 +255,32 @@ class AdminHttpServer:
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: _Slot) -> None:
         limits = self.limits
+        peer = slot.peer
+        loop = asyncio.get_running_loop()
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
+        served = 0
         while True:
             started: list[bool] = [False]  # whether any byte of this request came (h11's state moves at its head)
+            slot.reading_since = begun = loop.time()
             try:
-                async with asyncio.timeout(limits.request_timeout_s):
-                    request = await self._read_request(conn, reader, peer, started)
+                async with asyncio.timeout(limits.header_timeout_s) as deadline:
+                    on_head = functools.partial(self._on_head, slot, deadline, begun + limits.request_timeout_s)
+                    request = await self._read_request(conn, reader, peer, started, on_head)
             except TimeoutError:
-                if not started[0] and conn.their_state is h11.IDLE:
-                    return  # an idle keep-alive connection: closed quietly, nothing was asked
-                self._refusals.refused(RefusalReason.REQUEST_TIMEOUT, peer=peer, timeout_s=limits.request_timeout_s)
+                if conn.their_state is h11.IDLE:  # no whole head
+                    if not started[0] and served:
+                        return  # an idle keep-alive connection: closed quietly, it was answered and asks nothing
+                    self._refusals.refused(
+                        RefusalReason.REQUEST_TIMEOUT, peer=peer, timeout_s=limits.header_timeout_s, phase="head"
+                    )
+                    if not started[0]:
+                        return  # it asked nothing: nothing to answer
+                else:
+                    # The deadline it had: the holder's request_timeout_s, or a stranger's header_timeout_s.
+                    timeout_s = round((deadline.when() or begun) - begun, 3)
+                    self._refusals.refused(RefusalReason.REQUEST_TIMEOUT, peer=peer, timeout_s=timeout_s)
                 await self._refuse(writer, conn, _Refused(408, RefusalReason.REQUEST_TIMEOUT, "request too slow"))
                 return
             except _Refused as refusal:
@@ -224,6 +290,8 @@ class AdminHttpServer:
                 return
             if request is None:
                 return
+            slot.reading_since = None  # in the handler: not to be closed for a newer connection
+            served += 1
             try:
                 response = await self._handler(request)
             except asyncio.CancelledError:
@@ -243,10 +311,36 @@ class AdminHttpServer:
             except h11.LocalProtocolError:
                 return  # the client's side is not done (it sent more than it framed): close
 
+    def _on_head(self, slot: _Slot, deadline: asyncio.Timeout, holder_deadline: float, head: h11.Request) -> None:
+        """The token holder's request may take ``request_timeout_s`` from its start; a stranger's gets no longer
+        than its head did."""
+        if self._holder(slot, head):
+            deadline.reschedule(holder_deadline)
+
+    def _holder(self, slot: _Slot, head: h11.Request) -> bool:
+        """Whether ``head`` carries the token; its connection then leaves the pool (while the holders' own has
+        room: past that it stays a pooled connection)."""
+        if not slot.holder:
+            authorization = _header(head.headers, b"authorization")
+            if authorization is None or not self._holds_token(authorization):
+                return False
+            if len(self._holders) >= self.limits.max_token_connections:
+                return True
+            slot.holder = True
+            self._pool.discard(slot)
+            self._holders.add(slot)
+        return True
+
     async def _read_request(
-        self, conn: h11.Connection, reader: asyncio.StreamReader, peer: str, started: list[bool]
+        self,
+        conn: h11.Connection,
+        reader: asyncio.StreamReader,
+        peer: str,
+        started: list[bool],
+        on_head: Callable[[h11.Request], None],
     ) -> Request | None:
-        """The next whole request; None when the client closed between requests. Raises ``_Refused``."""
+        """The next whole request; None when the client closed between requests. Raises ``_Refused``.
+        ``on_head`` is told of the request's head as soon as it is in."""
         head: h11.Request | None = None
         body = bytearray()
         max_body = self.limits.max_body_bytes
@@ -277,6 +371,7 @@ class AdminHttpServer:
                 length = _header(event.headers, b"content-length")
                 if length is not None and length.isdigit() and int(length) > max_body:
                     raise _Refused(413, RefusalReason.REQUEST_TOO_LARGE, f"body over {max_body} bytes")
+                on_head(event)
             elif isinstance(event, h11.Data):
                 body += event.data
                 if len(body) > max_body:

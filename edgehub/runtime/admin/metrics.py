@@ -156,7 +156,8 @@ class HubCollector(Collector):
         failed = CounterMetricFamily("edgehub_client_connect_failed", "Logins refused, by reason", labels=["reason"])
         for (reason,), count, _ in hub.connect_failures.items():
             failed.add_metric([reason], count)
-        throttled = sum(head.throttle.refused + head.address_throttle.refused for head in heads)
+        # The heads of one hub share one throttle: each counted once.
+        throttled = sum({id(head.logins): head.logins.refused for head in heads}.values())
         failed.add_metric([RefusalReason.LOGIN_THROTTLED.value], throttled)
         yield failed
         yield from _counted("edgehub_client_connect_success", "Successful logins", hub.client_connects)

@@ -64,7 +64,7 @@ async def serve_admin(
     api.add_routes(status_routes(hub.store, hub, heads, rates))
     api.add_routes(deadletter_routes(DeadLetterAdmin(hub.store, functools.partial(_wake, hub))))
     api.add_routes(_metrics_route(hub, heads))
-    async with AdminHttpServer(api, refusals=refusals, port=port, limits=limits) as http:
+    async with AdminHttpServer(api, refusals=refusals, port=port, limits=limits, holds_token=api.holds_token) as http:
         sampler = asyncio.create_task(rates.run(), name="admin.rates")
         write_port_file(data_dir, http.port)
         try:

@@ -98,6 +98,7 @@ from edgehub.runtime.memory import ChurnCollector
 from edgehub.store import Store
 from edgehub.upstream.mqtt.transport import MqttUpstream
 from edgehub.upstream.twin_channel import TwinChannel
+from protocol_heads.listeners import login_throttle
 from protocol_heads.mqtt.iothub import Acl
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 
@@ -274,7 +275,9 @@ async def _heads(
         acl=Acl(publish_grants=controller.publish_grants, subscribe_grants=controller.subscribe_grants),
         **effective.head_limits,
     )
-    server = await stack.enter_async_context(MqttServer(hub, settings=settings))
+    # One login throttle for both heads: an address that failed on one protocol has no fresh budget on the other.
+    logins = login_throttle(settings)
+    server = await stack.enter_async_context(MqttServer(hub, settings=settings, logins=logins))
     heads = _Heads(mqtt=server, others=[], ports=dict(server.ports))
     if config.amqp_port is not None or config.amqps_port is not None:
         # Imported only when AMQP is served: python-qpid-proton is built from source where PyPI has no wheel
@@ -289,7 +292,7 @@ async def _heads(
             outbound_window=config.module_window,
             **effective.head_limits,
         )
-        amqp_server = await stack.enter_async_context(AmqpServer(hub, settings=amqp))
+        amqp_server = await stack.enter_async_context(AmqpServer(hub, settings=amqp, logins=logins))
         heads.ports.update(amqp_server.ports)
         heads.others.append(amqp_server)
     return heads

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
-from proton import ConnectionException
+from proton import SASL, Connection, ConnectionException, Transport
 from proton import Message as AmqpMessage
 from proton.utils import LinkDetached, SendException
 
@@ -78,3 +79,49 @@ async def test_a_wrong_password_is_refused_in_sasl_and_counted_by_the_throttle(t
         await ProtonClient.connect(tight.ports["amqp"], user=f"dev1@sas.{HOST}", password="SharedAccessSignature x")
     assert tight.connected == []
     assert tight.refusals.total == 1
+
+
+def sasl_plain_outcome(port: int, source: str, user: str, password: str) -> int | None:
+    """Log in with SASL PLAIN from ``source`` (127.0.0.2 and up: another source address on loopback); the SASL
+    outcome code (None: the hub closed first). proton's engine on a blocking socket, run in a thread."""
+    transport = Transport(Transport.CLIENT)
+    sasl = transport.sasl()
+    sasl.allowed_mechs("PLAIN")
+    sasl.config_name("edgehub-tests")  # PLAIN over plain TCP must be allowed in so many words
+    sasl.allow_insecure_mechs = True
+    connection = Connection()
+    connection.user = user
+    connection.password = password
+    connection.open()
+    transport.bind(connection)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10.0)
+        sock.bind((source, 0))
+        sock.connect(("127.0.0.1", port))
+        while sasl.outcome is None:
+            pending = transport.pending()
+            if pending > 0:
+                sock.sendall(bytes(transport.peek(pending)))
+                transport.pop(pending)
+            data = sock.recv(65536)
+            if not data:
+                return None
+            transport.push(data)
+        return int(sasl.outcome)
+
+
+async def test_five_bad_logins_naming_a_device_do_not_lock_out_its_valid_login_from_another_address(
+    hub: InMemoryHub,
+) -> None:
+    settings = AmqpSettings(tcp_port=0, tls_port=None)  # the defaults: 5 per (address, identity), 30 per address
+    user = f"dev1@sas.{HOST}"
+    async with AmqpServer(hub, settings=settings) as server:
+        port = server.ports["amqp"]
+        for _ in range(settings.max_login_failures):
+            bad = await asyncio.to_thread(sasl_plain_outcome, port, "127.0.0.2", user, "SharedAccessSignature x")
+            assert bad == SASL.AUTH
+        good = sas_token(DEV, DEVICE_KEY)
+        assert await asyncio.to_thread(sasl_plain_outcome, port, "127.0.0.3", user, good) == SASL.OK
+        refused_before = server.logins.refused
+        assert await asyncio.to_thread(sasl_plain_outcome, port, "127.0.0.2", user, good) == SASL.AUTH
+        assert server.logins.refused == refused_before + 1  # throttled, the key not even checked

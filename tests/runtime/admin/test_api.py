@@ -20,7 +20,7 @@ from edgehub.core.refusals import RefusalLog
 from edgehub.runtime.admin.api import AdminApi
 from edgehub.runtime.admin.client import AdminClient, AdminError, running_hub
 from edgehub.runtime.admin.files import ensure_token, read_token, remove_port_file, write_port_file
-from edgehub.runtime.admin.http import AdminHttpServer, AdminLimits
+from edgehub.runtime.admin.http import AdminHttpServer, AdminLimits, Request, Response
 from edgehub.testing.desired import InMemoryDesiredState
 
 TOKEN = "test-token-0123456789"
@@ -36,7 +36,7 @@ async def admin(
 ) -> AsyncIterator[AdminClient]:
     refusals = RefusalLog(logging.getLogger(LOGGER), burst=100)
     api = AdminApi(token=TOKEN, refusals=refusals, desired=desired, ready=lambda: ready)
-    async with AdminHttpServer(api, refusals=refusals, limits=limits) as server:
+    async with AdminHttpServer(api, refusals=refusals, limits=limits, holds_token=api.holds_token) as server:
         yield AdminClient(server.port, TOKEN, timeout_s=5.0)
 
 
@@ -217,7 +217,7 @@ async def test_headers_over_the_limit_are_refused_431() -> None:
 
 async def test_a_request_that_does_not_arrive_in_time_is_refused_408(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger=LOGGER)
-    async with admin(limits=AdminLimits(request_timeout_s=0.3)) as client:
+    async with admin(limits=AdminLimits(header_timeout_s=0.3)) as client:
         response = await raw_exchange(client.port, b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never finished
     assert status_of(response) == 408
     assert any("refused reason=request_timeout" in r.getMessage() for r in caplog.records)
@@ -231,22 +231,105 @@ async def test_malformed_http_is_a_400_and_the_server_goes_on() -> None:
     assert health[0] == 200
 
 
-async def test_connections_over_the_cap_are_answered_503() -> None:
-    async with admin(limits=AdminLimits(max_connections=2, request_timeout_s=5.0)) as client:
-        held = [await asyncio.open_connection("127.0.0.1", client.port) for _ in range(2)]
+async def idle_connections(port: int, count: int) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """``count`` connections that send nothing: each holds a slot from its accept (the server accepts in order,
+    so they hold theirs before any connection opened after them is served)."""
+    return [await asyncio.open_connection("127.0.0.1", port) for _ in range(count)]
+
+
+async def closed_by_server(reader: asyncio.StreamReader) -> bytes:
+    """What the server sent before it closed (bounded in time)."""
+    async with asyncio.timeout(10):
+        return await reader.read(-1)
+
+
+async def test_idle_connections_in_every_slot_do_not_keep_the_token_holder_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    # A header timeout far longer than the test: the slots stay held unless something frees one.
+    limits = AdminLimits(max_connections=4, header_timeout_s=60.0)
+    async with admin(InMemoryDesiredState(), limits=limits) as client:
+        held = await idle_connections(client.port, 4)
         try:
-            # The two held connections are being served (waiting for their requests) once each has been accepted:
-            # a request on each proves it.
-            for reader, writer in held:
-                writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-                await writer.drain()
-                async with asyncio.timeout(5):
-                    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
-            response = await raw_exchange(client.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, _ = await call(client, "GET", "/twin/reported")  # the CLI: the token, one request
+            assert status == 200
+            # The stranger's connection that had waited longest made room for it.
+            assert await closed_by_server(held[0][0]) == b""
         finally:
             for _, writer in held:
                 writer.close()
-    assert status_of(response) == 503
+    assert any(
+        "refused reason=too_many_connections" in r.getMessage() and "closed for a newer connection" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+async def test_a_connection_without_a_whole_request_head_is_closed_after_the_header_timeout_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    async with admin(limits=AdminLimits(header_timeout_s=0.2, request_timeout_s=60.0)) as client:
+        (silent_reader, silent), (partial_reader, partial) = await idle_connections(client.port, 2)
+        try:
+            partial.write(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never finished
+            assert await closed_by_server(silent_reader) == b""  # it asked nothing: closed, nothing to answer
+            assert status_of(await closed_by_server(partial_reader)) == 408
+        finally:
+            silent.close()
+            partial.close()
+    lines = [r.getMessage() for r in caplog.records if "refused reason=request_timeout" in r.getMessage()]
+    assert len(lines) == 2
+    assert all("timeout_s=0.2 phase=head" in line for line in lines)
+
+
+async def test_a_token_holders_request_may_take_the_request_timeout_a_strangers_only_the_header_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    async with admin(InMemoryDesiredState(), limits=AdminLimits(header_timeout_s=0.3, request_timeout_s=60.0)) as c:
+        body = b'{"$version": 1}'
+        head = "PATCH /twin/desired HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n{}\r\n"
+        stranger_r, stranger = await asyncio.open_connection("127.0.0.1", c.port)
+        holder_r, holder = await asyncio.open_connection("127.0.0.1", c.port)
+        try:
+            stranger.write(head.format(len(body), "").encode() + body[:5])  # the body is slow to come
+            holder.write(head.format(len(body), f"Authorization: Bearer {TOKEN}\r\n").encode() + body[:5])
+            assert status_of(await closed_by_server(stranger_r)) == 408
+            holder.write(body[5:])  # after the stranger's 0.3 s: the holder's request is still awaited
+            async with asyncio.timeout(10):
+                assert (await holder_r.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        finally:
+            stranger.close()
+            holder.close()
+    assert any(
+        "refused reason=request_timeout" in r.getMessage() and "timeout_s=0.3" in r.getMessage() for r in caplog.records
+    )
+
+
+async def test_a_new_connection_is_answered_503_only_while_every_slot_is_in_its_handler() -> None:
+    release = asyncio.Event()
+    entered: asyncio.Queue[None] = asyncio.Queue()
+
+    async def stalls(request: Request) -> Response:
+        entered.put_nowait(None)
+        await release.wait()
+        return Response.json(200, {})
+
+    refusals = RefusalLog(logging.getLogger(LOGGER))
+    async with AdminHttpServer(stalls, refusals=refusals, limits=AdminLimits(max_connections=2)) as server:
+        held = await idle_connections(server.port, 2)
+        try:
+            for _, writer in held:
+                writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                async with asyncio.timeout(10):
+                    await entered.get()
+            response = await raw_exchange(server.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert status_of(response) == 503
+        finally:
+            release.set()
+            for _, writer in held:
+                writer.close()
 
 
 async def test_unknown_routes_are_404_and_wrong_methods_405() -> None:
