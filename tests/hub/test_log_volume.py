@@ -15,9 +15,9 @@ import pytest
 from edgehub.core.methods import MethodCall
 from edgehub.hub.facade import EdgeHub
 from edgehub.hub.methods import UPSTREAM_CALLER
+from edgehub.mqtt.packets import MQTT_311, ConnAck, Connect
 from edgehub.routing import Router
 from edgehub.store.rocks import open_rocks_store
-from protocol_heads.mqtt.packets import MQTT_311, ConnAck, Connect
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 from tests.protocol_heads.mqtt.conftest import DEV, DEVICE_KEY, HOST, MOD, MODULE_KEY, sas_password, username
 from tests.protocol_heads.mqtt.rawclient import RawClient
