@@ -114,6 +114,7 @@ class AmqpConnection:
         # Incoming links by their pn_link_t, with their names: a transfer names its link without a wrapper.
         self._receivers: dict[Any, tuple[Link, str]] = {}
         self.closed = False
+        self.idle_expired = False  # closed by the idle timer (tick)
         self._failed = False
 
     # --- input -----------------------------------------------------------------------------------------------
@@ -174,10 +175,22 @@ class AmqpConnection:
         return self._events()
 
     def tick(self, now_s: float) -> float:
-        """Run the idle timer at monotonic ``now_s``; returns the next deadline (0: none)."""
-        if self.transport is None or self.closed:
+        """Run the idle timer at monotonic ``now_s``; returns the next deadline (0: none). When the client has sent
+        nothing for ``idle_timeout_s``, the connection is ``closed`` and ``idle_expired`` (the close, with
+        ``amqp:resource-limit-exceeded`` "local-idle-timeout expired", is ready in ``data_to_send``)."""
+        transport = self.transport
+        if transport is None or self.closed:
             return 0.0
-        return float(self.transport.tick(now_s))
+        deadline = float(transport.tick(now_s))
+        if transport.condition is not None and not self._failed:
+            # A tick's only error is proton's idle timeout. proton says so only through its collector, which is
+            # read after input alone: without this the connection stayed open, its close sent, with no line.
+            self._failed = True
+            self.closed = True
+            self.idle_expired = True
+            self._events()  # the transport's error and closes: nothing more to tell
+            return 0.0
+        return deadline
 
     def _events(self) -> list[ev.Event]:
         collector = self._collector
