@@ -47,6 +47,9 @@ class ClientSocket(SocketSide[HeadServer[AmqpSettings, Session], AmqpSettings, A
             max_links=s.max_links,
             max_message_size=s.max_message_size,
             idle_timeout_s=s.idle_timeout_s,
+            max_sessions_before_login=s.max_sessions_before_login,
+            max_links_before_login=s.max_links_before_login,
+            max_unfinished_bytes_before_login=s.max_unfinished_bytes_before_login,
         )
         self.session = Session(server, self, self.conn)
         self._tick: asyncio.TimerHandle | None = None
