@@ -122,8 +122,9 @@ class ClientSocket(SocketSide[HeadServer[AmqpSettings, Session], AmqpSettings, A
             return
         if self._reading_paused and not self._writing_paused:
             # Not reading is the hub's doing (groups waiting on it): the client is not silent. Looked at again
-            # later, not left for the next read, which a client that has gone quiet meanwhile never sends.
-            self._tick = self._loop.call_later(self.settings.idle_timeout_s / 2, self._on_tick)
+            # soon, not left for the next read, which a client that has gone quiet meanwhile never sends; soon, so
+            # that proton's keepalives to the client resume within a second of reading.
+            self._tick = self._loop.call_later(min(self.settings.idle_timeout_s / 2, 1.0), self._on_tick)
             return
         # A client that leaves our writes unread is not read either (its write buffer paused reading): its
         # silence is counted all the same, so it goes after its idle timeout too.

@@ -9,11 +9,13 @@ ticks, so it sends no empty frames of its own."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-from proton import Endpoint
+from proton import Disposition, Endpoint
+from proton import Message as AmqpMessage
 
 from edgehub.core import Message
 from edgehub.testing import InMemoryHub
@@ -46,6 +48,7 @@ async def quick(hub: InMemoryHub) -> AsyncIterator[AmqpServer]:
         close_grace_s=GRACE_S,
         connect_timeout_s=5.0,
         outbound_window=256,
+        max_groups_in_flight=1,
     )
     async with AmqpServer(hub, settings=settings) as server:
         yield server
@@ -70,10 +73,7 @@ async def test_a_silent_logged_in_client_gets_the_idle_close_and_then_eof(
     try:
         await client.pump_until(lambda: bool(client.connection.state & Endpoint.REMOTE_ACTIVE))
         assert quick.connected == [DEV.id]
-        # Silent from here: read only, until the hub closes the socket.
-        async with asyncio.timeout(IDLE_S + GRACE_S + TIMEOUT_S):
-            while data := await client.reader.read(65536):
-                client.transport.push(data)
+        await silent_until_closed(client)  # silent from here
         condition = client.connection.remote_condition or client.transport.condition
         assert condition is not None
         assert condition.name == "amqp:resource-limit-exceeded"
@@ -105,5 +105,47 @@ async def test_a_module_that_stops_reading_is_let_go_after_its_idle_timeout(
         (line,) = [line for line in refusal_lines(caplog) if "not_reading" in line]
         assert "peer=127.0.0.1" in line
         assert hub.pending(MOD) == 256  # nothing settled: all of it is redelivered on the next link
+    finally:
+        await client.close()
+
+
+def is_open(client: EngineClient) -> bool:
+    return bool(client.connection.state & Endpoint.REMOTE_ACTIVE)
+
+
+async def silent_until_closed(client: EngineClient) -> None:
+    """Read only, until the hub closes the socket."""
+    async with asyncio.timeout(IDLE_S + GRACE_S + TIMEOUT_S):
+        while data := await client.reader.read(65536):
+            client.transport.push(data)
+
+
+async def test_a_client_the_hub_stopped_reading_while_it_stores_is_not_taken_for_silent(
+    quick: AmqpServer, hub: InMemoryHub
+) -> None:
+    client = await EngineClient.connect(quick.ports["amqp"], f"dev1@sas.{HOST}", sas_token(DEV, DEVICE_KEY))
+    try:
+        link = client.sender("/devices/dev1/messages/events", "telemetry")
+        await client.pump_until(lambda: link.credit > 0)
+        hub.hold()
+        delivery = link.delivery("1")
+        link.send(AmqpMessage(body=b"held").encode())
+        link.advance()
+        await client.pump_until(lambda: True)  # written
+        await hub.wait_held(1)  # one group waiting on the hub: the head reads this client no more
+        # Silent clients, one after the other, each closed for its silence: a clock. proton notices silence at
+        # its next tick, up to an idle timeout late; after three, this client's idle timeout has passed twice
+        # over, all of it while the hub was not reading it.
+        for _ in range(3):
+            later = await EngineClient.connect(quick.ports["amqp"], "plain", "secret")
+            try:
+                await later.pump_until(functools.partial(is_open, later))
+                await silent_until_closed(later)
+            finally:
+                await later.close()
+        assert quick.connected == [DEV.id]
+        hub.release()
+        await client.pump_until(lambda: delivery.settled)
+        assert delivery.remote_state == Disposition.ACCEPTED
     finally:
         await client.close()
