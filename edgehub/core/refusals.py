@@ -70,6 +70,8 @@ class RefusalReason(StrEnum):
     TOKEN_EXPIRED = "token_expired"  # a connection's SAS token expired without renewal (AMQP CBS)
     UNKNOWN_ADDRESS = "unknown_address"  # an AMQP link to or from a node the hub does not serve
     TOO_MANY_LINKS = "too_many_links"  # AMQP links on one connection over the limit
+    # an AMQP connection not yet logged in over its bounds (sessions, links, bytes of unfinished transfers)
+    TOO_MUCH_BEFORE_LOGIN = "too_much_before_login"
 
 
 # The refusals a head answers one message with, the one list each head maps to its protocol's words in one table

@@ -7,9 +7,11 @@ hold cycles of their own, and after a burst of connections that came and went (a
 reconnecting) an idle hub allocates too little to reach the next collection: their memory, buffers included,
 stays. And glibc keeps freed heap memory mapped unless told to give it back.
 
-``ChurnCollector`` watches how many connections have closed (``ConnectionLimiter.closed``) and, once at least
-``min_closed`` have closed since its last collection and ``min_interval_s`` has passed, runs a full collection
-and then ``malloc_trim(0)`` where the C library has it, so that RSS follows what is alive again.
+``ChurnCollector`` watches how many connections have closed, over every head it is given (each head's
+``ConnectionLimiter.closed``: MQTT's and AMQP's; a flood of AMQP connections leaves proton's buffers and the same
+TLS cycles behind) and, once at least ``min_closed`` have closed since its last collection and ``min_interval_s``
+has passed, runs a full collection and then ``malloc_trim(0)`` where the C library has it, so that RSS follows
+what is alive again.
 
 Invariants: at most one collection per ``min_interval_s`` (a collection costs milliseconds; under steady churn
 it is a small, bounded share of the CPU), none while no connection closes (an idle hub does nothing), and the
@@ -58,36 +60,43 @@ def give_memory_back() -> int:
 
 
 class ChurnCollector:
-    """``await collector.run()`` in a task: collects after connections closed (see the module docstring)."""
+    """``await collector.run()`` in a task: collects after connections closed on any of ``limiters`` (one per
+    serving head; see the module docstring)."""
 
     def __init__(
         self,
-        limiter: ConnectionLimiter,
-        *,
+        *limiters: ConnectionLimiter,
         min_closed: int = 32,
         min_interval_s: float = 5.0,
         poll_s: float = 1.0,
         clock: Clock | None = None,
     ) -> None:
+        if not limiters:
+            raise ValueError("a collector watches at least one head's connections")
         if min_closed < 1 or min_interval_s < 0 or poll_s <= 0:
             raise ValueError("min_closed must be at least 1, the intervals positive")
-        self._limiter = limiter
+        self._limiters = limiters
         self._min_closed = min_closed
         self._min_interval_s = min_interval_s
         self._poll_s = poll_s
         self._clock = clock or SystemClock()
-        self._seen = limiter.closed
+        self._seen = self.closed
         self._last = float("-inf")
         self.collections = 0
 
+    @property
+    def closed(self) -> int:
+        """Connections closed since start, over every head watched."""
+        return sum(limiter.closed for limiter in self._limiters)
+
     def due(self) -> bool:
         return (
-            self._limiter.closed - self._seen >= self._min_closed
+            self.closed - self._seen >= self._min_closed
             and self._clock.monotonic() - self._last >= self._min_interval_s
         )
 
     def collect(self) -> None:
-        self._seen = self._limiter.closed
+        self._seen = self.closed
         self._last = self._clock.monotonic()
         started = time.perf_counter()
         found = give_memory_back()

@@ -9,7 +9,9 @@ Invariants (as the MQTT head's ``client_socket``):
   before would go out in the clear on the raw socket.
 * Reading pauses while the session has ``max_groups_in_flight`` groups waiting on the hub, and while the socket's
   write buffer is over its high-water mark; once the connection has ended, reading stays paused.
-* The idle timer (proton's ``tick``) runs on one timer handle per connection, moved on when it fires.
+* The idle timer (proton's ``tick``) runs on one timer handle per connection, moved on when it fires, whether or
+  not reading is paused: a client silent for ``idle_timeout_s`` (or that leaves our writes unread that long) gets
+  the idle close and one refusal line, and its socket is gone within ``close_grace_s`` of the close.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ class ClientSocket(SocketSide[HeadServer[AmqpSettings, Session], AmqpSettings, A
             max_links=s.max_links,
             max_message_size=s.max_message_size,
             idle_timeout_s=s.idle_timeout_s,
+            max_sessions_before_login=s.max_sessions_before_login,
+            max_links_before_login=s.max_links_before_login,
+            max_unfinished_bytes_before_login=s.max_unfinished_bytes_before_login,
         )
         self.session = Session(server, self, self.conn)
         self._tick: asyncio.TimerHandle | None = None
@@ -115,12 +120,21 @@ class ClientSocket(SocketSide[HeadServer[AmqpSettings, Session], AmqpSettings, A
         self._tick = None
         if self._ended:
             return
-        if self._reading_paused:
-            return  # not reading is our doing: the client is not silent (re-armed by the next read)
+        if self._reading_paused and not self._writing_paused:
+            # Not reading is the hub's doing (groups waiting on it): the client is not silent. Looked at again
+            # soon, not left for the next read, which a client that has gone quiet meanwhile never sends; soon, so
+            # that proton's keepalives to the client resume within a second of reading.
+            self._tick = self._loop.call_later(min(self.settings.idle_timeout_s / 2, 1.0), self._on_tick)
+            return
+        # A client that leaves our writes unread is not read either (its write buffer paused reading): its
+        # silence is counted all the same, so it goes after its idle timeout too.
         self._arm_tick()
         self.flush()
-        if self.conn.closed:
-            self.refused(RefusalReason.KEEPALIVE_TIMEOUT, timeout_s=self.settings.idle_timeout_s)
+        if self.conn.idle_expired:
+            if self._writing_paused:
+                self.refused(RefusalReason.NOT_READING, timeout_s=self.settings.idle_timeout_s)
+            else:
+                self.refused(RefusalReason.KEEPALIVE_TIMEOUT, timeout_s=self.settings.idle_timeout_s)
             self.finish()
 
     def _stop_timers(self) -> None:
@@ -161,11 +175,14 @@ class ClientSocket(SocketSide[HeadServer[AmqpSettings, Session], AmqpSettings, A
             self.close()
             try:
                 with contextlib.suppress(Exception):
-                    await self._lost
+                    # A client that does not read would hold a closing socket (and what waits in its write
+                    # buffer) for ever: the goodbye gets close_grace_s.
+                    async with asyncio.timeout(self.settings.close_grace_s):
+                        await self._lost
             finally:
                 if not self._lost.done() and self.transport is not None:
-                    # Cancelled (the server stops) while a TLS goodbye was still pending: drop the socket now, or
-                    # it outlives the loop, unclosed.
+                    # The grace ran out, or cancelled (the server stops) while a TLS goodbye was still pending:
+                    # drop the socket now, or it outlives the loop, unclosed.
                     self.transport.abort()
                 self.dispose()
 

@@ -13,6 +13,11 @@ Invariants:
   ``amqp:connection:framing-error``), sessions (``channel_max``), links per connection (``max_links``: more close
   the connection with ``amqp:resource-limit-exceeded``), message size (``max_message_size`` on incoming links:
   announced at attach; a transfer past it closes its link with ``amqp:link:message-size-exceeded``).
+* Until the session side says the client has logged in (``logged_in``: SASL PLAIN or EXTERNAL, or a ``$cbs`` token
+  after ANONYMOUS), tighter bounds hold: ``max_sessions_before_login``, ``max_links_before_login`` and
+  ``max_unfinished_bytes_before_login`` (the bytes proton holds of transfers not yet whole, over all sessions).
+  Past one, the connection is closed with ``amqp:resource-limit-exceeded`` (a ``ProtocolFailed`` whose
+  ``before_login`` names the bound): a stranger's connection costs kilobytes, not a session window per session.
 * Nothing a client sends raises out of ``receive_data``: malformed input becomes ``ProtocolFailed`` and the
   connection closes with proton's (or our) error condition, which ``data_to_send`` carries out.
 * A link is answered once: ``accept_link`` or ``refuse_link``; a refused attach goes back with no terminus and is
@@ -95,6 +100,9 @@ class AmqpConnection:
         max_links: int,
         max_message_size: int,
         idle_timeout_s: float,
+        max_sessions_before_login: int = 2,
+        max_links_before_login: int = 8,
+        max_unfinished_bytes_before_login: int = 64 * 1024,
         session_capacity: int = 1 << 20,
         container_id: str = "edgehub",
     ) -> None:
@@ -104,6 +112,10 @@ class AmqpConnection:
         self.max_links = max_links
         self.max_message_size = max_message_size
         self.idle_timeout_s = idle_timeout_s
+        self.max_sessions_before_login = max_sessions_before_login
+        self.max_links_before_login = max_links_before_login
+        self.max_unfinished_bytes_before_login = max_unfinished_bytes_before_login
+        self.before_login = True  # until logged_in(): the bounds before login hold (module docstring)
         self.session_capacity = max(session_capacity, max_frame_size)
         self.container_id = container_id
         self.transport: Transport | None = None
@@ -111,9 +123,11 @@ class AmqpConnection:
         self._collector: Collector | None = None
         self._out = bytearray()
         self._links = 0  # links attached over the connection's life that are still open
+        self._sessions = 0  # sessions the client has begun and not ended
         # Incoming links by their pn_link_t, with their names: a transfer names its link without a wrapper.
         self._receivers: dict[Any, tuple[Link, str]] = {}
         self.closed = False
+        self.idle_expired = False  # closed by the idle timer (tick)
         self._failed = False
 
     # --- input -----------------------------------------------------------------------------------------------
@@ -171,13 +185,50 @@ class AmqpConnection:
                 self.closed = True
                 return [*self._events(), ev.ProtocolFailed(DECODE_ERROR, str(exc))]
             view = view[n:]
-        return self._events()
+        events = self._events()
+        if self.before_login and not self._failed:
+            unfinished = self._unfinished_bytes()
+            if unfinished > self.max_unfinished_bytes_before_login:
+                self._over_before_login(events, "unfinished_bytes", self.max_unfinished_bytes_before_login)
+        return events
+
+    def logged_in(self) -> None:
+        """The client has an identity: from now on the connection's own bounds hold, not those before login."""
+        self.before_login = False
+
+    def _unfinished_bytes(self) -> int:
+        """What proton holds of incoming transfers (whole ones are read as they arrive: what is left is partial)."""
+        total = 0
+        session = self.connection.session_head(0) if self.connection is not None else None
+        while session is not None:
+            total += session.incoming_bytes
+            session = session.next(0)
+        return total
+
+    def _over_before_login(self, out: list[ev.Event], bound: str, limit: int) -> None:
+        """A client not logged in passed ``bound``: close the connection, and nothing more of it is read."""
+        description = f"over {limit:,} {bound.replace('_', ' ')} before login"
+        self._failed = True
+        self.close(RESOURCE_LIMIT, description)
+        out.append(ev.ProtocolFailed(RESOURCE_LIMIT, description, before_login=bound))
 
     def tick(self, now_s: float) -> float:
-        """Run the idle timer at monotonic ``now_s``; returns the next deadline (0: none)."""
-        if self.transport is None or self.closed:
+        """Run the idle timer at monotonic ``now_s``; returns the next deadline (0: none). When the client has sent
+        nothing for ``idle_timeout_s``, the connection is ``closed`` and ``idle_expired`` (the close, with
+        ``amqp:resource-limit-exceeded`` "local-idle-timeout expired", is ready in ``data_to_send``)."""
+        transport = self.transport
+        if transport is None or self.closed:
             return 0.0
-        return float(self.transport.tick(now_s))
+        deadline = float(transport.tick(now_s))
+        if transport.condition is not None and not self._failed:
+            # A tick's only error is proton's idle timeout. proton says so only through its collector, which is
+            # read after input alone: without this the connection stayed open, its close sent, with no line.
+            self._failed = True
+            self.closed = True
+            self.idle_expired = True
+            self._events()  # the transport's error and closes: nothing more to tell
+            return 0.0
+        return deadline
 
     def _events(self) -> list[ev.Event]:
         collector = self._collector
@@ -267,6 +318,9 @@ class AmqpConnection:
                 self.close(RESOURCE_LIMIT, f"over {self.max_links} links on one connection")
                 out.append(ev.ProtocolFailed(RESOURCE_LIMIT, f"over {self.max_links} links"))
                 return
+            if self.before_login and self._links > self.max_links_before_login:
+                self._over_before_login(out, "links", self.max_links_before_login)
+                return
             terminus = link.remote_source if link.is_sender else link.remote_target
             out.append(ev.LinkRequested(link, link.is_sender, terminus.address or ""))
         elif kind in (Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH):
@@ -277,11 +331,16 @@ class AmqpConnection:
                 self._links -= 1
                 out.append(ev.LinkClosed(link))
         elif kind == Event.SESSION_REMOTE_OPEN:
+            self._sessions += 1
+            if self.before_login and self._sessions > self.max_sessions_before_login:
+                self._over_before_login(out, "sessions", self.max_sessions_before_login)
+                return
             # What proton buffers of a session's incoming transfers is bounded by its window, which proton
             # derives from this capacity (frames of max_frame_size that fit): a client sends no more until read.
             event.session.incoming_capacity = self.session_capacity
             event.session.open()
         elif kind == Event.SESSION_REMOTE_CLOSE:
+            self._sessions -= 1
             session = event.session
             assert self.connection is not None
             link = self.connection.link_head(Endpoint.LOCAL_ACTIVE)

@@ -83,11 +83,13 @@ class CreditAdded:
 
 @dataclass(frozen=True, slots=True)
 class ProtocolFailed:
-    """The client broke the protocol; the connection is closing with ``condition`` (an AMQP error symbol)."""
+    """The client broke the protocol, or passed a bound; the connection is closing with ``condition`` (an AMQP
+    error symbol). ``before_login``: the bound before login it passed (sessions, links, unfinished_bytes)."""
 
     condition: str
     description: str
     too_large: bool = False
+    before_login: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,8 @@ Invariants:
   in arrival order (each group waits for the one before it), and each settled transfer gives its link one credit
   back.
 * Until the client has an identity, only ``$cbs`` links are served; what it pipelined behind a ``put-token``
-  waits (at most ``max_waiting_events``) and is handled once the token is checked.
+  waits (at most ``max_waiting_events``, and transfers of at most ``max_unfinished_bytes_before_login`` bytes) and
+  is handled once the token is checked. The connection's other bounds before login are ``AmqpConnection``'s.
 * A SAS token's expiry is kept: a connection whose token expires without a new ``put-token`` is closed with
   ``amqp:unauthorized-access``.
 * One live connection per identity: a newer one takes over and the older is closed (``amqp:connection:forced``);
@@ -143,6 +144,7 @@ class Session:
         self._cbs_out: Link | None = None
         self._authenticating = False  # a put-token is being checked: other events wait (_waiting)
         self._waiting: list[ev.Event] = []
+        self._waiting_bytes = 0  # of the transfers in _waiting, while the client has no identity
         self._last_group: asyncio.Future[None] | None = None  # settled when the latest group has been answered
         self._expiry: asyncio.Task[None] | None = None  # closes the connection when its token expires
         self._expiry_s: int | None = None
@@ -161,6 +163,17 @@ class Session:
                 if len(self._waiting) >= self.settings.max_waiting_events:
                     self._fail(RefusalReason.TOO_MANY_LINKS, RESOURCE_LIMIT, "too much sent before the token's check")
                     break
+                if isinstance(event, ev.MessageReceived) and self.identity is None:
+                    # Transfers held for the token's check are a stranger's bytes too: the same bound as proton's.
+                    self._waiting_bytes += len(event.body)
+                    limit = self.settings.max_unfinished_bytes_before_login
+                    if self._waiting_bytes > limit:
+                        self._fail(
+                            RefusalReason.TOO_MUCH_BEFORE_LOGIN,
+                            RESOURCE_LIMIT,
+                            f"over {limit:,} unfinished bytes before login",
+                        )
+                        break
                 self._waiting.append(event)
                 continue
             if isinstance(event, ev.MessageReceived):
@@ -187,7 +200,9 @@ class Session:
                 self._spawn(self._sasl_login(event.init), "amqp.login")
             elif isinstance(event, ev.ProtocolFailed):
                 why = RefusalReason.PACKET_TOO_LARGE if event.too_large else RefusalReason.MALFORMED_PACKET
-                if event.condition == RESOURCE_LIMIT:
+                if event.before_login is not None:
+                    why = RefusalReason.TOO_MUCH_BEFORE_LOGIN
+                elif event.condition == RESOURCE_LIMIT:
                     why = RefusalReason.TOO_MANY_LINKS
                 self.sock.refused(why, condition=event.condition, detail=shown(event.description, 200))
                 self.sock.finish()
@@ -217,8 +232,12 @@ class Session:
         task.add_done_callback(self._tasks.discard)
 
     def _fail(self, why: RefusalReason, condition: str, text: str, expiry_s: int | None = None) -> None:
-        """Refuse the connection: log, close with ``condition`` and end."""
-        self.sock.refused(why, condition=condition, expiry_s=expiry_s)
+        """Refuse the connection: log (with the token's expiry, or else ``text``), close with ``condition`` and
+        end."""
+        if expiry_s is not None:
+            self.sock.refused(why, condition=condition, expiry_s=expiry_s)
+        else:
+            self.sock.refused(why, condition=condition, detail=text)
         self.conn.close(condition, text)
         self.sock.finish()
 
@@ -284,6 +303,7 @@ class Session:
             return True  # a renewal
         self.identity = result.identity
         self.auth_method = result.auth_method
+        self.conn.logged_in()
         self.sock.authenticated(result.identity.id)
         old = server.claim_identity(result.identity.id, self)
         if old is not None:
@@ -341,6 +361,7 @@ class Session:
                 self._token_expiry(creds.password or b"")
             self._cbs_answer(request.message_id, 200 if ok else 401, "OK" if ok else "Unauthorized", request.reply_to)
             waiting, self._waiting = self._waiting, []
+            self._waiting_bytes = 0
             if waiting and not self.conn.closed:
                 self.dispatch(waiting)
             self.sock.flush()

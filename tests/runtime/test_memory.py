@@ -1,12 +1,21 @@
-"""ChurnCollector: a collection once enough connections closed, at most one per interval, none while idle."""
+"""ChurnCollector: a collection once enough connections closed, on any head, at most one per interval, none while
+idle; and the running hub's collector counts the AMQP head's closes as well as the MQTT head's."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import json
+import logging
 import platform
 import weakref
+from pathlib import Path
+
+import pytest
 
 from edgehub.hub import ConnectionLimiter, Ticket
+from edgehub.runtime.compose.config import HubConfig
+from edgehub.runtime.compose.serve import serve
 from edgehub.runtime.memory import ChurnCollector, _malloc_trim, give_memory_back
 from edgehub.testing import ManualClock
 
@@ -35,6 +44,71 @@ def test_it_collects_after_enough_closes_and_not_more_often_than_its_interval() 
     assert not collector.due()  # within the interval
     clock.advance(5.0)
     assert collector.due()
+
+
+def test_closes_on_every_head_count_towards_a_collection() -> None:
+    mqtt = ConnectionLimiter(max_connections=100, max_pending=50, max_pending_per_address=50)
+    amqp = ConnectionLimiter(max_connections=100, max_pending=50, max_pending_per_address=50)
+    collector = ChurnCollector(mqtt, amqp, min_closed=32, min_interval_s=5.0, clock=ManualClock())
+    _close(mqtt, 16)
+    _close(amqp, 15)
+    assert collector.closed == 31
+    assert not collector.due()
+    _close(amqp, 1)
+    assert collector.due()
+
+
+class _Collected(logging.Handler):
+    """Sets ``event`` when the collector logs a collection (on the event loop's thread, as the collector runs)."""
+
+    def __init__(self, event: asyncio.Event) -> None:
+        super().__init__(logging.DEBUG)
+        self.event = event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("runtime.memory_collected"):
+            self.event.set()
+
+
+async def _closed_by_the_hub(port: int) -> None:
+    """An AMQP connection that sends what is not AMQP: the hub answers with its SASL header and closes it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET / HTTP/1.1\r\n\r\n")
+        await reader.read()  # to EOF
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+@pytest.mark.timeout(60)
+async def test_the_running_hub_gives_memory_back_after_amqp_connections_close(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"schemaVersion": "1.1", "routes": {"up": "FROM /messages/* INTO $upstream"}}))
+    config = HubConfig(manifest=manifest, data_dir=tmp_path / "data", mqtt_port=0, mqtts_port=None, amqp_port=0)
+    collected = asyncio.Event()
+    handler = _Collected(collected)
+    logger = logging.getLogger("edgehub.runtime.memory")
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    stop = asyncio.Event()
+    ports: asyncio.Queue[dict[str, int]] = asyncio.Queue()
+    task = asyncio.create_task(serve(config, stop=stop, on_ready=ports.put_nowait))
+    try:
+        async with asyncio.timeout(30):
+            ready = await ports.get()
+        for _ in range(32):  # the collector's min_closed, all of them AMQP's (no MQTT connection at all)
+            async with asyncio.timeout(10):
+                await _closed_by_the_hub(ready["amqp"])
+        async with asyncio.timeout(10):  # the collector looks once a second
+            await collected.wait()
+    finally:
+        stop.set()
+        async with asyncio.timeout(30):
+            await task
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 class _Node:

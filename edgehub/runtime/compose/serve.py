@@ -80,6 +80,7 @@ from typing import Any
 
 from edgehub.core.sealing import SecretSealer
 from edgehub.delivery import Endpoint
+from edgehub.hub import ConnectionLimiter
 from edgehub.hub.facade import EdgeHub
 from edgehub.manifest.documents import read_manifest_file
 from edgehub.runtime.admin.api import DesiredStateService
@@ -254,6 +255,7 @@ class _Heads:
     mqtt: MqttServer
     others: list[LiveConnections]  # the AMQP head when it serves
     ports: dict[str, int]
+    limiters: list[ConnectionLimiter]  # every serving head's: the memory collector counts closes on all of them
 
 
 async def _heads(
@@ -278,7 +280,7 @@ async def _heads(
     # One login throttle for both heads: an address that failed on one protocol has no fresh budget on the other.
     logins = login_throttle(settings)
     server = await stack.enter_async_context(MqttServer(hub, settings=settings, logins=logins))
-    heads = _Heads(mqtt=server, others=[], ports=dict(server.ports))
+    heads = _Heads(mqtt=server, others=[], ports=dict(server.ports), limiters=[server.limiter])
     if config.amqp_port is not None or config.amqps_port is not None:
         # Imported only when AMQP is served: python-qpid-proton is built from source where PyPI has no wheel
         # (aarch64), and a hub started with --no-amqp runs without it.
@@ -295,6 +297,7 @@ async def _heads(
         amqp_server = await stack.enter_async_context(AmqpServer(hub, settings=amqp, logins=logins))
         heads.ports.update(amqp_server.ports)
         heads.others.append(amqp_server)
+        heads.limiters.append(amqp_server.limiter)
     return heads
 
 
@@ -354,7 +357,7 @@ async def serve(
             _admin(config, hub, heads.mqtt, other_heads=heads.others, desired=controller)
         )
         tasks = await stack.enter_async_context(asyncio.TaskGroup())
-        collector = tasks.create_task(ChurnCollector(heads.mqtt.limiter).run(), name="runtime.memory")
+        collector = tasks.create_task(ChurnCollector(*heads.limiters).run(), name="runtime.memory")
         watcher = tasks.create_task(controller.watch(config.manifest), name="runtime.deployment_watch")
         log.info("runtime.ready ports=%s admin_port=%s", heads.ports, admin_port)
         if on_ready is not None:

@@ -156,13 +156,22 @@ class EngineClient:
     """A client on proton's engine over an asyncio socket, driven by the test: it reads only when told to, so a
     test can tell what the hub had sent by a point (frames on one connection arrive in order)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, user: str, password: str) -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        user: str | None,
+        password: str | None,
+        *,
+        mechs: str = "PLAIN",
+    ) -> None:
         self.reader, self.writer = reader, writer
         self.transport = Transport(Transport.CLIENT)
         self.connection = Connection()
-        self.connection.user, self.connection.password = user, password
+        if user is not None:
+            self.connection.user, self.connection.password = user, password
         sasl = self.transport.sasl()
-        sasl.allowed_mechs("PLAIN")
+        sasl.allowed_mechs(mechs)
         sasl.allow_insecure_mechs = True
         self.connection.open()
         self.transport.bind(self.connection)
@@ -170,16 +179,17 @@ class EngineClient:
         self.session.open()
 
     @classmethod
-    async def connect(cls, port: int, user: str, password: str) -> EngineClient:
+    async def connect(cls, port: int, user: str | None, password: str | None, *, mechs: str = "PLAIN") -> EngineClient:
+        """``user`` None with ``mechs="ANONYMOUS"``: a client that has not logged in (a ``$cbs`` token would)."""
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        return cls(reader, writer, user, password)
+        return cls(reader, writer, user, password, mechs=mechs)
 
     async def pump_until(self, condition: Callable[[], bool]) -> None:
         """Write what proton has to say, then read until ``condition`` holds."""
         async with asyncio.timeout(TIMEOUT_S):
             while True:
-                pending = self.transport.pending()
-                if pending > 0:
+                # proton hands out its output a buffer at a time: all of it goes before the next read
+                while (pending := self.transport.pending()) > 0:
                     self.writer.write(bytes(self.transport.peek(pending)))
                     self.transport.pop(pending)
                     await self.writer.drain()
