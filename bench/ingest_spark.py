@@ -1,7 +1,7 @@
 """Spark ingestion throughput: records/s from a landing zone to the lake tables, local[1] vs local[2] vs cluster.
 
     python -m bench.ingest_spark [--records 1000000] [--segment-records 10000] [--repeat 2] [--no-cluster]
-        [--no-pin] [--driver-memory 4g] [--bodies spaced|compact]
+        [--no-pin] [--driver-memory 4g] [--bodies spaced|compact] [--modes local1,local2,unpinned,floor]
 
 Builds a landing zone of ``--records`` records (segments written through ``LandingZone``, 5% of the records sent
 twice in overlapping segments, so the dedup step has work; each body a small JSON object, with ``json.dumps``'
@@ -31,6 +31,10 @@ machine. The standalone cluster
 (a master and two one-core workers on this same box) runs once; its CPU is that of every cluster process from
 start to stop (executors included, JVM start-up too). On a shared machine every figure is noisy: the load
 average is printed before each run, with a warning when it exceeds the number of cores.
+
+``--modes`` runs some of the local modes only (all four by default); a figure that needs a mode left out is null.
+The tests run ``--modes local1,floor`` on a small landing zone: the job and the floor, each with its checks, in
+two JVMs instead of four.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ from edgehub.upstream.segment import SegmentName, SegmentRecord, encode_segment
 from spark_upload.standalone import StandaloneCluster
 
 _DONE = re.compile(r"ingest\.run_done elapsed_s=([0-9.]+) cpu_s=([0-9.]+)")
+# --modes' names for the local runs' labels
+MODES = {"local1": "local[1]", "local2": "local[2]", "unpinned": "local[1] unpinned", "floor": "floor local[1]"}
 
 
 def build_landing(root: Path, *, records: int, segment_records: int, compact_bodies: bool = False) -> int:
@@ -192,7 +198,15 @@ def main(argv: list[str] | None = None) -> int:
         default="spaced",
         help="JSON bodies with json.dumps' default spacing (the segment's body_text) or none (body_json)",
     )
+    p.add_argument(
+        "--modes",
+        type=lambda text: set(text.split(",")),
+        default=set(MODES),
+        help=f"the local modes to run, of {','.join(MODES)} (default: all; unpinned is local1 under --no-pin)",
+    )
     ns = p.parse_args(argv)
+    if not ns.modes <= set(MODES):
+        p.error(f"--modes: {','.join(sorted(ns.modes - set(MODES)))} not among {','.join(MODES)}")
     # (label, master, cores it is pinned to or None)
     modes: list[tuple[str, str, int | None]] = (
         [("local[1]", "local[1]", None), ("local[2]", "local[2]", None)]
@@ -202,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     # The floor (bench.spark_floor: read, parse with the same schema, write Parquet) at local[1], pinned as the
     # job's local[1] is, in the same rounds.
     modes.append(("floor local[1]", "floor", None if ns.no_pin else 1))
+    wanted = {MODES[m] for m in ns.modes}
+    if ns.no_pin and "local[1] unpinned" in wanted:
+        wanted.add("local[1]")
+    modes = [mode for mode in modes if mode[0] in wanted]
     load_before = os.getloadavg()
     contended = 0
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
@@ -244,14 +262,23 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
     print(f"load average (1 min) before {load_before[0]:.1f}, after {load_after[0]:.1f} on {os.cpu_count()} cores")
 
-    def elapsed(label: str) -> float:
-        return statistics.median(e for e, _ in runs[label])
+    # Each figure is null where a mode it needs was left out (--modes).
+    def elapsed(label: str) -> float | None:
+        return statistics.median(e for e, _ in runs[label]) if runs.get(label) else None
 
-    def cpu(label: str) -> float:
-        return statistics.median(c for _, c in runs[label])
+    def cpu(label: str) -> float | None:
+        return round(statistics.median(c for _, c in runs[label]), 1) if runs.get(label) else None
 
-    def busy(label: str) -> float:
-        return statistics.median(c / e for e, c in runs[label])
+    def busy(label: str) -> float | None:
+        return round(statistics.median(c / e for e, c in runs[label]), 2) if runs.get(label) else None
+
+    def rate(label: str) -> int | None:
+        took = elapsed(label)
+        return None if took is None else round(lines / took)
+
+    def ratio(faster: str, slower: str) -> float | None:
+        top, bottom = elapsed(slower), elapsed(faster)
+        return None if top is None or bottom is None else round(top / bottom, 3)
 
     unpinned = "local[1]" if ns.no_pin else "local[1] unpinned"
     summary = {
@@ -260,19 +287,19 @@ def main(argv: list[str] | None = None) -> int:
         "input_lines": lines,
         "repeat": ns.repeat,
         "pinned": not ns.no_pin,
-        "records_per_s_local1": round(lines / elapsed("local[1]")),
-        "records_per_s_local2": round(lines / elapsed("local[2]")),
-        "scaling_ratio": round(elapsed("local[1]") / elapsed("local[2]"), 3),
-        "floor_records_per_s_local1": round(lines / elapsed("floor local[1]")),
-        "job_over_floor": round(elapsed("floor local[1]") / elapsed("local[1]"), 3),
-        "records_per_s_local1_unpinned": round(lines / elapsed(unpinned)),
-        "scaling_ratio_unpinned": round(elapsed(unpinned) / elapsed("local[2]"), 3),
-        "cpu_s_local1": round(cpu("local[1]"), 1),
-        "cpu_s_local2": round(cpu("local[2]"), 1),
-        "cpu_s_local1_unpinned": round(cpu(unpinned), 1),
-        "cores_busy_local1": round(busy("local[1]"), 2),
-        "cores_busy_local2": round(busy("local[2]"), 2),
-        "cores_busy_local1_unpinned": round(busy(unpinned), 2),
+        "records_per_s_local1": rate("local[1]"),
+        "records_per_s_local2": rate("local[2]"),
+        "scaling_ratio": ratio("local[2]", "local[1]"),
+        "floor_records_per_s_local1": rate("floor local[1]"),
+        "job_over_floor": ratio("local[1]", "floor local[1]"),
+        "records_per_s_local1_unpinned": rate(unpinned),
+        "scaling_ratio_unpinned": ratio("local[2]", unpinned),
+        "cpu_s_local1": cpu("local[1]"),
+        "cpu_s_local2": cpu("local[2]"),
+        "cpu_s_local1_unpinned": cpu(unpinned),
+        "cores_busy_local1": busy("local[1]"),
+        "cores_busy_local2": busy("local[2]"),
+        "cores_busy_local1_unpinned": busy(unpinned),
         "elapsed_s": {label: [round(e, 1) for e, _ in r] for label, r in runs.items()},
         "standalone_records_per_s": None if standalone is None else round(lines / standalone[0]),
         "standalone_cpu_s": None if standalone is None else round(standalone[1], 1),
