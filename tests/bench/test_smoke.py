@@ -78,6 +78,7 @@ def test_wear_stores_messages_under_every_fsync_policy_and_syncs_only_where_the_
     assert all(case["syncs"] == 0 for case in by_policy[FsyncPolicy.NONE.value].values())
 
 
+@pytest.mark.interop
 def test_mqtt_head_takes_every_message_as_mosquitto_does() -> None:
     # The run fails when a publisher's message is not acknowledged, on either broker.
     need_program("mosquitto", "mosquitto")
@@ -94,6 +95,7 @@ def test_mqtt_head_takes_every_message_as_mosquitto_does() -> None:
     assert figures["messages"] == 400
 
 
+@pytest.mark.interop
 def test_ingest_delivers_every_message_through_the_hub_and_mosquitto_module_to_module_too() -> None:
     # The run fails when a message does not reach its subscriber, in either phase, on either broker.
     need_program("mosquitto", "mosquitto")
@@ -117,6 +119,7 @@ def test_ingest_delivers_every_message_through_the_hub_and_mosquitto_module_to_m
     assert (figures["rabbitmq_mqtt_msgs_per_s"] is not None) == rabbitmq.available()
 
 
+@pytest.mark.interop
 def test_ingest_over_amqp_delivers_every_message_over_both_heads() -> None:
     # The run fails when a publisher's message is refused or a message does not reach the module.
     need_program("mosquitto", "mosquitto")
@@ -135,6 +138,7 @@ def test_ingest_over_amqp_delivers_every_message_over_both_heads() -> None:
     assert (figures["rabbitmq_msgs_per_s"] is not None) == rabbitmq.available()
 
 
+@pytest.mark.interop
 def test_floor_relay_mosquitto_and_the_hub_each_deliver_every_message() -> None:
     need_program("mosquitto", "mosquitto")
     figures = run_bench("floor", "--publishers", "2", "--messages", "200", "--rounds", "1", timeout_s=90)
@@ -148,6 +152,7 @@ def test_floor_relay_mosquitto_and_the_hub_each_deliver_every_message() -> None:
     } <= set(figures)
 
 
+@pytest.mark.interop
 @pytest.mark.timeout(180)
 def test_instructions_counts_both_brokers_under_callgrind_once_every_message_arrived() -> None:
     need_program("mosquitto", "mosquitto")
@@ -159,8 +164,9 @@ def test_instructions_counts_both_brokers_under_callgrind_once_every_message_arr
     assert figures["mosquitto_ir_per_msg"] > 0
 
 
+@pytest.mark.interop
 def test_uplink_delivers_the_whole_backlog_and_every_alert_through_an_outage_and_a_cut() -> None:
-    # A link four times slower than by default, so the backlog outlasts the first drain and the hard cut both
+    # A link at half the default rate, so that the backlog outlasts the first drain and the hard cut both
     # find some left: every step of the scenario, and the resume figures, are exercised.
     need_program("mosquitto", "mosquitto")
     backlog = 400
