@@ -32,6 +32,9 @@ machine. The standalone cluster
 start to stop (executors included, JVM start-up too). On a shared machine every figure is noisy: the load
 average is printed before each run, with a warning when it exceeds the number of cores.
 
+Each run of the job is checked by its own counts (its ``ingest.batch`` lines): every input line read, every record
+in bronze once, the repeated ones dropped as duplicates, nothing quarantined; and the floor by the rows it wrote.
+
 ``--modes`` runs some of the local modes only (all four by default); a figure that needs a mode left out is null.
 The tests run ``--modes local1,floor`` on a small landing zone: the job and the floor, each with its checks, in
 two JVMs instead of four.
@@ -95,6 +98,20 @@ def build_landing(root: Path, *, records: int, segment_records: int, compact_bod
     return lines
 
 
+_BATCH = re.compile(r"^ingest\.batch (\{.*\})$", re.M)
+
+
+def check_counts(output: str, *, lines: int, records: int) -> None:
+    """The job's own counts (its ``ingest.batch`` lines, one per micro-batch) add up: every input line read,
+    every record in bronze once, the rest dropped as duplicates, nothing quarantined."""
+    batches = [json.loads(m.group(1)) for m in _BATCH.finditer(output)]
+    keys = ("input_rows", "bronze_rows", "duplicates", "quarantined")
+    counted = {key: sum(int(b[key]) for b in batches) for key in keys}
+    expected = dict(zip(keys, (lines, records, lines - records, 0), strict=True))
+    if counted != expected:
+        raise RuntimeError(f"the job counted {counted} over {len(batches)} batches, not {expected}:\n{output[-2000:]}")
+
+
 def _run_done(output: str) -> tuple[float, float]:
     match = _DONE.search(output)
     if match is None:
@@ -122,9 +139,17 @@ def _cores(n: int | None) -> set[int] | None:
 
 
 def run_local(
-    master: str, landing: Path, work: Path, *, driver_memory: str | None, cores: set[int] | None
+    master: str,
+    landing: Path,
+    work: Path,
+    *,
+    driver_memory: str | None,
+    cores: set[int] | None,
+    lines: int,
+    records: int,
 ) -> tuple[float, float]:
-    """One run of the job in its own process, on ``cores`` when given; (elapsed_s, cpu_s) of the run."""
+    """One run of the job in its own process, on ``cores`` when given, its counts checked; (elapsed_s, cpu_s) of
+    the run."""
     cmd = [
         sys.executable,
         "-m",
@@ -144,6 +169,7 @@ def run_local(
         cmd += ["--driver-memory", driver_memory]
     pin = None if cores is None else (lambda: os.sched_setaffinity(0, cores))
     done = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=1800, preexec_fn=pin)
+    check_counts(done.stdout, lines=lines, records=records)
     return _run_done(done.stdout)
 
 
@@ -162,7 +188,7 @@ def run_floor(landing: Path, work: Path, *, lines: int, cores: set[int] | None) 
     return _run_done(done.stdout)
 
 
-def run_cluster(landing: Path, work: Path) -> tuple[float, float]:
+def run_cluster(landing: Path, work: Path, *, lines: int, records: int) -> tuple[float, float]:
     """(elapsed_s of the run, CPU seconds of every cluster process from start to stop)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with StandaloneCluster(work_dir=work / "cluster", workers=2) as cluster:
@@ -181,6 +207,7 @@ def run_cluster(landing: Path, work: Path) -> tuple[float, float]:
         )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the workers waited for their executors
     cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    check_counts(done.stdout, lines=lines, records=records)
     return _run_done(done.stdout)[0], cpu_s
 
 
@@ -241,7 +268,13 @@ def main(argv: list[str] | None = None) -> int:
                     took, cpu_s = run_floor(root / "landing", work, lines=lines, cores=_cores(pin))
                 else:
                     took, cpu_s = run_local(
-                        master, root / "landing", work, driver_memory=ns.driver_memory, cores=_cores(pin)
+                        master,
+                        root / "landing",
+                        work,
+                        driver_memory=ns.driver_memory,
+                        cores=_cores(pin),
+                        lines=lines,
+                        records=ns.records,
                     )
                 shutil.rmtree(work, ignore_errors=True)
                 runs[label].append((took, cpu_s))
@@ -253,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         standalone: tuple[float, float] | None = None
         if not ns.no_cluster:
             contended += _load_check("standalone")
-            standalone = run_cluster(root / "landing", root / "standalone")
+            standalone = run_cluster(root / "landing", root / "standalone", lines=lines, records=ns.records)
             print(
                 f"  standalone (2 workers x 1 core): {standalone[0]:.1f}s, {lines / standalone[0]:,.0f} records/s, "
                 f"cluster cpu {standalone[1]:.1f}s",

@@ -1,8 +1,9 @@
-"""``bench.ingest_spark`` at a smoke size, run as a user runs it: a landing zone of 2,000 records (5 % of them sent
-twice), the whole job at local[1] and its floor (``bench.spark_floor``) on it, each pinned to one core as in a full
-run. Its own check: the floor wrote one row per input line. The local[2], unpinned and standalone runs are left out
-(``--modes``, ``--no-cluster``): they run the same code with another master, and the job on a standalone cluster
-has a test of its own (``tests/spark_upload/test_cluster.py``)."""
+"""``bench.ingest_spark`` at a smoke size, run as a user runs it: a landing zone of 2,000 records in two segments (the
+second repeating the first's last 50), the whole job at local[1] and its floor (``bench.spark_floor``) on it, each
+pinned to one core as in a full run. Its own checks: the job's counts add up (every line read, every record in bronze
+once, the repeats dropped as duplicates, nothing quarantined) and the floor wrote one row per input line. The
+local[2], unpinned and standalone runs are left out (``--modes``, ``--no-cluster``): they run the same code with
+another master, and the job on a standalone cluster has a test of its own (``tests/spark_upload/test_cluster.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tests.bench.bench_process import run_bench
 pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(180)]
 
 
-def test_ingest_spark_runs_the_job_and_its_floor_which_writes_a_row_for_every_input_line() -> None:
+def test_ingest_spark_runs_the_job_which_keeps_every_record_once_and_its_floor_a_row_for_every_line() -> None:
     records = 2000
     figures = run_bench(
         "ingest_spark",
