@@ -16,10 +16,13 @@ VENV        := .venv
 BIN         := $(VENV)/bin
 STAMP       := $(VENV)/.installed
 EXTRAS      := dev,spark,demo,docs
-# Debian packages the tests need: Mosquitto (the peer broker and its clients), iproute2 (tc, netns), and what
-# python-qpid-proton's build needs (PyPI has no Linux wheel for it): a C compiler, Python's headers, OpenSSL's
-# headers and pkg-config (the AMQP head does its own SASL, so libsasl2-dev is not needed).
-APT_PACKAGES := mosquitto mosquitto-clients iproute2 openssl gcc python3-dev libssl-dev pkg-config
+# Debian packages the tests need: Mosquitto (the peer broker and its clients), iproute2 (tc, netns), valgrind
+# (bench.instructions' callgrind, run at its smoke size in tests/bench), and what python-qpid-proton's build needs
+# (PyPI has no Linux wheel for it): a C compiler, Python's headers, OpenSSL's headers and pkg-config (the AMQP head
+# does its own SASL, so libsasl2-dev is not needed). Not rabbitmq-server: bench.ingest's optional peer, which
+# brings Erlang (21 packages, 35 MB to fetch) and takes seconds to start in every run; the benchmarks report null
+# figures for it where it is missing.
+APT_PACKAGES := mosquitto mosquitto-clients iproute2 valgrind openssl gcc python3-dev libssl-dev pkg-config
 PYTEST_ARGS ?=
 # The test folders `make check` leaves out, each for what its tests need: a hub or SDK in a subprocess (e2e), a
 # foreign client or broker (interop), root for mounts, network namespaces and tc (privileged), Spark and Java

@@ -13,7 +13,8 @@ and it trusts what clients send: it is a measuring stick, not a broker.
 Reported: CPU microseconds per message (from /proc, as in bench.ingest) of the relay, of Mosquitto and of the hub,
 and two ratios: ``floor_ratio`` (relay / Mosquitto: the lowest ratio a Python hub of this design can reach here)
 and ``hub_over_floor`` (hub / relay: what the hub's features cost on top of the bare relay). With ``--rounds N``
-the three run N times in turn and the JSON gives medians. Last line: one JSON object.
+the three run N times in turn and the JSON gives medians; a ratio is null when a run was too short for /proc
+to see CPU time in its denominator (10 ms ticks). Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -230,14 +231,19 @@ def main() -> None:
     def median(key: str) -> float:
         return statistics.median(r[key] for r in rounds)
 
+    def ratio(top: str, bottom: str) -> float | None:
+        # /proc counts CPU in 10 ms ticks: a short run can read 0 for a broker, and then there is no ratio to tell
+        ratios = [r[top] / r[bottom] for r in rounds if r[bottom]]
+        return round(statistics.median(ratios), 2) if ratios else None
+
     print(
         json.dumps(
             {
                 "floor_cpu_us_per_msg": round(median("floor"), 1),
                 "mosquitto_cpu_us_per_msg": round(median("mosquitto"), 1),
                 "edgehub_cpu_us_per_msg": round(median("edgehub"), 1),
-                "floor_ratio": round(statistics.median(r["floor"] / r["mosquitto"] for r in rounds), 2),
-                "hub_over_floor": round(statistics.median(r["edgehub"] / r["floor"] for r in rounds), 2),
+                "floor_ratio": ratio("floor", "mosquitto"),
+                "hub_over_floor": ratio("edgehub", "floor"),
                 "rounds": args.rounds,
             }
         )

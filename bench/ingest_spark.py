@@ -1,7 +1,7 @@
 """Spark ingestion throughput: records/s from a landing zone to the lake tables, local[1] vs local[2] vs cluster.
 
     python -m bench.ingest_spark [--records 1000000] [--segment-records 10000] [--repeat 2] [--no-cluster]
-        [--no-pin] [--driver-memory 4g] [--bodies spaced|compact]
+        [--no-pin] [--driver-memory 4g] [--bodies spaced|compact] [--modes local1,local2,unpinned,floor]
 
 Builds a landing zone of ``--records`` records (segments written through ``LandingZone``, 5% of the records sent
 twice in overlapping segments, so the dedup step has work; each body a small JSON object, with ``json.dumps``'
@@ -31,6 +31,13 @@ machine. The standalone cluster
 (a master and two one-core workers on this same box) runs once; its CPU is that of every cluster process from
 start to stop (executors included, JVM start-up too). On a shared machine every figure is noisy: the load
 average is printed before each run, with a warning when it exceeds the number of cores.
+
+Each run of the job is checked by its own counts (its ``ingest.batch`` lines): every input line read, every record
+in bronze once, the repeated ones dropped as duplicates, nothing quarantined; and the floor by the rows it wrote.
+
+``--modes`` runs some of the local modes only (all four by default); a figure that needs a mode left out is null.
+The tests run ``--modes local1,floor`` on a small landing zone: the job and the floor, each with its checks, in
+two JVMs instead of four.
 """
 
 from __future__ import annotations
@@ -53,6 +60,8 @@ from edgehub.upstream.segment import SegmentName, SegmentRecord, encode_segment
 from spark_upload.standalone import StandaloneCluster
 
 _DONE = re.compile(r"ingest\.run_done elapsed_s=([0-9.]+) cpu_s=([0-9.]+)")
+# --modes' names for the local runs' labels
+MODES = {"local1": "local[1]", "local2": "local[2]", "unpinned": "local[1] unpinned", "floor": "floor local[1]"}
 
 
 def build_landing(root: Path, *, records: int, segment_records: int, compact_bodies: bool = False) -> int:
@@ -89,6 +98,20 @@ def build_landing(root: Path, *, records: int, segment_records: int, compact_bod
     return lines
 
 
+_BATCH = re.compile(r"^ingest\.batch (\{.*\})$", re.M)
+
+
+def check_counts(output: str, *, lines: int, records: int) -> None:
+    """The job's own counts (its ``ingest.batch`` lines, one per micro-batch) add up: every input line read,
+    every record in bronze once, the rest dropped as duplicates, nothing quarantined."""
+    batches = [json.loads(m.group(1)) for m in _BATCH.finditer(output)]
+    keys = ("input_rows", "bronze_rows", "duplicates", "quarantined")
+    counted = {key: sum(int(b[key]) for b in batches) for key in keys}
+    expected = dict(zip(keys, (lines, records, lines - records, 0), strict=True))
+    if counted != expected:
+        raise RuntimeError(f"the job counted {counted} over {len(batches)} batches, not {expected}:\n{output[-2000:]}")
+
+
 def _run_done(output: str) -> tuple[float, float]:
     match = _DONE.search(output)
     if match is None:
@@ -116,9 +139,17 @@ def _cores(n: int | None) -> set[int] | None:
 
 
 def run_local(
-    master: str, landing: Path, work: Path, *, driver_memory: str | None, cores: set[int] | None
+    master: str,
+    landing: Path,
+    work: Path,
+    *,
+    driver_memory: str | None,
+    cores: set[int] | None,
+    lines: int,
+    records: int,
 ) -> tuple[float, float]:
-    """One run of the job in its own process, on ``cores`` when given; (elapsed_s, cpu_s) of the run."""
+    """One run of the job in its own process, on ``cores`` when given, its counts checked; (elapsed_s, cpu_s) of
+    the run."""
     cmd = [
         sys.executable,
         "-m",
@@ -138,6 +169,7 @@ def run_local(
         cmd += ["--driver-memory", driver_memory]
     pin = None if cores is None else (lambda: os.sched_setaffinity(0, cores))
     done = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=1800, preexec_fn=pin)
+    check_counts(done.stdout, lines=lines, records=records)
     return _run_done(done.stdout)
 
 
@@ -156,7 +188,7 @@ def run_floor(landing: Path, work: Path, *, lines: int, cores: set[int] | None) 
     return _run_done(done.stdout)
 
 
-def run_cluster(landing: Path, work: Path) -> tuple[float, float]:
+def run_cluster(landing: Path, work: Path, *, lines: int, records: int) -> tuple[float, float]:
     """(elapsed_s of the run, CPU seconds of every cluster process from start to stop)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with StandaloneCluster(work_dir=work / "cluster", workers=2) as cluster:
@@ -175,6 +207,7 @@ def run_cluster(landing: Path, work: Path) -> tuple[float, float]:
         )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the workers waited for their executors
     cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    check_counts(done.stdout, lines=lines, records=records)
     return _run_done(done.stdout)[0], cpu_s
 
 
@@ -192,7 +225,15 @@ def main(argv: list[str] | None = None) -> int:
         default="spaced",
         help="JSON bodies with json.dumps' default spacing (the segment's body_text) or none (body_json)",
     )
+    p.add_argument(
+        "--modes",
+        type=lambda text: set(text.split(",")),
+        default=set(MODES),
+        help=f"the local modes to run, of {','.join(MODES)} (default: all; unpinned is local1 under --no-pin)",
+    )
     ns = p.parse_args(argv)
+    if not ns.modes <= set(MODES):
+        p.error(f"--modes: {','.join(sorted(ns.modes - set(MODES)))} not among {','.join(MODES)}")
     # (label, master, cores it is pinned to or None)
     modes: list[tuple[str, str, int | None]] = (
         [("local[1]", "local[1]", None), ("local[2]", "local[2]", None)]
@@ -202,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     # The floor (bench.spark_floor: read, parse with the same schema, write Parquet) at local[1], pinned as the
     # job's local[1] is, in the same rounds.
     modes.append(("floor local[1]", "floor", None if ns.no_pin else 1))
+    wanted = {MODES[m] for m in ns.modes}
+    if ns.no_pin and "local[1] unpinned" in wanted:
+        wanted.add("local[1]")
+    modes = [mode for mode in modes if mode[0] in wanted]
     load_before = os.getloadavg()
     contended = 0
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
@@ -223,7 +268,13 @@ def main(argv: list[str] | None = None) -> int:
                     took, cpu_s = run_floor(root / "landing", work, lines=lines, cores=_cores(pin))
                 else:
                     took, cpu_s = run_local(
-                        master, root / "landing", work, driver_memory=ns.driver_memory, cores=_cores(pin)
+                        master,
+                        root / "landing",
+                        work,
+                        driver_memory=ns.driver_memory,
+                        cores=_cores(pin),
+                        lines=lines,
+                        records=ns.records,
                     )
                 shutil.rmtree(work, ignore_errors=True)
                 runs[label].append((took, cpu_s))
@@ -235,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         standalone: tuple[float, float] | None = None
         if not ns.no_cluster:
             contended += _load_check("standalone")
-            standalone = run_cluster(root / "landing", root / "standalone")
+            standalone = run_cluster(root / "landing", root / "standalone", lines=lines, records=ns.records)
             print(
                 f"  standalone (2 workers x 1 core): {standalone[0]:.1f}s, {lines / standalone[0]:,.0f} records/s, "
                 f"cluster cpu {standalone[1]:.1f}s",
@@ -244,14 +295,23 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
     print(f"load average (1 min) before {load_before[0]:.1f}, after {load_after[0]:.1f} on {os.cpu_count()} cores")
 
-    def elapsed(label: str) -> float:
-        return statistics.median(e for e, _ in runs[label])
+    # Each figure is null where a mode it needs was left out (--modes).
+    def elapsed(label: str) -> float | None:
+        return statistics.median(e for e, _ in runs[label]) if runs.get(label) else None
 
-    def cpu(label: str) -> float:
-        return statistics.median(c for _, c in runs[label])
+    def cpu(label: str) -> float | None:
+        return round(statistics.median(c for _, c in runs[label]), 1) if runs.get(label) else None
 
-    def busy(label: str) -> float:
-        return statistics.median(c / e for e, c in runs[label])
+    def busy(label: str) -> float | None:
+        return round(statistics.median(c / e for e, c in runs[label]), 2) if runs.get(label) else None
+
+    def rate(label: str) -> int | None:
+        took = elapsed(label)
+        return None if took is None else round(lines / took)
+
+    def ratio(faster: str, slower: str) -> float | None:
+        top, bottom = elapsed(slower), elapsed(faster)
+        return None if top is None or bottom is None else round(top / bottom, 3)
 
     unpinned = "local[1]" if ns.no_pin else "local[1] unpinned"
     summary = {
@@ -260,19 +320,19 @@ def main(argv: list[str] | None = None) -> int:
         "input_lines": lines,
         "repeat": ns.repeat,
         "pinned": not ns.no_pin,
-        "records_per_s_local1": round(lines / elapsed("local[1]")),
-        "records_per_s_local2": round(lines / elapsed("local[2]")),
-        "scaling_ratio": round(elapsed("local[1]") / elapsed("local[2]"), 3),
-        "floor_records_per_s_local1": round(lines / elapsed("floor local[1]")),
-        "job_over_floor": round(elapsed("floor local[1]") / elapsed("local[1]"), 3),
-        "records_per_s_local1_unpinned": round(lines / elapsed(unpinned)),
-        "scaling_ratio_unpinned": round(elapsed(unpinned) / elapsed("local[2]"), 3),
-        "cpu_s_local1": round(cpu("local[1]"), 1),
-        "cpu_s_local2": round(cpu("local[2]"), 1),
-        "cpu_s_local1_unpinned": round(cpu(unpinned), 1),
-        "cores_busy_local1": round(busy("local[1]"), 2),
-        "cores_busy_local2": round(busy("local[2]"), 2),
-        "cores_busy_local1_unpinned": round(busy(unpinned), 2),
+        "records_per_s_local1": rate("local[1]"),
+        "records_per_s_local2": rate("local[2]"),
+        "scaling_ratio": ratio("local[2]", "local[1]"),
+        "floor_records_per_s_local1": rate("floor local[1]"),
+        "job_over_floor": ratio("local[1]", "floor local[1]"),
+        "records_per_s_local1_unpinned": rate(unpinned),
+        "scaling_ratio_unpinned": ratio("local[2]", unpinned),
+        "cpu_s_local1": cpu("local[1]"),
+        "cpu_s_local2": cpu("local[2]"),
+        "cpu_s_local1_unpinned": cpu(unpinned),
+        "cores_busy_local1": busy("local[1]"),
+        "cores_busy_local2": busy("local[2]"),
+        "cores_busy_local1_unpinned": busy(unpinned),
         "elapsed_s": {label: [round(e, 1) for e, _ in r] for label, r in runs.items()},
         "standalone_records_per_s": None if standalone is None else round(lines / standalone[0]),
         "standalone_cpu_s": None if standalone is None else round(standalone[1], 1),

@@ -224,6 +224,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--role", choices=["build", "recover"], default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.messages % PRODUCERS:
+        # the producers share the messages evenly; a remainder would never be sent, and the drain would wait for it
+        ap.error(f"--messages must be a multiple of {PRODUCERS}, the number of producers")
     if args.role == "build":
         build(args.dir, args.queued)
         return
@@ -285,6 +288,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"built   {args.queued} queued messages in {time.perf_counter() - t0:.1f} s")
         out = subprocess.run([*here, "--role", "recover"], check=True, capture_output=True, text=True).stdout
         rec = json.loads(out.strip().splitlines()[-1])
+        if rec["queued"] != args.queued:
+            raise RuntimeError(f"the reopened store holds {rec['queued']} of the {args.queued} messages built")
         print(
             f"recover {rec['recovery_s']:.3f} s to first delivery of {rec['queued']} queued; "
             f"peak RSS {rec['rss_mb']:.1f} MB"

@@ -48,7 +48,8 @@ Figures (each side):
   restore after the hard cut (step 5), which leaves nothing held in the link.
 
 Last line: one JSON object (``p0_p50_s``, ``p0_p99_s``, ``bridge_p0_p99_s``, ``wire_bytes_per_msg``,
-``bridge_wire_bytes_per_msg``, ``utilisation``, ``resume_s``, ``resume_cut_s``, and more).
+``bridge_wire_bytes_per_msg``, ``utilisation``, ``resume_s``, ``resume_cut_s``, and more), with what each side
+delivered: ``backlog_delivered`` of ``backlog`` and ``p0_missing`` (alerts not delivered by the end).
 """
 
 from __future__ import annotations
@@ -559,6 +560,11 @@ def main(argv: list[str] | None = None) -> None:
                 "p0_outage_max_s": e.get("p0_outage_max_s"),
                 "delivered": e.get("delivered"),
                 "bridge_delivered": b.get("delivered"),
+                "backlog": sc.backlog,
+                "backlog_delivered": e.get("backlog_delivered"),
+                "bridge_backlog_delivered": b.get("backlog_delivered"),
+                "p0_missing": e.get("p0_missing"),
+                "bridge_p0_missing": b.get("p0_missing"),
                 "load_avg": round(os.getloadavg()[0], 2),
                 "scaled": sc.backlog < 50_000 or sc.outage_s < 60,
             }

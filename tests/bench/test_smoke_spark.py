@@ -1,0 +1,39 @@
+"""``bench.ingest_spark`` at a smoke size, run as a user runs it: a landing zone of 2,000 records in two segments (the
+second repeating the first's last 50), the whole job at local[1] and its floor (``bench.spark_floor``) on it, each
+pinned to one core as in a full run. Its own checks: the job's counts add up (every line read, every record in bronze
+once, the repeats dropped as duplicates, nothing quarantined) and the floor wrote one row per input line. The
+local[2], unpinned and standalone runs are left out (``--modes``, ``--no-cluster``): they run the same code with
+another master, and the job on a standalone cluster has a test of its own (``tests/spark_upload/test_cluster.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.bench.bench_process import run_bench
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.timeout(180)]
+
+
+def test_ingest_spark_runs_the_job_which_keeps_every_record_once_and_its_floor_a_row_for_every_line() -> None:
+    records = 2000
+    figures = run_bench(
+        "ingest_spark",
+        *("--records", str(records), "--segment-records", "1000", "--repeat", "1"),
+        *("--no-cluster", "--modes", "local1,floor"),
+        timeout_s=170,
+    )
+    assert {
+        "records",
+        "input_lines",
+        "records_per_s_local1",
+        "records_per_s_local2",
+        "scaling_ratio",
+        "floor_records_per_s_local1",
+        "job_over_floor",
+        "elapsed_s",
+        "standalone_records_per_s",
+    } <= set(figures)
+    assert figures["records"] == records
+    assert figures["input_lines"] == records + 50  # the second segment repeats the first's last 50 (5 %)
+    assert set(figures["elapsed_s"]) == {"local[1]", "floor local[1]"}
+    assert figures["records_per_s_local2"] is None  # left out, so null rather than made up
