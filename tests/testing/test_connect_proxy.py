@@ -4,34 +4,12 @@ Real sockets on loopback: an echo server behind the proxy."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
 from edgehub.testing.connect_proxy import MAX_HEAD_BYTES, ConnectProxy
 
 pytestmark = pytest.mark.timeout(20)
-
-
-async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except ConnectionError:
-        pass
-    finally:
-        writer.close()
-
-
-@pytest.fixture
-async def echo_port() -> AsyncIterator[int]:
-    server = await asyncio.start_server(_echo, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1]
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 async def ask(proxy: ConnectProxy, head: bytes) -> tuple[bytes, asyncio.StreamReader, asyncio.StreamWriter]:

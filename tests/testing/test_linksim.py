@@ -8,31 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
 from edgehub.testing.linksim import LinkSim, OutageMode, parse_duration_s, parse_rate_bps
-
-
-async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except ConnectionError:
-        pass
-    finally:
-        writer.close()
-
-
-@pytest.fixture
-async def echo_port() -> AsyncIterator[int]:
-    server = await asyncio.start_server(_echo, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1]
-    finally:
-        server.close()
 
 
 async def _read_n(reader: asyncio.StreamReader, n: int) -> bytes:
