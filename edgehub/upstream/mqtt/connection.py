@@ -312,7 +312,7 @@ class Connection(asyncio.Protocol):
                     RefusalReason.QUOTA_EXCEEDED,
                     peer=self._peer,
                     client=self._settings.client_id,
-                    topic=dropped,
+                    topic=shown(dropped),
                     detail=f"{_MAX_HELD} reports already wait for the broker's Receive Maximum of "
                     f"{self.receive_maximum}: the oldest dropped",
                 )
@@ -328,7 +328,7 @@ class Connection(asyncio.Protocol):
                 RefusalReason.MESSAGE_TOO_LARGE,
                 peer=self._peer,
                 client=self._settings.client_id,
-                topic=topic,
+                topic=shown(topic),
                 detail=self._too_large(len(packet)),
             )
             return
