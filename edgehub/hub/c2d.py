@@ -39,7 +39,7 @@ from edgehub.core import (
     SystemProperty,
 )
 from edgehub.core.endpoints import device_endpoint, parse_device_endpoint
-from edgehub.core.refusals import RefusalReason
+from edgehub.core.refusals import RateLimitedLog, RefusalReason
 from edgehub.hub.modules import DEFAULT_MAX_BATCH, MailboxEndpoint, ModuleMailboxes
 from edgehub.store import Store
 
@@ -98,6 +98,7 @@ class CloudToDevice:
         self._known = known
         self._max_batch = max_batch
         self._lock = asyncio.Lock()  # the per-device bound is checked and taken one message at a time
+        self._events = RateLimitedLog(log, clock=store.clock)  # the cloud decides how many: a line per device
         self.accepted = 0  # messages the upstream handed in that are durable (since start)
         self._changed = asyncio.Event()
 
@@ -153,7 +154,7 @@ class CloudToDevice:
             raise QuotaExceededError(f"the store dropped the message for {device_id} (its overflow policy)")
         self.accepted += 1
         self._changed.set()
-        log.info("c2d.accepted device=%s ttl_s=%s accepted=%d", device_id, result.ttl_s, self.accepted)
+        self._events.line(device_id, "c2d.accepted", device=device_id, ttl_s=result.ttl_s, accepted=self.accepted)
         return endpoint
 
     async def wait_accepted(self, count: int) -> None:

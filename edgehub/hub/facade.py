@@ -551,4 +551,4 @@ class EdgeHub:
             properties["moduleId"] = identity.module_id
         [outcome] = await self.ingest(identity, [Message(body, properties=properties, system_properties=system)])
         if isinstance(outcome, Rejected):
-            log.info("hub.twin_notification_refused identity=%s reason=%s", identity, outcome.reason)
+            self._events.line(identity.id, "hub.twin_notification_refused", identity=identity, reason=outcome.reason)

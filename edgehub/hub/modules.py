@@ -33,6 +33,7 @@ from typing import Final
 
 from edgehub.core import DeliveryError, FailureKind, Identity
 from edgehub.core.endpoints import parse_module_endpoint
+from edgehub.core.refusals import RateLimitedLog
 from edgehub.delivery import QueuedMessage, SendResult
 from edgehub.hub import ClientLink, Delivery
 
@@ -109,6 +110,8 @@ class ModuleMailboxes:
         self._ids = itertools.count(1)
         # Whose mailbox a connection is: the module id here; the device id for device-bound messages (c2d.py).
         self._key = key
+        # A module that refuses or never acks its deliveries causes a line per retry: bounded per endpoint.
+        self.events = RateLimitedLog(log)
 
     def _box(self, module_id: str) -> _Mailbox:
         box = self._boxes.get(module_id)
@@ -204,7 +207,9 @@ class ModuleMailboxes:
         if not failed and not invalid:
             return SendResult(succeeded=ok)
         kind = FailureKind.TRANSIENT if failed else FailureKind.PERMANENT
-        log.info("module.delivery_failed endpoint=%s failed=%d invalid=%d", endpoint_id, len(failed), len(invalid))
+        self.events.line(
+            endpoint_id, "module.delivery_failed", endpoint=endpoint_id, failed=len(failed), invalid=len(invalid)
+        )
         errors = batch_state.errors
         why = {qm.offset: errors[i] for i, qm in enumerate(batch) if i in errors}
         return SendResult(

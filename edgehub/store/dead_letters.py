@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from edgehub.core import Clock, Message
 from edgehub.core.logtext import shown
+from edgehub.core.refusals import RateLimitedLog
 from edgehub.store.backend import Backend, Op
 from edgehub.store.codec import (
     VERSION,
@@ -57,6 +58,8 @@ class DeadLetters:
         self._maint = maintenance
         self._held = held
         self._clock = clock
+        # Senders of poison messages decide how many: a queue's lines are bounded; the count and the records are not.
+        self._events = RateLimitedLog(log, clock=clock)
         self._queues = queues
         self._open_queue = open_queue
         self._next: dict[str, int] = {}  # endpoint -> its next DLQ offset, once looked up
@@ -103,13 +106,14 @@ class DeadLetters:
             ]
             deltas = {item.queue.endpoint: (-1, -item.size_bytes)}
             await self._maint.write(ops, deltas, (RemovalReason.DEADLETTER, 1))
-        log.info(
-            "store.dead_lettered queue=%s offset=%d reason=%s attempts=%d error=%s",
-            item.queue,
-            item.offset,
-            reason,
-            attempts,
-            shown(error or "", 200),
+        self._events.line(
+            item.queue.name,
+            "store.dead_lettered",
+            queue=item.queue,
+            offset=item.offset,
+            reason=reason,
+            attempts=attempts,
+            error=shown(error or "", 200),
         )
         return dlq_off
 

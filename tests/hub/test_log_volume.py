@@ -5,6 +5,7 @@ and the next line says how many were held back. The real hub (RocksDB in tmp_pat
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from edgehub.core import Message
 from edgehub.core.methods import MethodCall
 from edgehub.hub.facade import EdgeHub
 from edgehub.hub.methods import UPSTREAM_CALLER
@@ -19,6 +21,7 @@ from edgehub.mqtt.packets import MQTT_311, ConnAck, Connect
 from edgehub.routing import Router
 from edgehub.store.rocks import open_rocks_store
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
+from tests.hub.test_poison_messages import connected
 from tests.protocol_heads.mqtt.conftest import DEV, DEVICE_KEY, HOST, MOD, MODULE_KEY, sas_password, username
 from tests.protocol_heads.mqtt.rawclient import RawClient
 
@@ -72,3 +75,40 @@ async def test_calls_to_a_target_that_is_away_log_at_most_the_limiters_lines(
             result = await hub.invoke_method(UPSTREAM_CALLER, MOD, MethodCall("m", b"{}", 10))
             assert result.status == 404
     assert len(lines(caplog, "method.not_online")) == BURST
+
+
+async def test_cloud_to_device_messages_for_one_device_log_at_most_the_limiters_lines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with served(tmp_path) as (hub, _):
+        for i in range(TRIES):
+            await hub.cloud_to_device("dev1", Message(b"cmd", {"n": str(i)}, {"messageId": f"c{i}"}))
+        assert hub.c2d.accepted == TRIES  # every one taken; only the lines are bounded
+    accepted = lines(caplog, "c2d.accepted")
+    assert len(accepted) == BURST
+
+
+async def test_poison_messages_are_all_dead_lettered_and_counted_but_log_at_most_the_limiters_lines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    store = open_rocks_store(tmp_path / "store")
+    inbox = "/modules/filter/inputs/in"
+    try:
+        router = Router({"to_filter": f"FROM /messages/* INTO BrokeredEndpoint('{inbox}')"})
+        async with EdgeHub(store=store, router=router, host_name=HOST) as hub:
+            await hub.identities.add_symmetric_key(DEV, DEVICE_KEY)
+            await hub.identities.add_symmetric_key(MOD, MODULE_KEY)
+            async with MqttServer(hub, settings=MqttSettings(tcp_port=0, tls_port=None)) as server:
+                module = await connected(server, MOD, MODULE_KEY, "devices/dev1/modules/filter/inputs/#")
+                # Each one's topic would pass MQTT's 65,535 bytes: dead-lettered at once, never sent.
+                poison = [Message(b"p", {"a": "é" * 40_000}, {"messageId": f"p{i}"}) for i in range(TRIES)]
+                await hub.ingest(DEV, poison)
+                async with asyncio.timeout(20):
+                    await hub.executors[inbox].wait_for(lambda: len(store.dead_letters(inbox)) == TRIES)
+                    await hub.executors[inbox].wait_idle()  # the last one's line is written once the pump idles
+                await module.close()
+    finally:
+        await store.close()
+    assert len(lines(caplog, "store.dead_lettered")) == BURST
