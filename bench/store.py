@@ -47,7 +47,9 @@ from edgehub.routing import Router, RouteSpec
 from edgehub.store import FsyncPolicy, QueueId, Store
 from edgehub.store.backend import Op
 from edgehub.store.codec import VERSION, RefRecord, encode_message, encode_ref, pack_u64
+from edgehub.store.records import charged_size
 from edgehub.store.rocks import RocksBackend, open_rocks_store
+from edgehub.store.usage import STORE_WIDE, Usage, UsageBook, add
 from edgehub.testing import NullEndpoint
 
 ROUTER = Router(
@@ -61,7 +63,8 @@ ROUTER = Router(
 BODY = b"x" * 200
 PROPS = {"kind": "data"}
 ROUTES = ROUTER.route(Message(body=BODY, properties=PROPS))
-QUEUES = [QueueId(r.endpoint, r.priority).name for r in ROUTES]
+ROUTE_QUEUES = [QueueId(r.endpoint, r.priority) for r in ROUTES]
+QUEUES = [q.name for q in ROUTE_QUEUES]
 PRODUCERS = 8
 
 
@@ -160,18 +163,22 @@ async def cleanup(store: Store, n: int) -> tuple[float, float]:
     return cpu / removed * 1e6, stall * 1e3
 
 
-def build(path: Path, n: int) -> None:
+def build(path: Path, n: int, *, with_counters: bool = True) -> None:
     """Write ``n`` messages routed to two endpoints in the store's own format, in large unsynced batches.
 
     Going through ``enqueue`` one message at a time would spend minutes building, not measuring; the records
-    are the ones ``enqueue`` writes (same codec, same keys), only the usage counters are left out (they are a
-    handful of keys read at open, so their absence does not change the measure)."""
+    are the ones ``enqueue`` writes (same codec, same keys), and so are the usage counters: their ops come from
+    the store's own ``UsageBook``, written with the last batch. Without them the store looks written by a build
+    from before identities were counted, and its open counts every message once (an upgrade's one-time cost,
+    not a restart's: ``--role build-old`` builds that store)."""
     backend = RocksBackend(path)
+    book = UsageBook(backend)  # an empty store: nothing is counted at its open
     names = QUEUES
     now = time.time()
     batch = 20_000
+    size = 0
     for start in range(0, n, batch):
-        ops: list[tuple[str, bytes, bytes | None]] = []
+        ops: list[Op] = []
         for i in range(start, min(n, start + batch)):
             k = pack_u64(i)
             sp = {"edgeMessageId": f"{i:032x}", "enqueuedTime": f"2026-01-01T00:00:{i % 60:02d}.{i:06d}+00:00"}
@@ -179,6 +186,12 @@ def build(path: Path, n: int) -> None:
             ops.append(("messages", k, encode_message(msg, [(name, i) for name in names])))
             r = encode_ref(RefRecord(VERSION, i, now, 7 * 24 * 3600.0, msg.size_bytes()))
             ops.extend((name, k, r) for name in names)
+            size += charged_size(msg)
+        if with_counters and start + batch >= n:  # what enqueue adds: each message store-wide and per endpoint
+            deltas: Usage = {}
+            for key in (STORE_WIDE, *(q.endpoint for q in ROUTE_QUEUES)):
+                add(deltas, key, n, size)
+            ops.extend(book.ingest_tally(deltas, 0).ops)
         backend.write(ops, sync=False)
     backend.close()
 
@@ -222,13 +235,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--queued", type=int, default=1_000_000)
     ap.add_argument("--dir", type=Path, default=None)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--role", choices=["build", "recover"], default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--role", choices=["build", "build-old", "recover"], default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.messages % PRODUCERS:
         # the producers share the messages evenly; a remainder would never be sent, and the drain would wait for it
         ap.error(f"--messages must be a multiple of {PRODUCERS}, the number of producers")
-    if args.role == "build":
-        build(args.dir, args.queued)
+    if args.role in ("build", "build-old"):
+        build(args.dir, args.queued, with_counters=args.role == "build")
         return
     if args.role == "recover":
         print(json.dumps(asyncio.run(recover(args.dir))))
