@@ -40,7 +40,9 @@ async def produce(store: Store, counter: list[int]) -> None:
     while True:
         n = counter[0]
         counter[0] += 1
-        await store.enqueue(Message(body=f"w{n}".encode()), [RouteResult("up", 0), RouteResult("mod", 5)])
+        # from three devices, so that the identities' counters are written (and checked after the kill) too
+        message = Message(body=f"w{n}".encode(), system_properties={"connectionDeviceId": f"dev{n % 3}"})
+        await store.enqueue(message, [RouteResult("up", 0), RouteResult("mod", 5)])
         say("ack", n)
 
 
