@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -208,10 +209,15 @@ class UsageBook:
         """Once, at the first open by a build that counts each identity's messages: count what a store written
         before holds per identity (read and decoded message by message, in chunks), into the maintenance
         counters with the marker, in one write. Later opens load the counters as the endpoints' are loaded."""
+        # The one open that is not O(queues + identities): say so before, as it takes seconds per million messages.
+        log.info("store.identities_counting reason=no_identity_counters")
+        t0 = time.monotonic()
         counts: Usage = {}
+        messages = 0
         start = b""
         while True:
             chunk = self._b.scan(MESSAGES, start, _SCAN_CHUNK)
+            messages += len(chunk)
             for _, raw in chunk:
                 message = decode_message(raw).to_message()
                 owner = owner_of(message.system_properties)
@@ -223,8 +229,12 @@ class UsageBook:
         for k, (c, b) in counts.items():
             add(self._maint, k, c, b)
         self._b.write([*_stats_ops(_STATS_MAINT, self._maint, counts), (META, _IDENTITIES_COUNTED, b"1")], sync=True)
-        if counts:
-            log.info("store.identities_counted identities=%d", len(counts))
+        log.info(
+            "store.identities_counted identities=%d messages=%d elapsed_s=%.1f",
+            len(counts),
+            messages,
+            time.monotonic() - t0,
+        )
 
 
 def _plus_usage(base: Usage, deltas: Usage) -> Usage:

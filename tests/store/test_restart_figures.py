@@ -5,6 +5,7 @@ of the data finds, and the old-store path (no identity counters) reaches the sam
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -83,7 +84,7 @@ async def test_the_figures_read_at_open_equal_a_full_scan_after_every_kind_of_wr
 
 
 async def test_a_store_without_identity_counters_is_counted_once_to_the_figures_of_a_scan(
-    open_backend: Opener,
+    open_backend: Opener, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = Store(open_backend())
     try:
@@ -98,8 +99,12 @@ async def test_a_store_without_identity_counters_is_counted_once_to_the_figures_
     backend.close()
     for _ in range(2):  # the first open counts; the second reads what the first wrote
         backend = open_backend()
-        store = Store(backend)
+        with caplog.at_level(logging.INFO, logger="edgehub.store.usage"):
+            store = Store(backend)
         try:
             assert_open_figures_match_a_scan(store, backend)
         finally:
             await store.close()
+    counted = [r.getMessage() for r in caplog.records if r.getMessage().startswith("store.identities_counted ")]
+    assert len(counted) == 1
+    assert "identities=3 messages=" in counted[0]  # devA, devB, devA/mod
