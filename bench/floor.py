@@ -193,12 +193,14 @@ def _telemetry(cmd: list[str], port: int, args: argparse.Namespace, creds: dict[
 def _round(work: Path, args: argparse.Namespace) -> dict[str, float]:
     out: dict[str, float] = {}
     port = free_port()
-    out["floor"] = _telemetry([sys.executable, "-m", "bench.floor", "--serve", str(port), str(work / "floor")],
-                              port, args, None)  # fmt: skip
+    out["floor"] = _telemetry(
+        [sys.executable, "-m", "bench.floor", "--serve", str(port), str(work / "floor")], port, args, None
+    )
     port = free_port()
     conf = mosquitto_conf(work, port)
-    out["mosquitto"] = _telemetry([shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)], port, args,
-                                  None)  # fmt: skip
+    out["mosquitto"] = _telemetry(
+        [shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)], port, args, None
+    )
     data, manifest = work / "edgehub", work / "manifest.json"
     manifest.write_text(json.dumps(MANIFEST))
     creds = add_identities(data, [f"pub{i}" for i in range(args.publishers)] + ["edge/sink"])

@@ -216,9 +216,15 @@ def m2m(
     start = mp.Event()
     proc = mp.Process(
         target=m2m_source,
-        args=(src_id, port, creds[src_id] if creds else None, "devices/edge/modules/src/messages/events/$.on=out",
-              count, start),
-    )  # fmt: skip
+        args=(
+            src_id,
+            port,
+            creds[src_id] if creds else None,
+            "devices/edge/modules/src/messages/events/$.on=out",
+            count,
+            start,
+        ),
+    )
     proc.start()
     time.sleep(1.0)  # connected, outside the measured window
     cpu0, t0 = cpu_s(pid), time.perf_counter()
@@ -357,9 +363,16 @@ def run_rabbitmq_mqtt(work: Path, args: argparse.Namespace) -> dict[str, float] 
         return None
     with rabbitmq.RabbitMq(work) as rmq:
         rate, cpu = telemetry(
-            rmq.mqtt_port, 0, None, args.publishers, args.messages, "rsink", "devices/+/messages/events/#",
-            cpu=rmq.cpu_s, durable=True,
-        )  # fmt: skip
+            rmq.mqtt_port,
+            0,
+            None,
+            args.publishers,
+            args.messages,
+            "rsink",
+            "devices/+/messages/events/#",
+            cpu=rmq.cpu_s,
+            durable=True,
+        )
     return {"rate": rate, "cpu": cpu}
 
 

@@ -138,18 +138,28 @@ class Hub:
     def __init__(self, procs: Processes, *, data: Path, manifest: Path, upstream_port: int) -> None:
         self._procs = procs
         self._argv = (
-            EDGEHUB, "run",
-            "--manifest", str(manifest),
-            "--data-dir", str(data),
-            "--mqtt-port", "0",
-            "--mqtts-port", "0",
-            "--amqps-port", "0",
-            "--admin-port", "0",
-            "--upstream-mqtt", f"127.0.0.1:{upstream_port}",
-            "--upstream-client-id", "gw",
+            EDGEHUB,
+            "run",
+            "--manifest",
+            str(manifest),
+            "--data-dir",
+            str(data),
+            "--mqtt-port",
+            "0",
+            "--mqtts-port",
+            "0",
+            "--amqps-port",
+            "0",
+            "--admin-port",
+            "0",
+            "--upstream-mqtt",
+            f"127.0.0.1:{upstream_port}",
+            "--upstream-client-id",
+            "gw",
             "--duplicate-detection",
-            "--cleanup-interval", "1",
-        )  # fmt: skip
+            "--cleanup-interval",
+            "1",
+        )
         self._proc: asyncio.subprocess.Process | None = None
         self.port: int | None = None
         self.starts = 0

@@ -223,12 +223,17 @@ async def run(seed: int, duration_s: float, work: Path, drain_s: float) -> Outco
         )
         receiver, _, _ = await procs.spawn(
             "receiver",
-            sys.executable, "-m", "spark_upload.receiver",
-            "--broker", f"mqtt://{cloud.host}:{cloud.port}",
-            "--landing", str(landing_dir),
-            "--client-id", "chaos-landing",
+            sys.executable,
+            "-m",
+            "spark_upload.receiver",
+            "--broker",
+            f"mqtt://{cloud.host}:{cloud.port}",
+            "--landing",
+            str(landing_dir),
+            "--client-id",
+            "chaos-landing",
             ready=re.compile(r"receiver\.subscribed"),
-        )  # fmt: skip
+        )
         hub = Hub(procs, data=data, manifest=manifest, upstream_port=link.port)
         await hub.start()
         say(f"hub listening on {hub.port}; cloud Mosquitto {cloud.port} behind the link on {link.port}")
@@ -278,10 +283,20 @@ async def run(seed: int, duration_s: float, work: Path, drain_s: float) -> Outco
         t = time.monotonic()
         job, _, job_log = await procs.spawn(
             "spark-job",
-            sys.executable, "-m", "spark_upload.job",
-            "--landing", str(landing_dir), "--lake", str(lake), "--checkpoint", str(checkpoint),
-            "--trigger", "available-now", "--master", "local[2]",
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "spark_upload.job",
+            "--landing",
+            str(landing_dir),
+            "--lake",
+            str(lake),
+            "--checkpoint",
+            str(checkpoint),
+            "--trigger",
+            "available-now",
+            "--master",
+            "local[2]",
+        )
         if await procs.wait(job, 300 + duration_s) != 0:  # a minute of chaos lands some 350 segment files
             raise RuntimeError(f"the Spark job failed; see {job_log}")
         timings["spark_job_s"] = round(time.monotonic() - t, 1)

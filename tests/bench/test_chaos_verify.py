@@ -101,9 +101,8 @@ def test_a_lake_row_no_device_was_acknowledged_for_is_counted_apart_not_as_deliv
         kills=1,
     )
     assert (v.acknowledged, v.delivered, v.unacknowledged_in_lake, v.lake_rows) == (1, 1, 1, 2)
-    assert list(v.summary())[:7] == [
-        "acknowledged", "delivered", "expired", "lost", "duplicates", "order_violations", "kills"
-    ]  # fmt: skip
+    first = ["acknowledged", "delivered", "expired", "lost", "duplicates", "order_violations", "kills"]
+    assert list(v.summary())[:7] == first
 
 
 def test_a_segment_line_out_of_a_devices_order_is_a_violation_even_within_one_millisecond() -> None:

@@ -282,8 +282,11 @@ def test_a_segment_that_is_not_a_whole_gzip_stream_is_quarantined_as_unreadable_
     unreadable = sorted(r.source_file.rsplit("/", 1)[1] for r in quarantine if r.reason == "unreadable_file")
     assert unreadable == sorted([truncated.path.rsplit("/", 1)[1], "plain.jsonl.gz"])
     # The lines before the break are read; the line cut by it is quarantined as such.
-    assert all(r.reason == "unparseable_line" and r.source_file.endswith(truncated.path) for r in quarantine
-               if r.reason != "unreadable_file")  # fmt: skip
+    assert all(
+        r.reason == "unparseable_line" and r.source_file.endswith(truncated.path)
+        for r in quarantine
+        if r.reason != "unreadable_file"
+    )
     assert len(quarantine) <= 3
     ids = _bronze_ids(spark, tmp_path)
     assert ids[:10] == [f"e-{i:06d}" for i in range(10)]

@@ -203,9 +203,16 @@ def test_a_column_the_message_had_no_system_property_for_is_written_as_a_null_th
     assert decode_segment(encode_segment([record])) == [record]
     # And a system property that differs from its column is kept as it is.
     odd = SegmentRecord(
-        "e-1", "hub1", "2026-11-22T21:33:06.123Z", 3, 60, "/", b"x", device_id="d1",
+        "e-1",
+        "hub1",
+        "2026-11-22T21:33:06.123Z",
+        3,
+        60,
+        "/",
+        b"x",
+        device_id="d1",
         system_properties={"connectionDeviceId": "d2", "edgeMessageId": "e-1"},
-    )  # fmt: skip
+    )
     (line,) = _lines(encode_segment([odd]))
     assert line["system_properties"] == {"connectionDeviceId": "d2"}
     assert decode_segment(encode_segment([odd])) == [odd]

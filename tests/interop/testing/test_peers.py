@@ -12,9 +12,19 @@ from edgehub.testing.peers import MosquittoPeer, PeerWay, docker_engine_answers
 
 async def _round_trip(port: int) -> bytes:
     sub = await asyncio.create_subprocess_exec(
-        "mosquitto_sub", "-h", "127.0.0.1", "-p", str(port), "-t", "t/1", "-C", "1", "-q", "1",
+        "mosquitto_sub",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "-t",
+        "t/1",
+        "-C",
+        "1",
+        "-q",
+        "1",
         stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     try:
         # mosquitto_sub offers no readiness signal; a retained message reaches it whenever it subscribes
         pub = await asyncio.create_subprocess_exec(
@@ -38,9 +48,19 @@ async def test_binary_peer_is_a_working_mqtt_broker_on_loopback(tmp_path: Path) 
 
 async def _retained(port: int) -> bytes:
     sub = await asyncio.create_subprocess_exec(
-        "mosquitto_sub", "-h", "127.0.0.1", "-p", str(port), "-t", "t/1", "-C", "1", "-W", "10",
+        "mosquitto_sub",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "-t",
+        "t/1",
+        "-C",
+        "1",
+        "-W",
+        "10",
         stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     out, _ = await sub.communicate()
     return out.strip()
 
@@ -59,9 +79,19 @@ async def test_binary_peer_without_persistence_forgets_on_restart(tmp_path: Path
             await _round_trip(first.port)
         async with MosquittoPeer(tmp_path, way=PeerWay.BINARY) as second:
             sub = await asyncio.create_subprocess_exec(
-                "mosquitto_sub", "-h", "127.0.0.1", "-p", str(second.port), "-t", "t/1", "-C", "1", "-W", "1",
+                "mosquitto_sub",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(second.port),
+                "-t",
+                "t/1",
+                "-C",
+                "1",
+                "-W",
+                "1",
                 stdout=asyncio.subprocess.PIPE,
-            )  # fmt: skip
+            )
             out, _ = await sub.communicate()
             assert out == b""
 
