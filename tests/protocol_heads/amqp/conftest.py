@@ -210,3 +210,11 @@ class EngineClient:
         self.writer.close()
         with contextlib.suppress(ConnectionError):
             await self.writer.wait_closed()  # the socket is gone before the test's loop is
+
+
+async def polled(condition: Callable[[], bool]) -> None:
+    """Until ``condition()`` holds, within TIMEOUT_S: nothing signals that the hub let go of a connection or its
+    socket, so this looks every 10 ms."""
+    async with asyncio.timeout(TIMEOUT_S):
+        while not condition():  # noqa: ASYNC110 (no event to wait for; polled, bounded)
+            await asyncio.sleep(0.01)

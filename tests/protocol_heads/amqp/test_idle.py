@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from proton import Disposition, Endpoint
@@ -28,6 +28,7 @@ from tests.protocol_heads.amqp.conftest import (
     MODULE_KEY,
     TIMEOUT_S,
     EngineClient,
+    polled,
     sas_token,
 )
 
@@ -56,13 +57,6 @@ async def quick(hub: InMemoryHub) -> AsyncIterator[AmqpServer]:
 
 def refusal_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == LOG and r.getMessage().startswith("refused ")]
-
-
-async def polled(condition: Callable[[], bool]) -> None:
-    """Until ``condition()`` holds: nothing signals that the hub let go of a socket."""
-    async with asyncio.timeout(TIMEOUT_S):
-        while not condition():  # noqa: ASYNC110 (no event to wait for; polled, bounded)
-            await asyncio.sleep(0.01)
 
 
 async def test_a_silent_logged_in_client_gets_the_idle_close_and_then_eof(

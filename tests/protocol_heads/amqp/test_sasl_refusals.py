@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,19 +18,12 @@ from proton import SASL, SSL, Connection, SSLDomain, Transport
 
 from edgehub.testing.certs import TestCA
 from protocol_heads.amqp import AmqpServer
-from tests.protocol_heads.amqp.conftest import TIMEOUT_S
+from tests.protocol_heads.amqp.conftest import TIMEOUT_S, polled
 
 pytestmark = pytest.mark.interop
 
 LOG = "protocol_heads.amqp.server"
 ATTEMPTS = 8  # the hang-up raced the hub's close: most runs of a hub without the fix left one of 8 behind
-
-
-async def polled(condition: Callable[[], bool]) -> None:
-    """Until ``condition()`` holds: nothing signals that the hub let go of a connection."""
-    async with asyncio.timeout(TIMEOUT_S):
-        while not condition():  # noqa: ASYNC110 (no event to wait for; polled, bounded)
-            await asyncio.sleep(0.01)
 
 
 async def sasl_outcome(port: int, ca: Path, cert: tuple[Path, Path]) -> int | None:
