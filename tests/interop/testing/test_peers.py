@@ -10,21 +10,13 @@ import pytest
 from edgehub.testing.peers import MosquittoPeer, PeerWay, docker_engine_answers
 
 
+def _one_from(port: int, *options: str) -> list[str]:
+    """mosquitto_sub's arguments for one message on ``t/1`` from the broker on ``port``."""
+    return ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(port), "-t", "t/1", "-C", "1", *options]
+
+
 async def _round_trip(port: int) -> bytes:
-    sub = await asyncio.create_subprocess_exec(
-        "mosquitto_sub",
-        "-h",
-        "127.0.0.1",
-        "-p",
-        str(port),
-        "-t",
-        "t/1",
-        "-C",
-        "1",
-        "-q",
-        "1",
-        stdout=asyncio.subprocess.PIPE,
-    )
+    sub = await asyncio.create_subprocess_exec(*_one_from(port, "-q", "1"), stdout=asyncio.subprocess.PIPE)
     try:
         # mosquitto_sub offers no readiness signal; a retained message reaches it whenever it subscribes
         pub = await asyncio.create_subprocess_exec(
@@ -47,20 +39,7 @@ async def test_binary_peer_is_a_working_mqtt_broker_on_loopback(tmp_path: Path) 
 
 
 async def _retained(port: int) -> bytes:
-    sub = await asyncio.create_subprocess_exec(
-        "mosquitto_sub",
-        "-h",
-        "127.0.0.1",
-        "-p",
-        str(port),
-        "-t",
-        "t/1",
-        "-C",
-        "1",
-        "-W",
-        "10",
-        stdout=asyncio.subprocess.PIPE,
-    )
+    sub = await asyncio.create_subprocess_exec(*_one_from(port, "-W", "10"), stdout=asyncio.subprocess.PIPE)
     out, _ = await sub.communicate()
     return out.strip()
 
