@@ -187,6 +187,15 @@ class HeadServer(Generic[SettingsT, SessionT]):
                 return result
         raise AuthenticationError(f"the credentials of {creds.identity} changed during login")
 
+    def adopt(self, transport: asyncio.Transport) -> asyncio.BaseProtocol:
+        """Serve a connection that reached the hub another way (MQTT or AMQP over a WebSocket:
+        ``protocol_heads.websocket``): a socket side of this head's on ``transport``, which carries the head's bytes
+        as a TCP socket would (any TLS already done, its details in ``get_extra_info``). Counted, timed and served
+        as a connection accepted here. Returns the socket side (the transport's protocol from now on)."""
+        protocol = self._socket(None)
+        protocol.connection_made(transport)
+        return protocol
+
     def start_client(self, client: ClientTask) -> None:
         """Run ``client`` (a connection just admitted) in its own named task of the server's ``TaskGroup``."""
         task = self._tg.create_task(self._run_client(client), name=f"{self.protocol}.client {client.peer}")

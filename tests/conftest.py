@@ -39,6 +39,7 @@ ON_BOTH_LOOPS = {
     "test_hub_e2e.py",
     "test_hostile.py",
     "test_garbage_clients.py",
+    "test_websocket.py",  # the WebSocket listener hands sockets over (set_protocol): edgehub run serves on uvloop
     "test_mqtt_client_wire.py",  # the upstream client: edgehub run serves on uvloop
 }
 

@@ -88,10 +88,18 @@ class Paho:
         *,
         protocol: MQTTProtocolVersion = MQTTProtocolVersion.MQTTv311,
         clean_session: bool | None = None,
+        websocket_path: str | None = None,
     ) -> Paho:
+        """``websocket_path``: MQTT over a WebSocket to that path (paho's ``transport="websockets"``)."""
         client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol, clean_session=clean_session
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            protocol=protocol,
+            clean_session=clean_session,
+            transport="tcp" if websocket_path is None else "websockets",
         )
+        if websocket_path is not None:
+            client.ws_set_options(path=websocket_path)
         p = cls(
             client,
             asyncio.get_running_loop(),
