@@ -22,7 +22,7 @@ EXTRAS      := dev,spark,demo,docs
 # does its own SASL, so libsasl2-dev is not needed). Not rabbitmq-server: bench.ingest's optional peer, which
 # brings Erlang (21 packages, 35 MB to fetch) and takes seconds to start in every run; the benchmarks report null
 # figures for it where it is missing.
-APT_PACKAGES := mosquitto mosquitto-clients iproute2 valgrind openssl gcc python3-dev libssl-dev pkg-config
+APT_PACKAGES := mosquitto mosquitto-clients iproute2 valgrind openssl gcc python3-dev libssl-dev pkg-config tinyproxy
 PYTEST_ARGS ?=
 # The test folders `make check` leaves out, each for what its tests need: a hub or SDK in a subprocess (e2e), a
 # foreign client or broker (interop), root for mounts, network namespaces and tc (privileged), Spark and Java

@@ -28,6 +28,8 @@ from edgehub.testing.peers import MosquittoPeer
 # Every `edgehub run` a test starts puts its admin API on a free port (DATA/admin.port says which), not on the
 # fixed default 9600: hubs of tests running side by side must not fight over one port.
 os.environ.setdefault("EDGEHUB_ADMIN_PORT", "0")
+# Likewise their WebSocket listener with TLS: a free port, never 443 (a user's hub, or another test's, may hold it).
+os.environ.setdefault("EDGEHUB_WSS_PORT", "0")
 
 settings.register_profile("edgehub", deadline=None)
 settings.register_profile("fuzz", deadline=None, max_examples=10_000)

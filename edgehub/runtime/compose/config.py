@@ -103,6 +103,11 @@ class HubConfig:
     # The AMQP head: TLS (the CLI's default is 5671) and plain TCP, each off unless given (None).
     amqp_port: int | None = None
     amqps_port: int | None = None
+    # MQTT and AMQP over WebSockets (protocol_heads.websocket): plain (off unless given) and TLS. The CLI's TLS
+    # default is 443 with ``wss_port_optional``: served where the hub may bind it, else off (said at start).
+    ws_port: int | None = None
+    wss_port: int | None = None
+    wss_port_optional: bool = False
     host_name: str = DEFAULT_HOST_NAME
     module_window: int = DEFAULT_WINDOW  # deliveries in flight per module link
     cleanup_interval_s: float = ExecutorSettings().cleanup_interval_s  # delivered/expired references removed

@@ -80,7 +80,7 @@ from typing import Any
 
 from edgehub.core.sealing import SecretSealer
 from edgehub.delivery import Endpoint
-from edgehub.hub import ConnectionLimiter
+from edgehub.hub import ConnectionLimiter, LoginThrottle
 from edgehub.hub.facade import EdgeHub
 from edgehub.manifest.documents import read_manifest_file
 from edgehub.runtime.admin.api import DesiredStateService
@@ -99,9 +99,10 @@ from edgehub.runtime.memory import ChurnCollector
 from edgehub.store import Store
 from edgehub.upstream.mqtt.transport import MqttUpstream
 from edgehub.upstream.twin_channel import TwinChannel
-from protocol_heads.listeners import login_throttle
+from protocol_heads.listeners import HeadServer, login_throttle
 from protocol_heads.mqtt.iothub import Acl
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
+from protocol_heads.websocket import SUBPROTOCOL_AMQP, SUBPROTOCOL_MQTT, WebSocketServer, WebSocketSettings
 
 __all__ = ["raise_descriptor_limit", "serve"]
 
@@ -156,7 +157,7 @@ def _prepare_host(config: HubConfig) -> _Host:
     tighten_data_dir(config.data_dir)  # before anything is made in it (data_dir.py)
     sealer = ensure_sealer(config.data_dir)
     certs = ensure_certs(config.data_dir / "certs", extra_names=(config.host_name,))
-    tls = config.mqtts_port is not None or config.amqps_port is not None
+    tls = config.mqtts_port is not None or config.amqps_port is not None or config.wss_port is not None
     return _Host(sealer=sealer, certs=certs, ssl_context=server_ssl_context(certs) if tls else None)
 
 
@@ -280,6 +281,7 @@ async def _heads(
     # One login throttle for both heads: an address that failed on one protocol has no fresh budget on the other.
     logins = login_throttle(settings)
     server = await stack.enter_async_context(MqttServer(hub, settings=settings, logins=logins))
+    ws_heads: dict[str, HeadServer[Any, Any]] = {SUBPROTOCOL_MQTT: server}
     heads = _Heads(mqtt=server, others=[], ports=dict(server.ports), limiters=[server.limiter])
     if config.amqp_port is not None or config.amqps_port is not None:
         # Imported only when AMQP is served: python-qpid-proton is built from source where PyPI has no wheel
@@ -298,7 +300,48 @@ async def _heads(
         heads.ports.update(amqp_server.ports)
         heads.others.append(amqp_server)
         heads.limiters.append(amqp_server.limiter)
+        ws_heads[SUBPROTOCOL_AMQP] = amqp_server
+    ws = await _websockets(stack, config, hub, host, ws_heads, effective, logins)
+    if ws is not None:
+        heads.ports.update(ws.ports)
+        heads.limiters.append(ws.limiter)
     return heads
+
+
+async def _websockets(
+    stack: AsyncExitStack,
+    config: HubConfig,
+    hub: EdgeHub,
+    host: _Host,
+    ws_heads: dict[str, HeadServer[Any, Any]],
+    effective: EffectiveSettings,
+    logins: LoginThrottle,
+) -> WebSocketServer | None:
+    """The WebSocket listener in front of the heads serving, when a port asks for it. The TLS port by default
+    (443, ``wss_port_optional``) is served only where the hub may bind it: else it is off, said in one line."""
+    tls_port = config.wss_port
+    for attempt in ("as asked", "without the default TLS port"):
+        if config.ws_port is None and tls_port is None:
+            log.info("ws.off reason=%s", "no port asked for" if attempt == "as asked" else "443 not available")
+            return None
+        settings = WebSocketSettings(
+            host=config.host,
+            tcp_port=config.ws_port,
+            tls_port=tls_port,
+            ssl_context=host.ssl_context if tls_port is not None else None,
+            **effective.head_limits,
+        )
+        try:
+            return await stack.enter_async_context(
+                WebSocketServer(hub, settings=settings, heads=ws_heads, logins=logins)
+            )
+        except OSError as exc:
+            if not config.wss_port_optional or tls_port is None:
+                raise
+            # 443 needs root or CAP_NET_BIND_SERVICE (or a lower ip_unprivileged_port_start), and may be taken
+            log.warning("ws.wss_off port=%d reason=%s detail=%s", tls_port, type(exc).__name__, exc)
+            tls_port = None
+    return None
 
 
 async def serve(

@@ -36,7 +36,17 @@ __all__ = ["HEAD_LIMITS", "EffectiveSettings", "Setting", "Source", "effective_s
 # The MQTT and AMQP heads' limits against a hostile outside: given on the command line, or left to the head.
 HEAD_LIMITS = ("connect_timeout_s", "max_connections", "max_pending_connections", "max_pending_per_address")
 _AUTO_QUOTA = "auto (at start: what it holds plus half the free disk, at most 32 GiB)"
-_LISTENERS = ("host", "host_name", "mqtt_port", "mqtts_port", "amqp_port", "amqps_port", "admin_port")
+_LISTENERS = (
+    "host",
+    "host_name",
+    "mqtt_port",
+    "mqtts_port",
+    "amqp_port",
+    "amqps_port",
+    "ws_port",
+    "wss_port",
+    "admin_port",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +131,10 @@ def _listeners(config: HubConfig) -> Iterator[Setting]:
     yield Setting("data_dir", str(config.data_dir), _source("data_dir", config))
     for name in _LISTENERS:
         value = getattr(config, name)
-        yield Setting(name, "off" if value is None else _shown(value), _source(name, config))
+        shown = "off" if value is None else _shown(value)
+        if name == "wss_port" and value is not None and config.wss_port_optional:
+            shown += " where the hub may bind it, else off"
+        yield Setting(name, shown, _source(name, config))
     for name in HEAD_LIMITS:
         value = getattr(config, name)
         yield Setting(name, "the head's default" if value is None else _shown(value), _source(name, config))

@@ -7,7 +7,7 @@ the link), and the window and batch sizes are derived from them in one place (``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from edgehub.core.endpoints import UPSTREAM_ENDPOINT, UPSTREAM_LANE
@@ -15,7 +15,15 @@ from edgehub.upstream.bandwidth import bdp_bytes
 from edgehub.upstream.reconnect import DEFAULT_SCHEDULE
 from edgehub.upstream.segment import Codec, zstd_available
 
-__all__ = ["MAX_SESSION_EXPIRY_S", "MqttProtocol", "MqttUpstreamSettings", "TlsSettings", "UpstreamStatus", "WireMode"]
+__all__ = [
+    "MAX_SESSION_EXPIRY_S",
+    "MqttProtocol",
+    "MqttUpstreamSettings",
+    "ProxySettings",
+    "TlsSettings",
+    "UpstreamStatus",
+    "WireMode",
+]
 
 
 MIN_PACKET_BYTES = 1024  # a twin document or a method call must fit
@@ -43,6 +51,21 @@ class TlsSettings:
     check_hostname: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class ProxySettings:
+    """An HTTP proxy that takes ``CONNECT host:port`` (tinyproxy, Squid, a site's). ``username``/``password``:
+    Basic credentials, when it asks for them (never shown: ``repr`` leaves them out)."""
+
+    host: str
+    port: int
+    username: str | None = field(default=None, repr=False)
+    password: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.host or not 0 < self.port < 65536:
+            raise ValueError(f"a proxy needs a host and a port 1-65535, not {self.host!r}:{self.port}")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MqttUpstreamSettings:
     """Every knob of the MQTT upstream. Units are in the names."""
@@ -62,6 +85,12 @@ class MqttUpstreamSettings:
     password: str | None = None
     sas_token: str | None = None  # when set, it is the password (IoT Hub style)
     tls: TlsSettings | None = None
+    # MQTT over a WebSocket to this path on host:port (subprotocol mqtt; with ``tls``, wss://), for brokers and
+    # sites that take only HTTP(S): "/mqtt" for Mosquitto's websockets listener, "/$iothub/websocket" for IoT Hub.
+    # None: MQTT over TCP. (edgehub.upstream.mqtt.stream)
+    websocket_path: str | None = None
+    # An HTTP proxy to reach host:port through (CONNECT), for sites where only the proxy leaves. None: direct.
+    proxy: ProxySettings | None = None
     keepalive_s: int = 30  # a silent link is noticed within about twice this
     connect_timeout_s: float = 10.0  # TCP + TLS + CONNACK
     ack_timeout_s: float = 30.0  # a PUBACK later than this fails its messages and drops the connection
@@ -121,6 +150,8 @@ class MqttUpstreamSettings:
             value = getattr(self, name)
             if value is not None and not MIN_PACKET_BYTES <= value <= MAX_PACKET_BYTES:
                 raise ValueError(f"{name} must be {MIN_PACKET_BYTES}-{MAX_PACKET_BYTES}")
+        if self.websocket_path is not None and not self.websocket_path.startswith("/"):
+            raise ValueError(f"websocket_path must start with '/', not {self.websocket_path!r}")
         if self.keepalive_s <= 0 or self.ack_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("keepalive_s, ack_timeout_s and connect_timeout_s must be positive")
 
