@@ -10,6 +10,8 @@ environment variable (``SETTING_OF`` says which flag sets which setting).
 from __future__ import annotations
 
 import asyncio
+import os
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +51,7 @@ from edgehub.upstream.mqtt.settings import (
     MIN_PACKET_BYTES,
     MqttProtocol,
     MqttUpstreamSettings,
+    ProxySettings,
     TlsSettings,
     WireMode,
 )
@@ -200,7 +203,26 @@ def run_option_groups() -> tuple[OptionGroup, ...]:
             "Upstream transport",
             (
                 option(
-                    "--upstream-mqtt", default=None, metavar="HOST:PORT", help="Deliver $upstream to this MQTT broker."
+                    "--upstream-mqtt",
+                    default=None,
+                    metavar="HOST:PORT|URL",
+                    help="Deliver $upstream to this MQTT broker: HOST:PORT over TCP, or ws://HOST[:PORT]/PATH or "
+                    "wss://HOST[:PORT]/PATH over a WebSocket (wss: TLS, port 443 by default).",
+                ),
+                option(
+                    "--upstream-proxy",
+                    default=None,
+                    metavar="HOST:PORT",
+                    envvar="EDGEHUB_UPSTREAM_PROXY",
+                    help="Reach the --upstream-mqtt broker through this HTTP proxy (CONNECT). Credentials, if it "
+                    "asks for them: --upstream-proxy-credentials-file or $EDGEHUB_UPSTREAM_PROXY_CREDENTIALS "
+                    "(USER:PASSWORD).",
+                ),
+                option(
+                    "--upstream-proxy-credentials-file",
+                    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+                    default=None,
+                    help="A file whose first line is the proxy's USER:PASSWORD (kept out of the command line).",
                 ),
                 option(
                     "--upstream-upload",
@@ -413,6 +435,8 @@ SETTING_OF: Mapping[str, tuple[str, ...]] = {
     "upstream_password": ("upstream.password",),
     "upstream_sas_token": ("upstream.sas_token",),
     "upstream_tls": ("upstream.tls",),
+    "upstream_proxy": ("upstream.proxy",),
+    "upstream_proxy_credentials_file": ("upstream.proxy",),
     "upstream_ca_file": ("upstream.tls",),
     "upstream_cert_file": ("upstream.tls",),
     "upstream_key_file": ("upstream.tls",),
@@ -525,12 +549,10 @@ def _upstream(p: Mapping[str, Any]) -> MqttUpstreamSettings | UploadUpstreamSett
     if mqtt is None:
         url = upload if upload is not None else str(default_landing(p["data_dir"]))  # firstrun.py: the whole path
         return _upload_settings(url, p["upstream_client_id"])
-    up_host, _, up_port = mqtt.rpartition(":")
-    if not up_host or not up_port.isdigit():
-        raise click.BadParameter("expected HOST:PORT", param_hint="--upstream-mqtt")
+    up_host, up_port, websocket_path, wss = _broker_address(mqtt)
     tls = None
     ca, cert, key = p["upstream_ca_file"], p["upstream_cert_file"], p["upstream_key_file"]
-    if p["upstream_tls"] or ca or cert:
+    if p["upstream_tls"] or ca or cert or wss:
         tls = TlsSettings(
             ca_certs=str(ca) if ca else None,
             certfile=str(cert) if cert else None,
@@ -539,7 +561,9 @@ def _upstream(p: Mapping[str, Any]) -> MqttUpstreamSettings | UploadUpstreamSett
     client_id = p["upstream_client_id"]
     return MqttUpstreamSettings(
         host=up_host,
-        port=int(up_port),
+        port=up_port,
+        websocket_path=websocket_path,
+        proxy=_proxy(p["upstream_proxy"], p["upstream_proxy_credentials_file"]),
         client_id=client_id,
         hub_id=client_id.replace("/", "-"),
         protocol=MqttProtocol(p["upstream_protocol"]),
@@ -548,6 +572,44 @@ def _upstream(p: Mapping[str, Any]) -> MqttUpstreamSettings | UploadUpstreamSett
         sas_token=p["upstream_sas_token"],
         tls=tls,
     )
+
+
+def _broker_address(value: str) -> tuple[str, int, str | None, bool]:
+    """``--upstream-mqtt``: host, port, WebSocket path (None: MQTT over TCP), and whether the URL asks for TLS."""
+    if value.startswith(("ws://", "wss://")):
+        url = urllib.parse.urlsplit(value)
+        try:
+            port = url.port
+        except ValueError:
+            port = -1
+        if not url.hostname or port == -1:
+            raise click.BadParameter("expected ws://HOST[:PORT]/PATH or wss://...", param_hint="--upstream-mqtt")
+        wss = url.scheme == "wss"
+        path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+        return url.hostname, port or (443 if wss else 80), path, wss
+    host, _, port_text = value.rpartition(":")
+    if not host or not port_text.isdigit():
+        raise click.BadParameter("expected HOST:PORT or a ws:// or wss:// URL", param_hint="--upstream-mqtt")
+    return host, int(port_text), None, False
+
+
+def _proxy(address: str | None, credentials_file: Path | None) -> ProxySettings | None:
+    """``--upstream-proxy`` with its credentials from the file, else from the environment (never a flag's value:
+    a command line is visible to every user of the machine)."""
+    if address is None:
+        return None
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise click.BadParameter("expected HOST:PORT", param_hint="--upstream-proxy")
+    if credentials_file is not None:
+        lines = credentials_file.read_text().splitlines()
+        credentials = lines[0] if lines else ""
+    else:
+        credentials = os.environ.get("EDGEHUB_UPSTREAM_PROXY_CREDENTIALS", "")
+    if credentials and ":" not in credentials:
+        raise click.BadParameter("proxy credentials must be USER:PASSWORD", param_hint="--upstream-proxy")
+    user, _, password = credentials.partition(":")
+    return ProxySettings(host.strip("[]"), int(port), username=user or None, password=password or None)
 
 
 def show_routes(manifest: Path, plan: DeploymentPlan) -> None:
@@ -628,6 +690,8 @@ _MQTT_ONLY_FLAGS = (
     "upstream_ca_file",
     "upstream_cert_file",
     "upstream_key_file",
+    "upstream_proxy",
+    "upstream_proxy_credentials_file",
     "upstream_batch_bytes",
     "upstream_linger_ms",
     "upstream_window_bytes",

@@ -253,7 +253,8 @@ def _upstream(config: HubConfig, wanted: DesiredSettings) -> Iterator[Setting]:
 
 
 def _mqtt(config: HubConfig, wanted: DesiredSettings, s: MqttUpstreamSettings) -> Iterator[Setting]:
-    yield Setting("upstream.transport", f"mqtt {s.host}:{s.port}", _source("upstream.transport", config))
+    where = f"{s.host}:{s.port}" if s.websocket_path is None else f"{s.host}:{s.port}{s.websocket_path} (WebSocket)"
+    yield Setting("upstream.transport", f"mqtt {where}", _source("upstream.transport", config))
     yield Setting("upstream.client_id", s.client_id, _source("upstream.client_id", config))
     yield Setting("upstream.protocol", _shown(s.protocol), _source("upstream.protocol", config))
     yield Setting("upstream.username", _shown(s.username), _source("upstream.username", config))
@@ -261,6 +262,9 @@ def _mqtt(config: HubConfig, wanted: DesiredSettings, s: MqttUpstreamSettings) -
     yield Setting("upstream.password", "set" if s.password else "none", _source("upstream.password", config))
     yield Setting("upstream.sas_token", "set" if s.sas_token else "none", _source("upstream.sas_token", config))
     yield Setting("upstream.tls", "on" if s.tls is not None else "off", _source("upstream.tls", config))
+    # the proxy's address only: its credentials are never shown (nor reported in the twin)
+    proxy = "none" if s.proxy is None else f"{s.proxy.host}:{s.proxy.port}"
+    yield Setting("upstream.proxy", proxy, _source("upstream.proxy", config))
     derived = {"max_batch_bytes": s.segment_bytes, "max_inflight_bytes": s.window_bytes}
     for name, key in LINK_KEYS.items():
         value = getattr(s, name)

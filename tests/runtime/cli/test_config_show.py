@@ -37,8 +37,9 @@ def config_show(tmp_path: Path, *flags: str, manifest: dict[str, object], admin_
     path = tmp_path / "manifest.json"
     path.write_text(json.dumps(ROUTES | manifest))
     args = ["config", "show", "--manifest", str(path), "--data-dir", str(tmp_path / "data"), *flags]
-    # The test session sets the admin port's environment variable (tests/conftest.py); None takes it out.
-    result = CliRunner().invoke(main, args, env={"EDGEHUB_ADMIN_PORT": admin_port})
+    # The test session sets the admin and WebSocket ports' environment variables (tests/conftest.py); None takes
+    # them out.
+    result = CliRunner().invoke(main, args, env={"EDGEHUB_ADMIN_PORT": admin_port, "EDGEHUB_WSS_PORT": None})
     assert result.exit_code == 0, result.output
     return result.output
 
@@ -119,3 +120,32 @@ def test_every_flag_of_run_names_a_setting_that_config_show_prints() -> None:
     wanted = DesiredSettings(default_ttl_s=7200.0, upstream=section)
     table = effective_settings(config, wanted).table + started.log_settings()
     assert {name for names in SETTING_OF.values() for name in names} <= {row.name for row in table}
+
+
+def test_an_upstream_websocket_url_and_proxy_are_shown_without_the_proxy_credentials(tmp_path: Path) -> None:
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(ROUTES))
+    secret = tmp_path / "proxy.credentials"
+    secret.write_text("edge:s3cret\n")
+    args = ["config", "show", "--manifest", str(path), "--data-dir", str(tmp_path / "data")]
+    args += ["--upstream-mqtt", "wss://broker.example/$iothub/websocket", "--upstream-proxy", "10.0.0.1:3128"]
+    args += ["--upstream-proxy-credentials-file", str(secret)]
+    result = CliRunner().invoke(main, args, env={"EDGEHUB_WSS_PORT": None})
+    assert result.exit_code == 0, result.output
+    rows = shown(result.output)
+    assert rows["upstream.transport"] == ("mqtt broker.example:443/$iothub/websocket (WebSocket)", "flag")
+    assert rows["upstream.tls"] == ("on", "default")  # wss: TLS, as the URL says
+    assert rows["upstream.proxy"] == ("10.0.0.1:3128", "flag")
+    assert "s3cret" not in result.output
+    assert rows["wss_port"] == ("443 where the hub may bind it, else off", "default")
+
+
+def test_a_proxy_credential_without_a_colon_is_a_usage_error(tmp_path: Path) -> None:
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(ROUTES))
+    args = ["config", "show", "--manifest", str(path), "--data-dir", str(tmp_path / "data")]
+    args += ["--upstream-mqtt", "ws://broker.example:8080/mqtt", "--upstream-proxy", "proxy:3128"]
+    env = {"EDGEHUB_WSS_PORT": None, "EDGEHUB_UPSTREAM_PROXY_CREDENTIALS": "no-colon"}
+    result = CliRunner().invoke(main, args, env=env)
+    assert result.exit_code == 2
+    assert "USER:PASSWORD" in result.output
