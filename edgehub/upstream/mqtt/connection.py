@@ -2,7 +2,8 @@
 (``edgehub.mqtt.client``), and the PUBLISHes it has in flight.
 
 Everything runs on the event loop: no thread, no callback hopping between threads. ``open_connection`` makes the
-TCP (and TLS) connection and waits for the CONNACK, all within ``connect_timeout_s``.
+TCP (and TLS) connection, or the way through a proxy and over a WebSocket (``stream.dial``), and waits for the
+CONNACK, all within ``connect_timeout_s``.
 
 Invariants: every connection is new (nothing is resent from a previous one), so what is in flight is exactly what
 ``Connection`` counts; ``inflight_bytes`` is the sum of the wire bytes of the PUBLISHes awaiting their PUBACK; once
