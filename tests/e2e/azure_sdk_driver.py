@@ -7,7 +7,8 @@ it imports nothing from edgehub. Usage::
 
 SPEC_JSON always has ``connection_string`` (an IoT Hub style one with ``GatewayHostName``: the SDK dials that
 name on port 8883 over TLS) and ``ca`` (the PEM file the SDK trusts, as ``server_verification_cert``), and
-``timeout_s``; with ``proxy`` (``[host, port]``) it connects through that HTTP proxy. Scenarios:
+``timeout_s``; with ``proxy`` (``[host, port]``) it connects through that HTTP proxy; with ``websockets`` true it
+speaks MQTT over a WebSocket (port 443, path ``/$iothub/websocket``: the SDK's ``websockets=True``). Scenarios:
 
 * ``send``: connect, then send each of ``messages`` (``data``, ``message_id``, ``correlation_id``, ``user_id``,
   ``content_type``, ``content_encoding``, ``custom_properties``, ``security``: mark it a security message), to
@@ -57,6 +58,7 @@ def make_client(spec: dict[str, Any]) -> Any:
         connection_retry=False,
         keep_alive=30,
         proxy_options=proxy,
+        websockets=bool(spec.get("websockets")),
     )
 
 

@@ -52,6 +52,7 @@ SDK_VENV = Path(os.environ.get("EDGEHUB_AZURE_SDK_VENV", REPO / ".venv-azure-sdk
 DRIVER = Path(__file__).with_name("azure_sdk_driver.py")
 EDGEHUB = str(Path(sys.executable).parent / "edgehub")
 SDK_PORT = 8883  # fixed by the SDK: it has no setting for the port, so it is tunnelled (Sdk.proxy)
+SDK_WEBSOCKET_PORT = 443  # likewise over WebSockets (websockets=True)
 GATEWAY = "127.0.0.1"
 STEP_S = 30.0  # the longest any one SDK step (start, connect, send, receive) may take
 
@@ -122,6 +123,11 @@ class Sdk:
         """The SDK's connections to the gateway's port 8883 go to the hub's TLS ``port`` on 127.0.0.1."""
         for name in (GATEWAY, "localhost"):  # what the tests' strings and ``edgehub identity add``'s name
             self.proxy.routes[(name, SDK_PORT)] = ("127.0.0.1", port)
+
+    def websockets_at(self, port: int) -> None:
+        """The SDK's WebSocket connections to the gateway's port 443 go to the hub's ``wss`` ``port``."""
+        for name in (GATEWAY, "localhost"):
+            self.proxy.routes[(name, SDK_WEBSOCKET_PORT)] = ("127.0.0.1", port)
 
     @asynccontextmanager
     async def run(self, scenario: str, ca: Path, connection: str, **spec: Any) -> AsyncIterator[SdkRun]:
@@ -334,6 +340,8 @@ async def edgehub_run(sdk: Sdk, data: Path, manifest: Path, log: Path) -> AsyncI
                     pytest.fail(f"edgehub run ended early: {said}", pytrace=False)
                 if m := re.search(rb"listening: tls 127\.0\.0\.1:(\d+)", line):
                     sdk.gateway_at(int(m.group(1)))
+                if m := re.search(rb"wss 127\.0\.0\.1:(\d+)", line):  # the session's EDGEHUB_WSS_PORT=0
+                    sdk.websockets_at(int(m.group(1)))
         yield
     finally:
         if proc.returncode is None:
