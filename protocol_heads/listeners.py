@@ -121,8 +121,10 @@ class HeadServer(Generic[SettingsT, SessionT]):
                 srv = await loop.create_server(functools.partial(self._socket, s.ssl_context), s.host, s.tls_port)
                 self._servers.append(srv)
                 self.ports[secure] = srv.sockets[0].getsockname()[1]
-        except BaseException as exc:
-            await self.__aexit__(type(exc), exc, exc.__traceback__)
+        except BaseException:
+            # Closed as after a clean block (no client task ran yet): the failure itself (a port taken) is raised
+            # as it is, not wrapped by the TaskGroup into an ExceptionGroup a caller would have to split.
+            await self.__aexit__(None, None, None)
             raise
         self.log.info(
             "%s.listening host=%s ports=%s max_connections=%d max_pending=%d",
