@@ -49,7 +49,7 @@ from wsproto.events import (
 from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import RemoteProtocolError
 
-from edgehub.core.refusals import RefusalReason
+from edgehub.core.refusals import RefusalLog, RefusalReason
 from edgehub.hub import Hub, LoginThrottle, Ticket
 from protocol_heads.limits import HeadSettings
 from protocol_heads.listeners import HeadServer
@@ -305,7 +305,13 @@ class UpgradeSocket(SocketSide[WebSocketServer, WebSocketSettings, _Outgoing], a
         ticket, self.ticket = self.ticket, None
         ticket.authenticated()  # no longer pending here: pending in the head until its login (module docstring)
         stream = WebSocketStream(
-            transport, self._ws, settings=self.settings, refusals=self.refused, ticket=ticket, subprotocol=subprotocol
+            transport,
+            self._ws,
+            settings=self.settings,
+            refusals=self.server.refusals,
+            address=self.address,
+            ticket=ticket,
+            subprotocol=subprotocol,
         )
         self._ws = None
         self._handed_over = True
@@ -346,7 +352,8 @@ class WebSocketStream(asyncio.Transport, asyncio.Protocol):
         ws: WSConnection,
         *,
         settings: WebSocketSettings,
-        refusals: Any,
+        refusals: RefusalLog,
+        address: str,
         ticket: Ticket,
         subprotocol: str,
     ) -> None:
@@ -354,7 +361,8 @@ class WebSocketStream(asyncio.Transport, asyncio.Protocol):
         self._real = real
         self._ws = ws
         self._settings = settings
-        self._refused = refusals  # UpgradeSocket.refused: the listener's RefusalLog, keyed by the peer's address
+        self._refusals = refusals  # the listener's (not the UpgradeSocket, which is let go of at the hand-over)
+        self._address = address
         self._ticket: Ticket | None = ticket
         self.subprotocol = subprotocol
         self._head: asyncio.BaseProtocol | None = None
@@ -561,7 +569,11 @@ class WebSocketStream(asyncio.Transport, asyncio.Protocol):
             head.eof_received()
 
     def _refuse(self, reason: RefusalReason, code: CloseReason, **detail: object) -> None:
-        self._refused(reason, close_code=int(code), **detail)
+        """One refusal line (keyed by the source address, naming the head's client once it has logged in), the
+        close frame with ``code``, and the end of the head's stream."""
+        client = getattr(self._head, "client_id", None)
+        port = (self.get_extra_info("peername") or ("?", "?"))[1]
+        self._refusals.refused(reason, peer=self._address, client=client, port=port, close_code=int(code), **detail)
         self._close_socket(code)
         self._head_eof()
 

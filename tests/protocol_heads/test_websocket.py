@@ -292,6 +292,7 @@ async def test_a_frame_over_its_bound_closes_with_1009_however_long_it_says_it_i
             client.close()
     [line] = refusal_lines(caplog)
     assert "reason=packet_too_large" in line
+    assert "client=dev1" in line  # the head's client, logged in before the frame
     assert "close_code=1009" in line
     assert hub.stored == []
 
