@@ -21,6 +21,7 @@ from edgehub.testing import InMemoryHub
 from edgehub.testing.certs import TestCA
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 from protocol_heads.websocket import IOTHUB_PATH, SUBPROTOCOL_MQTT, WebSocketServer, WebSocketSettings
+from tests.protocol_heads.amqp.conftest import polled
 from tests.protocol_heads.mqtt.conftest import DEV, DEVICE_KEY, Paho, sas_password, server_context, username
 
 pytestmark = pytest.mark.timeout(60)
@@ -325,3 +326,21 @@ async def test_the_listener_counts_upgrades_under_its_own_pre_login_cap(
             for client in held:
                 client.close()
     assert any("reason=too_many_connections" in line for line in refusal_lines(caplog))
+
+
+async def test_a_websocket_is_counted_by_the_listener_then_the_head_and_given_back_by_both_when_it_ends(
+    listeners: Listeners, ca: TestCA
+) -> None:
+    ws, mqtt = listeners.ws.limiter, listeners.mqtt.limiter
+    paho = Paho.make("dev1", websocket_path=IOTHUB_PATH)
+    try:
+        rc = await paho.connect(
+            listeners.ws.ports["wss"], tls_ca=ca.ca_pem, user=username(DEV), password=sas_password(DEV, DEVICE_KEY)
+        )
+        assert rc == 0
+        # one connection: under the listener's total cap (its socket), the head's total, pending at neither
+        assert (ws.total, ws.pending, mqtt.total, mqtt.pending) == (1, 0, 1, 0)
+    finally:
+        await paho.close()
+    await polled(lambda: ws.total == mqtt.total == 0)  # given back as the socket closes
+    assert (ws.closed, mqtt.closed) == (1, 1)
