@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from edgehub.core import Message
 from edgehub.delivery.endpoint import QueuedMessage
+from edgehub.testing.certs import TestCA
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer, PeerWay, free_port
 from edgehub.testing.tinyproxy import TinyproxyPeer
-from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, ProxySettings
+from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, ProxySettings, TlsSettings
 from edgehub.upstream.mqtt.transport import MqttUpstream
 from edgehub.upstream.segment import decode_segment
 
@@ -108,3 +110,30 @@ async def test_a_proxy_that_wants_other_credentials_is_a_refusal_backed_off_hard
         assert f"proxy {proxy.host}:{proxy.port} refused CONNECT" in line
         assert "s3cret" not in caplog.text
         assert "wrong" not in caplog.text
+
+
+async def test_the_upstream_reaches_mosquitto_over_wss_through_tinyproxy_checking_the_brokers_certificate(
+    tmp_path: Path,
+) -> None:
+    """The whole way a site that lets only HTTPS out through its proxy takes: CONNECT, TLS to the broker (its
+    certificate checked against the test CA and the broker's name), the upgrade, MQTT."""
+    ca = TestCA(tmp_path / "pki")
+    pair = ca.server()  # SAN localhost and 127.0.0.1
+    wss_port = free_port()
+    tls_listener = [f"listener {wss_port} 127.0.0.1", "protocol websockets"]
+    tls_listener += [f"certfile {pair.cert}", f"keyfile {pair.key}"]
+    async with (
+        MosquittoPeer(tmp_path / "broker", way=PeerWay.BINARY, extra_config=tls_listener) as broker,
+        TinyproxyPeer(tmp_path / "proxy") as proxy,
+        MqttCollector(host=broker.host, port=broker.port, topic="edgehub/#") as sink,
+    ):
+        settings = replace(
+            _settings(wss_port, ProxySettings(proxy.host, proxy.port)),
+            host="localhost",
+            tls=TlsSettings(ca_certs=str(ca.ca_pem)),
+        )
+        async with MqttUpstream(settings) as up:
+            await _sent(up, _batch(3))
+            await sink.wait_for(1)
+        assert proxy.connects == 1
+        assert [r.edge_message_id for r in decode_segment(sink.messages[0].payload)] == ["e-0", "e-1", "e-2"]
