@@ -42,6 +42,8 @@ ON_BOTH_LOOPS = {
     "test_hostile.py",
     "test_garbage_clients.py",
     "test_websocket.py",  # the WebSocket listener hands sockets over (set_protocol): edgehub run serves on uvloop
+    "test_mqtt_websocket_proxy.py",  # the upstream hands its socket over too (proxy, TLS, WebSocket)
+    "test_stream.py",
     "test_mqtt_client_wire.py",  # the upstream client: edgehub run serves on uvloop
 }
 
