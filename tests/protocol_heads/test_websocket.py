@@ -5,6 +5,7 @@ by byte on a raw socket (the upgrade request by wsproto's client side, a foreign
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import ssl
 import struct
@@ -12,6 +13,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import Request
 
@@ -344,3 +347,23 @@ async def test_a_websocket_is_counted_by_the_listener_then_the_head_and_given_ba
         await paho.close()
     await polled(lambda: ws.total == mqtt.total == 0)  # given back as the socket closes
     assert (ws.closed, mqtt.closed) == (1, 1)
+
+
+async def test_a_client_certificate_over_wss_logs_in_as_its_identity(
+    listeners: Listeners, hub: InMemoryHub, ca: TestCA
+) -> None:
+    """The TLS is the listener's, the login the MQTT head's: the head reads the certificate through the
+    WebSocket's transport as it would through its own socket's (X.509 over WebSockets, as IoT Hub takes it)."""
+    pair = ca.client("certdev")
+    der = x509.load_pem_x509_certificate(pair.cert.read_bytes()).public_bytes(serialization.Encoding.DER)
+    hub.add_identity(Identity.parse("certdev"), thumbprint=hashlib.sha256(der).hexdigest())
+    dev = Paho.make("certdev", websocket_path=IOTHUB_PATH)
+    dev.client.tls_set(ca_certs=str(ca.ca_pem), certfile=str(pair.cert), keyfile=str(pair.key))
+    try:
+        assert await dev.connect(listeners.ws.ports["wss"], user="edgehub.local/certdev/?api-version=2021-04-12") == 0
+        mid = dev.publish("devices/certdev/messages/events/", b"x")
+        async with asyncio.timeout(10):
+            assert await dev.publishes.get() == (mid, 0)
+    finally:
+        await dev.close()
+    assert hub.stored[0][1].system_properties["connectionAuthMethod"] == "x509"
