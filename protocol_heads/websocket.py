@@ -465,8 +465,11 @@ class WebSocketStream(asyncio.Transport, asyncio.Protocol):
             self._drain()
 
     def eof_received(self) -> bool:
-        self._ws.receive_data(None)
-        self._drain()
+        """The client hung up without a close frame (as most MQTT clients do after DISCONNECT): what was decoded
+        goes to the head (unless it paused), then the head's own end of stream. No refusal: nothing was wrong."""
+        if not self._paused:
+            self._drain()
+        self._closing = True
         self._head_eof()
         return False
 

@@ -139,8 +139,9 @@ def refusal_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 @pytest.mark.parametrize("secure", [True, False], ids=["wss", "ws"])
 async def test_paho_over_a_websocket_logs_in_publishes_and_subscribes(
-    listeners: Listeners, hub: InMemoryHub, ca: TestCA, secure: bool
+    listeners: Listeners, hub: InMemoryHub, ca: TestCA, secure: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO)
     paho = Paho.make("dev1", websocket_path=IOTHUB_PATH)
     port = listeners.ws.ports["wss" if secure else "ws"]
     try:
@@ -160,6 +161,9 @@ async def test_paho_over_a_websocket_logs_in_publishes_and_subscribes(
     [(identity, message)] = hub.stored
     assert identity == Identity.parse("dev1")
     assert message.body == b"x" * 100_000
+    await polled(lambda: listeners.ws.limiter.total == 0)
+    # paho hangs up after DISCONNECT without a close frame: an ordinary end, no refusal anywhere
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused")] == []
 
 
 async def test_the_head_times_a_websocket_login_as_its_own(
@@ -367,3 +371,14 @@ async def test_a_client_certificate_over_wss_logs_in_as_its_identity(
     finally:
         await dev.close()
     assert hub.stored[0][1].system_properties["connectionAuthMethod"] == "x509"
+
+
+async def test_a_client_that_hangs_up_without_a_close_frame_is_no_refusal(
+    listeners: Listeners, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, LOG)
+    client = await upgraded(listeners.ws.ports["ws"])
+    await client.send(frame(BINARY, b"\x10"))  # the first byte of a CONNECT, then the TCP connection ends
+    client.close()
+    await polled(lambda: listeners.ws.limiter.total == listeners.mqtt.limiter.total == 0)
+    assert refusal_lines(caplog) == []
