@@ -3,10 +3,12 @@
 (~0.9 MB; ``edgehub link-sim`` loads its simulator when it runs), nor the commands other than ``run`` and
 ``routes`` (capacity, config, identity, link-sim, status, deadletter, store: imported when named), nor
 python-qpid-proton until the hub's first AMQP connection (a hub listening for AMQP with no AMQP device connected
-holds none of it; ``--no-amqp`` runs without it: it has no aarch64 wheel). A serving hub never loads pydantic, the
+holds none of it; ``--no-amqp`` runs without it: it has no aarch64 wheel), nor wsproto (~1.2 MB) until the first
+connection to its WebSocket listener. A serving hub never loads pydantic, the
 manifest's models or lark (~15 MB): its deployments are checked in a child process, at start and on each live
 update. A hub connected to its MQTT upstream holds no paho, nor urllib.request and what it pulls in (email,
-http.client: ~2.6 MB; paho imports it for proxy settings): the upstream speaks MQTT with its own client. Checked
+http.client: ~2.6 MB; paho imports it for proxy settings): the upstream speaks MQTT with its own client (and
+wsproto only when it goes over a WebSocket). Checked
 in a fresh interpreter, since this one has loaded them all for other tests."""
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from proton import Message as AmqpMessage
 from edgehub.runtime.certs import ensure_certs
 from tests.e2e.hub_process import identity_add
 from tests.protocol_heads.amqp.conftest import ProtonClient
+from tests.protocol_heads.mqtt.conftest import Paho
 from tests.upstream.scripted_broker import scripted
 
 PROBE = """
@@ -38,7 +41,9 @@ server_ssl_context(ensure_certs(Path(sys.argv[1])))
 CLI_ONLY = (
     "cli.capacity", "cli.identity", "cli.linksim", "cli.status", "cli.store", "cli.config", "capacity", "admin.client"
 )
-heavy = ("cryptography", "fsspec", "edgehub.testing", "proton", *(f"edgehub.runtime.{m}" for m in CLI_ONLY))
+heavy = (
+    "cryptography", "fsspec", "edgehub.testing", "proton", "wsproto", *(f"edgehub.runtime.{m}" for m in CLI_ONLY)
+)
 print(sorted(m for m in heavy if m in sys.modules))
 """
 
@@ -191,6 +196,53 @@ async def test_a_hub_serving_amqp_loads_proton_at_its_first_amqp_connection_whic
     assert json.loads(out.decode().strip().splitlines()[-1]) == {"listening": False, "served": True}
 
 
+WS_SERVING = (
+    """
+import asyncio, json, sys
+from pathlib import Path
+import edgehub.runtime.cli  # all that edgehub run imports
+from edgehub.runtime.compose.config import HubConfig
+from edgehub.runtime.compose.serve import serve
+
+seen = {}
+
+
+def config() -> HubConfig:
+    return HubConfig(manifest=Path(sys.argv[1]), data_dir=Path(sys.argv[2]), mqtts_port=None, ws_port=0)
+
+
+async def watch(stop: asyncio.Event, ports: dict[str, int]) -> None:
+    try:
+        seen["listening"] = "wsproto" in sys.modules
+        print(ports["ws"], flush=True)
+        await asyncio.to_thread(sys.stdin.readline)  # the test's WebSocket client has published and closed
+        seen["served"] = "wsproto" in sys.modules
+    finally:
+        stop.set()
+"""
+    + SERVE_UNTIL_WATCHED
+)
+
+
+async def test_a_hub_serving_websockets_loads_wsproto_at_its_first_websocket_connection(tmp_path: Path) -> None:
+    manifest, data = tmp_path / "manifest.json", tmp_path / "data"
+    manifest.write_text(json.dumps({"schemaVersion": "1.1", "routes": {"a": "FROM /* INTO $upstream"}}))
+    cs = await identity_add(data, "dev1")
+    async with asyncio.timeout(60), hub_child(WS_SERVING, str(manifest), str(data)) as child:
+        assert child.stdout is not None
+        port = int(await child.stdout.readline() or b"0")
+        assert port, (await child.communicate())[1].decode()
+        device = Paho.make("dev1", websocket_path="/$iothub/websocket")
+        user = f"{cs.host_name}/dev1/?api-version=2021-04-12"
+        assert await device.connect(port, user=user, password=cs.sas_token(int(time.time()) + 3600)) == 0
+        mid = device.publish("devices/dev1/messages/events/", b'{"t": 1}')
+        assert await device.publishes.get() == (mid, 0)
+        await device.close()
+        out, err = await child.communicate(b"done\n")
+    assert child.returncode == 0, err.decode()
+    assert json.loads(out.decode().strip().splitlines()[-1]) == {"listening": False, "served": True}
+
+
 def test_each_command_imported_when_named_is_found_under_its_name() -> None:
     from click.testing import CliRunner
 
@@ -228,7 +280,7 @@ from edgehub.runtime.compose.config import HubConfig
 from edgehub.runtime.compose.serve import serve
 from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
 
-HEAVY = ("paho", "urllib.request", "email", "http.client")
+HEAVY = ("paho", "urllib.request", "email", "http.client", "wsproto")  # wsproto: only over a WebSocket
 seen = {}
 
 

@@ -64,7 +64,6 @@ from edgehub.mqtt.client import (
 )
 from edgehub.upstream.mqtt.cloud import CloudMessage
 from edgehub.upstream.mqtt.settings import MqttProtocol, MqttUpstreamSettings
-from edgehub.upstream.mqtt.stream import dial
 from edgehub.upstream.mqtt.wire import Unit
 
 __all__ = ["Connection", "Owner", "open_connection"]
@@ -461,7 +460,9 @@ async def open_connection(owner: Owner, s: MqttUpstreamSettings, refusals: Refus
             if s.proxy is None and s.websocket_path is None:
                 # server_hostname: the host, for SNI and (with check_hostname) the certificate's name.
                 await loop.create_connection(lambda: conn, s.host, s.port, ssl=context)
-            else:  # through a proxy, over a WebSocket, or both (stream.py)
+            else:  # through a proxy, over a WebSocket, or both; loaded only then (wsproto: about 1.2 MB of RSS)
+                from edgehub.upstream.mqtt.stream import dial
+
                 await dial(conn, host=s.host, port=s.port, tls=context, proxy=s.proxy, websocket_path=s.websocket_path)
             await conn.connack
     except TimeoutError as exc:  # a silent link: no SYN-ACK, no handshake or no CONNACK in time
