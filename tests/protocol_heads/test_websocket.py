@@ -16,14 +16,18 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from wsproto import ConnectionType, WSConnection
-from wsproto.events import Request
+from wsproto.events import AcceptConnection, Request
+from wsproto.events import Message as WsMessage
 
 from edgehub.core import Identity
+from edgehub.core.refusals import RefusalLog
+from edgehub.hub import ConnectionLimiter, Ticket
 from edgehub.mqtt.client import connect_packet
 from edgehub.testing import InMemoryHub
 from edgehub.testing.certs import TestCA
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 from protocol_heads.websocket import IOTHUB_PATH, SUBPROTOCOL_MQTT, WebSocketServer, WebSocketSettings
+from protocol_heads.websocket_stream import WebSocketStream
 from tests.protocol_heads.amqp.conftest import polled
 from tests.protocol_heads.mqtt.conftest import DEV, DEVICE_KEY, Paho, sas_password, server_context, username
 
@@ -382,3 +386,86 @@ async def test_a_client_that_hangs_up_without_a_close_frame_is_no_refusal(
     client.close()
     await polled(lambda: listeners.ws.limiter.total == listeners.mqtt.limiter.total == 0)
     assert refusal_lines(caplog) == []
+
+
+# --- the stream's contract with the head, on a real socket ----------------------------------------------------
+
+
+class Head(asyncio.Protocol):
+    """A head's socket side as the stream sees it: it records reads, pauses reading at the first one, and records
+    the stream's pause_writing."""
+
+    def __init__(self) -> None:
+        self.reads: list[bytes] = []
+        self.first_read = asyncio.Event()
+        self.writing_paused = asyncio.Event()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.reads.append(data)
+        if not self.first_read.is_set():
+            assert self.transport is not None
+            self.transport.pause_reading()
+            self.first_read.set()
+
+    def pause_writing(self) -> None:
+        self.writing_paused.set()
+
+
+async def test_the_stream_hands_nothing_on_while_the_head_pauses_and_tells_it_when_writes_back_up() -> None:
+    loop = asyncio.get_running_loop()
+    accepted: asyncio.Future[asyncio.Transport] = loop.create_future()
+
+    class Placeholder(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            accepted.set_result(transport)  # type: ignore[arg-type]
+
+    server = await loop.create_server(Placeholder, "127.0.0.1", 0)
+    _, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+    try:
+        real = await accepted
+        # An open WebSocket on both sides, its handshake done in memory (wsproto's client and server).
+        client, ws = WSConnection(ConnectionType.CLIENT), WSConnection(ConnectionType.SERVER)
+        ws.receive_data(client.send(Request(host="localhost", target=IOTHUB_PATH, subprotocols=["mqtt"])))
+        [request] = list(ws.events())
+        assert isinstance(request, Request)
+        client.receive_data(ws.send(AcceptConnection(subprotocol="mqtt")))
+        ticket = ConnectionLimiter(max_connections=4, max_pending=2, max_pending_per_address=2).admit("127.0.0.1")
+        assert isinstance(ticket, Ticket)
+        stream = WebSocketStream(
+            real,
+            ws,
+            settings=WebSocketSettings(),
+            refusals=RefusalLog(logging.getLogger(LOG)),
+            address="127.0.0.1",
+            ticket=ticket,
+            subprotocol="mqtt",
+        )
+        real.set_protocol(stream)
+        head = Head()
+        head.connection_made(stream)
+        stream.set_protocol(head)
+        stream.start()
+
+        # three messages in one write: the head pauses at the first, and the rest waits for it in the stream
+        writer.write(b"".join(client.send(WsMessage(data=part)) for part in (b"a", b"b", b"c")))
+        async with asyncio.timeout(10):
+            await head.first_read.wait()
+        assert head.reads == [b"a"]
+        assert not stream.is_reading()
+        stream.resume_reading()
+        async with asyncio.timeout(10):
+            while head.reads != [b"a", b"b", b"c"]:  # noqa: ASYNC110 (handed on at the next turns of the loop)
+                await asyncio.sleep(0)
+
+        # the other way: the socket's write buffer backs up (the client does not read), and the head is told
+        stream.set_write_buffer_limits(high=1)
+        stream.write(b"x" * 16 * 1024 * 1024)
+        assert head.writing_paused.is_set()
+    finally:
+        writer.close()
+        server.close()
+        await server.wait_closed()
