@@ -5,12 +5,15 @@ by byte on a raw socket (the upgrade request by wsproto's client side, a foreign
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import logging
 import ssl
 import struct
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -25,9 +28,10 @@ from edgehub.hub import ConnectionLimiter, Ticket
 from edgehub.mqtt.client import connect_packet
 from edgehub.testing import InMemoryHub
 from edgehub.testing.certs import TestCA
+from protocol_heads.mqtt.client_socket import ClientSocket
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 from protocol_heads.websocket import IOTHUB_PATH, SUBPROTOCOL_MQTT, WebSocketServer, WebSocketSettings
-from protocol_heads.websocket_stream import WebSocketStream
+from protocol_heads.websocket_stream import UpgradeSocket, WebSocketStream
 from tests.protocol_heads.amqp.conftest import polled
 from tests.protocol_heads.mqtt.conftest import DEV, DEVICE_KEY, Paho, sas_password, server_context, username
 
@@ -469,3 +473,54 @@ async def test_the_stream_hands_nothing_on_while_the_head_pauses_and_tells_it_wh
         writer.close()
         server.close()
         await server.wait_closed()
+
+
+def live(kind: type) -> list[Any]:
+    return [o for o in gc.get_objects() if type(o) is kind]
+
+
+async def _session_then_freed(pair: Listeners, ending: str) -> None:
+    before = {id(o) for kind in (UpgradeSocket, WebSocketStream, ClientSocket) for o in live(kind)}
+
+    def new(kind: type) -> list[Any]:
+        return [o for o in live(kind) if id(o) not in before]
+
+    client = await RawClient.open(pair.ws.ports["ws"])
+    await polled(lambda: len(new(UpgradeSocket)) == 1)  # accepted: the listener's side, until the upgrade
+    refs = [weakref.ref(o) for o in new(UpgradeSocket)]
+    await client.send(upgrade_request())
+    assert (await client.response())[0] == 101
+    connect = connect_packet(
+        v5=False,
+        client_id="dev1",
+        keepalive_s=60,
+        clean=True,
+        username=username(DEV),
+        password=sas_password(DEV, DEVICE_KEY),
+    )
+    await client.send(frame(BINARY, connect))
+    async with asyncio.timeout(10):
+        assert await client.reader.readexactly(6) == b"\x82\x04\x20\x02\x00\x00"  # CONNACK, accepted
+    refs += [weakref.ref(o) for kind in (WebSocketStream, ClientSocket) for o in new(kind)]
+    refs += [weakref.ref(o._ws) for o in new(WebSocketStream)]  # the wsproto connection
+    assert len(refs) == 4
+    if ending == "disconnect":
+        await client.send(frame(BINARY, b"\xe0\x00"))  # MQTT DISCONNECT
+        assert await client.close_code() == 1000
+    elif ending == "refused-frame":
+        await client.send(frame(BINARY, b"", fin=False) + frame(CONTINUATION, b"", fin=False) * 8)
+        assert await client.close_code() == 1009
+    client.close()
+    await polled(lambda: pair.ws.limiter.total == pair.mqtt.limiter.total == 0 and not pair.mqtt._tasks)
+    await polled(lambda: sum(ref() is not None for ref in refs) == 0)
+
+
+@pytest.mark.parametrize("ending", ["disconnect", "refused-frame", "hang-up"])
+async def test_a_closed_websocket_is_freed_without_the_cycle_collector(
+    hub: InMemoryHub, ca: TestCA, no_cycle_collector: None, ending: str
+) -> None:
+    """As the heads' own connections (``edgehub run`` collects cycles rarely): the listener's and the head's sides
+    of a WebSocket connection, and its wsproto connection, go by reference counting alone once it has closed."""
+    async for pair in listen(hub, ca, max_message_frames=4):
+        await _session_then_freed(pair, ending)
+    assert gc.isenabled() is False
