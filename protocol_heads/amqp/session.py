@@ -72,6 +72,7 @@ from protocol_heads.amqp.refusals import STORE_FAILED, UNDECODABLE, rejection_co
 from protocol_heads.amqp.sasl import SaslCode, SaslInit
 from protocol_heads.amqp.settings import AmqpSettings
 from protocol_heads.amqp.transfers import TransferDecoder
+from protocol_heads.amqp.twin_methods import Channels
 from protocol_heads.listeners import HeadServer
 from protocol_heads.socket_side import SessionSocket
 
@@ -103,6 +104,18 @@ class _Link:
             return 0
         free: int = min(session.settings.outbound_window - len(self.pending), link.credit)
         return max(0, free)
+
+    relays_modules = False  # edgehub.hub.methods.MethodLink: it is the client's own link
+
+    def send_desired_patch(self, patch: bytes, version: int) -> None:
+        """``TwinLink``: over the client's twin link, if it subscribed to desired-property patches."""
+        if self._session is not None:
+            self._session.channels.send_desired_patch(patch, version)
+
+    def send_method_request(self, rid: str, name: str, payload: bytes, target: Identity) -> bool:
+        """``MethodLink``: over the client's method link, if it attached one and gave credit."""
+        session = self._session
+        return session is not None and session.channels.send_method_request(rid, name, payload)
 
     def send(self, delivery: HubDelivery) -> None:
         session, link = self._session, self.link
@@ -149,6 +162,7 @@ class Session:
         self._expiry: asyncio.Task[None] | None = None  # closes the connection when its token expires
         self._expiry_s: int | None = None
         self._transfers = TransferDecoder()  # one per connection: it keeps what the last message's sections gave
+        self.channels = Channels(self)  # the twin and method links (twin_methods.py)
 
     # --- input ------------------------------------------------------------------------------------------------
 
@@ -181,6 +195,8 @@ class Session:
                     self._on_cbs(event)
                 elif event.link_name in self._telemetry:
                     group.append(event)
+                elif self.channels.serves(event.link_name):
+                    self.channels.on_message(event)
                 else:
                     self.conn.settle(event.delivery, NOT_ALLOWED, "not a telemetry link")
             elif isinstance(event, ev.DeliveryUpdated):
@@ -221,6 +237,11 @@ class Session:
         if isinstance(event, ev.MessageReceived):
             return event.link_name in self._cbs_in
         return not isinstance(event, ev.LinkClosed | ev.DeliveryUpdated | ev.CreditAdded)
+
+    # --- what Channels asks of its session (twin_methods.ChannelsSession) ---------------------------------------
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        self._spawn(coro, name)
 
     def _is_delivery_link(self, link: Link) -> bool:
         own = self.link.link
@@ -412,6 +433,9 @@ class Session:
             self._telemetry.add(link.name)
             self.conn.accept_link(link, credit=self.settings.link_credit)
             return
+        if address.kind in (AddressKind.TWIN, AddressKind.METHODS):
+            self.channels.attach(address.kind, link, outgoing=event.outgoing)
+            return
         is_module = self.identity.module_id is not None
         if (address.kind == AddressKind.MODULE_INPUTS) != is_module or self.link.link is not None:
             self.sock.refused(RefusalReason.NOT_AUTHORIZED, address=shown(event.address), why="delivery link")
@@ -423,6 +447,8 @@ class Session:
         # Deliveries start once the client gives credit (CreditAdded).
 
     def _on_link_closed(self, link: Link) -> None:
+        if self.channels.link_closed(link):
+            return
         if link.is_receiver:
             self._telemetry.discard(link.name)
             self._cbs_in.discard(link.name)
@@ -550,5 +576,6 @@ class Session:
         self.link.detach()
         self.link.link = None
         self._cbs_out = None
+        self.channels.clear()
         self._tasks.clear()
         self._waiting.clear()
