@@ -155,6 +155,9 @@ class Session:
         self._telemetry: set[str] = set()  # names of the accepted incoming telemetry links
         self._cbs_in: set[str] = set()  # names of incoming $cbs links
         self._cbs_out: Link | None = None
+        # Answers made before the client gave its $cbs link credit (an SDK may attach it, send its put-token and
+        # only then flow): sent on its first credit. At most one per put-token in progress, and those are bounded.
+        self._cbs_unsent: list[bytes] = []
         self._authenticating = False  # a put-token is being checked: other events wait (_waiting)
         self._waiting: list[ev.Event] = []
         self._waiting_bytes = 0  # of the transfers in _waiting, while the client has no identity
@@ -204,6 +207,10 @@ class Session:
             elif isinstance(event, ev.CreditAdded):
                 if event.link is self.link.link or self._is_delivery_link(event.link):
                     acked = True
+                elif self._cbs_out is not None and event.link.name == self._cbs_out.name:
+                    self._send_cbs_answers()
+                else:
+                    self.channels.credit_added(event.link)
             elif isinstance(event, ev.LinkRequested):
                 self._on_link(event)
             elif isinstance(event, ev.LinkClosed):
@@ -390,12 +397,15 @@ class Session:
         self._spawn(check(), "amqp.cbs")
 
     def _cbs_answer(self, request_id: object, status: int, text: str, reply_to: str | None) -> None:
+        if len(self._cbs_unsent) < self.settings.max_waiting_events:
+            self._cbs_unsent.append(cbs_response(request_id, status, text, reply_to).encode())
+        self._send_cbs_answers()
+
+    def _send_cbs_answers(self) -> None:
         link = self._cbs_out
-        if link is None or self.conn.closed or link.credit <= 0:
-            return
-        payload = cbs_response(request_id, status, text, reply_to).encode()
-        delivery = self.conn.send(link, "cbs", payload)
-        delivery.settle()  # answers are sent settled: nothing to wait for
+        while self._cbs_unsent and link is not None and not self.conn.closed and link.credit > 0:
+            delivery = self.conn.send(link, "cbs", self._cbs_unsent.pop(0))
+            delivery.settle()  # answers are sent settled: nothing to wait for
 
     def take_over(self) -> None:
         """A newer connection of the same identity won: say so and close."""
@@ -576,6 +586,7 @@ class Session:
         self.link.detach()
         self.link.link = None
         self._cbs_out = None
+        self._cbs_unsent.clear()
         self.channels.clear()
         self._tasks.clear()
         self._waiting.clear()

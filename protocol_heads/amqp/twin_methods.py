@@ -27,9 +27,11 @@ Invariants:
   ``amqp:not-allowed``), and at most ``REQUEST_CREDIT`` twin requests and ``ANSWER_CREDIT`` method answers in
   progress (the links' credit, given back as each is answered); a request that is not one of the four is
   answered 400, an answer for no pending call is rejected: each logged once through the refusal log;
-* answers and patches go out pre-settled (as IoT Hub sends them) and only on credit the client gave: with none,
-  an answer is dropped (logged) and a call is not sent (the hub answers the caller 404, as for a client that
-  does not listen).
+* answers and patches go out pre-settled (as IoT Hub sends them) and only on credit the client gave; made before
+  it gave any (an SDK may flow only after its first request), they wait for it: twin answers (at most
+  ``REQUEST_CREDIT``, one per request in progress) and desired patches (at most ``MAX_HELD_PATCHES``, then the
+  oldest goes, logged). A call is never held: with no credit it is not sent, and the hub answers the caller 404,
+  as for a client that does not listen.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from enum import StrEnum
@@ -81,6 +84,7 @@ _STATUS = symbol("status")
 _VERSION = symbol("version")
 _REPORTED = "/properties/reported"
 _DESIRED_NOTIFICATIONS = "/notifications/twin/properties/desired"
+MAX_HELD_PATCHES = 16  # desired patches waiting for the client's credit on its twin link
 _BAD_REQUEST = 400
 
 
@@ -202,6 +206,7 @@ class Channels:
         self._out: dict[AddressKind, Link] = {}  # the links the hub sends on, by kind
         self._in: dict[str, AddressKind] = {}  # the names of the links the client sends on
         self._in_kinds: set[AddressKind] = set()
+        self._held: deque[tuple[bool, bytes]] = deque()  # (a patch?, encoded message) waiting for twin credit
         self.desired_subscribed = False
 
     # --- links ------------------------------------------------------------------------------------------------
@@ -241,10 +246,12 @@ class Channels:
                 del self._out[kind]
                 if kind is AddressKind.TWIN:
                     self.desired_subscribed = False  # the patches have nowhere to go
+                    self._held.clear()
                 return True
         return False
 
     def clear(self) -> None:
+        self._held.clear()
         self._out.clear()
         self._in.clear()
         self._in_kinds.clear()
@@ -324,31 +331,54 @@ class Channels:
 
     # --- hub → client -----------------------------------------------------------------------------------------
 
-    def _send(self, kind: AddressKind, message: AmqpMessage) -> bool:
+    def _send(self, kind: AddressKind, payload: bytes) -> bool:
         session = self._session
         link = self._out.get(kind)
         if link is None or session.conn.closed or link.credit <= 0:
             return False
         try:
-            delivery = session.conn.send(link, "", message.encode())
+            delivery = session.conn.send(link, "", payload)
         except Exception as exc:  # PeerMessageTooLarge: over the client's max-message-size
             log.info("amqp.channel_send_failed kind=%s client=%s detail=%s", kind.value, session.identity, exc)
-            return False
+            return True  # it can never go: not held
         delivery.settle()  # sent settled, as IoT Hub sends them: nothing to wait for
         session.sock.schedule_flush()
         return True
 
+    def _twin_out(self, payload: bytes, *, patch: bool) -> None:
+        """A twin answer or patch, now if there is credit and nothing older waits, else held (module docstring)."""
+        if not self._held and self._send(AddressKind.TWIN, payload):
+            return
+        if AddressKind.TWIN not in self._out:
+            self._session.sock.refused(RefusalReason.NOT_READING, kind="twin", why="no twin link to answer on")
+            return
+        if patch and sum(held for held, _ in self._held) >= MAX_HELD_PATCHES:
+            dropped = next(i for i, (held, _) in enumerate(self._held) if held)
+            del self._held[dropped]
+            self._session.sock.refused(RefusalReason.NOT_READING, kind="desired patch", why="no credit")
+        self._held.append((patch, payload))
+
+    def credit_added(self, link: Link) -> None:
+        """The client gave ``link`` credit: what waited for it goes."""
+        own = self._out.get(AddressKind.TWIN)
+        if own is None or own.name != link.name:
+            return
+        while self._held and self._send(AddressKind.TWIN, self._held[0][1]):
+            self._held.popleft()
+
     def _answer(self, message: AmqpMessage) -> None:
-        if not self._send(AddressKind.TWIN, message):
-            self._session.sock.refused(RefusalReason.NOT_READING, kind="twin answer", why="no credit on the twin link")
+        self._twin_out(message.encode(), patch=False)
 
     def send_desired_patch(self, patch: bytes, version: int) -> None:
         """``TwinLink``: the patch, if the client subscribed to them (PUT); never raises."""
         if self.desired_subscribed:
-            self._send(AddressKind.TWIN, desired_patch_message(patch, version))
+            self._twin_out(desired_patch_message(patch, version).encode(), patch=True)
 
     def send_method_request(self, rid: str, name: str, payload: bytes) -> bool:
         """``MethodLink``: the call, if the client attached its method links and gave credit."""
         if AddressKind.METHODS not in self._in_kinds:
             return False  # it could not answer: IoT Hub answers 404 for a device that does not listen
-        return self._send(AddressKind.METHODS, method_request_message(rid, name, payload))
+        link = self._out.get(AddressKind.METHODS)
+        if link is None or link.credit <= 0:
+            return False
+        return self._send(AddressKind.METHODS, method_request_message(rid, name, payload).encode())

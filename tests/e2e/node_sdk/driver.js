@@ -1,0 +1,140 @@
+// The Azure IoT device SDK for Node, unmodified, driven as its samples drive it, for the hub's interop tests
+// (tests/e2e/test_node_sdk.py). One scenario per run; what happens is reported on stdout, one JSON object a line.
+//
+// Usage: node driver.js TRANSPORT SCENARIO SPEC_JSON
+//   TRANSPORT  amqp | mqtt (the SDK's Amqp and Mqtt transports; AmqpWs and MqttWs go in TRANSPORTS when the hub
+//              serves WebSockets)
+//   SCENARIO   device: telemetry (spec.messages), twin get and reported patch (spec.report), then "ready", and
+//                      then spec.c2d cloud-to-device messages (completed) and spec.methods direct method calls
+//                      (method "echo": answered 200 with what it was sent; any other: 404), then "done"
+//              module: twin get, subscribe to desired-property patches ("ready" once the first, the whole
+//                      desired document, came), then spec.patches patches, then "done"
+//   SPEC_JSON  {"connection_string": ..., "ca": PEM file, "timeout_s": ...} and the scenario's own keys.
+// Exit 0 when the scenario ran to its end; 1 with {"event": "error", ...} otherwise.
+'use strict';
+
+const fs = require('fs');
+const { Client, ModuleClient, Message } = require('azure-iot-device');
+
+const TRANSPORTS = {
+  amqp: () => require('azure-iot-device-amqp').Amqp,
+  mqtt: () => require('azure-iot-device-mqtt').Mqtt,
+};
+
+function say(event) {
+  process.stdout.write(JSON.stringify(event) + '\n');
+}
+
+function fail(err) {
+  say({ event: 'error', type: (err && err.constructor && err.constructor.name) || 'Error', message: String(err && err.message || err) });
+  process.exit(1);
+}
+
+function counter(total, onDone) {
+  let seen = 0;
+  if (total === 0) setImmediate(onDone);
+  return () => {
+    seen += 1;
+    if (seen === total) onDone();
+  };
+}
+
+async function device(client, spec) {
+  await client.open();
+  say({ event: 'connected' });
+  for (const [index, m] of (spec.messages || []).entries()) {
+    const message = new Message(m.data);
+    if (m.message_id) message.messageId = m.message_id;
+    if (m.correlation_id) message.correlationId = m.correlation_id;
+    if (m.content_type) message.contentType = m.content_type;
+    if (m.content_encoding) message.contentEncoding = m.content_encoding;
+    for (const [key, value] of Object.entries(m.properties || {})) message.properties.add(key, value);
+    await client.sendEvent(message);
+    say({ event: 'sent', index });
+  }
+  const twin = await client.getTwin();
+  say({ event: 'twin', desired: twin.properties.desired, reported: twin.properties.reported });
+  if (spec.report) {
+    await new Promise((resolve, reject) => twin.properties.reported.update(spec.report, (err) => (err ? reject(err) : resolve())));
+    say({ event: 'reported' });
+  }
+  await new Promise((resolve) => {
+    let c2d = 0;
+    let methods = 0;
+    const check = () => {
+      if (c2d >= (spec.c2d || 0) && methods >= (spec.methods || 0)) resolve();
+    };
+    client.on('message', (msg) => {
+      client.complete(msg, (err) => {
+        if (err) return fail(err);
+        say({
+          event: 'c2d',
+          data: msg.data.toString(),
+          message_id: msg.messageId,
+          correlation_id: msg.correlationId,
+          properties: Object.fromEntries(msg.properties.propertyList.map((p) => [p.key, p.value])),
+        });
+        c2d += 1;
+        check();
+      });
+    });
+    client.onDeviceMethod('echo', (request, response) => {
+      say({ event: 'method', name: request.methodName, payload: request.payload });
+      response.send(200, { echo: request.payload }, (err) => {
+        if (err) return fail(err);
+        methods += 1;
+        check();
+      });
+    });
+    say({ event: 'ready' });
+  });
+  await client.close();
+  say({ event: 'done' });
+}
+
+async function module_(client, spec) {
+  await client.open();
+  say({ event: 'connected' });
+  const twin = await client.getTwin();
+  say({ event: 'twin', desired: twin.properties.desired, reported: twin.properties.reported });
+  if (spec.report) {
+    await new Promise((resolve, reject) => twin.properties.reported.update(spec.report, (err) => (err ? reject(err) : resolve())));
+    say({ event: 'reported' });
+  }
+  await new Promise((resolve) => {
+    let first = true;
+    let patches = 0;
+    twin.on('properties.desired', (delta) => {
+      if (first) {
+        // The SDK hands the whole desired document first, then subscribes to the patches.
+        first = false;
+        say({ event: 'ready', desired: delta });
+        if ((spec.patches || 0) === 0) resolve();
+        return;
+      }
+      patches += 1;
+      say({ event: 'desired', patch: delta });
+      if (patches === spec.patches) resolve();
+    });
+  });
+  await client.close();
+  say({ event: 'done' });
+}
+
+async function main() {
+  const [transportName, scenario, specJson] = process.argv.slice(2);
+  const Transport = TRANSPORTS[transportName] && TRANSPORTS[transportName]();
+  if (!Transport) throw new Error(`unknown transport ${transportName}`);
+  const spec = JSON.parse(specJson);
+  const make = scenario === 'module' ? ModuleClient : Client;
+  const client = make.fromConnectionString(spec.connection_string, Transport);
+  client.on('error', fail);
+  await client.setOptions({ ca: fs.readFileSync(spec.ca, 'utf8') });
+  setTimeout(() => fail(new Error(`scenario ${scenario} not done in ${spec.timeout_s} s`)), spec.timeout_s * 1000).unref();
+  if (scenario === 'device') await device(client, spec);
+  else if (scenario === 'module') await module_(client, spec);
+  else throw new Error(`unknown scenario ${scenario}`);
+  process.exit(0);
+}
+
+main().catch(fail);

@@ -1,0 +1,224 @@
+"""The Azure IoT device SDK for Node (``azure-iot-device`` with its ``Amqp`` and ``Mqtt`` transports, versions
+pinned in ``tests/e2e/node_sdk/package-lock.json``, installed by ``make node-sdk``) against the real hub: RocksDB
+store in tmp_path, real routes, the AMQP and MQTT heads over TLS. The SDK is unmodified and driven as its samples
+drive it (``node_sdk/driver.js``, one scenario a run, JSON lines on stdout), as a subprocess of the test.
+
+Each test runs once per transport (``TRANSPORTS``): the same scenario over AMQP and over MQTT.
+
+How the SDK reaches a free port: it dials ``{GatewayHostName}`` with the scheme's port (5671, 8883) unless the
+host carries one: both transports build their URL as ``amqps://`` or ``mqtts://`` + the gateway host name and
+honour a port in it (azure-iot-amqp-base's ``connect`` takes ``parsedUrl.port``, mqtt.js the URL's), so the
+connection string says ``GatewayHostName=127.0.0.1:{port}``, and a hub left running on 5671 or 8883 breaks
+nothing. The SAS token's resource is ``HostName``, the hub's name, as ever.
+
+A missing Node or SDK fails these tests with what to run; it never skips them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgehub.core import Identity, Message
+from edgehub.core.endpoints import device_endpoint
+from edgehub.core.methods import MethodCall, MethodResult
+from edgehub.core.sas import ConnectionString
+from edgehub.store import StoredItem
+from protocol_heads.amqp import AmqpServer, AmqpSettings
+from tests.e2e.conftest import DEV, FILTER, HOST, KEYS, Rig, running_hub
+
+pytestmark = [pytest.mark.interop, pytest.mark.timeout(120)]
+
+SDK_DIR = Path(__file__).with_name("node_sdk")
+DRIVER = SDK_DIR / "driver.js"
+STEP_S = 30.0  # the longest any one SDK step (start, connect, send, receive) may take
+# The SDK's transports under test; "amqp-ws" and "mqtt-ws" join once the hub serves WebSockets.
+TRANSPORTS = ["amqp", "mqtt"]
+ROUTES = {"all": "FROM /messages/* WHERE $connectionDeviceId = 'dev1' INTO $upstream"}
+
+
+@dataclass
+class Hub:
+    rig: Rig
+    ports: dict[str, int]  # by transport: the TLS port its head listens on
+
+    def connection_string(self, identity: Identity, transport: str) -> str:
+        return ConnectionString(
+            host_name=HOST,
+            device_id=identity.device_id,
+            module_id=identity.module_id,
+            shared_access_key=KEYS[identity.id],
+            gateway_host_name=f"127.0.0.1:{self.ports[transport]}",
+        ).format()
+
+
+@asynccontextmanager
+async def hub_with_amqp(data: Path) -> AsyncIterator[Hub]:
+    """The real hub (``running_hub``: its MQTT head on TLS), and its AMQP head on TLS too, each on a free port."""
+    async with running_hub(data, routes=ROUTES) as rig:
+        pair = rig.ca.server()
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(pair.cert, pair.key)
+        settings = AmqpSettings(tcp_port=None, tls_port=0, ssl_context=ctx, connect_timeout_s=10.0)
+        async with AmqpServer(rig.hub, settings=settings) as amqp:
+            yield Hub(rig, {"amqp": amqp.ports["amqps"], "mqtt": rig.tls})
+
+
+@dataclass
+class Driver:
+    """One driver process; ``event()`` reads its next JSON line."""
+
+    proc: asyncio.subprocess.Process
+    stderr: Path
+
+    async def event(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = None
+        try:
+            async with asyncio.timeout(STEP_S):
+                line = await self.proc.stdout.readline()
+        except TimeoutError:
+            pass
+        if not line:
+            if line is not None:
+                await self.proc.wait()
+            said = await asyncio.to_thread(self.stderr.read_text)
+            pytest.fail(f"the Node SDK driver said nothing (exit {self.proc.returncode}); its stderr:\n{said}")
+        event: dict[str, Any] = json.loads(line)
+        if event.get("event") == "error":
+            said = await asyncio.to_thread(self.stderr.read_text)
+            pytest.fail(f"the Node SDK driver failed: {event}; its stderr:\n{said}")
+        return event
+
+    async def exit_code(self) -> int:
+        async with asyncio.timeout(STEP_S):
+            return await self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def node() -> str:
+    hint = "`make node-sdk` installs Node and the SDK (tests/e2e/node_sdk)"
+    found = shutil.which("node")
+    if found is None:
+        pytest.fail(f"no `node` on PATH; {hint}", pytrace=False)
+    if not (SDK_DIR / "node_modules" / "azure-iot-device-amqp").is_dir():
+        pytest.fail(f"the Node SDK is not installed in {SDK_DIR / 'node_modules'}; {hint}", pytrace=False)
+    return found
+
+
+@asynccontextmanager
+async def driver(node: str, logs: Path, transport: str, scenario: str, ca: Path, **spec: Any) -> AsyncIterator[Driver]:
+    spec = {"ca": str(ca), "timeout_s": STEP_S * 3} | spec
+    stderr = logs / f"node-{transport}-{scenario}.log"
+    # DEBUG=azure*: the SDK's own trace, in the log a failing test shows.
+    env = os.environ | {"DEBUG": "azure*,rhea*"}
+    with stderr.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            node, str(DRIVER), transport, scenario, json.dumps(spec), stdout=asyncio.subprocess.PIPE, stderr=err, env=env
+        )
+    try:
+        yield Driver(proc, stderr)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def stored(rig: Rig, endpoint: str) -> list[StoredItem]:
+    return [item for q in rig.store.queues(endpoint) for item in rig.store.read(q, 0, 100)]
+
+
+async def invoke_until_listening(rig: Rig, target: Identity, call: MethodCall) -> MethodResult:
+    """The call, again while it is 404: the SDK attaches its method links (or subscribes) in the background after
+    the driver said it listens, and IoT Hub answers 404 until then. Bounded by STEP_S."""
+    async with asyncio.timeout(STEP_S):
+        while (result := await rig.hub.invoke_method("$upstream", target, call)).status == 404:
+            await asyncio.sleep(0.05)
+    return result
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_node_sdk_device_sends_patches_its_twin_takes_a_c2d_message_and_answers_a_method(
+    tmp_path: Path, node: str, transport: str
+) -> None:
+    messages = [
+        {"data": '{"t": 21.5}', "message_id": "m-1", "content_type": "application/json", "properties": {"k": "v"}},
+        {"data": '{"t": 30}', "message_id": "m-2", "correlation_id": "c-2"},
+    ]
+    async with hub_with_amqp(tmp_path) as hub:
+        rig = hub.rig
+        spec = {"connection_string": hub.connection_string(DEV, transport), "messages": messages}
+        spec |= {"report": {"firmware": "1.2", "nested": {"a": 1}}, "c2d": 1, "methods": 1}
+        async with driver(node, tmp_path, transport, "device", rig.ca.ca_pem, **spec) as run:
+            assert await run.event() == {"event": "connected"}
+            for i in range(len(messages)):
+                assert await run.event() == {"event": "sent", "index": i}
+                # sendEvent resolved, so the SDK had its outcome (AMQP) or PUBACK (MQTT): durable by now.
+                assert len(stored(rig, "$upstream")) == i + 1
+            twin = await run.event()
+            assert twin["event"] == "twin"
+            assert twin["desired"] == {"$version": 1}
+            assert twin["reported"] == {"$version": 1}
+            assert await run.event() == {"event": "reported"}
+            assert await run.event() == {"event": "ready"}
+
+            await rig.hub.cloud_to_device("dev1", Message(b"hello", {"cmd": "on"}, {"messageId": "c2d-1"}))
+            c2d = await run.event()
+            assert c2d["event"] == "c2d"
+            assert c2d["data"] == "hello"
+            assert c2d["message_id"] == "c2d-1"
+            assert c2d["properties"]["cmd"] == "on"
+
+            result = await invoke_until_listening(rig, DEV, MethodCall("echo", b'{"x": 1}', timeout_s=10))
+            assert await run.event() == {"event": "method", "name": "echo", "payload": {"x": 1}}
+            assert result.status == 200
+            assert json.loads(result.payload) == {"echo": {"x": 1}}
+            assert await run.event() == {"event": "done"}
+            assert await run.exit_code() == 0
+
+        first, second = (item.message for item in stored(rig, "$upstream"))
+        assert first.body == b'{"t": 21.5}'
+        assert first.properties == {"k": "v"}
+        assert first.system_properties["messageId"] == "m-1"
+        assert first.system_properties["contentType"] == "application/json"
+        assert first.system_properties["connectionDeviceId"] == "dev1"
+        assert second.system_properties["cid"] == "c-2"
+        reported = (await rig.hub.get_twin(DEV))["reported"]
+        assert reported == {"firmware": "1.2", "nested": {"a": 1}, "$version": 2}
+        # complete() settled it: the device's queue is checkpointed past the message.
+        [queue] = rig.store.queues(device_endpoint("dev1"))
+        executor = rig.hub.executors[device_endpoint("dev1")]
+        async with asyncio.timeout(STEP_S):
+            await executor.wait_for(lambda: rig.store.checkpoint(queue).committed >= 0)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_node_sdk_module_gets_its_desired_properties_and_each_change_pushed(
+    tmp_path: Path, node: str, transport: str
+) -> None:
+    async with hub_with_amqp(tmp_path) as hub:
+        rig = hub.rig
+        rig.hub.set_module_desired("filter", {"threshold": 25}, 2)
+        spec = {"connection_string": hub.connection_string(FILTER, transport), "patches": 1, "report": {"ok": True}}
+        async with driver(node, tmp_path, transport, "module", rig.ca.ca_pem, **spec) as run:
+            assert await run.event() == {"event": "connected"}
+            twin = await run.event()
+            assert twin["desired"] == {"threshold": 25, "$version": 2}
+            assert await run.event() == {"event": "reported"}
+            ready = await run.event()
+            assert ready["event"] == "ready"
+            rig.hub.set_module_desired("filter", {"threshold": 30, "unit": "C"}, 3)
+            assert await run.event() == {"event": "desired", "patch": {"threshold": 30, "unit": "C", "$version": 3}}
+            assert await run.event() == {"event": "done"}
+            assert await run.exit_code() == 0
+        assert (await rig.hub.get_twin(FILTER))["reported"] == {"ok": True, "$version": 2}
