@@ -215,8 +215,7 @@ async def test_node_sdk_module_gets_its_desired_properties_and_each_change_pushe
             twin = await run.event()
             assert twin["desired"] == {"threshold": 25, "$version": 2}
             assert await run.event() == {"event": "reported"}
-            ready = await run.event()
-            assert ready["event"] == "ready"
+            assert await run.event() == {"event": "ready", "desired": {"threshold": 25, "$version": 2}}
             rig.hub.set_module_desired("filter", {"threshold": 30, "unit": "C"}, 3)
             assert await run.event() == {"event": "desired", "patch": {"threshold": 30, "unit": "C", "$version": 3}}
             assert await run.event() == {"event": "done"}

@@ -5,10 +5,10 @@
 //   TRANSPORT  amqp | mqtt (the SDK's Amqp and Mqtt transports; AmqpWs and MqttWs go in TRANSPORTS when the hub
 //              serves WebSockets)
 //   SCENARIO   device: telemetry (spec.messages), twin get and reported patch (spec.report), then "ready", and
-//                      then spec.c2d cloud-to-device messages (completed) and spec.methods direct method calls
-//                      (method "echo": answered 200 with what it was sent; any other: 404), then "done"
-//              module: twin get, subscribe to desired-property patches ("ready" once the first, the whole
-//                      desired document, came), then spec.patches patches, then "done"
+//                      then spec.c2d cloud-to-device messages (completed) and spec.methods calls of direct method
+//                      "echo" (answered 200 with what it was sent), then "done"
+//              module: twin get and reported patch, a desired-properties listener ("ready" once it has the whole
+//                      desired document and the subscription is confirmed), then spec.patches patches, then "done"
 //   SPEC_JSON  {"connection_string": ..., "ca": PEM file, "timeout_s": ...} and the scenario's own keys.
 // Exit 0 when the scenario ran to its end; 1 with {"event": "error", ...} otherwise.
 'use strict';
@@ -102,19 +102,31 @@ async function module_(client, spec) {
     say({ event: 'reported' });
   }
   await new Promise((resolve) => {
-    let first = true;
+    let whole = null; // the first call: the whole desired document, as the SDK hands it to a new listener
+    let subscribed = false;
     let patches = 0;
-    twin.on('properties.desired', (delta) => {
-      if (first) {
-        // The SDK hands the whole desired document first, then subscribes to the patches.
-        first = false;
-        say({ event: 'ready', desired: delta });
+    const ready = () => {
+      if (whole !== null && subscribed) {
+        say({ event: 'ready', desired: whole });
         if ((spec.patches || 0) === 0) resolve();
+      }
+    };
+    twin.on('properties.desired', (delta) => {
+      if (whole === null) {
+        whole = delta;
+        ready();
         return;
       }
       patches += 1;
       say({ event: 'desired', patch: delta });
       if (patches === spec.patches) resolve();
+    });
+    // The listener subscribes in the background and says nothing when it has; asking again (a public method of
+    // the Twin) is answered once the hub has the subscription, so that "ready" means patches will arrive.
+    twin.enableTwinDesiredPropertiesUpdates((err) => {
+      if (err) return fail(err);
+      subscribed = true;
+      ready();
     });
   });
   await client.close();
