@@ -307,7 +307,8 @@ class AmqpConnection:
                 Disposition.RELEASED,
                 Disposition.MODIFIED,
             ):
-                out.append(ev.DeliveryUpdated(link, delivery, state == Disposition.ACCEPTED))
+                accepted, rejected = state == Disposition.ACCEPTED, state == Disposition.REJECTED
+                out.append(ev.DeliveryUpdated(link, delivery, accepted, rejected))
                 delivery.settle()
             else:
                 delivery.clear()

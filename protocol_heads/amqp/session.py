@@ -489,7 +489,12 @@ class Session:
         delivery_id = self.link.pending.pop(event.delivery.tag, None)
         if delivery_id is None:
             return False
-        self.hub.delivered(self.identity, delivery_id, event.accepted)
+        if event.rejected:  # IoT Hub's reject: dead-lettered; released (its abandon) and modified come again
+            condition = event.delivery.remote.condition
+            why = f"rejected by the client: {condition.name}" if condition is not None else "rejected by the client"
+            self.hub.dead_letter(self.identity, delivery_id, shown(why, 200))
+        else:
+            self.hub.delivered(self.identity, delivery_id, event.accepted)
         return True
 
     # --- ingest -----------------------------------------------------------------------------------------------
