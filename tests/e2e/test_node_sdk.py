@@ -124,7 +124,14 @@ async def driver(node: str, logs: Path, transport: str, scenario: str, ca: Path,
     env = os.environ | {"DEBUG": "azure*,rhea*"}
     with stderr.open("wb") as err:
         proc = await asyncio.create_subprocess_exec(
-            node, str(DRIVER), transport, scenario, json.dumps(spec), stdout=asyncio.subprocess.PIPE, stderr=err, env=env
+            node,
+            str(DRIVER),
+            transport,
+            scenario,
+            json.dumps(spec),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=err,
+            env=env,
         )
     try:
         yield Driver(proc, stderr)
@@ -142,8 +149,8 @@ async def invoke_until_listening(rig: Rig, target: Identity, call: MethodCall) -
     """The call, again while it is 404: the SDK attaches its method links (or subscribes) in the background after
     the driver said it listens, and IoT Hub answers 404 until then. Bounded by STEP_S."""
     async with asyncio.timeout(STEP_S):
-        while (result := await rig.hub.invoke_method("$upstream", target, call)).status == 404:
-            await asyncio.sleep(0.05)
+        while (result := await rig.hub.invoke_method("$upstream", target, call)).status == 404:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)  # no event says the SDK has attached: polled, bounded
     return result
 
 
@@ -151,13 +158,13 @@ async def invoke_until_listening(rig: Rig, target: Identity, call: MethodCall) -
 async def test_node_sdk_device_sends_patches_its_twin_takes_a_c2d_message_and_answers_a_method(
     tmp_path: Path, node: str, transport: str
 ) -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"data": '{"t": 21.5}', "message_id": "m-1", "content_type": "application/json", "properties": {"k": "v"}},
         {"data": '{"t": 30}', "message_id": "m-2", "correlation_id": "c-2"},
     ]
     async with hub_with_amqp(tmp_path) as hub:
         rig = hub.rig
-        spec = {"connection_string": hub.connection_string(DEV, transport), "messages": messages}
+        spec: dict[str, Any] = {"connection_string": hub.connection_string(DEV, transport), "messages": messages}
         spec |= {"report": {"firmware": "1.2", "nested": {"a": 1}}, "c2d": 1, "methods": 1}
         async with driver(node, tmp_path, transport, "device", rig.ca.ca_pem, **spec) as run:
             assert await run.event() == {"event": "connected"}
@@ -209,7 +216,8 @@ async def test_node_sdk_module_gets_its_desired_properties_and_each_change_pushe
     async with hub_with_amqp(tmp_path) as hub:
         rig = hub.rig
         rig.hub.set_module_desired("filter", {"threshold": 25}, 2)
-        spec = {"connection_string": hub.connection_string(FILTER, transport), "patches": 1, "report": {"ok": True}}
+        spec: dict[str, Any] = {"connection_string": hub.connection_string(FILTER, transport), "patches": 1}
+        spec["report"] = {"ok": True}
         async with driver(node, tmp_path, transport, "module", rig.ca.ca_pem, **spec) as run:
             assert await run.event() == {"event": "connected"}
             twin = await run.event()
