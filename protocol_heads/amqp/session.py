@@ -1,7 +1,8 @@
 """The session side of one AMQP connection: what the client is to the hub. It logs the client in (SASL PLAIN with
-a SAS token or password, SASL EXTERNAL with its TLS certificate, or SASL ANONYMOUS and then a SAS token put on
-``$cbs``), answers link attaches by address and ACL, hands each read's transfers to ``Hub.ingest`` as one group
-and settles them by the outcome, and carries the hub's deliveries out on the client's receiving link (``_Link``).
+a SAS token or password, SASL EXTERNAL with its TLS certificate, or SASL ANONYMOUS or no SASL layer and then a SAS
+token put on ``$cbs``), answers link attaches by address and ACL, hands each read's transfers to ``Hub.ingest`` as
+one group and settles them by the outcome, carries the hub's deliveries out on the client's receiving link
+(``_Link``), and serves the twin and method links through ``twin_methods.Channels``.
 
 It never touches the socket: bytes, timers and reading pauses belong to the socket side (``ClientSocket``), which
 it sees only as ``SessionSocket`` (``protocol_heads.socket_side``), and its server only as ``HeadServer``, so this
@@ -20,7 +21,9 @@ Invariants:
 * One live connection per identity: a newer one takes over and the older is closed (``amqp:connection:forced``);
   one whose identity's credentials are removed or rotated is closed with ``amqp:unauthorized-access``.
 * A module's (or device's) settlement is the checkpoint: ``Hub.delivered`` is called only when the client
-  settled; what was unsettled when the link or connection went is redelivered by the hub on the next link.
+  settled; what was unsettled when the link or connection went is redelivered by the hub on the next link. The
+  outcome is IoT Hub's: ``accepted`` completes, ``released``/``modified`` abandons (delivered again),
+  ``rejected`` dead-letters (``Hub.dead_letter``).
 """
 
 from __future__ import annotations

@@ -347,6 +347,8 @@ class Channels:
 
     def _twin_out(self, payload: bytes, *, patch: bool) -> None:
         """A twin answer or patch, now if there is credit and nothing older waits, else held (module docstring)."""
+        if self._session.conn.closed:
+            return  # the connection ended while the request was in the hub: nobody to tell
         if not self._held and self._send(AddressKind.TWIN, payload):
             return
         if AddressKind.TWIN not in self._out:
