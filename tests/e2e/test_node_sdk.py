@@ -17,6 +17,8 @@ A missing Node or SDK fails these tests with what to run; it never skips them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 import json
 import os
 import shutil
@@ -34,8 +36,12 @@ from edgehub.core.endpoints import device_endpoint
 from edgehub.core.methods import MethodCall, MethodResult
 from edgehub.core.sas import ConnectionString
 from edgehub.store import StoredItem
+from edgehub.testing.peers import MosquittoPeer
 from protocol_heads.amqp import AmqpServer, AmqpSettings
 from tests.e2e.conftest import DEV, FILTER, HOST, KEYS, Rig, running_hub
+from tests.e2e.hub_process import identity_add, start, stop
+from tests.e2e.test_amqp_e2e import amqps_port
+from tests.protocol_heads.mqtt.conftest import Paho
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(120)]
 
@@ -229,3 +235,59 @@ async def test_node_sdk_module_gets_its_desired_properties_and_each_change_pushe
             assert await run.event() == {"event": "done"}
             assert await run.exit_code() == 0
         assert (await rig.hub.get_twin(FILTER))["reported"] == {"ok": True, "$version": 2}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_node_sdk_device_against_edgehub_run_with_the_cloud_on_its_upstream(
+    tmp_path: Path, node: str, transport: str
+) -> None:
+    """``edgehub run`` as a user runs it, its upstream a Mosquitto playing the cloud: the cloud's direct method
+    call and cloud-to-device message reach the SDK over the transport, with the connection string ``edgehub identity
+    add`` printed (its gateway given the port the hub took)."""
+    data, manifest = tmp_path / "data", tmp_path / "m.json"
+    manifest.write_text(json.dumps({"schemaVersion": "1.1", "routes": ROUTES}))
+    printed = await identity_add(data, "dev1")
+    async with MosquittoPeer(tmp_path) as broker:
+        cloud = Paho.make("cloud")
+        assert await cloud.connect(broker.port) == 0
+        cloud.client.subscribe("$iothub/dev1/methods/res/#", qos=0)
+        upstream = ["--upstream-mqtt", f"127.0.0.1:{broker.port}", "--upstream-wire", "message"]
+        proc, mqtts, lines = await start(data, manifest, *upstream)
+        try:
+            port = {"amqp": amqps_port(lines), "mqtt": mqtts}[transport]
+            cs = dataclasses.replace(printed, gateway_host_name=f"127.0.0.1:{port}").format()
+            spec: dict[str, Any] = {"connection_string": cs, "messages": [{"data": "{}", "message_id": "r-1"}]}
+            spec |= {"report": {"run": True}, "c2d": 1, "methods": 1}
+            async with driver(node, tmp_path, transport, "device", data / "certs" / "ca.pem", **spec) as run:
+                assert await run.event() == {"event": "connected"}
+                assert await run.event() == {"event": "sent", "index": 0}
+                assert (await run.event())["event"] == "twin"
+                assert await run.event() == {"event": "reported"}
+                assert await run.event() == {"event": "ready"}
+                # The upstream subscribes for dev1 once connected, which may come after the hub is ready, and the
+                # SDK attaches its method links in the background: a call unanswered within a second is made again.
+                # Answered 404 (not attached yet): asked again a little later. Bounded by STEP_S.
+                async with asyncio.timeout(STEP_S):
+                    await cloud.subscribes.get()
+                    for rid in itertools.count(1):
+                        cloud.publish(f"$iothub/dev1/methods/POST/echo/?$rid={rid}&$timeout=5", b'"hi"', qos=0)
+                        try:
+                            async with asyncio.timeout(1):
+                                answer = await cloud.messages.get()
+                        except TimeoutError:
+                            continue
+                        if not answer.topic.startswith("$iothub/dev1/methods/res/404/"):
+                            break
+                        await asyncio.sleep(0.1)
+                assert answer.topic == f"$iothub/dev1/methods/res/200/?$rid={rid}"
+                assert json.loads(answer.payload) == {"echo": "hi"}
+                assert await run.event() == {"event": "method", "name": "echo", "payload": "hi"}
+                cloud.publish("devices/dev1/messages/devicebound/$.mid=c1&cmd=on", b"hello device", qos=1)
+                c2d = await run.event()
+                assert (c2d["event"], c2d["data"], c2d["message_id"]) == ("c2d", "hello device", "c1")
+                assert c2d["properties"]["cmd"] == "on"
+                assert await run.event() == {"event": "done"}
+                assert await run.exit_code() == 0
+        finally:
+            await stop(proc)
+            await cloud.close()
