@@ -86,6 +86,7 @@ _REPORTED = "/properties/reported"
 _DESIRED_NOTIFICATIONS = "/notifications/twin/properties/desired"
 MAX_HELD_PATCHES = 16  # desired patches waiting for the client's credit on its twin link
 _BAD_REQUEST = 400
+_SERVER_ERROR = 500
 
 
 class TwinOperation(StrEnum):
@@ -116,7 +117,7 @@ def _body(message: AmqpMessage) -> bytes:
 def parse_twin_request(message: AmqpMessage) -> TwinRequest:
     """The request ``message`` makes (module docstring); raises ValueError for anything else (the answer is 400,
     with the request's correlation id)."""
-    annotations = message.annotations or {}
+    annotations = message.annotations if isinstance(message.annotations, dict) else {}
     operation = annotations.get("operation")
     resource = annotations.get("resource")
     if operation == "GET":
@@ -132,8 +133,14 @@ def parse_twin_request(message: AmqpMessage) -> TwinRequest:
     return TwinRequest(op, message.correlation_id, _body(message) if op is TwinOperation.PATCH_REPORTED else b"")
 
 
+_MESSAGE_ID_TYPES = (str, int, uuid.UUID, bytes)  # what AMQP's message-id and correlation-id may be
+
+
 def twin_response(correlation_id: object, status: int, body: bytes = b"", *, version: int | None = None) -> AmqpMessage:
-    answer = AmqpMessage(correlation_id=correlation_id)
+    """The answer to a request whose correlation id was ``correlation_id`` (echoed when it is one AMQP allows)."""
+    if isinstance(correlation_id, memoryview):  # how proton decodes a binary id
+        correlation_id = bytes(correlation_id)
+    answer = AmqpMessage(correlation_id=correlation_id if isinstance(correlation_id, _MESSAGE_ID_TYPES) else None)
     if body:
         answer.body = body
         answer.inferred = True  # bytes as a data section, as IoT Hub sends them
@@ -170,7 +177,8 @@ def _text_id(value: object) -> str:
 
 def parse_method_response(message: AmqpMessage) -> tuple[str, int, bytes]:
     """``(request id, status, payload)`` of a method answer; raises ValueError for anything else."""
-    status = (message.properties or {}).get(METHOD_STATUS)
+    properties = message.properties if isinstance(message.properties, dict) else {}
+    status = properties.get(METHOD_STATUS)
     if isinstance(status, str) and status.isdigit() and len(status) <= 6:
         status = int(status)
     if not isinstance(status, int) or isinstance(status, bool) or not 0 <= status < 1_000_000:
@@ -324,6 +332,10 @@ class Channels:
             else:
                 self.desired_subscribed = request.operation is TwinOperation.SUBSCRIBE_DESIRED
                 answer = twin_response(cid, 200)
+        except Exception:  # the store failed, or a bug: this request fails, not the connection
+            log.exception("amqp.twin_failed client=%s operation=%s", identity, request.operation.value)
+            answer = twin_response(cid, _SERVER_ERROR)
+        try:
             self._answer(answer)
         finally:
             session.conn.give_credit(link, 1)

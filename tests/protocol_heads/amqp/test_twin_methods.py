@@ -234,12 +234,22 @@ async def test_a_second_twin_link_the_same_way_is_refused_with_not_allowed(tmp_p
             await client.close()
 
 
-async def test_a_device_answers_a_direct_method_call_over_its_method_links(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("identity", "key", "address"),
+    [
+        (DEV, DEVICE_KEY, "/devices/dev1/methods/devicebound"),
+        (MOD, MODULE_KEY, "/devices/dev1/modules/filter/methods/devicebound"),
+    ],
+    ids=["device", "module"],
+)
+async def test_a_client_answers_a_direct_method_call_over_its_method_links(
+    tmp_path: Path, identity: Identity, key: str, address: str
+) -> None:
     async with served(tmp_path) as (hub, server):
-        client = await login(server, hub, DEV, DEVICE_KEY)
+        client = await login(server, hub, identity, key)
         try:
-            methods = await pair(client, "/devices/dev1/methods/devicebound", "methods:1")
-            call = asyncio.create_task(hub.invoke_method("$upstream", DEV, MethodCall("reboot", b'{"in": 5}', 10)))
+            methods = await pair(client, address, "methods:1")
+            call = asyncio.create_task(hub.invoke_method("$upstream", identity, MethodCall("reboot", b'{"in": 5}', 10)))
             request = await methods.receive()
             assert request.properties == {"IoThub-methodname": "reboot"}
             assert bytes(request.body) == b'{"in": 5}'
