@@ -48,7 +48,10 @@ pytestmark = [pytest.mark.interop, pytest.mark.timeout(120)]
 SDK_DIR = Path(__file__).with_name("node_sdk")
 DRIVER = SDK_DIR / "driver.js"
 STEP_S = 30.0  # the longest any one SDK step (start, connect, send, receive) may take
-# The SDK's transports under test; "amqp-ws" and "mqtt-ws" join once the hub serves WebSockets.
+# The SDK's transports under test. "amqp-ws" and "mqtt-ws" (the driver has them) join once the hub serves
+# WebSockets: they always dial {gateway}:443, so their spec takes "proxy", an ``edgehub.testing.connect_proxy``
+# whose route sends 127.0.0.1:443 to the hub's WebSocket port (the driver gives the SDK the agent its samples use
+# behind a proxy; without a WebSocket server the tunnel is made and the upgrade fails, as tried by hand).
 TRANSPORTS = ["amqp", "mqtt"]
 ROUTES = {"all": "FROM /messages/* WHERE $connectionDeviceId = 'dev1' INTO $upstream"}
 

@@ -2,14 +2,15 @@
 // (tests/e2e/test_node_sdk.py). One scenario per run; what happens is reported on stdout, one JSON object a line.
 //
 // Usage: node driver.js TRANSPORT SCENARIO SPEC_JSON
-//   TRANSPORT  amqp | mqtt (the SDK's Amqp and Mqtt transports; AmqpWs and MqttWs go in TRANSPORTS when the hub
-//              serves WebSockets)
+//   TRANSPORT  amqp | mqtt | amqp-ws | mqtt-ws (the SDK's Amqp, Mqtt, AmqpWs and MqttWs transports; the last two
+//              dial port 443 whatever the gateway says, so a test gives them spec.proxy, an HTTP CONNECT proxy)
 //   SCENARIO   device: telemetry (spec.messages), twin get and reported patch (spec.report), then "ready", and
 //                      then spec.c2d cloud-to-device messages (completed) and spec.methods calls of direct method
 //                      "echo" (answered 200 with what it was sent), then "done"
 //              module: twin get and reported patch, a desired-properties listener ("ready" once it has the whole
 //                      desired document and the subscription is confirmed), then spec.patches patches, then "done"
-//   SPEC_JSON  {"connection_string": ..., "ca": PEM file, "timeout_s": ...} and the scenario's own keys.
+//   SPEC_JSON  {"connection_string": ..., "ca": PEM file, "timeout_s": ..., "proxy": "http://host:port" (WebSocket
+//              transports only)} and the scenario's own keys.
 // Exit 0 when the scenario ran to its end; 1 with {"event": "error", ...} otherwise.
 'use strict';
 
@@ -19,7 +20,23 @@ const { Client, ModuleClient, Message } = require('azure-iot-device');
 const TRANSPORTS = {
   amqp: () => require('azure-iot-device-amqp').Amqp,
   mqtt: () => require('azure-iot-device-mqtt').Mqtt,
+  'amqp-ws': () => require('azure-iot-device-amqp').AmqpWs,
+  'mqtt-ws': () => require('azure-iot-device-mqtt').MqttWs,
 };
+
+// The WebSocket transports always dial {gateway}:443/$iothub/websocket; behind an HTTP proxy (spec.proxy, a URL)
+// they take an agent, as the SDK's samples for proxies give them one (ClientOptions' webSocketAgent).
+function options(transportName, spec) {
+  const opts = { ca: fs.readFileSync(spec.ca, 'utf8') };
+  if (spec.proxy) {
+    const { HttpsProxyAgent } = require('https-proxy-agent');
+    const agent = new HttpsProxyAgent(spec.proxy);
+    if (transportName === 'amqp-ws') opts.amqp = { webSocketAgent: agent };
+    else if (transportName === 'mqtt-ws') opts.mqtt = { webSocketAgent: agent };
+    else throw new Error(`spec.proxy is for the WebSocket transports, not ${transportName}`);
+  }
+  return opts;
+}
 
 function say(event) {
   process.stdout.write(JSON.stringify(event) + '\n');
@@ -141,7 +158,7 @@ async function main() {
   const make = scenario === 'module' ? ModuleClient : Client;
   const client = make.fromConnectionString(spec.connection_string, Transport);
   client.on('error', fail);
-  await client.setOptions({ ca: fs.readFileSync(spec.ca, 'utf8') });
+  await client.setOptions(options(transportName, spec));
   setTimeout(() => fail(new Error(`scenario ${scenario} not done in ${spec.timeout_s} s`)), spec.timeout_s * 1000).unref();
   if (scenario === 'device') await device(client, spec);
   else if (scenario === 'module') await module_(client, spec);
