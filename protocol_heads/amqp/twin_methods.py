@@ -214,7 +214,8 @@ class Channels:
         self._out: dict[AddressKind, Link] = {}  # the links the hub sends on, by kind
         self._in: dict[str, AddressKind] = {}  # the names of the links the client sends on
         self._in_kinds: set[AddressKind] = set()
-        self._held: deque[tuple[bool, bytes]] = deque()  # (a patch?, encoded message) waiting for twin credit
+        # (the request's link, None for a patch; the encoded message) waiting for credit on the twin link
+        self._held: deque[tuple[Link | None, bytes]] = deque()
         self.desired_subscribed = False
 
     # --- links ------------------------------------------------------------------------------------------------
@@ -227,7 +228,11 @@ class Channels:
             self._session.sock.refused(RefusalReason.TOO_MANY_LINKS, kind=kind.value, why="a second link one way")
             conn.refuse_link(link, NOT_ALLOWED, f"one {kind.value} link each way per connection")
             return
-        channel = link.remote_properties.get(CHANNEL_CORRELATION_ID) if link.remote_properties else None
+        try:
+            properties = link.remote_properties
+        except Exception:  # proton decodes them when read: not a map
+            properties = None
+        channel = properties.get(CHANNEL_CORRELATION_ID) if isinstance(properties, dict) else None
         if isinstance(channel, str) and len(channel) <= 256:
             link.properties = {CHANNEL_CORRELATION_ID: channel}  # echoed, as IoT Hub does
         if outgoing:
@@ -254,7 +259,8 @@ class Channels:
                 del self._out[kind]
                 if kind is AddressKind.TWIN:
                     self.desired_subscribed = False  # the patches have nowhere to go
-                    self._held.clear()
+                    while self._held:  # nor the answers: their requests' credit comes back all the same
+                        self._answered(self._held.popleft()[0])
                 return True
         return False
 
@@ -288,8 +294,7 @@ class Channels:
             request = parse_twin_request(message)
         except ValueError as exc:
             session.sock.refused(RefusalReason.TWIN_INVALID, kind="twin", detail=shown(str(exc), 200))
-            self._answer(twin_response(message.correlation_id, _BAD_REQUEST))
-            conn.give_credit(event.link, 1)
+            self._answer(twin_response(message.correlation_id, _BAD_REQUEST), event.link)
             return
         session.spawn(self._twin(request, event.link), "amqp.twin")
 
@@ -335,11 +340,8 @@ class Channels:
         except Exception:  # the store failed, or a bug: this request fails, not the connection
             log.exception("amqp.twin_failed client=%s operation=%s", identity, request.operation.value)
             answer = twin_response(cid, _SERVER_ERROR)
-        try:
-            self._answer(answer)
-        finally:
-            session.conn.give_credit(link, 1)
-            session.sock.schedule_flush()
+        self._answer(answer, link)
+        session.sock.schedule_flush()
 
     # --- hub → client -----------------------------------------------------------------------------------------
 
@@ -357,20 +359,29 @@ class Channels:
         session.sock.schedule_flush()
         return True
 
-    def _twin_out(self, payload: bytes, *, patch: bool) -> None:
-        """A twin answer or patch, now if there is credit and nothing older waits, else held (module docstring)."""
-        if self._session.conn.closed:
+    def _twin_out(self, payload: bytes, request_link: Link | None) -> None:
+        """A twin answer (to a request on ``request_link``) or patch (None), now if there is credit and nothing older
+        waits, else held (module docstring). The request's credit comes back once its answer has gone (or can never
+        go): a client that gives the twin link no credit cannot make answers pile up."""
+        conn = self._session.conn
+        if conn.closed:
             return  # the connection ended while the request was in the hub: nobody to tell
         if not self._held and self._send(AddressKind.TWIN, payload):
+            self._answered(request_link)
             return
         if AddressKind.TWIN not in self._out:
             self._session.sock.refused(RefusalReason.NOT_READING, kind="twin", why="no twin link to answer on")
+            self._answered(request_link)
             return
-        if patch and sum(held for held, _ in self._held) >= MAX_HELD_PATCHES:
-            dropped = next(i for i, (held, _) in enumerate(self._held) if held)
+        if request_link is None and sum(link is None for link, _ in self._held) >= MAX_HELD_PATCHES:
+            dropped = next(i for i, (link, _) in enumerate(self._held) if link is None)
             del self._held[dropped]
             self._session.sock.refused(RefusalReason.NOT_READING, kind="desired patch", why="no credit")
-        self._held.append((patch, payload))
+        self._held.append((request_link, payload))
+
+    def _answered(self, request_link: Link | None) -> None:
+        if request_link is not None:
+            self._session.conn.give_credit(request_link, 1)
 
     def credit_added(self, link: Link) -> None:
         """The client gave ``link`` credit: what waited for it goes."""
@@ -378,15 +389,15 @@ class Channels:
         if own is None or own.name != link.name:
             return
         while self._held and self._send(AddressKind.TWIN, self._held[0][1]):
-            self._held.popleft()
+            self._answered(self._held.popleft()[0])
 
-    def _answer(self, message: AmqpMessage) -> None:
-        self._twin_out(message.encode(), patch=False)
+    def _answer(self, message: AmqpMessage, request_link: Link) -> None:
+        self._twin_out(message.encode(), request_link)
 
     def send_desired_patch(self, patch: bytes, version: int) -> None:
         """``TwinLink``: the patch, if the client subscribed to them (PUT); never raises."""
         if self.desired_subscribed:
-            self._twin_out(desired_patch_message(patch, version).encode(), patch=True)
+            self._twin_out(desired_patch_message(patch, version).encode(), None)
 
     def send_method_request(self, rid: str, name: str, payload: bytes) -> bool:
         """``MethodLink``: the call, if the client attached its method links and gave credit."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from proton import Endpoint
@@ -156,3 +157,53 @@ async def test_a_client_without_sasl_that_never_sends_a_token_is_closed_at_the_l
     lines = [r.getMessage() for r in caplog.records if r.name == LOG and r.getMessage().startswith("refused ")]
     assert len(lines) == 1
     assert "reason=connect_timeout" in lines[0]
+
+
+def _received(link: Any) -> list[AmqpMessage]:
+    """The whole messages proton's engine holds on receiving ``link``, read and settled."""
+    out = []
+    while (delivery := link.current) is not None and delivery.readable and not delivery.partial:
+        message = AmqpMessage()
+        message.decode(link.recv(delivery.pending))
+        delivery.settle()
+        link.advance()
+        out.append(message)
+    return out
+
+
+async def test_a_cbs_answer_made_before_the_client_gave_credit_goes_once_it_does(
+    head: AmqpServer, hub: InMemoryHub
+) -> None:
+    # The Node SDK attaches its $cbs links, sends its put-token and only then flows credit to the hub's $cbs link:
+    # an answer made before that waits for it (it was dropped, and the SDK never logged in).
+    client = await EngineClient.connect(head.ports["amqp"], None, None, mechs=None)
+    try:
+        answers = client.session.receiver("cbs-in")
+        answers.source.address = "$cbs"
+        answers.open()  # no credit yet
+        requests = client.sender("$cbs", "cbs-out")
+        await client.pump_until(lambda: requests.credit > 0)
+        request = AmqpMessage(body=sas_token(DEV, DEVICE_KEY), id="tok-1", reply_to="cbs")
+        request.properties = {
+            "operation": "put-token",
+            "type": "servicebus.windows.net:sastoken",
+            "name": f"{HOST}/devices/dev1",
+        }
+        requests.delivery("t1")
+        requests.send(request.encode())
+        requests.advance()
+        await client.pump_until(lambda: len(hub.connects) == 1)  # the token was checked: the answer is made
+        assert _received(answers) == []
+        answers.flow(1)
+        got: list[AmqpMessage] = []
+
+        def arrived() -> bool:
+            got.extend(_received(answers))
+            return bool(got)
+
+        await client.pump_until(arrived)
+    finally:
+        await client.close()
+    [answer] = got
+    assert answer.correlation_id == "tok-1"
+    assert answer.properties["status-code"] == 200

@@ -27,12 +27,14 @@ from edgehub.hub.methods import MethodLimits
 from edgehub.routing import Router
 from edgehub.store.rocks import open_rocks_store
 from protocol_heads.amqp import AmqpServer, AmqpSettings
+from protocol_heads.amqp.twin_methods import REQUEST_CREDIT
 from tests.protocol_heads.amqp.conftest import (
     DEV,
     DEVICE_KEY,
     HOST,
     MOD,
     MODULE_KEY,
+    EngineClient,
     ProtonClient,
     receive,
     sas_token,
@@ -285,3 +287,34 @@ async def test_a_method_for_a_device_without_method_links_is_404_and_for_a_silen
                 await methods.send(late)
         finally:
             await client.close()
+
+
+async def test_twin_answers_wait_for_the_clients_credit_and_hold_back_its_request_credit(tmp_path: Path) -> None:
+    async with served(tmp_path) as (hub, server):
+        token = sas_token(DEV, DEVICE_KEY, expiry_s=int(hub.clock.time()) + 3600)
+        client = await EngineClient.connect(server.ports["amqp"], f"dev1@sas.{HOST}", token)
+        try:
+            answers = client.session.receiver("twin-in")
+            answers.source.address = "/devices/dev1/twin"
+            answers.open()  # no credit: the hub may not answer yet
+            requests = client.sender("/devices/dev1/twin", "twin-out")
+            await client.pump_until(lambda: requests.credit == REQUEST_CREDIT)
+            for n in range(REQUEST_CREDIT):
+                requests.delivery(f"r{n}")
+                requests.send(twin_request("GET", f"get-{n}").encode())
+                requests.advance()
+            await client.pump_until(lambda: requests.credit == 0)
+            # Nothing is answered and no request credit comes back while the answers wait: a client that never
+            # gives credit holds at most REQUEST_CREDIT answers in the hub.
+            assert answers.queued == 0
+            answers.flow(REQUEST_CREDIT)
+            await client.pump_until(lambda: answers.queued == REQUEST_CREDIT and requests.credit == REQUEST_CREDIT)
+            got = []
+            while (delivery := answers.current) is not None:
+                message = AmqpMessage()
+                message.decode(answers.recv(delivery.pending))
+                answers.advance()
+                got.append(message)
+        finally:
+            await client.close()
+    assert [(m.correlation_id, status(m)) for m in got] == [(f"get-{n}", 200) for n in range(REQUEST_CREDIT)]
