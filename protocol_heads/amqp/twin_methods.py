@@ -13,7 +13,8 @@ The wire (the addresses are ``iothub.parse_address``'s: ``/devices/{d}[/modules/
   subscribes to desired-property patches, and DELETE, which unsubscribes), a correlation id, the patch as the body;
 * twin answer (hub → client): the request's correlation id, annotation ``status`` (an int: 200 with the twin
   ``{"desired": ..., "reported": ...}`` as the body for GET, 204 and annotation ``version`` for a PATCH, 200 for
-  PUT/DELETE; IoT Hub's error statuses as over MQTT, from ``edgehub.hub.twins``) ;
+  PUT/DELETE; IoT Hub's error statuses as over MQTT, from ``edgehub.hub.twins``, and 500 when the hub failed);
+  a correlation id AMQP does not allow (not a string, ulong, uuid or binary) is not echoed;
 * desired-property patch (hub → client): no correlation id, the merge patch (JSON, with ``$version``) as the body
   and annotation ``version``;
 * method call (hub → client): the hub's request id as correlation id, application property ``IoThub-methodname``,
@@ -25,7 +26,8 @@ Invariants:
   bounds, 404 and 504 in ``edgehub.hub.methods``; this module only translates;
 * bounded: a connection has at most one twin and one method link each way (another is refused
   ``amqp:not-allowed``), and at most ``REQUEST_CREDIT`` twin requests and ``ANSWER_CREDIT`` method answers in
-  progress (the links' credit, given back as each is answered); a request that is not one of the four is
+  progress (the links' credit, given back as each is answered: a twin request's once its answer has gone out, so
+  a client that gives the twin link no credit cannot make the hub hold more); a request that is not one of the four is
   answered 400, an answer for no pending call is rejected: each logged once through the refusal log;
 * answers and patches go out pre-settled (as IoT Hub sends them) and only on credit the client gave; made before
   it gave any (an SDK may flow only after its first request), they wait for it: twin answers (at most
