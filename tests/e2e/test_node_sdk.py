@@ -219,14 +219,14 @@ async def test_node_sdk_device_sends_patches_its_twin_takes_a_c2d_message_and_an
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_node_sdk_module_gets_its_desired_properties_and_each_change_pushed(
+async def test_node_sdk_module_gets_its_desired_properties_and_each_change_pushed_and_answers_a_method(
     tmp_path: Path, node: str, transport: str
 ) -> None:
     async with hub_with_amqp(tmp_path) as hub:
         rig = hub.rig
         rig.hub.set_module_desired("filter", {"threshold": 25}, 2)
         spec: dict[str, Any] = {"connection_string": hub.connection_string(FILTER, transport), "patches": 1}
-        spec["report"] = {"ok": True}
+        spec |= {"report": {"ok": True}, "methods": 1}
         async with driver(node, tmp_path, transport, "module", rig.ca.ca_pem, **spec) as run:
             assert await run.event() == {"event": "connected"}
             twin = await run.event()
@@ -235,6 +235,9 @@ async def test_node_sdk_module_gets_its_desired_properties_and_each_change_pushe
             assert await run.event() == {"event": "ready", "desired": {"threshold": 25, "$version": 2}}
             rig.hub.set_module_desired("filter", {"threshold": 30, "unit": "C"}, 3)
             assert await run.event() == {"event": "desired", "patch": {"threshold": 30, "unit": "C", "$version": 3}}
+            result = await invoke_until_listening(rig, FILTER, MethodCall("echo", b"[1, 2]", timeout_s=10))
+            assert await run.event() == {"event": "method", "name": "echo", "payload": [1, 2]}
+            assert (result.status, json.loads(result.payload)) == (200, {"echo": [1, 2]})
             assert await run.event() == {"event": "done"}
             assert await run.exit_code() == 0
         assert (await rig.hub.get_twin(FILTER))["reported"] == {"ok": True, "$version": 2}

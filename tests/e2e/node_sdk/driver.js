@@ -8,7 +8,8 @@
 //                      then spec.c2d cloud-to-device messages (completed) and spec.methods calls of direct method
 //                      "echo" (answered 200 with what it was sent), then "done"
 //              module: twin get and reported patch, a desired-properties listener ("ready" once it has the whole
-//                      desired document and the subscription is confirmed), then spec.patches patches, then "done"
+//                      desired document and the subscription is confirmed), then spec.patches patches and
+//                      spec.methods calls of "echo" (as the device's), then "done"
 //   SPEC_JSON  {"connection_string": ..., "ca": PEM file, "timeout_s": ..., "proxy": "http://host:port" (WebSocket
 //              transports only)} and the scenario's own keys.
 // Exit 0 when the scenario ran to its end; 1 with {"event": "error", ...} otherwise.
@@ -122,12 +123,24 @@ async function module_(client, spec) {
     let whole = null; // the first call: the whole desired document, as the SDK hands it to a new listener
     let subscribed = false;
     let patches = 0;
+    let methods = 0;
+    const check = () => {
+      if (patches >= (spec.patches || 0) && methods >= (spec.methods || 0)) resolve();
+    };
     const ready = () => {
       if (whole !== null && subscribed) {
         say({ event: 'ready', desired: whole });
-        if ((spec.patches || 0) === 0) resolve();
+        check();
       }
     };
+    client.onMethod('echo', (request, response) => {
+      say({ event: 'method', name: request.methodName, payload: request.payload });
+      response.send(200, { echo: request.payload }, (err) => {
+        if (err) return fail(err);
+        methods += 1;
+        check();
+      });
+    });
     twin.on('properties.desired', (delta) => {
       if (whole === null) {
         whole = delta;
@@ -136,7 +149,7 @@ async function module_(client, spec) {
       }
       patches += 1;
       say({ event: 'desired', patch: delta });
-      if (patches === spec.patches) resolve();
+      check();
     });
     // The listener subscribes in the background and says nothing when it has; asking again (a public method of
     // the Twin) is answered once the hub has the subscription, so that "ready" means patches will arrive.
