@@ -90,7 +90,7 @@ class Driver:
     proc: asyncio.subprocess.Process
     stderr: Path
 
-    async def event(self) -> dict[str, Any]:
+    async def event(self, *, error_expected: bool = False) -> dict[str, Any]:
         assert self.proc.stdout is not None
         line = None
         try:
@@ -104,7 +104,7 @@ class Driver:
             said = await asyncio.to_thread(self.stderr.read_text)
             pytest.fail(f"the Node SDK driver said nothing (exit {self.proc.returncode}); its stderr:\n{said}")
         event: dict[str, Any] = json.loads(line)
-        if event.get("event") == "error":
+        if event.get("event") == "error" and not error_expected:
             said = await asyncio.to_thread(self.stderr.read_text)
             pytest.fail(f"the Node SDK driver failed: {event}; its stderr:\n{said}")
         return event
@@ -241,6 +241,21 @@ async def test_node_sdk_module_gets_its_desired_properties_and_each_change_pushe
             assert await run.event() == {"event": "done"}
             assert await run.exit_code() == 0
         assert (await rig.hub.get_twin(FILTER))["reported"] == {"ok": True, "$version": 2}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_node_sdk_device_with_a_bad_key_is_refused_at_connect(tmp_path: Path, node: str, transport: str) -> None:
+    async with hub_with_amqp(tmp_path) as hub:
+        rig = hub.rig
+        cs = ConnectionString.parse(hub.connection_string(DEV, transport))
+        wrong = dataclasses.replace(cs, shared_access_key=KEYS[FILTER.id]).format()
+        async with driver(node, tmp_path, transport, "device", rig.ca.ca_pem, connection_string=wrong) as run:
+            event = await run.event(error_expected=True)
+            assert await run.exit_code() == 1
+        assert event["event"] == "error"
+        assert event["type"] == "UnauthorizedError"  # the SDK's own error for a refused login, either transport
+        assert rig.hub.client_connects.count("dev1") == 0
+        assert stored(rig, "$upstream") == []
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
