@@ -17,9 +17,12 @@ The wire (the addresses are ``iothub.parse_address``'s: ``/devices/{d}[/modules/
   a correlation id AMQP does not allow (not a string, ulong, uuid or binary) is not echoed;
 * desired-property patch (hub → client): no correlation id, the merge patch (JSON, with ``$version``) as the body
   and annotation ``version``;
-* method call (hub → client): the hub's request id as correlation id, application property ``IoThub-methodname``,
-  the JSON payload as the body; the answer (client → hub): the same correlation id, application property
-  ``IoThub-status``, the payload as the body.
+* method call (hub → client): the hub's request id as correlation id, a UUID as IoT Hub sends it (the C SDK
+  rejects any other type: ``iothubtransportamqp_methods`` reads it with ``amqpvalue_get_uuid``), application
+  property ``IoThub-methodname``, the JSON payload as the body; the answer (client → hub): the same correlation
+  id (the C SDK echoes the UUID, Node's its text form: both are taken), application property ``IoThub-status``,
+  the payload as the body. The hub's request ids are hex counters (``edgehub.hub.methods``), so the UUID is the
+  id's number, and an answer's UUID gives the id back without any table.
 
 Invariants:
 * the rules are the hub's (one home each): patch limits and parsing in ``edgehub.hub.twins``, calls, their
@@ -159,8 +162,30 @@ def desired_patch_message(patch: bytes, version: int) -> AmqpMessage:
     return message
 
 
+def _call_id(rid: str) -> uuid.UUID | str:
+    """The correlation id a call with the hub's request id ``rid`` goes out with (module docstring)."""
+    try:
+        return uuid.UUID(int=int(rid, 16))
+    except ValueError:  # not a hex counter (over 128 bits, or another form): as text
+        return rid
+
+
+def _rid_of(correlation_id: object) -> str:
+    """The hub's request id an answer's correlation id names (``_call_id`` backwards)."""
+    if isinstance(correlation_id, memoryview | bytes) and len(correlation_id) == 16:
+        correlation_id = uuid.UUID(bytes=bytes(correlation_id))  # a UUID a client sent back as binary
+    elif isinstance(correlation_id, str) and len(correlation_id) == 36:
+        try:
+            correlation_id = uuid.UUID(correlation_id)  # the UUID as text, as the Node SDK answers
+        except ValueError:
+            pass
+    if isinstance(correlation_id, uuid.UUID):
+        return format(correlation_id.int, "x")
+    return _text_id(correlation_id)
+
+
 def method_request_message(rid: str, name: str, payload: bytes) -> AmqpMessage:
-    message = AmqpMessage(body=payload, inferred=True, correlation_id=rid)
+    message = AmqpMessage(body=payload, inferred=True, correlation_id=_call_id(rid))
     message.properties = {METHOD_NAME: name}
     return message
 
@@ -187,7 +212,7 @@ def parse_method_response(message: AmqpMessage) -> tuple[str, int, bytes]:
         raise ValueError(f"{METHOD_STATUS} is not a status")
     if message.correlation_id is None:
         raise ValueError("a method answer carries the call's correlation id")
-    return _text_id(message.correlation_id), int(status), _body(message)
+    return _rid_of(message.correlation_id), int(status), _body(message)
 
 
 class ChannelsSession(Protocol):

@@ -98,14 +98,25 @@ def test_any_method_answer_parses_or_raises_value_error(status: object, cid: obj
     assert isinstance(payload, bytes)
 
 
-def test_a_method_call_goes_out_as_iot_hub_sends_it_and_its_answer_comes_back() -> None:
-    call = _wire(method_request_message("17", "reboot", b'{"in": 5}'))
-    assert call.correlation_id == "17"
+def test_a_method_call_goes_out_as_iot_hub_sends_it_and_its_answer_comes_back_however_the_uuid_is_echoed() -> None:
+    call = _wire(method_request_message("1f", "reboot", b'{"in": 5}'))
+    # A UUID, as IoT Hub sends it: the C SDK rejects any other type of correlation id.
+    assert call.correlation_id == uuid.UUID("00000000-0000-0000-0000-00000000001f")
     assert call.properties == {METHOD_NAME: "reboot"}
     assert bytes(call.body) == b'{"in": 5}'
-    answer = AmqpMessage(body=b'"ok"', inferred=True, correlation_id=call.correlation_id)
+    # The C SDK echoes the UUID; Node's its text form; a client might send its 16 bytes.
+    for echoed in (call.correlation_id, str(call.correlation_id), call.correlation_id.bytes):
+        answer = AmqpMessage(body=b'"ok"', inferred=True, correlation_id=echoed)
+        answer.properties = {METHOD_STATUS: 200}
+        assert parse_method_response(_wire(answer)) == ("1f", 200, b'"ok"')
+
+
+def test_a_request_id_that_is_no_hex_counter_goes_out_as_text_and_comes_back() -> None:
+    call = _wire(method_request_message("call-7", "reboot", b"{}"))
+    assert call.correlation_id == "call-7"
+    answer = AmqpMessage(body=b"{}", inferred=True, correlation_id="call-7")
     answer.properties = {METHOD_STATUS: 200}
-    assert parse_method_response(_wire(answer)) == ("17", 200, b'"ok"')
+    assert parse_method_response(_wire(answer))[0] == "call-7"
 
 
 def test_a_desired_patch_has_no_correlation_id_and_its_version_annotated() -> None:
