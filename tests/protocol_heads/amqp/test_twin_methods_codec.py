@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 from proton import Message as AmqpMessage
-from proton import symbol
+from proton import int32, symbol
 
 from protocol_heads.amqp.twin_methods import (
     METHOD_NAME,
@@ -124,3 +124,16 @@ def test_a_desired_patch_has_no_correlation_id_and_its_version_annotated() -> No
     assert patch.correlation_id is None
     assert patch.annotations == {"version": 4}
     assert bytes(patch.body) == b'{"t": 1, "$version": 4}'
+
+
+def test_a_twin_answer_carries_the_types_the_c_sdk_checks() -> None:
+    # iothubtransport_amqp_twin_messenger refuses an answer unless its annotation keys are symbols, "status" an AMQP
+    # int and "version" a long, and its correlation id the string it sent; its body data or none.
+    answer = _wire(twin_response("b3c9-uuid-text", 204, version=7))
+    assert answer.correlation_id == "b3c9-uuid-text"
+    assert all(type(key) is symbol for key in answer.annotations)
+    assert type(answer.annotations["status"]) is int32
+    assert type(answer.annotations["version"]) is int  # proton's long
+    assert answer.body is None
+    patch = _wire(desired_patch_message(b"{}", 9))
+    assert type(patch.annotations["version"]) is int
