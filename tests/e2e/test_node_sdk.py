@@ -35,10 +35,11 @@ from edgehub.core import Identity, Message
 from edgehub.core.endpoints import device_endpoint
 from edgehub.core.methods import MethodCall, MethodResult
 from edgehub.core.sas import ConnectionString
+from edgehub.delivery import ExecutorSettings, RetryPolicy
 from edgehub.store import StoredItem
 from edgehub.testing.peers import MosquittoPeer
 from protocol_heads.amqp import AmqpServer, AmqpSettings
-from tests.e2e.conftest import DEV, FILTER, HOST, KEYS, Rig, running_hub
+from tests.e2e.conftest import DEV, FILTER, HOST, KEYS, LONG_WAIT, Rig, running_hub
 from tests.e2e.hub_process import identity_add, start, stop
 from tests.e2e.test_amqp_e2e import amqps_port
 from tests.protocol_heads.mqtt.conftest import Paho
@@ -54,6 +55,7 @@ STEP_S = 30.0  # the longest any one SDK step (start, connect, send, receive) ma
 # behind a proxy; without a WebSocket server the tunnel is made and the upgrade fails, as tried by hand).
 TRANSPORTS = ["amqp", "mqtt"]
 ROUTES = {"all": "FROM /messages/* WHERE $connectionDeviceId = 'dev1' INTO $upstream"}
+QUICK_RETRY = ExecutorSettings(retry_policy=RetryPolicy(minimum_delay_s=0.2, maximum_delay_s=0.2))
 
 
 @dataclass
@@ -72,14 +74,14 @@ class Hub:
 
 
 @asynccontextmanager
-async def hub_with_amqp(data: Path) -> AsyncIterator[Hub]:
+async def hub_with_amqp(data: Path, settings: ExecutorSettings = LONG_WAIT) -> AsyncIterator[Hub]:
     """The real hub (``running_hub``: its MQTT head on TLS), and its AMQP head on TLS too, each on a free port."""
-    async with running_hub(data, routes=ROUTES) as rig:
+    async with running_hub(data, routes=ROUTES, settings=settings) as rig:
         pair = rig.ca.server()
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.load_cert_chain(pair.cert, pair.key)
-        settings = AmqpSettings(tcp_port=None, tls_port=0, ssl_context=ctx, connect_timeout_s=10.0)
-        async with AmqpServer(rig.hub, settings=settings) as amqp:
+        amqp_settings = AmqpSettings(tcp_port=None, tls_port=0, ssl_context=ctx, connect_timeout_s=10.0)
+        async with AmqpServer(rig.hub, settings=amqp_settings) as amqp:
             yield Hub(rig, {"amqp": amqp.ports["amqps"], "mqtt": rig.tls})
 
 
@@ -190,7 +192,7 @@ async def test_node_sdk_device_sends_patches_its_twin_takes_a_c2d_message_and_an
 
             await rig.hub.cloud_to_device("dev1", Message(b"hello", {"cmd": "on"}, {"messageId": "c2d-1"}))
             c2d = await run.event()
-            assert c2d["event"] == "c2d"
+            assert (c2d["event"], c2d["outcome"]) == ("c2d", "complete")
             assert c2d["data"] == "hello"
             assert c2d["message_id"] == "c2d-1"
             assert c2d["properties"]["cmd"] == "on"
@@ -241,6 +243,39 @@ async def test_node_sdk_module_gets_its_desired_properties_and_each_change_pushe
             assert await run.event() == {"event": "done"}
             assert await run.exit_code() == 0
         assert (await rig.hub.get_twin(FILTER))["reported"] == {"ok": True, "$version": 2}
+
+
+async def test_node_sdk_over_amqp_abandons_a_c2d_message_that_comes_again_and_rejects_one_that_is_dead_lettered(
+    tmp_path: Path, node: str
+) -> None:
+    # AMQP only: IoT Hub's MQTT has no abandon or reject (the SDK refuses them there). An abandoned message comes
+    # again after the retry wait: a short one here.
+    async with hub_with_amqp(tmp_path, QUICK_RETRY) as hub:
+        rig = hub.rig
+        spec: dict[str, Any] = {"connection_string": hub.connection_string(DEV, "amqp"), "c2d": 3}
+        spec["c2d_outcomes"] = {"bad": ["reject"], "again": ["abandon", "complete"]}
+        async with driver(node, tmp_path, "amqp", "device", rig.ca.ca_pem, **spec) as run:
+            assert await run.event() == {"event": "connected"}
+            assert (await run.event())["event"] == "twin"
+            assert await run.event() == {"event": "ready"}
+            await rig.hub.cloud_to_device("dev1", Message(b"1", system_properties={"messageId": "bad"}))
+            await rig.hub.cloud_to_device("dev1", Message(b"2", system_properties={"messageId": "again"}))
+            got = [await run.event() for _ in range(3)]
+            assert [(e["message_id"], e["outcome"]) for e in got] == [
+                ("bad", "reject"),
+                ("again", "abandon"),
+                ("again", "complete"),  # delivered again after the executor's retry wait
+            ]
+            assert await run.event() == {"event": "done"}
+            assert await run.exit_code() == 0
+        endpoint = device_endpoint("dev1")
+        [queue] = rig.store.queues(endpoint)
+        executor = rig.hub.executors[endpoint]
+        async with asyncio.timeout(STEP_S):
+            await executor.wait_for(lambda: rig.store.checkpoint(queue).committed >= 1)
+        [dead] = rig.store.dead_letters(endpoint)
+        assert dead.message.body == b"1"
+        assert "rejected by the client" in (dead.error or "")
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -306,6 +341,7 @@ async def test_node_sdk_device_against_edgehub_run_with_the_cloud_on_its_upstrea
                 cloud.publish("devices/dev1/messages/devicebound/$.mid=c1&cmd=on", b"hello device", qos=1)
                 c2d = await run.event()
                 assert (c2d["event"], c2d["data"], c2d["message_id"]) == ("c2d", "hello device", "c1")
+                assert c2d["outcome"] == "complete"
                 assert c2d["properties"]["cmd"] == "on"
                 assert await run.event() == {"event": "done"}
                 assert await run.exit_code() == 0

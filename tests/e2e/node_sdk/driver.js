@@ -5,8 +5,9 @@
 //   TRANSPORT  amqp | mqtt | amqp-ws | mqtt-ws (the SDK's Amqp, Mqtt, AmqpWs and MqttWs transports; the last two
 //              dial port 443 whatever the gateway says, so a test gives them spec.proxy, an HTTP CONNECT proxy)
 //   SCENARIO   device: telemetry (spec.messages), twin get and reported patch (spec.report), then "ready", and
-//                      then spec.c2d cloud-to-device messages (completed) and spec.methods calls of direct method
-//                      "echo" (answered 200 with what it was sent), then "done"
+//                      then spec.c2d cloud-to-device messages (completed, or as spec.c2d_outcomes says per message
+//                      id: a list of "complete", "abandon", "reject", one a time it comes) and spec.methods calls
+//                      of direct method "echo" (answered 200 with what it was sent), then "done"
 //              module: twin get and reported patch, a desired-properties listener ("ready" once it has the whole
 //                      desired document and the subscription is confirmed), then spec.patches patches and
 //                      spec.methods calls of "echo" (as the device's), then "done"
@@ -82,11 +83,15 @@ async function device(client, spec) {
     const check = () => {
       if (c2d >= (spec.c2d || 0) && methods >= (spec.methods || 0)) resolve();
     };
+    const outcomes = spec.c2d_outcomes || {}; // message id -> what to answer each time it comes (else complete)
     client.on('message', (msg) => {
-      client.complete(msg, (err) => {
+      const planned = outcomes[msg.messageId];
+      const outcome = (planned && planned.shift()) || 'complete';
+      client[outcome](msg, (err) => {
         if (err) return fail(err);
         say({
           event: 'c2d',
+          outcome,
           data: msg.data.toString(),
           message_id: msg.messageId,
           correlation_id: msg.correlationId,
