@@ -2,7 +2,8 @@
 #   make run    set up .venv and start the hub on its embedded defaults ($upstream lands in ./data/landing)
 #   make ingest run the Spark job once over ./data/landing into ./data/lake and print what the tables hold
 #   make demo   devices -> hub -> 64 kbit/s link with a 60 s outage -> landing -> Spark; a table and demo-out/demo.png
-#   make test   set up .venv (and the Debian packages the tests need, and the Azure IoT device SDK's own venv),
+#   make test   set up .venv (and the Debian packages the tests need, the Azure IoT device SDK's own venv and the
+#               Node SDK's node_modules),
 #               then lint, type-check, check the layer contracts, build the docs, run the whole suite, and run
 #               the hub on aarch64 (what CI runs)
 #   make check  the quick loop: lint, types, contracts, docs, and the tests that need no Spark, no subprocess hub,
@@ -34,10 +35,17 @@ CHECK_WORKERS ?= 2
 SDK_VENV    := .venv-azure-sdk
 SDK_STAMP   := $(SDK_VENV)/.installed
 SDK_PACKAGE := azure-iot-device>=2.12,<3
+# The Azure IoT device SDK for Node (its Amqp and Mqtt transports), for tests/e2e/test_node_sdk.py: versions pinned
+# in the lockfile, installed by `npm ci` into tests/e2e/node_sdk/node_modules (ignored). Node and npm are installed
+# from Debian where the commands are missing (checked by command, not by package: NodeSource's nodejs bundles npm,
+# and Debian's npm package would fight it). Debian 12's node 18 runs this SDK (some of its @azure dependencies ask
+# for node 20, which npm only warns about).
+NODE_SDK_DIR   := tests/e2e/node_sdk
+NODE_SDK_STAMP := $(NODE_SDK_DIR)/node_modules/.installed
 
 DATA        ?= data
 
-.PHONY: run ingest demo docs test check test-arm64 venv sdk-venv apt lint typecheck contracts pytest pytest-check bench clean
+.PHONY: run ingest demo docs test check test-arm64 venv sdk-venv node-sdk apt lint typecheck contracts pytest pytest-check bench clean
 
 run: $(STAMP)
 	$(BIN)/edgehub run --data-dir $(DATA)
@@ -73,6 +81,18 @@ $(SDK_STAMP):
 	$(SDK_VENV)/bin/python -m pip install --quiet '$(SDK_PACKAGE)'
 	touch $(SDK_STAMP)
 
+node-sdk: $(NODE_SDK_STAMP)
+
+$(NODE_SDK_STAMP): $(NODE_SDK_DIR)/package.json $(NODE_SDK_DIR)/package-lock.json
+	@missing=""; command -v node >/dev/null || missing="nodejs"; command -v npm >/dev/null || missing="$$missing npm"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	cd $(NODE_SDK_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $(NODE_SDK_STAMP)
+
 # Installs only what is missing, so a developer machine that has it all is not touched.
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -92,7 +112,7 @@ typecheck: $(STAMP)
 contracts: $(STAMP)
 	$(BIN)/lint-imports
 
-pytest: $(STAMP) $(SDK_STAMP)
+pytest: $(STAMP) $(SDK_STAMP) $(NODE_SDK_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 pytest-check: $(STAMP)
@@ -103,4 +123,4 @@ test-arm64:
 	@SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; $$SUDO hardware/arm64/test-arm64.sh
 
 clean:
-	rm -rf $(VENV) $(SDK_VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(SDK_VENV) $(NODE_SDK_DIR)/node_modules build *.egg-info .mypy_cache .pytest_cache .ruff_cache

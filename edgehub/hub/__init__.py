@@ -182,6 +182,12 @@ class Hub(Protocol):
         """``delivered`` for each ``(delivery_id, ok)``, in one call: the acks a head read together."""
         ...
 
+    def dead_letter(self, identity: Identity, delivery_id: int, reason: str) -> None:
+        """The client refused a delivery for good (AMQP's ``rejected``, IoT Hub's reject): it is dead-lettered with
+        ``reason``, never delivered again. (A refusal that is not for good, AMQP's ``released``, is ``delivered``
+        with ``ok`` False: delivered again.) Sends nothing: see ``link_ready``."""
+        ...
+
     def link_ready(self, identity: Identity, link: ClientLink) -> None:
         """The link's window has room again (deliveries were acknowledged): the hub sends what fits. Call it
         once after the ``delivered`` calls of the acks read together."""

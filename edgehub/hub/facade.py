@@ -453,6 +453,10 @@ class EdgeHub:
         mailboxes = self.modules if identity.module_id is not None else self.c2d.mailboxes
         mailboxes.delivered(identity, outcomes)
 
+    def dead_letter(self, identity: Identity, delivery_id: int, reason: str) -> None:
+        mailboxes = self.modules if identity.module_id is not None else self.c2d.mailboxes
+        mailboxes.dead_letter(identity, delivery_id, reason)
+
     def link_ready(self, identity: Identity, link: ClientLink) -> None:
         if identity.module_id is not None:
             self.modules.link_ready(identity, link)

@@ -17,7 +17,8 @@ Invariants:
   retry wait short; when its link goes away, they are told it is unreachable (``on_unreachable``), which parks
   their queues until it connects again, so nothing is tried, and no attempt counted, while it is away;
 * a delivery the link refuses as PERMANENT (too large for the client, a topic or property its protocol cannot
-  carry) is invalid: dead-lettered at once with the link's reason, not retried, and the deliveries behind it go.
+  carry), or that the client refuses for good (``dead_letter``: AMQP's rejected outcome), is invalid: dead-lettered
+  at once with the reason, not retried, and the deliveries behind it go.
 """
 
 from __future__ import annotations
@@ -168,6 +169,14 @@ class ModuleMailboxes:
                 _settle(p, _OK if ok else _FAILED)
         # No sending here: the head calls ``link_ready`` once after all the acks of one read, and the window they
         # freed is filled then, in one go (one write for all of it), not one delivery per ack.
+
+    def dead_letter(self, identity: Identity, delivery_id: int, reason: str) -> None:
+        """The client refused this delivery for good: it is invalid (dead-lettered with ``reason``), not retried."""
+        box = self._boxes.get(self._key(identity))
+        p = box.inflight.pop(delivery_id, None) if box is not None else None
+        if p is not None:
+            p[1].errors[p[2]] = reason
+            _settle(p, _INVALID)
 
     def link_ready(self, identity: Identity, link: ClientLink) -> None:
         box = self._boxes.get(self._key(identity))

@@ -86,6 +86,7 @@ class InMemoryHub:
         self.rejected: list[tuple[Identity, Message, str]] = []
         self.groups: list[int] = []
         self.acked: list[tuple[Identity, int, bool]] = []
+        self.dead_lettered: list[tuple[Identity, int, str]] = []  # deliveries the client rejected for good
         self.connects: list[Identity] = []
         self.disconnects: list[str] = []
         self.twins: dict[str, dict[str, Any]] = {}
@@ -299,6 +300,15 @@ class InMemoryHub:
     def delivered_many(self, identity: Identity, outcomes: Iterable[tuple[int, bool]]) -> None:
         for delivery_id, ok in outcomes:
             self.delivered(identity, delivery_id, ok)
+
+    def dead_letter(self, identity: Identity, delivery_id: int, reason: str) -> None:
+        box = self._mailboxes.get(identity.id)
+        if box is None or box.inflight.pop(delivery_id, None) is None:
+            return
+        self.dead_lettered.append((identity, delivery_id, reason))
+        task = asyncio.get_running_loop().create_task(self._notify())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def link_ready(self, identity: Identity, link: ClientLink) -> None:
         box = self._mailboxes.get(identity.id)

@@ -14,8 +14,9 @@ Invariants:
   the connection with ``amqp:resource-limit-exceeded``), message size (``max_message_size`` on incoming links:
   announced at attach; a transfer past it closes its link with ``amqp:link:message-size-exceeded``).
 * Until the session side says the client has logged in (``logged_in``: SASL PLAIN or EXTERNAL, or a ``$cbs`` token
-  after ANONYMOUS), tighter bounds hold: ``max_sessions_before_login``, ``max_links_before_login`` and
-  ``max_unfinished_bytes_before_login`` (the bytes proton holds of transfers not yet whole, over all sessions).
+  after ANONYMOUS or with no SASL layer at all, ``sasl.SaslServer.skipped``), tighter bounds hold:
+  ``max_sessions_before_login``, ``max_links_before_login`` and ``max_unfinished_bytes_before_login`` (the bytes
+  proton holds of transfers not yet whole, over all sessions).
   Past one, the connection is closed with ``amqp:resource-limit-exceeded`` (a ``ProtocolFailed`` whose
   ``before_login`` names the bound): a stranger's connection costs kilobytes, not a session window per session.
 * Nothing a client sends raises out of ``receive_data``: malformed input becomes ``ProtocolFailed`` and the
@@ -143,6 +144,8 @@ class AmqpConnection:
                 self.closed = True
                 return [ev.ProtocolFailed(DECODE_ERROR, str(exc))]
             self._out += self.sasl.data_to_send()
+            if self.sasl.skipped:  # the plain AMQP header: no SASL layer, the AMQP layer starts with it
+                return self._start_amqp()
             return [ev.SaslInitReceived(init)] if init is not None else []
         return self._push(data)
 
@@ -153,6 +156,10 @@ class AmqpConnection:
         if code != SaslCode.OK:
             self.closed = True
             return []
+        return self._start_amqp()
+
+    def _start_amqp(self) -> list[ev.Event]:
+        """Hand proton's engine the AMQP layer: what the client sent after SASL (or, with no SASL layer, all)."""
         transport = Transport(Transport.SERVER)
         transport.max_frame_size = self.max_frame_size
         transport.channel_max = max(0, self.max_sessions - 1)
@@ -300,7 +307,8 @@ class AmqpConnection:
                 Disposition.RELEASED,
                 Disposition.MODIFIED,
             ):
-                out.append(ev.DeliveryUpdated(link, delivery, state == Disposition.ACCEPTED))
+                accepted, rejected = state == Disposition.ACCEPTED, state == Disposition.REJECTED
+                out.append(ev.DeliveryUpdated(link, delivery, accepted, rejected))
                 delivery.settle()
             else:
                 delivery.clear()

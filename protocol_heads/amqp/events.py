@@ -67,11 +67,13 @@ class MessageTooLarge:
 
 @dataclass(frozen=True, slots=True)
 class DeliveryUpdated:
-    """The client settled (or answered) a delivery the hub sent; ``accepted``: its outcome was ``accepted``."""
+    """The client settled (or answered) a delivery the hub sent; ``accepted``: its outcome was ``accepted``;
+    ``rejected``: it was ``rejected`` (refused for good; ``released`` and ``modified`` are neither)."""
 
     link: Link
     delivery: Delivery
     accepted: bool
+    rejected: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,10 @@ properties, so that a route sees the same message whichever protocol sent it.
 * Link addresses (leading ``/`` optional, matched without case as IoT Hub does): a client sends telemetry to
   ``/devices/{d}/messages/events`` or, a module its outputs, to ``/devices/{d}/modules/{m}/messages/events``; a
   module receives its inputs from ``/devices/{d}/modules/{m}/messages/events`` (as Edge hub's module link does;
-  ``.../inputs`` too), a device its device-bound messages from ``/devices/{d}/messages/devicebound``.
+  ``.../inputs`` too), a device its device-bound messages from ``/devices/{d}/messages/devicebound``. The twin
+  is a pair of links (one each way) on ``/devices/{d}/twin`` or ``/devices/{d}/modules/{m}/twin``, direct
+  methods a pair on ``/devices/{d}/methods/devicebound`` or ``/devices/{d}/modules/{m}/methods/devicebound``
+  (what travels on them: ``twin_methods.py``).
 * SASL PLAIN username: ``{d}@sas.{hub}``, ``{d}/{m}@sas.{hub}`` or ``{d}/modules/{m}@sas.{hub}``, or the identity
   itself (a plain password login); the password is a SAS token or the password.
 * ``$cbs``: a message with application properties ``operation=put-token``, ``type`` ending in ``:sastoken`` and
@@ -88,6 +91,8 @@ class AddressKind(StrEnum):
     MODULE_INPUTS = "module_inputs"  # the hub sends a module its inputs
     DEVICE_BOUND = "device_bound"  # the hub sends a device its device-bound messages
     CBS = "cbs"
+    TWIN = "twin"  # either way: requests in, answers and desired-property patches out
+    METHODS = "methods"  # either way: calls out, answers in
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +106,10 @@ _DEVICE_EVENTS = re.compile(rf"^/?devices/{_SEG}/messages/events/?$", re.IGNOREC
 _MODULE_EVENTS = re.compile(rf"^/?devices/{_SEG}/modules/{_SEG}/messages/events/?$", re.IGNORECASE)
 _MODULE_INPUTS = re.compile(rf"^/?devices/{_SEG}/modules/{_SEG}/inputs/?$", re.IGNORECASE)
 _DEVICE_BOUND = re.compile(rf"^/?devices/{_SEG}/messages/devicebound/?$", re.IGNORECASE)
+_DEVICE_TWIN = re.compile(rf"^/?devices/{_SEG}/twin/?$", re.IGNORECASE)
+_MODULE_TWIN = re.compile(rf"^/?devices/{_SEG}/modules/{_SEG}/twin/?$", re.IGNORECASE)
+_DEVICE_METHODS = re.compile(rf"^/?devices/{_SEG}/methods/devicebound/?$", re.IGNORECASE)
+_MODULE_METHODS = re.compile(rf"^/?devices/{_SEG}/modules/{_SEG}/methods/devicebound/?$", re.IGNORECASE)
 _AUDIENCE = re.compile(rf"^(?:[a-z]+://)?{_SEG}/devices/{_SEG}(?:/modules/{_SEG})?/?$", re.IGNORECASE)
 _MAX_ADDRESS = 1024
 
@@ -130,6 +139,16 @@ def parse_address(address: str, *, outgoing: bool) -> Address | None:
         m = _DEVICE_BOUND.match(address)
         if m is not None and outgoing:
             return Address(AddressKind.DEVICE_BOUND, _identity(m.group(1)))
+        for kind, device, module in (
+            (AddressKind.TWIN, _DEVICE_TWIN, _MODULE_TWIN),
+            (AddressKind.METHODS, _DEVICE_METHODS, _MODULE_METHODS),
+        ):
+            m = module.match(address)
+            if m is not None:
+                return Address(kind, _identity(m.group(1), m.group(2)))
+            m = device.match(address)
+            if m is not None:
+                return Address(kind, _identity(m.group(1)))
     except ValueError:  # an id that is no identity (a "/" after unquoting, empty)
         return None
     return None

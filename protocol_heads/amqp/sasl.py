@@ -1,5 +1,7 @@
 """The SASL layer of an AMQP 1.0 connection, server side, sans-IO: bytes in, the client's ``sasl-init`` out; our
-header, ``sasl-mechanisms`` and ``sasl-outcome`` as bytes to send.
+header, ``sasl-mechanisms`` and ``sasl-outcome`` as bytes to send. Or no SASL layer at all: a client that opens
+with the plain AMQP header (protocol id 0), as the official Azure IoT SDKs do, skips it and logs in with a CBS
+``put-token``, as after ANONYMOUS; the header is taken only where ANONYMOUS is offered (``skipped``).
 
 Why our own and not proton's: proton built without Cyrus SASL (no ``libsasl2-dev``, as on a fresh Pi) cannot
 check a PLAIN password at all, and with Cyrus it checks passwords against Cyrus's own database: neither can check
@@ -10,7 +12,9 @@ Invariants:
 * Input is bounded: the header is 8 bytes, a SASL frame at most ``MAX_SASL_FRAME`` bytes (a SAS token is at most
   4 KiB), and what the client pipelines after ``sasl-init`` while the hub decides at most ``max_pipelined``
   bytes; anything over, or not SASL, raises ``SaslError`` (the caller closes the connection).
-* ``outcome`` is given once; only after an ``ok`` outcome does ``rest`` hold the AMQP bytes to hand on.
+* ``outcome`` is given once; only after an ``ok`` outcome does ``rest`` hold the AMQP bytes to hand on. When the
+  client skipped SASL (``skipped``), the exchange is ``done`` at once and ``rest`` holds everything it sent, the
+  AMQP header included.
 """
 
 from __future__ import annotations
@@ -124,6 +128,7 @@ class SaslServer:
         self._state = "header"  # header → init → deciding → done | failed
         self.init: SaslInit | None = None
         self.rest = b""  # AMQP bytes after an ok outcome
+        self.skipped = False  # the client sent the plain AMQP header: no SASL layer, a CBS token to come
 
     @property
     def done(self) -> bool:
@@ -134,11 +139,18 @@ class SaslServer:
             raise SaslError("SASL exchange is over")
         self._buffer += data
         if self._state == "header":
-            if len(self._buffer) < 8:
-                if not SASL_HEADER.startswith(bytes(self._buffer)):
+            start = bytes(self._buffer[:8])
+            if len(start) < 8:
+                if not (SASL_HEADER.startswith(start) or (self._plain_allowed and AMQP_HEADER.startswith(start))):
                     self._bad_header()
                 return None
-            if bytes(self._buffer[:8]) != SASL_HEADER:
+            if start == AMQP_HEADER and self._plain_allowed:
+                self._state = "done"
+                self.skipped = True
+                self.rest = bytes(self._buffer)  # the header too: proton's transport reads it
+                self._buffer.clear()
+                return None
+            if start != SASL_HEADER:
                 self._bad_header()
             del self._buffer[:8]
             self._out += SASL_HEADER + _frame(_MECHANISMS, [list(self.mechanisms)])
@@ -171,11 +183,16 @@ class SaslServer:
             raise SaslError(f"over {self.max_pipelined} bytes sent before the SASL outcome")
         return None
 
+    @property
+    def _plain_allowed(self) -> bool:
+        """No SASL layer is ANONYMOUS in all but name (the identity comes with a ``$cbs`` token): taken where it is."""
+        return "ANONYMOUS" in self.mechanisms
+
     def _bad_header(self) -> NoReturn:
         # Say which protocol is spoken here (AMQP 1.0, 2.2: answer a header we do not take with ours), then end.
         self._state = "failed"
         self._out += SASL_HEADER
-        raise SaslError("not an AMQP SASL header (SASL is required)")
+        raise SaslError("not an AMQP header (SASL, or plain AMQP where ANONYMOUS is offered)")
 
     def outcome(self, code: SaslCode) -> None:
         if self._state != "deciding":

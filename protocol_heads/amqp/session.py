@@ -1,7 +1,8 @@
 """The session side of one AMQP connection: what the client is to the hub. It logs the client in (SASL PLAIN with
-a SAS token or password, SASL EXTERNAL with its TLS certificate, or SASL ANONYMOUS and then a SAS token put on
-``$cbs``), answers link attaches by address and ACL, hands each read's transfers to ``Hub.ingest`` as one group
-and settles them by the outcome, and carries the hub's deliveries out on the client's receiving link (``_Link``).
+a SAS token or password, SASL EXTERNAL with its TLS certificate, or SASL ANONYMOUS or no SASL layer and then a SAS
+token put on ``$cbs``), answers link attaches by address and ACL, hands each read's transfers to ``Hub.ingest`` as
+one group and settles them by the outcome, carries the hub's deliveries out on the client's receiving link
+(``_Link``), and serves the twin and method links through ``twin_methods.Channels``.
 
 It never touches the socket: bytes, timers and reading pauses belong to the socket side (``ClientSocket``), which
 it sees only as ``SessionSocket`` (``protocol_heads.socket_side``), and its server only as ``HeadServer``, so this
@@ -20,7 +21,9 @@ Invariants:
 * One live connection per identity: a newer one takes over and the older is closed (``amqp:connection:forced``);
   one whose identity's credentials are removed or rotated is closed with ``amqp:unauthorized-access``.
 * A module's (or device's) settlement is the checkpoint: ``Hub.delivered`` is called only when the client
-  settled; what was unsettled when the link or connection went is redelivered by the hub on the next link.
+  settled; what was unsettled when the link or connection went is redelivered by the hub on the next link. The
+  outcome is IoT Hub's: ``accepted`` completes, ``released``/``modified`` abandons (delivered again),
+  ``rejected`` dead-letters (``Hub.dead_letter``).
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ from protocol_heads.amqp.refusals import STORE_FAILED, UNDECODABLE, rejection_co
 from protocol_heads.amqp.sasl import SaslCode, SaslInit
 from protocol_heads.amqp.settings import AmqpSettings
 from protocol_heads.amqp.transfers import TransferDecoder
+from protocol_heads.amqp.twin_methods import Channels
 from protocol_heads.listeners import HeadServer
 from protocol_heads.socket_side import SessionSocket
 
@@ -103,6 +107,18 @@ class _Link:
             return 0
         free: int = min(session.settings.outbound_window - len(self.pending), link.credit)
         return max(0, free)
+
+    relays_modules = False  # edgehub.hub.methods.MethodLink: it is the client's own link
+
+    def send_desired_patch(self, patch: bytes, version: int) -> None:
+        """``TwinLink``: over the client's twin link, if it subscribed to desired-property patches."""
+        if self._session is not None:
+            self._session.channels.send_desired_patch(patch, version)
+
+    def send_method_request(self, rid: str, name: str, payload: bytes, target: Identity) -> bool:
+        """``MethodLink``: over the client's method link, if it attached one and gave credit."""
+        session = self._session
+        return session is not None and session.channels.send_method_request(rid, name, payload)
 
     def send(self, delivery: HubDelivery) -> None:
         session, link = self._session, self.link
@@ -142,6 +158,9 @@ class Session:
         self._telemetry: set[str] = set()  # names of the accepted incoming telemetry links
         self._cbs_in: set[str] = set()  # names of incoming $cbs links
         self._cbs_out: Link | None = None
+        # Answers made before the client gave its $cbs link credit (an SDK may attach it, send its put-token and
+        # only then flow): sent on its first credit. At most one per put-token in progress, and those are bounded.
+        self._cbs_unsent: list[bytes] = []
         self._authenticating = False  # a put-token is being checked: other events wait (_waiting)
         self._waiting: list[ev.Event] = []
         self._waiting_bytes = 0  # of the transfers in _waiting, while the client has no identity
@@ -149,6 +168,7 @@ class Session:
         self._expiry: asyncio.Task[None] | None = None  # closes the connection when its token expires
         self._expiry_s: int | None = None
         self._transfers = TransferDecoder()  # one per connection: it keeps what the last message's sections gave
+        self.channels = Channels(self)  # the twin and method links (twin_methods.py)
 
     # --- input ------------------------------------------------------------------------------------------------
 
@@ -181,6 +201,8 @@ class Session:
                     self._on_cbs(event)
                 elif event.link_name in self._telemetry:
                     group.append(event)
+                elif self.channels.serves(event.link_name):
+                    self.channels.on_message(event)
                 else:
                     self.conn.settle(event.delivery, NOT_ALLOWED, "not a telemetry link")
             elif isinstance(event, ev.DeliveryUpdated):
@@ -188,6 +210,10 @@ class Session:
             elif isinstance(event, ev.CreditAdded):
                 if event.link is self.link.link or self._is_delivery_link(event.link):
                     acked = True
+                elif self._cbs_out is not None and event.link.name == self._cbs_out.name:
+                    self._send_cbs_answers()
+                else:
+                    self.channels.credit_added(event.link)
             elif isinstance(event, ev.LinkRequested):
                 self._on_link(event)
             elif isinstance(event, ev.LinkClosed):
@@ -221,6 +247,11 @@ class Session:
         if isinstance(event, ev.MessageReceived):
             return event.link_name in self._cbs_in
         return not isinstance(event, ev.LinkClosed | ev.DeliveryUpdated | ev.CreditAdded)
+
+    # --- what Channels asks of its session (twin_methods.ChannelsSession) ---------------------------------------
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        self._spawn(coro, name)
 
     def _is_delivery_link(self, link: Link) -> bool:
         own = self.link.link
@@ -369,12 +400,15 @@ class Session:
         self._spawn(check(), "amqp.cbs")
 
     def _cbs_answer(self, request_id: object, status: int, text: str, reply_to: str | None) -> None:
+        if len(self._cbs_unsent) < self.settings.max_waiting_events:
+            self._cbs_unsent.append(cbs_response(request_id, status, text, reply_to).encode())
+        self._send_cbs_answers()
+
+    def _send_cbs_answers(self) -> None:
         link = self._cbs_out
-        if link is None or self.conn.closed or link.credit <= 0:
-            return
-        payload = cbs_response(request_id, status, text, reply_to).encode()
-        delivery = self.conn.send(link, "cbs", payload)
-        delivery.settle()  # answers are sent settled: nothing to wait for
+        while self._cbs_unsent and link is not None and not self.conn.closed and link.credit > 0:
+            delivery = self.conn.send(link, "cbs", self._cbs_unsent.pop(0))
+            delivery.settle()  # answers are sent settled: nothing to wait for
 
     def take_over(self) -> None:
         """A newer connection of the same identity won: say so and close."""
@@ -412,6 +446,9 @@ class Session:
             self._telemetry.add(link.name)
             self.conn.accept_link(link, credit=self.settings.link_credit)
             return
+        if address.kind in (AddressKind.TWIN, AddressKind.METHODS):
+            self.channels.attach(address.kind, link, outgoing=event.outgoing)
+            return
         is_module = self.identity.module_id is not None
         if (address.kind == AddressKind.MODULE_INPUTS) != is_module or self.link.link is not None:
             self.sock.refused(RefusalReason.NOT_AUTHORIZED, address=shown(event.address), why="delivery link")
@@ -423,6 +460,8 @@ class Session:
         # Deliveries start once the client gives credit (CreditAdded).
 
     def _on_link_closed(self, link: Link) -> None:
+        if self.channels.link_closed(link):
+            return
         if link.is_receiver:
             self._telemetry.discard(link.name)
             self._cbs_in.discard(link.name)
@@ -453,7 +492,12 @@ class Session:
         delivery_id = self.link.pending.pop(event.delivery.tag, None)
         if delivery_id is None:
             return False
-        self.hub.delivered(self.identity, delivery_id, event.accepted)
+        if event.rejected:  # IoT Hub's reject: dead-lettered; released (its abandon) and modified come again
+            condition = event.delivery.remote.condition
+            why = f"rejected by the client: {condition.name}" if condition is not None else "rejected by the client"
+            self.hub.dead_letter(self.identity, delivery_id, shown(why, 200))
+        else:
+            self.hub.delivered(self.identity, delivery_id, event.accepted)
         return True
 
     # --- ingest -----------------------------------------------------------------------------------------------
@@ -550,5 +594,7 @@ class Session:
         self.link.detach()
         self.link.link = None
         self._cbs_out = None
+        self._cbs_unsent.clear()
+        self.channels.clear()
         self._tasks.clear()
         self._waiting.clear()

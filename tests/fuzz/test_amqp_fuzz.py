@@ -141,8 +141,25 @@ def test_a_frame_over_max_frame_size_fails_the_connection_with_framing_error() -
     assert conn.closed
 
 
-def test_a_client_without_sasl_is_told_sasl_is_required_and_closed() -> None:
+def test_a_client_without_sasl_reaches_the_amqp_layer_where_anonymous_is_offered() -> None:
+    # As the Azure SDKs open: no SASL layer, a CBS token to come (the session side gates every other link).
     conn = server()
+    events = conn.receive_data(b"AMQP\x00\x01\x00\x00")
+    assert not any(isinstance(e, ev.ProtocolFailed) for e in events)
+    assert conn.data_to_send().startswith(b"AMQP\x00\x01\x00\x00")  # proton's engine answers with its header
+    assert not conn.closed
+    assert conn.before_login
+
+
+def test_a_client_without_sasl_is_told_sasl_is_required_where_anonymous_is_not_offered() -> None:
+    conn = AmqpConnection(
+        mechanisms=("EXTERNAL", "PLAIN"),
+        max_frame_size=4096,
+        max_sessions=4,
+        max_links=4,
+        max_message_size=1024,
+        idle_timeout_s=60.0,
+    )
     events = conn.receive_data(b"AMQP\x00\x01\x00\x00")
     assert isinstance(events[-1], ev.ProtocolFailed)
     assert conn.data_to_send() == b"AMQP\x03\x01\x00\x00"  # the header we speak, then the end
@@ -174,6 +191,13 @@ def test_random_bytes_after_sasl_never_raise(chunks: list[bytes]) -> None:
     # Past our SASL layer, into proton's frame decoder.
     wire = client_session()
     drive(server(), [wire[: _sasl_end(wire)] + b"AMQP\x00\x01\x00\x00", *chunks])
+
+
+@fuzz_settings(150)
+@given(st.lists(st.binary(max_size=96), max_size=6))
+def test_random_bytes_after_a_plain_amqp_header_never_raise(chunks: list[bytes]) -> None:
+    # No SASL layer (as the Azure SDKs open): straight into proton's frame decoder, before any login.
+    drive(server(), [b"AMQP\x00\x01\x00\x00", *chunks])
 
 
 @fuzz_settings(250)

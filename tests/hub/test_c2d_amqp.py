@@ -132,3 +132,48 @@ async def test_a_message_over_the_devices_max_message_size_is_dead_lettered_and_
     assert dead.reason == "invalid"
     assert dead.error is not None
     assert "over the client's max-message-size of 1,000" in dead.error
+
+
+async def test_a_message_an_amqp_device_releases_is_abandoned_and_delivered_again(tmp_path: Path) -> None:
+    # IoT Hub's abandon: the Azure SDKs release the delivery; the message is delivered again, marked so.
+    async with served(tmp_path) as (hub, server, store):
+        await hub.cloud_to_device("dev1", c2d(b"m1"))
+        [queue] = store.queues(DEVICEBOUND)
+        before = store.checkpoint(queue).committed
+        client = await device(server, hub)
+        try:
+            receiver = await client.receiver(ADDRESS, credit=5)
+            first = await receive(receiver)
+            assert first.body == b"m1"
+            await asyncio.to_thread(receiver.release, False)  # released, not modified
+            again = await receive(receiver)  # after the executor's retry wait
+            assert again.body == b"m1"
+            assert again.delivery_count == 1
+            assert store.checkpoint(queue).committed == before  # not completed yet
+            await accept(receiver)
+            await client.pump_until(lambda: store.checkpoint(queue).committed == before + 1)
+        finally:
+            await client.close()
+        assert store.dead_letters(DEVICEBOUND) == []
+
+
+async def test_a_message_an_amqp_device_rejects_is_dead_lettered_and_the_next_arrives(tmp_path: Path) -> None:
+    # IoT Hub's reject: the message is dead-lettered at once, never delivered again.
+    async with served(tmp_path) as (hub, server, store):
+        await hub.cloud_to_device("dev1", c2d(b"bad"))
+        await hub.cloud_to_device("dev1", c2d(b"good"))
+        client = await device(server, hub)
+        try:
+            receiver = await client.receiver(ADDRESS, credit=1)
+            assert (await receive(receiver)).body == b"bad"
+            await asyncio.to_thread(receiver.reject)
+            assert (await receive(receiver)).body == b"good"
+            await accept(receiver)
+            await client.pump_until(lambda: len(store.dead_letters(DEVICEBOUND)) == 1)
+            [dead] = store.dead_letters(DEVICEBOUND)
+        finally:
+            await client.close()
+    assert dead.message.body == b"bad"
+    assert dead.reason == "invalid"
+    assert dead.error is not None
+    assert "rejected by the client" in dead.error

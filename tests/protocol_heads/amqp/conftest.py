@@ -79,9 +79,11 @@ class ProtonClient:
         ca: Path | None = None,
         user: str | None = None,
         password: str | None = None,
-        mechs: str = "PLAIN",
+        mechs: str | None = "PLAIN",
         cert: tuple[Path, Path] | None = None,
     ) -> ProtonClient:
+        """``mechs`` None: no SASL layer at all (the plain AMQP header), as the Azure SDKs open; a CBS token logs
+        the client in."""
         domain = None
         scheme = "amqp"
         if ca is not None:
@@ -97,7 +99,7 @@ class ProtonClient:
                 f"{scheme}://127.0.0.1:{port}",
                 timeout=TIMEOUT_S,
                 ssl_domain=domain,
-                sasl_enabled=True,
+                sasl_enabled=mechs is not None,
                 allowed_mechs=mechs,
                 user=user,
                 password=password,
@@ -163,24 +165,28 @@ class EngineClient:
         user: str | None,
         password: str | None,
         *,
-        mechs: str = "PLAIN",
+        mechs: str | None = "PLAIN",
     ) -> None:
         self.reader, self.writer = reader, writer
         self.transport = Transport(Transport.CLIENT)
         self.connection = Connection()
         if user is not None:
             self.connection.user, self.connection.password = user, password
-        sasl = self.transport.sasl()
-        sasl.allowed_mechs(mechs)
-        sasl.allow_insecure_mechs = True
+        if mechs is not None:  # None: no SASL layer, the plain AMQP header
+            sasl = self.transport.sasl()
+            sasl.allowed_mechs(mechs)
+            sasl.allow_insecure_mechs = True
         self.connection.open()
         self.transport.bind(self.connection)
         self.session = self.connection.session()
         self.session.open()
 
     @classmethod
-    async def connect(cls, port: int, user: str | None, password: str | None, *, mechs: str = "PLAIN") -> EngineClient:
-        """``user`` None with ``mechs="ANONYMOUS"``: a client that has not logged in (a ``$cbs`` token would)."""
+    async def connect(
+        cls, port: int, user: str | None, password: str | None, *, mechs: str | None = "PLAIN"
+    ) -> EngineClient:
+        """``user`` None with ``mechs="ANONYMOUS"`` or None (no SASL layer): a client that has not logged in (a
+        ``$cbs`` token would)."""
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         return cls(reader, writer, user, password, mechs=mechs)
 

@@ -1,4 +1,5 @@
-"""What an AMQP connection may hold before its client has logged in (SASL ANONYMOUS, no ``$cbs`` token yet): a
+"""What an AMQP connection may hold before its client has logged in (SASL ANONYMOUS or no SASL layer at all, as the
+Azure SDKs open, and no ``$cbs`` token yet; each test runs both ways): a
 few sessions, a few links and a few KB of unfinished transfers. Past one of them the hub closes the connection
 with ``amqp:resource-limit-exceeded`` and a description naming the bound, and logs one refusal line with the
 client's address; once a token is checked the connection's usual bounds hold.
@@ -46,8 +47,14 @@ async def bounded(hub: InMemoryHub) -> AsyncIterator[AmqpServer]:
         yield server
 
 
-async def stranger(server: AmqpServer) -> EngineClient:
-    client = await EngineClient.connect(server.ports["amqp"], None, None, mechs="ANONYMOUS")
+@pytest.fixture(params=["ANONYMOUS", None], ids=["anonymous", "no-sasl"])
+def mechs(request: pytest.FixtureRequest) -> str | None:
+    mechanism: str | None = request.param
+    return mechanism
+
+
+async def stranger(server: AmqpServer, mechs: str | None) -> EngineClient:
+    client = await EngineClient.connect(server.ports["amqp"], None, None, mechs=mechs)
     await client.pump_until(lambda: bool(client.connection.state & Endpoint.REMOTE_ACTIVE))
     return client
 
@@ -72,10 +79,10 @@ def the_one_refusal(caplog: pytest.LogCaptureFixture) -> str:
 
 
 async def test_a_client_not_logged_in_that_begins_too_many_sessions_is_closed_with_resource_limit_exceeded(
-    bounded: AmqpServer, caplog: pytest.LogCaptureFixture
+    bounded: AmqpServer, caplog: pytest.LogCaptureFixture, mechs: str | None
 ) -> None:
     caplog.set_level(logging.INFO, logger=LOG)
-    client = await stranger(bounded)
+    client = await stranger(bounded, mechs)
     try:
         for _ in range(2):  # with the one it began at the start: three
             client.connection.session().open()
@@ -88,10 +95,10 @@ async def test_a_client_not_logged_in_that_begins_too_many_sessions_is_closed_wi
 
 
 async def test_a_client_not_logged_in_that_attaches_too_many_links_is_closed_with_resource_limit_exceeded(
-    bounded: AmqpServer, caplog: pytest.LogCaptureFixture
+    bounded: AmqpServer, caplog: pytest.LogCaptureFixture, mechs: str | None
 ) -> None:
     caplog.set_level(logging.INFO, logger=LOG)
-    client = await stranger(bounded)
+    client = await stranger(bounded, mechs)
     try:
         for n in range(5):
             client.sender("$cbs", f"cbs-{n}")
@@ -104,10 +111,10 @@ async def test_a_client_not_logged_in_that_attaches_too_many_links_is_closed_wit
 
 
 async def test_a_client_not_logged_in_that_leaves_large_transfers_unfinished_is_closed_with_resource_limit_exceeded(
-    bounded: AmqpServer, caplog: pytest.LogCaptureFixture
+    bounded: AmqpServer, caplog: pytest.LogCaptureFixture, mechs: str | None
 ) -> None:
     caplog.set_level(logging.INFO, logger=LOG)
-    client = await stranger(bounded)
+    client = await stranger(bounded, mechs)
     try:
         links = [client.sender("$cbs", f"cbs-{n}") for n in range(2)]
         await client.pump_until(lambda: all(link.credit > 0 for link in links))
@@ -123,9 +130,9 @@ async def test_a_client_not_logged_in_that_leaves_large_transfers_unfinished_is_
 
 
 async def test_once_its_token_is_checked_a_client_may_attach_more_links_than_before_login(
-    bounded: AmqpServer, hub: InMemoryHub
+    bounded: AmqpServer, hub: InMemoryHub, mechs: str | None
 ) -> None:
-    client = await ProtonClient.connect(bounded.ports["amqp"], mechs="ANONYMOUS")
+    client = await ProtonClient.connect(bounded.ports["amqp"], mechs=mechs)
     try:
         answer = await put_token(client, f"{HOST}/devices/dev1", sas_token(DEV, DEVICE_KEY))
         assert answer.properties["status-code"] == 200
