@@ -8,8 +8,9 @@ and ``edgehub run`` and ``edgehub config show`` print its ``table``, so what is 
 
 The deployment's store and delivery settings are the one exception to "a flag over the manifest": ``fsync``,
 ``fsyncIntervalMs``, ``maxStoreBytes``, ``maxStoreMessages``, ``identityShare``, ``cleanupIntervalSecs`` and
-``moduleDeliveryWindow`` are applied over the command line's at every deployment (``edgehub.runtime.deployment.settings``), so that a live update
-changes them without a restart; when the manifest sets one, its source is ``manifest``.
+``moduleDeliveryWindow`` are applied over the command line's at every deployment
+(``edgehub.runtime.deployment.settings``), so that a live update changes them without a restart; when the manifest
+sets one, its source is ``manifest``.
 
 Invariants: every row of the table has exactly one source, and its name is unique; a value the hub settles only
 once it runs (the store quota ``auto``, a head limit left to the head) is shown as the rule it follows, not guessed.

@@ -8,8 +8,9 @@ the serving hub never loads the manifest's models nor the route parser) before a
 
 Invariants:
 * an update is atomic: the router, the store's TTL, queue policies, quota and fsync policy, the module delivery
-  window and every executor's settings are switched between two awaits, so no message is routed under one update and admitted under
-  another; connections are not touched; messages already stored keep the priority and TTL they were stored with;
+  window and every executor's settings are switched between two awaits, so no message is routed under one update
+  and admitted under another; connections are not touched; messages already stored keep the priority and TTL
+  they were stored with;
 * a refused update changes nothing that runs: it is answered 400 with every error, logged through the
   ``RefusalLog`` (``deployment_invalid``), and reported (``lastDesiredVersion``, ``lastDesiredStatus``);
 * an endpoint no longer named by any route keeps its executor and drains what it holds, unless the update says

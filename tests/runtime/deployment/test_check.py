@@ -135,7 +135,8 @@ async def test_a_start_runs_the_file_when_it_changed_and_else_the_deployment_tha
             point = start_point(store, path, document)
             assert point.document == controller.desired()
             assert point.source == "cloud"
-            assert point.plan is not None and {r.name for r in point.plan.routes} == {"a", "b"}
+            assert point.plan is not None
+            assert {r.name for r in point.plan.routes} == {"a", "b"}
             path.write_text(json.dumps({**first, "routes": {}}))  # edited after the patch: the file wins again
             assert start_point(store, path, read_manifest_file(path)).source == "file"
     finally:
