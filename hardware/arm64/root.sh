@@ -122,7 +122,7 @@ if [ -z "$wheel" ]; then
   rm -rf "$root/tmp/edgehub-proton-build"
   chroot "$root" /usr/bin/env -i PATH=/opt/edgehub/bin:/usr/bin:/bin HOME=/root \
     SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_DEFAULT_TIMEOUT=180 \
-    /opt/edgehub/bin/python -m pip wheel --quiet --no-deps --no-binary python-qpid-proton \
+    /opt/edgehub/bin/python -m pip wheel --quiet --no-deps --no-cache-dir \
     -w /tmp/edgehub-proton-build "$proton_req"
   mkdir -p "$wheels"
   cp "$root"/tmp/edgehub-proton-build/python_qpid_proton-*.whl "$wheels/"

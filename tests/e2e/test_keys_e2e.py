@@ -22,7 +22,7 @@ from edgehub.core.sas import ConnectionString
 from edgehub.runtime.admin.client import AdminClient, running_hub
 from edgehub.testing.cloud_twin import CloudTwinService
 from edgehub.testing.peers import MosquittoPeer
-from tests.e2e.hub_process import identity_add, start, stop
+from tests.e2e.hub_process import EDGEHUB, identity_add, start, stop
 from tests.e2e.test_amqp_e2e import amqp_client, amqps_port
 from tests.protocol_heads.mqtt.conftest import Paho
 
@@ -76,6 +76,16 @@ async def amqp_accepted(port: int, data: Path, cs: ConnectionString, body: bytes
         return True
     finally:
         await client.close()
+
+
+async def config_show(data: Path, manifest: Path) -> dict[str, str]:
+    """``edgehub config show``'s rows, name -> the rest of the line."""
+    proc = await asyncio.create_subprocess_exec(
+        EDGEHUB, "config", "show", "--manifest", str(manifest), "--data-dir", str(data), stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0
+    return dict(line.split(maxsplit=1) for line in out.decode().splitlines())
 
 
 def lines_say(lines: list[str], text: str) -> bool:
@@ -134,6 +144,10 @@ async def test_admin_raises_the_message_size_live_cloud_changes_partitions_for_t
             now = await reported(client)
             assert (now["runningDesiredVersion"], now["source"], now["restartRequired"]) == (version, "cloud", [])
             assert await mqtt_publish(port, ca, cs, BIG) == 0  # the admin API's limit outlived the restart too
+            # edgehub config show says what a start runs, reading the store while this hub holds it
+            rows = await config_show(data, manifest)
+            assert rows["deployment"].startswith("cloud (kept in the store")
+            assert rows["upstream.partitions"].split() == ["2", "manifest"]
         finally:
             assert (await stop(proc)).rstrip().endswith("stopped")
 

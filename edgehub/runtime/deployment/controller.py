@@ -66,7 +66,7 @@ from edgehub.runtime.deployment.state import (
 )
 from edgehub.store import RemovalReason, Store
 
-__all__ = ["PLAN_FORMAT", "DeploymentController", "DesiredStatus", "StartPoint", "start_point"]
+__all__ = ["PLAN_FORMAT", "DeploymentController", "DesiredStatus", "StartPoint", "start_point", "start_point_of"]
 
 log = logging.getLogger(__name__)
 
@@ -415,7 +415,13 @@ def start_point(store: Store, manifest: Path, document: Any) -> StartPoint:
     """The rule of precedence at start (module docstring): the manifest file (``document``, read from ``manifest``)
     when nothing is kept or the file changed since it was last read; else the deployment that last applied, as the
     store kept it."""
-    kept = decode_state(store.get_metadata(STATE_KEY))
+    return start_point_of(store.get_metadata(STATE_KEY), manifest, document)
+
+
+def start_point_of(kept_state: bytes | None, manifest: Path, document: Any) -> StartPoint:
+    """``start_point`` from the kept state's bytes (``STATE_KEY``'s value; None: nothing kept), for a reader of a
+    store it does not open as the hub does (``edgehub config show``)."""
+    kept = decode_state(kept_state)
     if kept is None or not isinstance(kept.get("desired"), dict):
         return StartPoint(document, None, "file", "nothing kept yet")
     if kept.get("fileDigest") != _digest(manifest):
