@@ -93,49 +93,35 @@ if [ ! -e "$root/opt/edgehub/.installed" ] || [ "$(cat "$root/opt/edgehub/.insta
     '
   printf '%s' "$reqs" > "$root/opt/edgehub/.installed"
 fi
-# 5. python-qpid-proton: the wheel built once under qemu-user (minutes), then cached in $cache/wheels
+# 5. python-qpid-proton: pip takes it from the cached wheels (or an aarch64 wheel PyPI may have one day); failing
+# that, it is built once under qemu-user (minutes) and the wheel kept in $cache/wheels. --only-binary: pip never
+# starts a build itself, so the build happens here, once, where its wheel is kept.
 proton_req="$(python3 -c 'import sys, tomllib; print(next(d for d in tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"] if d.startswith("python-qpid-proton")))' "$repo/pyproject.toml")"
 wheels="$cache/wheels"
-proton_wheel() {
-  # the newest cached wheel that meets the requirement, by the root's own pip (its packaging), or nothing
-  [ -d "$wheels" ] || return 0
-  ls "$wheels" | grep -q '^python_qpid_proton-.*linux_aarch64\.whl$' || return 0
-  rm -rf "$root/tmp/edgehub-wheels" && cp -r "$wheels" "$root/tmp/edgehub-wheels"
-  chroot "$root" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root /opt/edgehub/bin/python -c '
-import sys
-from pathlib import Path
-from pip._vendor.packaging.requirements import Requirement
-from pip._vendor.packaging.utils import parse_wheel_filename
-req = Requirement(sys.argv[1])
-found = [(parse_wheel_filename(p.name)[1], p.name) for p in Path("/tmp/edgehub-wheels").glob("python_qpid_proton-*.whl")]
-ok = sorted(f for f in found if req.specifier.contains(f[0], prereleases=True))
-print(ok[-1][1] if ok else "")
-' "$proton_req"
-}
-wheel="$(proton_wheel)"
-if [ -z "$wheel" ]; then
-  step "building python-qpid-proton for aarch64 under qemu-user (once; cached in $wheels)"
-  chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root DEBIAN_FRONTEND=noninteractive sh -ec '
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends gcc libc6-dev python3-dev libssl-dev pkg-config >/dev/null
-  '
-  rm -rf "$root/tmp/edgehub-proton-build"
-  chroot "$root" /usr/bin/env -i PATH=/opt/edgehub/bin:/usr/bin:/bin HOME=/root \
-    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_DEFAULT_TIMEOUT=180 \
-    /opt/edgehub/bin/python -m pip wheel --quiet --no-deps --no-cache-dir \
-    -w /tmp/edgehub-proton-build "$proton_req"
+proton_install() {
   mkdir -p "$wheels"
-  cp "$root"/tmp/edgehub-proton-build/python_qpid_proton-*.whl "$wheels/"
-  wheel="$(proton_wheel)"
-  [ -n "$wheel" ] || { echo "arm64: the python-qpid-proton build left no aarch64 wheel for $proton_req" >&2; exit 1; }
-fi
-if [ "$(cat "$root/opt/edgehub/.proton-installed" 2>/dev/null)" != "$wheel" ]; then
-  step "installing $wheel into the root's venv"
   rm -rf "$root/tmp/edgehub-wheels" && cp -r "$wheels" "$root/tmp/edgehub-wheels"
-  chroot "$root" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt /opt/edgehub/bin/python -m pip install --quiet --only-binary=:all: \
-    --find-links /tmp/edgehub-wheels "/tmp/edgehub-wheels/$wheel"
-  printf '%s' "$wheel" > "$root/opt/edgehub/.proton-installed"
+  chroot "$root" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_DEFAULT_TIMEOUT=180 \
+    /opt/edgehub/bin/python -m pip install --quiet --only-binary=:all: --find-links /tmp/edgehub-wheels "$proton_req"
+}
+if [ "$(cat "$root/opt/edgehub/.proton-installed" 2>/dev/null)" != "$proton_req" ]; then
+  step "installing python-qpid-proton into the root's venv"
+  if ! proton_install 2>/dev/null; then
+    step "building python-qpid-proton for aarch64 under qemu-user (once; cached in $wheels)"
+    chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root DEBIAN_FRONTEND=noninteractive sh -ec '
+      apt-get update -qq
+      apt-get install -y -qq --no-install-recommends gcc libc6-dev python3-dev libssl-dev pkg-config >/dev/null
+    '
+    rm -rf "$root/tmp/edgehub-proton-build"
+    chroot "$root" /usr/bin/env -i PATH=/opt/edgehub/bin:/usr/bin:/bin HOME=/root \
+      SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_DEFAULT_TIMEOUT=180 \
+      /opt/edgehub/bin/python -m pip wheel --quiet --no-deps --no-cache-dir -w /tmp/edgehub-proton-build "$proton_req"
+    mkdir -p "$wheels"
+    cp "$root"/tmp/edgehub-proton-build/python_qpid_proton-*.whl "$wheels/"
+    proton_install
+  fi
+  printf '%s' "$proton_req" > "$root/opt/edgehub/.proton-installed"
 fi
 step "root ready"
 echo "$root"
