@@ -8,8 +8,9 @@
 #               the hub on aarch64 (what CI runs)
 #   make check  the quick loop: lint, types, contracts, docs, and the tests that need no Spark, no subprocess hub,
 #               no foreign client or broker and no root (all but the folders in OUTSIDE_CHECK), on 2 workers
-#   make test-arm64  the hub on aarch64 under qemu-user in an arm64 Debian root (docs/development.md; needs root;
-#               ~4 minutes the first time on a fresh machine, the root then cached in ~/.cache/edgehub-arm64: ~15 s)
+#   make test-arm64  the hub on aarch64 under qemu-user in an arm64 Debian root, MQTT and AMQP (docs/development.md;
+#               needs root; ~15 minutes the first time on a fresh machine, 8 of them building python-qpid-proton,
+#               then the root and that wheel cached in ~/.cache/edgehub-arm64: ~45 s)
 # To add a Python dependency: pyproject.toml. To add a Debian package: APT_PACKAGES below. Nothing else.
 
 PYTHON      ?= $(shell command -v python3.11 || command -v python3)

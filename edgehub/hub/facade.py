@@ -457,6 +457,12 @@ class EdgeHub:
         mailboxes = self.modules if identity.module_id is not None else self.c2d.mailboxes
         mailboxes.dead_letter(identity, delivery_id, reason)
 
+    def set_delivery_window(self, window: int) -> None:
+        """Deliveries in flight at once to each connected module, and to each device (its cloud-to-device
+        messages), from now on (``edgehub.hub.modules``); ``ValueError`` outside 1-65535."""
+        self.modules.window = window
+        self.c2d.mailboxes.window = window
+
     def link_ready(self, identity: Identity, link: ClientLink) -> None:
         if identity.module_id is not None:
             self.modules.link_ready(identity, link)

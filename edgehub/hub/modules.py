@@ -3,13 +3,17 @@ hub facade feeds from the protocol heads' links.
 
 ``ModuleEndpoint("/modules/{m}/inputs/{i}")`` hands a batch (at most ``max_batch``, default 256) to module
 ``m``'s mailbox and waits until the module acknowledged or refused every message, or its link went away. At most
-``link.window_free`` deliveries are in flight on a link at once (the head's outbound window, default 16): the
-batch is larger than the window so that the executor checkpoints (a synced write) once per batch, not once per
-window.
+``window`` deliveries (default 16: ``edgehub run --module-window``, or the deployment's
+``delivery.moduleDeliveryWindow``, changed live by ``ModuleMailboxes.window``) are in flight to a mailbox at once,
+and never more than its link says it has room for (``link.window_free``: the head's own bound, an MQTT 5 client's
+Receive Maximum, an AMQP link's credit): the batch is larger than the window so that the executor checkpoints (a
+synced write) once per batch, not once per window.
 
 Invariants:
 * a module is addressed by its module id alone: the modules of the edge device (IoT Edge has one device per hub);
-* deliveries leave over a link in the order they were queued, and never more than ``link.window_free`` at once;
+* deliveries leave over a link in the order they were queued, never more than ``window`` in flight to a mailbox
+  nor more than ``link.window_free`` at once; a window made smaller lets what is in flight drain (nothing is
+  taken back), one made larger is filled at once;
 * a module that is not connected is a TRANSIENT failure of the whole batch; when its link goes away, every
   delivery waiting or in flight on it fails (TRANSIENT), so the executor retries it, and the retry goes out
   with ``Delivery.redelivery=True`` (MQTT DUP) because its ``attempts`` is above zero;
@@ -38,11 +42,12 @@ from edgehub.core.refusals import RateLimitedLog
 from edgehub.delivery import QueuedMessage, SendResult
 from edgehub.hub import ClientLink, Delivery
 
-__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WINDOW", "MailboxEndpoint", "ModuleEndpoint", "ModuleMailboxes"]
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_WINDOW", "MAX_WINDOW", "MailboxEndpoint", "ModuleEndpoint", "ModuleMailboxes"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 16
+MAX_WINDOW = 65_535  # MQTT's packet ids in flight at most (and the manifest's bound on moduleDeliveryWindow)
 DEFAULT_MAX_BATCH = 256
 
 
@@ -106,13 +111,28 @@ def _module_key(identity: Identity) -> str:
 class ModuleMailboxes:
     """Per-module mailboxes: which link a module is on, and the deliveries waiting for it or in flight."""
 
-    def __init__(self, key: Callable[[Identity], str] = _module_key) -> None:
+    def __init__(self, key: Callable[[Identity], str] = _module_key, *, window: int = DEFAULT_WINDOW) -> None:
         self._boxes: dict[str, _Mailbox] = {}
+        self._window = _checked_window(window)
         self._ids = itertools.count(1)
         # Whose mailbox a connection is: the module id here; the device id for device-bound messages (c2d.py).
         self._key = key
         # A module that refuses or never acks its deliveries causes a line per retry: bounded per endpoint.
         self.events = RateLimitedLog(log)
+
+    @property
+    def window(self) -> int:
+        """Deliveries in flight to one mailbox at most."""
+        return self._window
+
+    @window.setter
+    def window(self, window: int) -> None:
+        """Change the window live: a larger one is filled now, a smaller one lets what is in flight drain."""
+        wider = _checked_window(window) > self._window
+        self._window = window
+        if wider:
+            for box in self._boxes.values():
+                self._pump(box)
 
     def _box(self, module_id: str) -> _Mailbox:
         box = self._boxes.get(module_id)
@@ -242,8 +262,8 @@ class ModuleMailboxes:
             return
         # Read once, then counted down: only this loop's sends take from the window until it returns (asking the
         # link per delivery showed in the delivery profile).
-        free = link.window_free
         waiting, inflight = box.waiting, box.inflight
+        free = min(link.window_free, self._window - len(inflight))
         while waiting and free > 0:
             p = waiting[0]
             delivery, batch, _ = p
@@ -262,6 +282,12 @@ class ModuleMailboxes:
             waiting.popleft()
             inflight[delivery.delivery_id] = p
             free -= 1
+
+
+def _checked_window(window: int) -> int:
+    if not 1 <= window <= MAX_WINDOW:
+        raise ValueError(f"a delivery window is 1 to {MAX_WINDOW}, not {window}")
+    return window
 
 
 class MailboxEndpoint:

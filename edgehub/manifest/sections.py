@@ -25,6 +25,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
 from edgehub.core.endpoints import is_upstream_endpoint, parse_module_endpoint
+from edgehub.core.message_size import MAX_MESSAGE_SIZE_BYTES
 
 __all__ = [
     "DeliveryConfiguration",
@@ -62,7 +63,8 @@ class StoreAndForwardConfiguration(_Strict):
 class QueuePolicyConfiguration(_Strict):
     """A queue policy (per endpoint, all its priorities together); each key left out is inherited."""
 
-    maxMessageSizeBytes: StrictInt | None = Field(default=None, ge=1, le=16_777_216)
+    # The hard cap the store and the heads share (edgehub.core.message_size): above it, refused with its path.
+    maxMessageSizeBytes: StrictInt | None = Field(default=None, ge=1, le=MAX_MESSAGE_SIZE_BYTES)
     maxQueueBytes: StrictInt | None = Field(default=None, ge=0)
     maxQueueMessages: StrictInt | None = Field(default=None, ge=0)
     overflow: Literal["rejectIncoming", "discardIncoming", "discardOldest"] | None = None

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from edgehub.core.message_size import check_max_message_size
+
 __all__ = [
     "DEFAULT_IDENTITY_SHARE",
     "DEFAULT_MAX_MESSAGE_SIZE_BYTES",
@@ -54,8 +56,7 @@ class QueuePolicy:
     enqueue_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.max_message_size_bytes < 1:
-            raise ValueError("max_message_size_bytes must be >= 1")
+        check_max_message_size(self.max_message_size_bytes)
         if (self.max_bytes is not None and self.max_bytes < 0) or (
             self.max_messages is not None and self.max_messages < 0
         ):

@@ -13,6 +13,9 @@
 #      resolv.conf and an /etc/hosts naming localhost copied in (package installs go the way they go on the host).
 #   4. A venv at /opt/edgehub in the root with edgehub's dependencies from pyproject.toml as aarch64 wheels
 #      (rocksdict, msgspec, uvloop, cryptography, pydantic-core, ...), redone when those dependencies change.
+#   5. python-qpid-proton (the AMQP head's engine), which PyPI has as an sdist only: built once into an aarch64
+#      wheel in the root (gcc, python3-dev, libssl-dev and pkg-config installed there for it), the wheel kept in
+#      $EDGEHUB_ARM64_CACHE/wheels beside the root, so a remade root or venv installs it without building again.
 # Root is needed (binfmt_misc, chroot).
 set -euo pipefail
 
@@ -78,8 +81,7 @@ fi
 [ "$(chroot "$root" uname -m)" = aarch64 ] || { echo "arm64: the root does not run as aarch64" >&2; exit 1; }
 
 # 4. the venv with edgehub's dependencies as aarch64 wheels
-# python-qpid-proton (the AMQP head's engine) is left out: PyPI has no aarch64 wheel, and building it under
-# qemu-user would take minutes; the check runs the hub with --no-amqp (docs/install.md says how a Pi builds it).
+# python-qpid-proton is left out here: PyPI has no aarch64 wheel for it (step 5 builds and caches one).
 reqs="$(python3 -c 'import sys, tomllib; print("\n".join(d for d in tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"] if not d.startswith("python-qpid-proton")))' "$repo/pyproject.toml")"
 if [ ! -e "$root/opt/edgehub/.installed" ] || [ "$(cat "$root/opt/edgehub/.installed")" != "$reqs" ]; then
   step "installing edgehub's dependencies into the root's venv (aarch64 wheels)"
@@ -90,6 +92,36 @@ if [ ! -e "$root/opt/edgehub/.installed" ] || [ "$(cat "$root/opt/edgehub/.insta
       /opt/edgehub/bin/python -m pip install --quiet --only-binary=:all: -r /tmp/edgehub-requirements.txt
     '
   printf '%s' "$reqs" > "$root/opt/edgehub/.installed"
+fi
+# 5. python-qpid-proton: pip takes it from the cached wheels (or an aarch64 wheel PyPI may have one day); failing
+# that, it is built once under qemu-user (minutes) and the wheel kept in $cache/wheels. --only-binary: pip never
+# starts a build itself, so the build happens here, once, where its wheel is kept.
+proton_req="$(python3 -c 'import sys, tomllib; print(next(d for d in tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"] if d.startswith("python-qpid-proton")))' "$repo/pyproject.toml")"
+wheels="$cache/wheels"
+proton_install() {
+  mkdir -p "$wheels"
+  rm -rf "$root/tmp/edgehub-wheels" && cp -r "$wheels" "$root/tmp/edgehub-wheels"
+  chroot "$root" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_DEFAULT_TIMEOUT=180 \
+    /opt/edgehub/bin/python -m pip install --quiet --only-binary=:all: --find-links /tmp/edgehub-wheels "$proton_req"
+}
+if [ "$(cat "$root/opt/edgehub/.proton-installed" 2>/dev/null)" != "$proton_req" ]; then
+  step "installing python-qpid-proton into the root's venv"
+  if ! proton_install 2>/dev/null; then
+    step "building python-qpid-proton for aarch64 under qemu-user (once; cached in $wheels)"
+    chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root DEBIAN_FRONTEND=noninteractive sh -ec '
+      apt-get update -qq
+      apt-get install -y -qq --no-install-recommends gcc libc6-dev python3-dev libssl-dev pkg-config >/dev/null
+    '
+    rm -rf "$root/tmp/edgehub-proton-build"
+    chroot "$root" /usr/bin/env -i PATH=/opt/edgehub/bin:/usr/bin:/bin HOME=/root \
+      SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_DEFAULT_TIMEOUT=180 \
+      /opt/edgehub/bin/python -m pip wheel --quiet --no-deps --no-cache-dir -w /tmp/edgehub-proton-build "$proton_req"
+    mkdir -p "$wheels"
+    cp "$root"/tmp/edgehub-proton-build/python_qpid_proton-*.whl "$wheels/"
+    proton_install
+  fi
+  printf '%s' "$proton_req" > "$root/opt/edgehub/.proton-installed"
 fi
 step "root ready"
 echo "$root"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make test-arm64`: edgehub on aarch64, here. Makes (or reuses) the arm64 Debian root (root.sh), copies this
 # checkout's code into it, and runs hardware/arm64/check.py there with the root's own Python and aarch64 wheels:
-# the hub starts, a device publishes over TLS, the message lands, the hub's RSS is reported (under qemu-user,
-# translator included: not a footprint figure). The run happens in its own mount and pid namespaces, so /proc
+# the hub starts with MQTT and AMQP over TLS, a device publishes over MQTT and the message lands, a module's message
+# goes round a route over AMQP, the hub's RSS is reported (under qemu-user, translator included: not a footprint
+# figure). The run happens in its own mount and pid namespaces, so /proc
 # mounted for it and any process left behind go away with it.
 set -euo pipefail
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from edgehub.core.message_size import MAX_MESSAGE_SIZE_BYTES, WIRE_ENVELOPE_BYTES
 from protocol_heads.limits import HeadSettings, connection_cap
 
 __all__ = ["AmqpSettings", "connection_cap"]
@@ -62,7 +63,9 @@ class AmqpSettings(HeadSettings):
     max_frame_size: int = 64 * 1024
     max_sessions: int = 8
     max_links: int = 32
-    max_message_size: int = 256 * 1024
+    # The hub's hard cap on a message and its framing (edgehub.core.message_size); the store holds each message to
+    # the deployment's maxMessageSizeBytes under it, live.
+    max_message_size: int = MAX_MESSAGE_SIZE_BYTES + WIRE_ENVELOPE_BYTES
     link_credit: int = 256
     max_waiting_events: int = 64
     idle_timeout_s: float = 240.0

@@ -20,7 +20,9 @@ __all__ = ["REJECT_REASONS", "STORE_FAILED"]
 # Refusals of a message → MQTT 5 reason codes of the negative PUBACK/PUBREC.
 REJECT_REASONS: Mapping[RefusalReason, ReasonCode] = {
     RefusalReason.QUOTA_EXCEEDED: ReasonCode.QUOTA_EXCEEDED,
-    RefusalReason.MESSAGE_TOO_LARGE: ReasonCode.PACKET_TOO_LARGE,
+    # Over maxMessageSizeBytes but within the packet size: 0x95 (Packet too large) is a DISCONNECT's code only, and a
+    # PUBACK carrying it is malformed to MQTT 5 clients (paho drops the connection); 0x83 and the Reason String say it.
+    RefusalReason.MESSAGE_TOO_LARGE: ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
     RefusalReason.NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
     RefusalReason.TOPIC_INVALID: ReasonCode.TOPIC_NAME_INVALID,
     RefusalReason.INVALID_MESSAGE: ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from edgehub.core.message_size import MAX_MESSAGE_SIZE_BYTES, WIRE_ENVELOPE_BYTES
 from edgehub.mqtt.caches import TOPIC_CACHE_BYTES
 from protocol_heads.limits import HeadSettings, connection_cap
 from protocol_heads.mqtt.iothub import Acl
@@ -53,7 +54,9 @@ class MqttSettings(HeadSettings):
     max_topic_length: int = 4096
     topic_cache_bytes: int = TOPIC_CACHE_BYTES
     not_reading_timeout_s: float = 90.0
-    max_packet_size: int = 256 * 1024 + 1024
+    # The hub's hard cap on a message and its framing (edgehub.core.message_size); the store holds each message to
+    # the deployment's maxMessageSizeBytes under it, live.
+    max_packet_size: int = MAX_MESSAGE_SIZE_BYTES + WIRE_ENVELOPE_BYTES
     receive_maximum: int = 1024
     acl: Acl = field(default_factory=Acl)
 

@@ -131,3 +131,38 @@ async def test_a_module_that_disconnects_is_not_tried_until_it_connects_again() 
 
 def test_module_endpoint_reports_unreachable() -> None:
     assert isinstance(ModuleEndpoint(IN, ModuleMailboxes()), ReportsUnreachable)
+
+
+async def test_the_delivery_window_changes_live_a_wider_one_fills_at_once_a_narrower_one_drains() -> None:
+    store = Store.in_memory()
+    async with hub_over(store) as hub:
+        hub.set_delivery_window(2)
+        link = RecordingLink(window=1000)  # the head's own bound far above: the hub's window is what holds
+        await hub.connect(MOD, link, clean_session=True)
+        await hub.ingest(DEV, [Message(f"m{i}".encode()) for i in range(12)])
+        async with asyncio.timeout(10):
+            await link.wait_sent(2)
+            assert len(link.unacked) == 2  # the batch was handed over whole: a pump past the window sent more
+            hub.set_delivery_window(6)  # wider: filled at once, with no ack to wait for
+            await link.wait_sent(6)
+            assert len(link.unacked) == 6
+            hub.set_delivery_window(3)  # narrower: the six in flight stay, nothing more until below three
+            link.ack(hub, MOD)
+            link.ack(hub, MOD)
+            link.ack(hub, MOD)
+            assert (len(link.sent), len(link.unacked)) == (6, 3)
+            link.ack(hub, MOD)
+            assert (len(link.sent), len(link.unacked)) == (7, 3)
+            for n in range(8, 13):
+                link.ack(hub, MOD)
+                await link.wait_sent(n)
+                assert len(link.unacked) <= 3
+        assert [d.message.body for d in link.sent] == [f"m{i}".encode() for i in range(12)]
+
+
+def test_a_delivery_window_outside_1_to_65535_is_refused() -> None:
+    mailboxes = ModuleMailboxes()
+    for bad in (0, 65_536):
+        with pytest.raises(ValueError, match="a delivery window is 1 to 65535"):
+            mailboxes.window = bad
+    assert mailboxes.window == 16

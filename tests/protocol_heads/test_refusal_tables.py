@@ -11,10 +11,14 @@ from edgehub.mqtt.packets import ReasonCode
 from protocol_heads.amqp.refusals import REJECT_CONDITIONS, rejection_condition
 from protocol_heads.mqtt.refusals import REJECT_REASONS
 
+# MQTT 5.0 section 3.4.2.1: the PUBACK's failure reason codes (0x95, Packet too large, is not one).
+PUBACK_FAILURES = {0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99}
+
 
 @pytest.mark.parametrize("reason", sorted(MESSAGE_REFUSALS))
 def test_every_refusal_of_a_message_has_an_mqtt_reason_code_and_an_amqp_condition(reason: RefusalReason) -> None:
     assert REJECT_REASONS[reason] >= 0x80  # a negative PUBACK
+    assert REJECT_REASONS[reason] in PUBACK_FAILURES  # one MQTT 5 allows in a PUBACK: a client drops others
     assert REJECT_CONDITIONS[reason].startswith("amqp:")
     assert rejection_condition(reason) == REJECT_CONDITIONS[reason]
 

@@ -186,7 +186,7 @@ def run_option_groups() -> tuple[OptionGroup, ...]:
                     default=DEFAULT_WINDOW,
                     show_default=True,
                     help="Deliveries in flight at once to each connected module (an MQTT 5 module's Receive Maximum "
-                    "caps it).",
+                    "caps it); the manifest's delivery.moduleDeliveryWindow, when set, is applied over it, live.",
                 ),
                 option(
                     "--cleanup-interval",

@@ -75,14 +75,15 @@ import resource
 import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from edgehub.core.sealing import SecretSealer
 from edgehub.delivery import Endpoint
 from edgehub.hub import ConnectionLimiter, LoginThrottle
 from edgehub.hub.facade import EdgeHub
-from edgehub.manifest.documents import read_manifest_file
+from edgehub.hub.modules import MAX_WINDOW
+from edgehub.manifest.documents import ManifestError, read_manifest_file
 from edgehub.runtime.admin.api import DesiredStateService
 from edgehub.runtime.admin.server import LiveConnections, serve_admin
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
@@ -91,7 +92,7 @@ from edgehub.runtime.compose.settings import EffectiveSettings, effective_settin
 from edgehub.runtime.compose.store import open_store, seal_clear_identity_keys, store_path, store_quota
 from edgehub.runtime.compose.upstream import lane_ids, lane_settings, upload_lane
 from edgehub.runtime.data_dir import tighten_data_dir
-from edgehub.runtime.deployment.controller import DeploymentController, kept_plan
+from edgehub.runtime.deployment.controller import DeploymentController, start_point
 from edgehub.runtime.deployment.plan import DeploymentPlan, PendingCheck, runnable
 from edgehub.runtime.deployment.settings import StartSettings
 from edgehub.runtime.keyseal import ensure_sealer
@@ -166,9 +167,10 @@ async def _check_and_open(
     config: HubConfig,
     document: Any,
     on_checked: Callable[[DeploymentPlan], None] | None,
-) -> tuple[_Host, Store, DeploymentPlan]:
+) -> tuple[_Host, Store, Any, DeploymentPlan]:
     """The manifest checked in a child process while the host is prepared and the store opened (see ``serve``);
-    the store's close, and the end of the check, are on ``stack``."""
+    the store's close, and the end of the check, are on ``stack``. Returns the document the start runs and its
+    plan: the file's, or the deployment the store kept (``start_point``, the rule of precedence)."""
     pending = await PendingCheck.start(document)
     stack.push_async_callback(pending.close)  # idempotent: ends a check the start no longer waits for
     plan: DeploymentPlan | None = None
@@ -181,12 +183,24 @@ async def _check_and_open(
     stack.callback(log.info, "runtime.stopped")  # said once the store is closed (the next line, run first)
     stack.push_async_callback(store.close)  # closed last, so every acknowledged message is on disk
     if plan is None:
-        # a restart whose file is unchanged runs the plan the store kept, and the check is ended
-        plan = kept_plan(store, config.manifest, document) or await pending.answer()
+        # A restart whose file is unchanged runs the deployment that last applied (its kept plan, or checked now),
+        # and the file's check is ended; one whose file changed runs the file.
+        point = start_point(store, config.manifest, document)
+        if point.plan is None and point.document is not document:
+            try:
+                plan = await (await PendingCheck.start(point.document)).answer()
+            except ManifestError as exc:  # a newer edgehub may refuse what an older one kept: the file runs
+                log.warning("deployment.kept_refused source=%s errors=%s", point.source, "; ".join(exc.errors[:5]))
+                point = replace(point, document=document, source="file", reason="kept one refused: the file runs")
+        plan = plan or point.plan or await pending.answer()
         await pending.close()
+        log.info("deployment.start_from source=%s reason=%s", point.source, point.reason)
+        document = point.document
         if on_checked is not None:
             on_checked(plan)
-    return host, store, plan
+    else:
+        log.info("deployment.start_from source=file reason=first start (no data directory yet)")
+    return host, store, document, plan
 
 
 async def _upstream_endpoints(
@@ -274,7 +288,7 @@ async def _heads(
         tcp_port=config.mqtt_port,
         tls_port=config.mqtts_port,
         ssl_context=host.ssl_context,
-        outbound_window=config.module_window,
+        outbound_window=MAX_WINDOW,  # the hub's mailboxes hold each link to the deployment's window, live
         acl=Acl(publish_grants=controller.publish_grants, subscribe_grants=controller.subscribe_grants),
         **effective.head_limits,
     )
@@ -293,7 +307,7 @@ async def _heads(
             tcp_port=config.amqp_port,
             tls_port=config.amqps_port,
             ssl_context=host.ssl_context,
-            outbound_window=config.module_window,
+            outbound_window=MAX_WINDOW,
             **effective.head_limits,
         )
         amqp_server = await stack.enter_async_context(AmqpServer(hub, settings=amqp, logins=logins))
@@ -365,7 +379,7 @@ async def serve(
     if document is None:
         document = read_manifest_file(config.manifest)
     async with AsyncExitStack() as stack:
-        host, store, plan = await _check_and_open(stack, config, document, on_checked)
+        host, store, document, plan = await _check_and_open(stack, config, document, on_checked)
         if on_certs is not None:  # told after the plan, so a start's lines come in their order whatever came first
             on_certs(host.certs)
 

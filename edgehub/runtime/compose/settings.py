@@ -6,10 +6,11 @@ flag's environment variable). ``effective_settings(config, wanted)`` lays them o
 with what it returns (the upstream's lanes and transport, the store's TTL, the executors' base, the heads' limits),
 and ``edgehub run`` and ``edgehub config show`` print its ``table``, so what is shown is what runs.
 
-The deployment's store settings are the one exception to "a flag over the manifest": ``fsync``,
-``fsyncIntervalMs``, ``maxStoreBytes``, ``maxStoreMessages``, ``identityShare`` and ``cleanupIntervalSecs`` are
-applied over the command line's at every deployment (``edgehub.runtime.deployment.settings``), so that a live update
-changes them without a restart; when the manifest sets one, its source is ``manifest``.
+The deployment's store and delivery settings are the one exception to "a flag over the manifest": ``fsync``,
+``fsyncIntervalMs``, ``maxStoreBytes``, ``maxStoreMessages``, ``identityShare``, ``cleanupIntervalSecs`` and
+``moduleDeliveryWindow`` are applied over the command line's at every deployment
+(``edgehub.runtime.deployment.settings``), so that a live update changes them without a restart; when the manifest
+sets one, its source is ``manifest``.
 
 Invariants: every row of the table has exactly one source, and its name is unique; a value the hub settles only
 once it runs (the store quota ``auto``, a head limit left to the head) is shown as the rule it follows, not guessed.
@@ -138,7 +139,6 @@ def _listeners(config: HubConfig) -> Iterator[Setting]:
     for name in HEAD_LIMITS:
         value = getattr(config, name)
         yield Setting(name, "the head's default" if value is None else _shown(value), _source(name, config))
-    yield Setting("delivery.module_window", _shown(config.module_window), _source("delivery.module_window", config))
     lifetime = config.limits.max_token_lifetime_s
     yield Setting(
         "limits.max_token_lifetime_s",
@@ -209,6 +209,12 @@ def _deployed_store(config: HubConfig, wanted: DesiredSettings) -> Iterator[Sett
         "store.identity_share",
         _shown(quota.get("identity_share", config.limits.identity_share)),
         _deployed("store.identity_share", config, manifest="identity_share" in quota),
+    )
+    window = wanted.module_window
+    yield Setting(
+        "delivery.module_window",
+        _shown(window or config.module_window),
+        _deployed("delivery.module_window", config, manifest=window is not None),
     )
     cleanup = wanted.executor.get("cleanup_interval_s", config.cleanup_interval_s)
     yield Setting(

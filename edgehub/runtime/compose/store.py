@@ -20,13 +20,15 @@ from edgehub.runtime.keyseal import ensure_sealer
 from edgehub.runtime.profiles import Profile
 from edgehub.store import Store, StoreQuota
 from edgehub.store.policy import disk_store_quota
-from edgehub.store.rocks import open_rocks_store
+from edgehub.store.records import META
+from edgehub.store.rocks import RocksBackend, open_rocks_store
 from edgehub.store.salvage import check_store
 
 __all__ = [
     "damaged_store_advice",
     "open_identities",
     "open_store",
+    "read_metadata",
     "seal_clear_identity_keys",
     "store_path",
     "store_quota",
@@ -37,6 +39,20 @@ log = logging.getLogger(__name__)
 
 def store_path(data_dir: Path) -> Path:
     return data_dir / "store"
+
+
+def read_metadata(data_dir: Path, key: str) -> bytes | None:
+    """One metadata value of the store in ``data_dir``, read without writing anything (RocksDB read-only: a hub
+    may hold the store meanwhile); None when there is no store or no such key. ``StoreError`` when the store
+    cannot be read."""
+    path = store_path(data_dir)
+    if not (path / "CURRENT").exists():
+        return None
+    backend = RocksBackend(path, read_only=True)
+    try:
+        return backend.get(META, key.encode())
+    finally:
+        backend.close()
 
 
 def open_store(

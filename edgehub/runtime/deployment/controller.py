@@ -7,9 +7,10 @@ changed), the local admin API, and twin patches from the cloud over the upstream
 the serving hub never loads the manifest's models nor the route parser) before anything changes.
 
 Invariants:
-* an update is atomic: the router, the store's TTL, queue policies, quota and fsync policy and every executor's
-  settings are switched between two awaits, so no message is routed under one update and admitted under
-  another; connections are not touched; messages already stored keep the priority and TTL they were stored with;
+* an update is atomic: the router, the store's TTL, queue policies, quota and fsync policy, the module delivery
+  window and every executor's settings are switched between two awaits, so no message is routed under one update
+  and admitted under another; connections are not touched; messages already stored keep the priority and TTL
+  they were stored with;
 * a refused update changes nothing that runs: it is answered 400 with every error, logged through the
   ``RefusalLog`` (``deployment_invalid``), and reported (``lastDesiredVersion``, ``lastDesiredStatus``);
 * an endpoint no longer named by any route keeps its executor and drains what it holds, unless the update says
@@ -18,9 +19,11 @@ Invariants:
 * updates are applied one at a time, in the order they came (a lock); ``$version`` is the desired document's, or
   one more than the last when it carries none;
 * the running desired properties, the module twins and the reported properties are kept in the store
-  (``deployment/state``): a restart that finds the manifest file unchanged resumes from them (so a cloud patch
-  outlives the restart); a changed file is applied as it is. The running deployment's checked plan is kept too
-  (``kept_plan``): a restart whose file is unchanged and still what runs applies it without checking it again.
+  (``deployment/state``), with the digest of the manifest file as last read. The rule of precedence at start
+  (``start_point``): the file wins when it changed since (the user edited it: it is applied as it is); else the
+  deployment that last applied wins, whichever way it came (file, admin API, cloud), so a patch outlives the
+  restart, and what only a start can apply (the upstream's lanes and link) takes it then. The running
+  deployment's checked plan is kept too: a start that runs it again does not check it again.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from edgehub.runtime.deployment.state import (
 )
 from edgehub.store import RemovalReason, Store
 
-__all__ = ["PLAN_FORMAT", "DeploymentController", "DesiredStatus", "kept_plan"]
+__all__ = ["PLAN_FORMAT", "DeploymentController", "DesiredStatus", "StartPoint", "start_point", "start_point_of"]
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +202,7 @@ class DeploymentController:
                     self._hub.set_module_desired(module_id, desired, status.version)
                 return status
             self._module_twins = {}
+            document, plan = read_manifest_file(manifest), None  # what was kept no longer runs: the file does
         async with self._lock:
             status = await self._put(document, source="file", plan=plan)
         if status.code != 200:
@@ -294,6 +298,7 @@ class DeploymentController:
         store.store_quota = settings.store_quota
         store.set_fsync(settings.fsync, settings.fsync_interval_ms)
         hub.executor_settings_for = settings.executor_settings
+        hub.set_delivery_window(settings.module_window)
         for endpoint_id, executor in hub.executors.items():
             executor.reconfigure(settings.executor_settings(endpoint_id))
         self.publish_grants.update(deployment.grants)
@@ -393,16 +398,42 @@ class DeploymentController:
         self._last_version = last if isinstance(last, int) else None
 
 
-def kept_plan(store: Store, manifest: Path, document: Any) -> DeploymentPlan | None:
-    """The plan the store kept for the running deployment when a start may run it without checking the manifest
-    again: the file is unchanged since (its digest), the running desired properties are the file's (no cloud patch
-    since), and this edgehub made the plan. None otherwise: the file is then checked."""
-    kept = decode_state(store.get_metadata(STATE_KEY))
-    if kept is None or kept.get("planFormat") != PLAN_FORMAT or kept.get("fileDigest") != _digest(manifest):
-        return None
-    if _unversioned(kept.get("desired")) != _unversioned(_section(document)):
-        return None
-    return plan_from_value(kept.get("plan"))
+@dataclass(frozen=True)
+class StartPoint:
+    """What a start runs (``start_point``): ``document``, the manifest file's or the desired properties the store
+    kept; ``plan``, its checked plan when the store kept one this edgehub made (None: check ``document``);
+    ``source``, where it came from (``file``, or the kept deployment's: ``admin``, ``cloud``, ``file``); ``reason``,
+    why, for the start's log line."""
+
+    document: Any
+    plan: DeploymentPlan | None
+    source: str
+    reason: str
+
+
+def start_point(store: Store, manifest: Path, document: Any) -> StartPoint:
+    """The rule of precedence at start (module docstring): the manifest file (``document``, read from ``manifest``)
+    when nothing is kept or the file changed since it was last read; else the deployment that last applied, as the
+    store kept it."""
+    return start_point_of(store.get_metadata(STATE_KEY), manifest, document)
+
+
+def start_point_of(kept_state: bytes | None, manifest: Path, document: Any) -> StartPoint:
+    """``start_point`` from the kept state's bytes (``STATE_KEY``'s value; None: nothing kept), for a reader of a
+    store it does not open as the hub does (``edgehub config show``)."""
+    kept = decode_state(kept_state)
+    if kept is None or not isinstance(kept.get("desired"), dict):
+        return StartPoint(document, None, "file", "nothing kept yet")
+    if kept.get("fileDigest") != _digest(manifest):
+        return StartPoint(document, None, "file", "the manifest file changed since the last start: the file wins")
+    plan = plan_from_value(kept.get("plan")) if kept.get("planFormat") == PLAN_FORMAT else None
+    desired: dict[str, Any] = kept["desired"]
+    if _unversioned(desired) == _unversioned(_section(document)):
+        return StartPoint(document, plan, "file", "kept: the manifest file, unchanged and last applied")
+    source = str(kept.get("source") or "store")
+    version = desired.get("$version")
+    why = f"kept: version {version} from {source}, applied after the manifest file, which is unchanged since"
+    return StartPoint(desired, plan, source, why)
 
 
 def _module_twin_problems(deployment: Runnable, limits: TwinLimits) -> list[str]:
@@ -441,6 +472,7 @@ def _running_figures(settings: RunningSettings, deployment: Runnable, hub: EdgeH
             "maxMessages": settings.store_quota.max_messages,
             "identityShare": settings.store_quota.identity_share,
         },
+        "moduleDeliveryWindow": settings.module_window,
         "endpoints": [_endpoint_figures(settings, e) for e in endpoints],
     }
 

@@ -13,8 +13,11 @@ Invariants:
   else the hub's; cleanup the store's;
 * a queue policy key the endpoint leaves out is the hub's (``delivery.queuePolicy``), and one the hub leaves out
   is ``QueuePolicy``'s default;
-* what only a restart can change (the upstream's lanes and link, the module delivery window) is compared with what
-  the hub started with and named in ``restart_required``, never applied halfway.
+* the module delivery window is the deployment's ``delivery.moduleDeliveryWindow``, else the command line's
+  (``StartSettings.module_window``), else ``DEFAULT_WINDOW``; it applies live;
+* what only a restart can change (the upstream's lanes and link) is compared with what the hub started with and
+  named in ``restart_required``, never applied halfway (a restart then runs it: the deployment that last applied
+  is what the next start uses, ``edgehub.runtime.deployment.controller.start_point``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from edgehub.delivery import ExecutorSettings
 from edgehub.delivery.retry import BackoffFunction, RetryPolicy
+from edgehub.hub.modules import DEFAULT_WINDOW
 from edgehub.manifest.documents import ManifestError
 from edgehub.runtime.deployment.wants import QUEUE_KEYS, RETRY_KEYS, DesiredSettings, desired_settings
 from edgehub.store import FsyncPolicy, Overflow, QueuePolicy, StoreQuota
@@ -61,6 +65,7 @@ class RunningSettings:
     fsync_interval_ms: int
     hub_executor: ExecutorSettings
     endpoint_executors: dict[str, ExecutorSettings]
+    module_window: int = DEFAULT_WINDOW
     restart_required: tuple[str, ...] = ()
 
     def executor_settings(self, endpoint_id: str) -> ExecutorSettings:
@@ -124,6 +129,7 @@ def settings_of(wanted: DesiredSettings, start: StartSettings) -> RunningSetting
         fsync_interval_ms=wanted.fsync_interval_ms or start.fsync_interval_ms,
         hub_executor=hub_executor,
         endpoint_executors=executors,
+        module_window=wanted.module_window or start.module_window or DEFAULT_WINDOW,
         restart_required=tuple(_restart_required(wanted, start)),
     )
 
@@ -157,9 +163,4 @@ def _retry_policy(base: RetryPolicy, wanted: dict[str, Any] | None) -> RetryPoli
 
 
 def _restart_required(wanted: DesiredSettings, start: StartSettings) -> list[str]:
-    out = []
-    window = wanted.module_window
-    if window is not None and window != start.module_window:
-        out.append(f"delivery.moduleDeliveryWindow (running with {start.module_window})")
-    out.extend(f"upstream.{k}" for k, v in wanted.upstream.items() if start.upstream and start.upstream.get(k) != v)
-    return out
+    return [f"upstream.{k}" for k, v in wanted.upstream.items() if start.upstream and start.upstream.get(k) != v]

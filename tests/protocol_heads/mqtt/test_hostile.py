@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from edgehub.core import Message
+from edgehub.core.message_size import MAX_MESSAGE_SIZE_BYTES, WIRE_ENVELOPE_BYTES
 from edgehub.mqtt.encoder import encode
 from edgehub.mqtt.packets import (
     MQTT_50,
@@ -183,7 +184,7 @@ CONNACK_PROPERTIES = Properties(
     {
         PropertyId.RECEIVE_MAXIMUM: 1024,
         PropertyId.RETAIN_AVAILABLE: 0,
-        PropertyId.MAXIMUM_PACKET_SIZE: 256 * 1024 + 1024,
+        PropertyId.MAXIMUM_PACKET_SIZE: MAX_MESSAGE_SIZE_BYTES + WIRE_ENVELOPE_BYTES,  # the hub's cap and framing
         PropertyId.TOPIC_ALIAS_MAXIMUM: 16,
         PropertyId.WILDCARD_SUBSCRIPTION_AVAILABLE: 1,
         PropertyId.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 0,

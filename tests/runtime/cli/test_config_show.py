@@ -56,7 +56,8 @@ def test_config_show_names_flag_profile_manifest_and_default_as_the_source_of_ea
     assert rows["mqtt_port"] == ("1883", "flag")
     assert rows["store.fsync"] == ("none", "profile")
     assert rows["upstream.partitions"] == ("2", "manifest")
-    given = {"mqtt_port", "store.fsync", "upstream.partitions", "manifest", "data_dir", "profile"}
+    assert rows["deployment"] == ("file", "manifest")  # nothing kept yet: the file's
+    given = {"mqtt_port", "store.fsync", "upstream.partitions", "manifest", "data_dir", "profile", "deployment"}
     assert {name: source for name, (_, source) in rows.items() if name not in given} == {
         name: "default" for name in rows if name not in given
     }

@@ -19,7 +19,7 @@ from edgehub.hub.facade import EdgeHub
 from edgehub.manifest import ManifestError, parse_deployment, read_manifest_file
 from edgehub.routing import Router
 from edgehub.runtime.deployment.check import plan_of
-from edgehub.runtime.deployment.controller import DeploymentController, kept_plan
+from edgehub.runtime.deployment.controller import DeploymentController, start_point
 from edgehub.runtime.deployment.plan import (
     DeploymentCheckFailed,
     check_deployment,
@@ -106,7 +106,7 @@ async def test_a_failed_check_refuses_the_update_with_its_reason_and_the_hub_kee
         await store.close()
 
 
-async def test_a_restart_with_the_file_unchanged_runs_the_plan_the_store_kept_and_checks_any_other(
+async def test_a_start_runs_the_file_when_it_changed_and_else_the_deployment_that_last_applied_with_its_plan(
     tmp_path: Path,
 ) -> None:
     first = {"schemaVersion": "1.1", "routes": {"a": "FROM /messages/* WHERE p = 'x' INTO $upstream"}}
@@ -115,17 +115,29 @@ async def test_a_restart_with_the_file_unchanged_runs_the_plan_the_store_kept_an
     document = read_manifest_file(path)
     store = open_rocks_store(tmp_path / "store")
     try:
-        assert kept_plan(store, path, document) is None  # nothing kept yet
+        point = start_point(store, path, document)
+        assert (point.document, point.plan, point.source) == (document, None, "file")  # nothing kept yet
         async with EdgeHub(store=store, router=Router({}), host_name="hub.test") as hub:
             controller = DeploymentController(hub, StartSettings())
             assert (await controller.start(path)).code == 200
-            assert kept_plan(store, path, document) == plan_of(document).section_only()
-            path.write_text(json.dumps({**first, "routes": {}}))  # the file changed: checked again
-            assert kept_plan(store, path, read_manifest_file(path)) is None
+            point = start_point(store, path, document)
+            assert (point.document, point.plan) == (document, plan_of(document).section_only())
+            path.write_text(json.dumps({**first, "routes": {}}))  # the file changed: it wins, checked again
+            edited = read_manifest_file(path)
+            point = start_point(store, path, edited)
+            assert (point.document, point.plan, point.source) == (edited, None, "file")
+            assert "changed" in point.reason
             path.write_text(json.dumps({"modulesContent": {"$edgeHub": {"properties.desired": first}, "m": {}}}))
-            assert kept_plan(store, path, document) is not None
+            assert start_point(store, path, document).plan is not None
             patch: dict[str, object] = {"routes": {"b": "FROM /messages/* INTO $upstream"}}
             assert (await controller.patch_desired(patch, source="cloud")).code == 200
-            assert kept_plan(store, path, document) is None  # what runs is not the file's
+            # what runs is not the file's, and the file is unchanged since: what runs wins, with its kept plan
+            point = start_point(store, path, document)
+            assert point.document == controller.desired()
+            assert point.source == "cloud"
+            assert point.plan is not None
+            assert {r.name for r in point.plan.routes} == {"a", "b"}
+            path.write_text(json.dumps({**first, "routes": {}}))  # edited after the patch: the file wins again
+            assert start_point(store, path, read_manifest_file(path)).source == "file"
     finally:
         await store.close()
