@@ -177,6 +177,7 @@ class LinkedUpstream:
         self._on_unreachable: Callable[[], None] = lambda: None
         self._watch: asyncio.Task[None] | None = None
         self._carried: tuple[str | None, ...] = ()
+        self._changed = asyncio.Event()  # a link came up or went down
         for link in self._links:
             if not isinstance(link.transport, _ReportsConnected):
                 link.up_since_mono_s = self._clock.monotonic()  # an upload is up until a write fails
@@ -224,6 +225,15 @@ class LinkedUpstream:
     def carries(self, priority: int) -> bool:
         """Whether a batch of ``priority`` would go over some link now (``CarriesPriorities``)."""
         return self.choose(priority) is not None
+
+    async def wait_for(self, condition: Callable[[], bool]) -> None:
+        """Return once ``condition()`` holds, checked whenever a link comes up or goes down and every second.
+        Bound it with ``asyncio.timeout``: meant for tests and tools that watch the links."""
+        while not condition():
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(WATCH_INTERVAL_S):
+                    await self._changed.wait()
 
     async def start(self) -> None:
         for link in self._links:
@@ -331,6 +341,7 @@ class LinkedUpstream:
                 link.spec.settle_s if link.ever_lost else 0,
             )
         self._carried = self._carriage()
+        self._changed.set()
         self._on_reachable()
 
     def _link_down(self, link: _Link) -> None:
@@ -341,6 +352,7 @@ class LinkedUpstream:
         if not isinstance(link.transport, _ReportsConnected):
             link.failed_at_mono_s = self._clock.monotonic()
         self._carried = self._carriage()
+        self._changed.set()
         # Another link up: what failed on this one is retried at once over it. None: park the lane.
         if any(self._is_up(other) for other in self._links):
             self._on_reachable()
