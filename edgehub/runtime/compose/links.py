@@ -115,16 +115,16 @@ def link_transport_settings(
         changes["tls"] = TlsSettings(
             ca_certs=link.get("caFile"), certfile=link.get("certFile"), keyfile=link.get("keyFile")
         )
-    for key, field_name, scale in (
+    for key, field_name, per in (
         ("keepaliveSecs", "keepalive_s", None),
-        ("ackTimeoutSecs", "ack_timeout_s", 1.0),
-        ("linkRateBps", "link_rate_bps", 1.0),
-        ("linkRttMs", "link_rtt_s", 0.001),
-        ("maxUplinkBps", "max_uplink_bps", 1.0),
+        ("ackTimeoutSecs", "ack_timeout_s", 1),
+        ("linkRateBps", "link_rate_bps", 1),
+        ("linkRttMs", "link_rtt_s", 1000),
+        ("maxUplinkBps", "max_uplink_bps", 1),
     ):
         value = link.get(key)
         if value is not None:
-            changes[field_name] = int(value) if scale is None else float(value) * scale
+            changes[field_name] = int(value) if per is None else float(value) / per
     if link.get("protocol") is not None:
         changes["protocol"] = MqttProtocol(link["protocol"])
     try:
