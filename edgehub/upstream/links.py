@@ -198,9 +198,12 @@ class LinkedUpstream:
 
     @property
     def max_batch_messages(self) -> int:
-        """The smallest batch of the links that are up (a batch sized for the fast link may go over the slow one)."""
-        up = [link for link in self._links if self._is_up(link)] or self._links
-        return min(link.transport.max_batch_messages for link in up)
+        """The batch of the most preferred link that is up: most batches go over it. (An MQTT link learns its
+        batch from the bytes per message it sent; one that sent nothing yet asks for one message, which must not
+        shrink the batches of the link that carries the traffic. A batch sized for one link that goes over
+        another is cut into segments of that link's size anyway.)"""
+        up = next((link for link in self._preferred if self._is_up(link)), self._preferred[0])
+        return up.transport.max_batch_messages
 
     @property
     def linger_s(self) -> float:
