@@ -337,9 +337,10 @@ async def run_edgehub(sc: Scenario, work: Path) -> Run:
                     async with asyncio.timeout(30):
                         await hub
                 run.expensive_bytes, run.cheap_bytes = metered.stats.up_bytes, cheap.stats.up_bytes
-                await asyncio.sleep(2)  # the receiver lands what it took
+                await landed_all(run, landing, sc.drain_max_s)  # the receiver lands what the broker holds for it
                 procs.kill(receiver, signal.SIGINT)
-                await procs.wait(receiver, 30)
+                with contextlib.suppress(TimeoutError):  # killed outright past it: what it landed is on disk
+                    await procs.wait(receiver, 15)
                 if sc.lake == "records":
                     rows = landed_rows(landing)
                 else:
@@ -349,6 +350,16 @@ async def run_edgehub(sc: Scenario, work: Path) -> Run:
     finally:
         await procs.kill_all()
     return run
+
+
+async def landed_all(run: Run, landing: Path, max_s: float) -> None:
+    """Until the landing zone holds every message sent, at most ``max_s`` (read once a second)."""
+    deadline = time.monotonic() + max_s
+    while time.monotonic() < deadline:
+        rows = set(await asyncio.to_thread(landed_rows, landing))
+        if all(key in rows for key in run.sent_at):
+            return
+        await asyncio.sleep(1.0)
 
 
 def landed_rows(landing: Path) -> list[tuple[str, int]]:
