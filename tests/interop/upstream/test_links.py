@@ -196,9 +196,9 @@ async def test_the_cheap_link_is_used_again_only_after_it_stayed_up_for_its_sett
     ):
         await connected(up)
         cheap.cut()
-        await ex.wait_for(lambda: state(up, "cell") is LinkState.DOWN)
+        await up.wait_for(lambda: state(up, "cell") is LinkState.DOWN)
         cheap.restore()
-        await ex.wait_for(lambda: state(up, "cell") is LinkState.SETTLING)
+        await up.wait_for(lambda: state(up, "cell") is LinkState.SETTLING)
         # Settling: alarms keep to the metered link, telemetry (no other link) takes the cheap one at once.
         cell_before, sat_before = cheap.stats.up_bytes, metered.stats.up_bytes
         await enqueue(store, ex, 0, b"alarm-settling")
@@ -207,7 +207,7 @@ async def test_the_cheap_link_is_used_again_only_after_it_stayed_up_for_its_sett
         await enqueue(store, ex, 5, b"telemetry-settling")
         await ex.wait_for(lambda: store.checkpoint(P5).committed == 0)
         assert cheap.stats.up_bytes > cell_before
-        await ex.wait_for(lambda: state(up, "cell") is LinkState.UP)
+        await up.wait_for(lambda: state(up, "cell") is LinkState.UP)
         sat_before = metered.stats.up_bytes
         await enqueue(store, ex, 0, b"alarm-settled")
         await ex.wait_for(lambda: store.checkpoint(P0).committed == 1)
@@ -234,12 +234,12 @@ async def test_past_its_budget_the_metered_link_carries_only_the_priorities_allo
     ):
         await connected(up)
         cheap.cut()
-        await ex.wait_for(lambda: not up.carries(5))
+        await up.wait_for(lambda: not up.carries(5))
         events = [b"event-%03d-%s" % (i, b"x" * 200) for i in range(30)]  # ~6 kB: three times the budget
         for body in events:
             await enqueue(store, ex, 1, body)
-        await ex.wait_for(lambda: up.ledger.spent("sat"))
-        await ex.wait_for(lambda: not up.carries(1))
+        await up.wait_for(lambda: up.ledger.spent("sat"))
+        await up.wait_for(lambda: not up.carries(1))
         held = store.checkpoint(P1).committed
         assert held < 29  # the rest waits for the cheap link
         assert up.carries(0)  # the alarms still go
