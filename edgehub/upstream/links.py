@@ -319,6 +319,10 @@ class LinkedUpstream:
         if not link.ever_lost:
             return True
         since = link.up_since_mono_s
+        if since is None and link.failed_at_mono_s is not None:
+            # No connection to watch (an upload): it counts as back from when it may be tried again, so a write
+            # (the probe) tells; one that fails again starts the wait over.
+            since = link.failed_at_mono_s + PROBE_AFTER_S
         return since is not None and now_mono_s - since >= link.spec.settle_s
 
     def _carriage(self) -> tuple[str | None, ...]:
