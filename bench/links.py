@@ -65,7 +65,7 @@ from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer, PeerWay
 from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
-from edgehub.upstream.segment import decode_segment
+from edgehub.upstream.segment import decode_segment, dictionary_id
 
 CHEAP = {"rate_bps": 256_000.0, "delay_s": 0.040}
 METERED = {"rate_bps": 32_000.0, "delay_s": 0.350}
@@ -86,6 +86,8 @@ class Scenario:
     budget_bytes: int
     drain_max_s: float
     lake: str  # "spark" or "records"
+    compression: str  # the segments' codec, gzip or zstd (with each link's trained dictionary)
+    settle_s: float  # the cheap link's settle time
 
 
 @dataclass
@@ -258,7 +260,8 @@ def manifest(path: Path, sc: Scenario, cheap: LinkSim, metered: LinkSim) -> None
             "linkRttMs": round(2000 * METERED["delay_s"]),
         },
     ]
-    doc = {"schemaVersion": "1.1", "routes": routes, "upstream": {"links": links}}
+    links[0]["settleSecs"] = sc.settle_s
+    doc = {"schemaVersion": "1.1", "routes": routes, "upstream": {"links": links, "compression": sc.compression}}
     path.write_text(json.dumps(doc, indent=1))
 
 
@@ -309,11 +312,15 @@ async def run_edgehub(sc: Scenario, work: Path) -> Run:
                 )
                 await devices.start()
                 counted = 0
+                dictionaries: dict[int, bytes] = {}
 
                 def take_arrivals() -> None:
                     nonlocal counted
                     for m in sink.messages[counted:]:
-                        for r in decode_segment(m.payload):
+                        if (dict_id := dictionary_id(m.payload)) is not None:  # a link's zstd dictionary
+                            dictionaries[dict_id] = m.payload
+                            continue
+                        for r in decode_segment(m.payload, dictionaries):
                             key = (r.device_id or "", int(r.properties.get("seq") or 0))
                             run.arrivals += 1
                             run.arrived.setdefault(key, m.received_at)
@@ -483,6 +490,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget-bytes", type=int, default=10_000_000, help="the metered link's daily budget")
     ap.add_argument("--drain-max-s", type=float, default=90.0)
     ap.add_argument("--lake", choices=["spark", "records"], default="spark")
+    ap.add_argument("--compression", choices=["gzip", "zstd"], default="gzip", help="edgehub: the segment codec")
+    ap.add_argument("--settle-s", type=float, default=10.0, help="edgehub: the cheap link's settle time")
     ap.add_argument("--only", choices=["edgehub", "bridge"], default=None)
     args = ap.parse_args(argv)
     sc = Scenario(
@@ -496,6 +505,8 @@ def main(argv: list[str] | None = None) -> None:
         budget_bytes=args.budget_bytes,
         drain_max_s=args.drain_max_s,
         lake=args.lake,
+        compression=args.compression,
+        settle_s=args.settle_s,
     )
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     print(

@@ -133,6 +133,21 @@ def link_transport_settings(
         raise ConfigurationError(f"upstream.links {name!r}: {exc}") from exc
 
 
+class _LinkKeeper:
+    """The store's metadata under one link's own keys (``{key}@{link}``): each link trains, sends and keeps its own
+    zstd dictionary, since the far side of one link has not seen what another link sent."""
+
+    def __init__(self, store: Store, link: str) -> None:
+        self._store = store
+        self._link = link
+
+    def get_metadata(self, key: str) -> bytes | None:
+        return self._store.get_metadata(f"{key}@{self._link}")
+
+    async def put_metadata(self, key: str, value: bytes | None) -> None:
+        await self._store.put_metadata(f"{key}@{self._link}", value)
+
+
 def budget_ledger(data_dir: Path | None, specs: Sequence[LinkSpec]) -> BudgetLedger:
     """The ledger of ``specs`` in ``data_dir`` (None: in memory)."""
     path = data_dir / BUDGET_FILE if data_dir is not None else None
@@ -156,11 +171,13 @@ async def linked_lanes(
     lanes: list[Endpoint] = []
     for lane_id in lane_ids:
         transports: list[tuple[LinkSpec, Endpoint]] = []
-        for spec, s in zip(specs, settings, strict=True):
+        for i, (spec, s) in enumerate(zip(specs, settings, strict=True)):
             if isinstance(s, UploadUpstreamSettings):
                 transports.append((spec, upload_lane(s, lane_id)))
-            else:
-                transports.append((spec, MqttUpstream(lane_settings(s, lane_id), keeper=store)))
+                continue
+            # The first link keeps the single upstream's dictionary key (a hub that gets links keeps its dictionary).
+            keeper = store if store is None or i == 0 else _LinkKeeper(store, spec.name)
+            transports.append((spec, MqttUpstream(lane_settings(s, lane_id), keeper=keeper)))
         lane = LinkedUpstream(transports, ledger, endpoint_id=lane_id)
         await lane.start()
         lanes.append(lane)
