@@ -16,6 +16,7 @@ transport settings.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from edgehub.core import ConfigurationError
-from edgehub.core.priorities import parse_priorities
+from edgehub.core.priorities import format_priorities, parse_priorities
 from edgehub.delivery import Endpoint
 from edgehub.runtime.compose.config import UploadUpstreamSettings
 from edgehub.runtime.compose.upstream import lane_settings, upload_lane
@@ -34,6 +35,8 @@ from edgehub.upstream.mqtt.settings import MqttProtocol, MqttUpstreamSettings, T
 from edgehub.upstream.mqtt.transport import MqttUpstream
 
 __all__ = ["BUDGET_FILE", "budget_ledger", "link_spec", "link_transport_settings", "linked_lanes", "read_secret"]
+
+log = logging.getLogger(__name__)
 
 BUDGET_FILE = Path("links") / "budget.json"
 MAX_SECRET_BYTES = 64 * 1024
@@ -168,6 +171,17 @@ async def linked_lanes(
     specs = [link_spec(link) for link in links]
     settings = [link_transport_settings(link, base, first=i == 0, env=env) for i, link in enumerate(links)]
     ledger = budget_ledger(data_dir, specs)
+    for spec, s in zip(specs, settings, strict=True):
+        where = s.url if isinstance(s, UploadUpstreamSettings) else f"{s.host}:{s.port} client_id={s.client_id}"
+        log.info(
+            "runtime.link link=%s to=%s cost_per_mib=%s priorities=%s budget=%s used_bytes=%d",
+            spec.name,
+            where,
+            spec.cost_per_mib,
+            format_priorities(spec.priorities),
+            f"{spec.budget.limit_bytes}/{spec.budget.period}" if spec.budget is not None else "none",
+            ledger.used_bytes(spec.name),
+        )
     lanes: list[Endpoint] = []
     for lane_id in lane_ids:
         transports: list[tuple[LinkSpec, Endpoint]] = []
