@@ -219,13 +219,13 @@ def test_fuzz_runs_every_target_and_finds_nothing() -> None:
 
 
 def test_links_fail_over_and_back_and_the_lake_holds_every_message_once() -> None:
-    # Outages of 4 s and a settle time (10 s) the "up" spans outlast: the cut, the silence and both returns are
+    # Outages of 4 s and a settle time (2 s) the "up" spans outlast: the cut, the silence and both returns are
     # exercised. The lake is counted from the landed records, deduplicated as the Spark job does (the job itself
     # runs in test_smoke_spark.py).
     need_program("mosquitto", "mosquitto")
     figures = run_bench(
         "links",
-        *("--warm-s", "4", "--cut-s", "4", "--silent-s", "4", "--after-s", "12", "--lake", "records"),
+        *("--warm-s", "4", "--cut-s", "4", "--silent-s", "4", "--after-s", "6", "--settle-s", "2", "--lake", "records"),
         *("--telemetry-per-s", "10", "--drain-max-s", "40"),
         timeout_s=150,
     )

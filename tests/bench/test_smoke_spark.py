@@ -43,7 +43,7 @@ def test_links_counts_lost_and_duplicates_in_the_lake_the_spark_job_built() -> N
     # The same run as the links smoke test, its lake built by the Spark job (local[2]) and read back.
     figures = run_bench(
         "links",
-        *("--warm-s", "3", "--cut-s", "3", "--silent-s", "3", "--after-s", "11", "--lake", "spark"),
+        *("--warm-s", "2", "--cut-s", "2", "--silent-s", "2", "--after-s", "4", "--settle-s", "1", "--lake", "spark"),
         *("--telemetry-per-s", "5", "--drain-max-s", "30", "--only", "edgehub"),
         timeout_s=170,
     )
