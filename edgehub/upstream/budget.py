@@ -54,6 +54,8 @@ TLS_RECORD_BYTES = 16_384
 TLS_RECORD_OVERHEAD_BYTES = 29  # TLS 1.2/1.3 AEAD: header 5, tag 16, explicit nonce or content type 8
 FILE_VERSION = 1
 FLUSH_INTERVAL_S = 1.0
+MAX_LINKS_KEPT = 64  # the manifest allows 8 links; a file of a few KiB
+MAX_FILE_BYTES = 64 * 1024
 
 
 class Period(StrEnum):
@@ -282,7 +284,11 @@ class BudgetLedger:
         if self.path is None or not self.path.exists():
             return
         try:
-            doc = json.loads(self.path.read_text(encoding="utf-8"))
+            with open(self.path, "rb") as f:
+                raw = f.read(MAX_FILE_BYTES + 1)
+            if len(raw) > MAX_FILE_BYTES:
+                raise ValueError(f"over {MAX_FILE_BYTES} bytes: not a ledger of at most {MAX_LINKS_KEPT} links")
+            doc = json.loads(raw)
             if doc.get("version") != FILE_VERSION:
                 raise ValueError(f"version {doc.get('version')!r}, not {FILE_VERSION}")
             saved = {

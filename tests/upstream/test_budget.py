@@ -111,7 +111,11 @@ def test_writes_come_at_most_once_a_second_while_bytes_come(tmp_path: Path) -> N
     assert json.loads((tmp_path / "budget.json").read_text())["links"]["sat"]["bytes"] == 1010
 
 
-@pytest.mark.parametrize("content", ["{", '{"version": 99, "links": {}}', '{"version": 1, "links": {"sat": 5}}'])
+@pytest.mark.parametrize(
+    "content",
+    ["{", '{"version": 99, "links": {}}', '{"version": 1, "links": {"sat": 5}}', " " * (64 * 1024) + "{}"],
+    ids=["torn", "other-version", "bad-entry", "too-large"],
+)
 def test_an_unreadable_file_is_logged_and_counted_from_zero(
     tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture
 ) -> None:
