@@ -2,7 +2,14 @@
 Endpoint seam."""
 
 from edgehub.delivery.checkpointer import Checkpointer
-from edgehub.delivery.endpoint import Endpoint, PipelinedEndpoint, QueuedMessage, ReportsUnreachable, SendResult
+from edgehub.delivery.endpoint import (
+    CarriesPriorities,
+    Endpoint,
+    PipelinedEndpoint,
+    QueuedMessage,
+    ReportsUnreachable,
+    SendResult,
+)
 from edgehub.delivery.executor import DeadLetterReason, EndpointExecutor, ExecutorSettings
 from edgehub.delivery.fsm import TRANSITIONS, Event, InvalidTransition, State, next_state
 from edgehub.delivery.retry import BackoffFunction, RetryPolicy, effective_policy
@@ -10,6 +17,7 @@ from edgehub.delivery.retry import BackoffFunction, RetryPolicy, effective_polic
 __all__ = [
     "TRANSITIONS",
     "BackoffFunction",
+    "CarriesPriorities",
     "Checkpointer",
     "DeadLetterReason",
     "Endpoint",

@@ -22,6 +22,11 @@ for its acknowledgement. An endpoint that can keep several batches on their way 
 (so the choice is made when the batch can go at once, and a high priority that arrived meanwhile is chosen first),
 hands the batch over with ``submit`` and goes on choosing; each batch's result is its own checkpoint, settled
 in the order the batches were submitted. ``send`` stays the way to deliver one batch and wait for it.
+
+Priorities it cannot carry now: an endpoint that can take some priorities and not others at a time (an upstream
+over several links, ``edgehub.upstream.links``) implements ``CarriesPriorities``: the executor leaves a queue
+whose priority it does not carry alone (no send, no attempt counted, its messages' TTLs running), and looks again
+when the endpoint calls ``on_reachable``.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import msgspec
 
 from edgehub.core import FailureKind, Message, expiry
 
-__all__ = ["Endpoint", "PipelinedEndpoint", "QueuedMessage", "ReportsUnreachable", "SendResult"]
+__all__ = ["CarriesPriorities", "Endpoint", "PipelinedEndpoint", "QueuedMessage", "ReportsUnreachable", "SendResult"]
 
 
 # A msgspec Struct, not a dataclass: one is built for every message, and its C __init__ takes an eighth of the
@@ -134,4 +139,13 @@ class PipelinedEndpoint(Protocol):
     async def submit(self, batch: Sequence[QueuedMessage]) -> asyncio.Future[SendResult]:
         """Hand ``batch`` (one priority, queue order, non-empty) over and return once it is on its way; the
         future resolves to its ``SendResult`` (the same contract as ``send``) and should not fail."""
+        ...
+
+
+@runtime_checkable
+class CarriesPriorities(Protocol):
+    """What an ``Endpoint`` adds to refuse some priorities for a while (see the module docstring)."""
+
+    def carries(self, priority: int) -> bool:
+        """Whether a batch of ``priority`` would be taken now. Cheap: asked at every choice of the executor."""
         ...

@@ -38,6 +38,8 @@ Invariants:
   retry on its way. A batch shorter than ``max_batch_messages`` waits up to the endpoint's ``linger_s`` for
   more while other batches are in flight, but only while nothing of lower priority is ready (else it goes
   first: lingering never lets a lower priority overtake);
+* a queue whose priority the endpoint does not carry now (``CarriesPriorities``) is not chosen, new messages and
+  retries alike, and counts no attempt; the endpoint's ``on_reachable`` makes the pump look again;
 * the cleanup processor (``edgehub.delivery.cleanup``) removes delivered and expired references every
   ``cleanup_interval_s`` (head-only, or the whole queue with ``check_entire_queue_on_cleanup``); the store
   deletes a body with its last reference. The values and per-queue state live in ``executor_state``.
@@ -58,7 +60,14 @@ from typing import Self
 from edgehub.core import Clock, FailureKind, StoreClosedError, StoreError, SystemClock
 from edgehub.core.expiry import has_expired
 from edgehub.delivery.cleanup import cleanup_loop, remove_delivered_and_expired
-from edgehub.delivery.endpoint import Endpoint, PipelinedEndpoint, QueuedMessage, ReportsUnreachable, SendResult
+from edgehub.delivery.endpoint import (
+    CarriesPriorities,
+    Endpoint,
+    PipelinedEndpoint,
+    QueuedMessage,
+    ReportsUnreachable,
+    SendResult,
+)
 from edgehub.delivery.executor_state import DeadLetterReason, ExecutorSettings, SendStats, _InFlight, _QueueState
 from edgehub.delivery.fsm import Event, State
 from edgehub.delivery.retry import effective_policy
@@ -96,6 +105,7 @@ class EndpointExecutor:
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._pipelined: PipelinedEndpoint | None = endpoint if isinstance(endpoint, PipelinedEndpoint) else None
+        self._gate: CarriesPriorities | None = endpoint if isinstance(endpoint, CarriesPriorities) else None
         self._inflight: deque[_InFlight] = deque()
         self.sends = SendStats()  # batches, messages acknowledged and send time: per batch settled
         self.batches_prefetched = 0  # batches read while the one before was in flight
@@ -229,6 +239,8 @@ class EndpointExecutor:
         now = self._clock.monotonic()
         lingering: QueueId | None = None  # the first short batch waiting to fill: it goes before anything lower
         for q in self._store.queues(self._id):  # highest priority first
+            if not self._carried(q):
+                continue  # the endpoint cannot take this priority now: it waits (on_reachable wakes us)
             qs = self._qs(q)
             if qs.pending:
                 if not qs.inflight and self._retry_due(qs, now):
@@ -238,6 +250,9 @@ class EndpointExecutor:
                     return (lingering or q), False
                 lingering = lingering or q
         return None
+
+    def _carried(self, q: QueueId) -> bool:
+        return self._gate is None or self._gate.carries(q.priority)
 
     def _lingers(self, q: QueueId, qs: _QueueState, now_mono: float) -> bool:
         """Whether a short batch of ``q`` should wait for more (only while other batches are in flight)."""
@@ -253,12 +268,15 @@ class EndpointExecutor:
     def _next_deadline(self) -> float | None:
         """The earliest time (monotonic) at which a queue becomes ready without a signal, or None."""
         # A queue with a batch in flight becomes ready when that batch settles, which wakes the pump.
-        times = [qs.retry_at_mono_s for qs in self._queues.values() if qs.pending and not qs.inflight]
+        # A queue whose priority the endpoint does not carry now has no time of its own: on_reachable wakes it
+        # (its retry time may have passed: counting it would spin the pump).
+        queues = {q: qs for q, qs in self._queues.items() if self._carried(q)}
+        times = [qs.retry_at_mono_s for qs in queues.values() if qs.pending and not qs.inflight]
         # A linger time only while it is ahead: one that passed while its queue could not send (parked) is no
         # reason to wake, and would spin the pump.
         now = self._clock.monotonic()
-        times += [t for qs in self._queues.values() if (t := qs.linger_until_mono_s) is not None and t > now]
-        if self._unreachable and any(not qs.pending and self._has_new(q, qs) for q, qs in self._queues.items()):
+        times += [t for qs in queues.values() if (t := qs.linger_until_mono_s) is not None and t > now]
+        if self._unreachable and any(not qs.pending and self._has_new(q, qs) for q, qs in queues.items()):
             times.append(self._park_until_mono_s)
         return min(times, default=None)
 

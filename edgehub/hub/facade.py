@@ -406,6 +406,10 @@ class EdgeHub:
         """Messages acknowledged and dropped as duplicates since start (0 with detection off)."""
         return self._dedup.duplicates if self._dedup is not None else 0
 
+    def given_endpoint(self, endpoint_id: str) -> Endpoint | None:
+        """The endpoint the hub was started with under ``endpoint_id`` (an upstream lane's transport), or None."""
+        return self._given.get(endpoint_id)
+
     def upstream_status(self) -> UpstreamLanesStatus:
         """The upstream's lanes, summed and one by one, with the duplicate counters."""
         return self.lanes.status(

@@ -69,6 +69,7 @@ from edgehub.manifest.documents import (
     read_manifest_file,
     refusal,
 )
+from edgehub.manifest.links import MAX_LINKS, LinkConfiguration, check_links, uncarried_routes
 from edgehub.manifest.sections import (
     DEFAULT_TTL_SECS,
     DeliveryConfiguration,
@@ -148,6 +149,14 @@ class UpstreamConfiguration(BaseModel):
     # equal): a twin document or a method call must fit, and MQTT cannot say more.
     maxPacketBytes: StrictInt | None = Field(default=None, ge=1024, le=268_435_460)
     brokerMaxPacketBytes: StrictInt | None = Field(default=None, ge=1024, le=268_435_460)
+    # Several uplinks, chosen per batch by cost, budget and priority (edgehub.manifest.links; docs/links.md).
+    links: list[LinkConfiguration] | None = Field(default=None, max_length=MAX_LINKS)
+
+    @field_validator("links")
+    @classmethod
+    def _unique_links(cls, v: list[LinkConfiguration] | None) -> list[LinkConfiguration] | None:
+        check_links(v)
+        return v
 
 
 class IntegrityHeader(BaseModel):
@@ -204,6 +213,17 @@ class EdgeHubDesired(BaseModel):
             objects = [n for n, r in self.routes.items() if isinstance(r, RouteObject)]
             if objects:
                 raise ValueError(f"routes {objects} are objects, which need schemaVersion 1.1 or later")
+        return self
+
+    @model_validator(mode="after")
+    def _every_upstream_priority_has_a_link(self) -> EdgeHubDesired:
+        links = self.upstream.links
+        if links:
+            specs = self.route_specs()
+            lost = uncarried_routes(links, {n: (r.route, r.priority) for n, r in specs.items()})
+            if lost:
+                named = ", ".join(f"routes.{n} (priority {p})" for n, p in lost)
+                raise ValueError(f"{named}: no link in upstream.links carries that priority, so it could never leave")
         return self
 
     @property

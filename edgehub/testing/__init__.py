@@ -6,12 +6,13 @@ that fail, stall or revive, an in-memory hub facade, a link that can be cut, a s
 
 from edgehub.testing.backends import GatedBackend
 from edgehub.testing.clock import ManualClock
-from edgehub.testing.endpoints import NullEndpoint, PipelinedTestEndpoint, TestEndpoint
+from edgehub.testing.endpoints import GatedTestEndpoint, NullEndpoint, PipelinedTestEndpoint, TestEndpoint
 from edgehub.testing.hub import InMemoryHub
 from edgehub.testing.links import RecordingLink
 
 __all__ = [
     "GatedBackend",
+    "GatedTestEndpoint",
     "InMemoryHub",
     "ManualClock",
     "NullEndpoint",

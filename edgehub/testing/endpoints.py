@@ -14,12 +14,12 @@ waits until the test acks or fails it (``ack``, ``fail``, ``lose_link``), as a l
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from edgehub.core import FailureKind, Message
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 
-__all__ = ["NullEndpoint", "PipelinedTestEndpoint", "TestEndpoint"]
+__all__ = ["GatedTestEndpoint", "NullEndpoint", "PipelinedTestEndpoint", "TestEndpoint"]
 
 
 class TestEndpoint:
@@ -122,6 +122,24 @@ class TestEndpoint:
         while self.sends < n:
             self._progress.clear()
             await self._progress.wait()
+
+
+class GatedTestEndpoint(TestEndpoint):
+    """A ``TestEndpoint`` that carries only some priorities at a time (``CarriesPriorities``), as an upstream over
+    several links does; ``carry(...)`` changes them and reports reachable, as a link coming up would."""
+
+    def __init__(self, endpoint_id: str = "test", *, carried: Iterable[int] = (), max_batch_messages: int = 10) -> None:
+        super().__init__(endpoint_id, max_batch_messages=max_batch_messages)
+        self.carried = frozenset(carried)
+        self.asked = 0  # carries() calls: the executor asks at every choice
+
+    def carries(self, priority: int) -> bool:
+        self.asked += 1
+        return priority in self.carried
+
+    def carry(self, priorities: Iterable[int]) -> None:
+        self.carried = frozenset(priorities)
+        self.revive()
 
 
 class NullEndpoint:

@@ -216,3 +216,33 @@ def test_fuzz_runs_every_target_and_finds_nothing() -> None:
     assert set(figures["targets"]) == set(TARGETS)
     assert all(target["hypothesis_examples"] > 0 for target in figures["targets"].values())
     assert figures["failures"] == []
+
+
+def test_links_fail_over_and_back_and_the_lake_holds_every_message_once() -> None:
+    # Outages of 4 s and a settle time (2 s) the "up" spans outlast: the cut, the silence and both returns are
+    # exercised. The lake is counted from the landed records, deduplicated as the Spark job does (the job itself
+    # runs in test_smoke_spark.py).
+    need_program("mosquitto", "mosquitto")
+    figures = run_bench(
+        "links",
+        *("--warm-s", "4", "--cut-s", "4", "--silent-s", "4", "--after-s", "6", "--settle-s", "2", "--lake", "records"),
+        *("--telemetry-per-s", "10", "--drain-max-s", "40"),
+        timeout_s=150,
+    )
+    assert {
+        "p0_p99_s",
+        "failover_cut_s",
+        "failover_silent_s",
+        "expensive_bytes",
+        "bridge_expensive_bytes",
+        "expensive_bytes_ratio",
+        "lost",
+        "duplicates",
+    } <= set(figures)
+    assert figures["lost"] == 0
+    assert figures["duplicates"] == 0
+    assert figures["arrived"] == figures["published"]
+    assert figures["p0_count"] > 0
+    assert figures["failover_cut_s"] is not None  # the metered link took over after the cut
+    assert figures["failover_silent_s"] is not None  # and after the silence
+    assert figures["bridge_published"] > 0  # the peer ran beside it

@@ -37,3 +37,18 @@ def test_ingest_spark_runs_the_job_which_keeps_every_record_once_and_its_floor_a
     assert figures["input_lines"] == records + 50  # the second segment repeats the first's last 50 (5 %)
     assert set(figures["elapsed_s"]) == {"local[1]", "floor local[1]"}
     assert figures["records_per_s_local2"] is None  # left out, so null rather than made up
+
+
+@pytest.mark.timeout(330)  # two JVMs (the job, then the lake's reader) on a loaded 2-core box
+def test_links_counts_lost_and_duplicates_in_the_lake_the_spark_job_built() -> None:
+    # The same run as the links smoke test, its lake built by the Spark job (local[2]) and read back.
+    figures = run_bench(
+        "links",
+        *("--warm-s", "2", "--cut-s", "2", "--silent-s", "2", "--after-s", "4", "--settle-s", "1", "--lake", "spark"),
+        *("--telemetry-per-s", "5", "--drain-max-s", "30", "--only", "edgehub"),
+        timeout_s=320,
+    )
+    assert figures["lake"] == "spark"
+    assert figures["lost"] == 0
+    assert figures["duplicates"] == 0
+    assert figures["lake_rows"] == figures["published"]

@@ -42,6 +42,7 @@ from edgehub.hub.facade import EdgeHub
 from edgehub.runtime.admin.api import RouteHandler
 from edgehub.runtime.admin.heads import LiveConnections, connected_count
 from edgehub.runtime.admin.http import Request, Response
+from edgehub.runtime.admin.links import link_metrics
 from edgehub.store import RemovalReason
 
 __all__ = ["AZURE_NAMES", "HubCollector", "metrics_routes"]
@@ -147,6 +148,7 @@ class HubCollector(Collector):
             )
         yield from self._sends()
         yield from self._uplink()
+        yield from link_metrics(hub)
         yield from self._operations()
 
     def _clients(self, heads: Sequence[LiveConnections]) -> Iterator[Metric]:

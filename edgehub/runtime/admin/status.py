@@ -8,7 +8,7 @@ what the store, the executors and the transports keep anyway):
   only), the executor's state;
 * per endpoint: what it holds, its dead letters (counted up to ``_MAX_DEAD_COUNTED``);
 * the upstream: each lane's connection, achieved rate, RTT (least of the last acks) and messages acked (running
-  hub with an MQTT upstream);
+  hub with an MQTT upstream); with ``upstream.links``, each lane's links (``edgehub.runtime.admin.links``);
 * the store: messages and bytes held against its quota, the ingest rate and the rate it shrinks by, and the time
   until it is full at those rates (``RateTracker``: samples of the store's counters, running hub only).
 
@@ -28,6 +28,7 @@ from edgehub.hub.facade import EdgeHub
 from edgehub.runtime.admin.api import RouteHandler
 from edgehub.runtime.admin.heads import LiveConnections, connected_count
 from edgehub.runtime.admin.http import Request, Response
+from edgehub.runtime.admin.links import format_links, links_document
 from edgehub.store import Store
 
 __all__ = ["RateTracker", "collect_status", "format_status", "status_routes"]
@@ -137,6 +138,7 @@ def collect_status(
             "full_in_s": full_in_s,
         },
         "upstream": _upstream(hub),
+        "links": links_document(hub),
         "connected_clients": connected_count(heads) if heads is not None else None,
     }
     return status
@@ -197,6 +199,7 @@ def format_status(status: dict[str, Any]) -> list[str]:
         rate = f"{_size(lane['rate_bps'])}/s" if lane["rate_bps"] is not None else "-"
         state = {True: "connected", False: "disconnected", None: "-"}[lane["connected"]]
         lines.append(f"upstream {lane['endpoint']}: {state}, rate {rate}, rtt {rtt}, acked {lane['messages_acked']}")
+    lines.extend(format_links(status.get("links")))
     return lines
 
 

@@ -760,8 +760,18 @@ def run(ctx: click.Context, /, **params: Any) -> None:
         effective = effective_settings(config, plan.settings)  # what serve runs with, from the same function
         up = plan.settings.upstream
         show_upstream(effective.upstream)
-        show_transport(effective.transport)
-        if isinstance(config.upstream, UploadUpstreamSettings):
+        links = up.get("links")
+        if links:  # they replace the command line's transport (edgehub.runtime.compose.links)
+            for link in links:
+                click.echo(
+                    f"upstream link {link['name']}: {link.get('transport', 'mqtt')} "
+                    f"{link.get('address') or _without_password(link.get('url') or '')} cost/MiB={link['costPerMiB']} "
+                    f"priorities={link['priorities']} budget="
+                    + (f"{link['budget']['bytes']} B/{link['budget']['period']}" if link.get("budget") else "none")
+                )
+        else:
+            show_transport(effective.transport)
+        if isinstance(config.upstream, UploadUpstreamSettings) and not links:
             unused = [key for key in _MQTT_LINK_KEYS if up.get(key) is not None]
             if unused:
                 click.echo(f"upstream: manifest keys {', '.join(unused)} are the MQTT transport's; not used by upload")

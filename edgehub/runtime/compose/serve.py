@@ -76,6 +76,7 @@ import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from edgehub.core.sealing import SecretSealer
@@ -88,6 +89,7 @@ from edgehub.runtime.admin.api import DesiredStateService
 from edgehub.runtime.admin.server import LiveConnections, serve_admin
 from edgehub.runtime.certs import HubCerts, ensure_certs, server_ssl_context
 from edgehub.runtime.compose.config import HubConfig, UploadUpstreamSettings
+from edgehub.runtime.compose.links import linked_lanes
 from edgehub.runtime.compose.settings import EffectiveSettings, effective_settings
 from edgehub.runtime.compose.store import open_store, seal_clear_identity_keys, store_path, store_quota
 from edgehub.runtime.compose.upstream import lane_ids, lane_settings, upload_lane
@@ -98,6 +100,7 @@ from edgehub.runtime.deployment.settings import StartSettings
 from edgehub.runtime.keyseal import ensure_sealer
 from edgehub.runtime.memory import ChurnCollector
 from edgehub.store import Store
+from edgehub.upstream.links import LinkedUpstream
 from edgehub.upstream.mqtt.transport import MqttUpstream
 from edgehub.upstream.twin_channel import TwinChannel
 from protocol_heads.listeners import HeadServer, login_throttle
@@ -204,10 +207,15 @@ async def _check_and_open(
 
 
 async def _upstream_endpoints(
-    stack: AsyncExitStack, store: Store, effective: EffectiveSettings
+    stack: AsyncExitStack,
+    store: Store,
+    effective: EffectiveSettings,
+    links: list[dict[str, Any]] | None = None,
+    data_dir: Path | None = None,
 ) -> tuple[list[Endpoint], TwinChannel | None]:
-    """One transport per upstream lane, started; their close is on ``stack`` (the executors close them when the
-    hub stops; this covers a start that fails before an executor took them)."""
+    """One transport per upstream lane, started (with ``links``, the manifest's ``upstream.links``: one
+    ``LinkedUpstream`` per lane, ``edgehub.runtime.compose.links``); their close is on ``stack`` (the executors
+    close them when the hub stops; this covers a start that fails before an executor took them)."""
     endpoints: list[Endpoint] = []
     twins: list[TwinChannel] = []
 
@@ -219,7 +227,15 @@ async def _upstream_endpoints(
 
     stack.push_async_callback(close)
     transport = effective.transport
-    if isinstance(transport, UploadUpstreamSettings):
+    if links:
+        endpoints.extend(
+            await linked_lanes(links, transport, lane_ids(store, effective.upstream), store=store, data_dir=data_dir)
+        )
+        first = _first_mqtt(endpoints)
+        if first is not None:  # the preferred lane's first MQTT link carries the hub's own twin
+            twins.append(TwinChannel())
+            first.attach_twin(twins[0])
+    elif isinstance(transport, UploadUpstreamSettings):
         endpoints.extend(upload_lane(transport, lane_id) for lane_id in lane_ids(store, effective.upstream))
     elif transport is not None:
         for lane_id in lane_ids(store, effective.upstream):
@@ -230,6 +246,16 @@ async def _upstream_endpoints(
             await upstream.start()
             endpoints.append(upstream)
     return endpoints, (twins[0] if twins else None)
+
+
+def _first_mqtt(endpoints: list[Endpoint]) -> MqttUpstream | None:
+    """The first MQTT transport among ``endpoints`` (a ``LinkedUpstream``'s links included)."""
+    for endpoint in endpoints:
+        inner = endpoint.transports if isinstance(endpoint, LinkedUpstream) else (endpoint,)
+        for transport in inner:
+            if isinstance(transport, MqttUpstream):
+                return transport
+    return None
 
 
 async def _deployment(
@@ -386,7 +412,9 @@ async def serve(
         effective = effective_settings(config, plan.settings)
         store.default_ttl_s = effective.default_ttl_s
         store.store_quota = store_quota(store, store_path(config.data_dir), config.limits)
-        endpoints, twin = await _upstream_endpoints(stack, store, effective)
+        endpoints, twin = await _upstream_endpoints(
+            stack, store, effective, plan.settings.upstream.get("links"), config.data_dir
+        )
         hub = await stack.enter_async_context(
             EdgeHub(
                 store=store,
@@ -404,7 +432,7 @@ async def serve(
         if on_hub is not None:
             on_hub(hub)
         # The cloud's device-bound messages and method calls come over the first MQTT lane (upstream.mqtt.cloud).
-        cloud = next((e for e in endpoints if isinstance(e, MqttUpstream)), None)
+        cloud = _first_mqtt(endpoints)
         if cloud is not None:
             cloud.serve_cloud(hub, refusals=hub.refusals)
         controller = await _deployment(hub, store, config, effective, (document, plan), twin)

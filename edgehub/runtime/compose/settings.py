@@ -256,6 +256,10 @@ def _upstream(config: HubConfig, wanted: DesiredSettings) -> Iterator[Setting]:
     else:
         yield from _mqtt(config, wanted, transport)
         yield batch
+    links = wanted.upstream.get("links")
+    if links:  # they replace the transport above (edgehub.runtime.compose.links): its settings are their base
+        shown = ", ".join(f"{k['name']} ({k.get('address') or k.get('url')}, {k['costPerMiB']}/MiB)" for k in links)
+        yield Setting("upstream.links", shown, Source.MANIFEST)
 
 
 def _mqtt(config: HubConfig, wanted: DesiredSettings, s: MqttUpstreamSettings) -> Iterator[Setting]:

@@ -100,6 +100,7 @@ class MqttUpstream:
         self._messages_acked = 0
         self._publishes_acked = 0
         self._wire_acked = 0
+        self.wire_bytes_sent = 0  # PUBLISH bytes handed to connections, acknowledged or not (link budgets)
         self._bytes_per_message: float | None = None
         self._rtt_samples: deque[float] = deque(maxlen=64)
         self._inbound = Inbound(settings, clock=self._clock, current=lambda: self._conn)
@@ -285,6 +286,7 @@ class MqttUpstream:
             if not conn.alive:
                 break
             sent.append((unit, conn.publish_unit(unit)))
+            self.wire_bytes_sent += unit.wire_bytes
             self._peak_inflight = max(self._peak_inflight, conn.inflight_bytes)
         return asyncio.ensure_future(self._collect(conn, units, sent))
 
@@ -335,6 +337,7 @@ class MqttUpstream:
             return
         self._announcing = pending.dict_id
         acked = conn.publish_unit(unit)
+        self.wire_bytes_sent += unit.wire_bytes
         log.info(
             "upstream.dictionary_sent lane=%s dict_id=%d bytes=%d",
             self.settings.lane,
