@@ -101,7 +101,7 @@ class Hub:
 
 
 @asynccontextmanager
-async def hub_with_amqp(data: Path, settings: ExecutorSettings = LONG_WAIT) -> AsyncIterator[Hub]:
+async def hub_with_every_head(data: Path, settings: ExecutorSettings = LONG_WAIT) -> AsyncIterator[Hub]:
     """The real hub (``running_hub``: its MQTT head on TLS), its AMQP head on TLS too, and the WebSocket listener
     (TLS) in front of both heads, each on a free port; the proxy that takes the SDK's 443 to that listener."""
     async with running_hub(data, routes=ROUTES, settings=settings) as rig:
@@ -206,7 +206,7 @@ async def test_node_sdk_device_sends_patches_its_twin_takes_a_c2d_message_and_an
         {"data": '{"t": 21.5}', "message_id": "m-1", "content_type": "application/json", "properties": {"k": "v"}},
         {"data": '{"t": 30}', "message_id": "m-2", "correlation_id": "c-2"},
     ]
-    async with hub_with_amqp(tmp_path) as hub:
+    async with hub_with_every_head(tmp_path) as hub:
         rig = hub.rig
         spec: dict[str, Any] = {"connection_string": hub.connection_string(DEV, transport), "messages": messages}
         spec |= {"report": {"firmware": "1.2", "nested": {"a": 1}}, "c2d": 1, "methods": 1} | hub.reach(transport)
@@ -259,7 +259,7 @@ async def test_node_sdk_device_sends_patches_its_twin_takes_a_c2d_message_and_an
 async def test_node_sdk_module_gets_its_desired_properties_and_each_change_pushed_and_answers_a_method(
     tmp_path: Path, node: str, transport: str
 ) -> None:
-    async with hub_with_amqp(tmp_path) as hub:
+    async with hub_with_every_head(tmp_path) as hub:
         rig = hub.rig
         rig.hub.set_module_desired("filter", {"threshold": 25}, 2)
         spec: dict[str, Any] = {"connection_string": hub.connection_string(FILTER, transport), "patches": 1}
@@ -286,7 +286,7 @@ async def test_node_sdk_over_amqp_abandons_a_c2d_message_that_comes_again_and_re
 ) -> None:
     # AMQP only: IoT Hub's MQTT has no abandon or reject (the SDK refuses them there). An abandoned message comes
     # again after the retry wait: a short one here.
-    async with hub_with_amqp(tmp_path, QUICK_RETRY) as hub:
+    async with hub_with_every_head(tmp_path, QUICK_RETRY) as hub:
         rig = hub.rig
         spec: dict[str, Any] = {"connection_string": hub.connection_string(DEV, transport), "c2d": 3}
         spec |= {"c2d_outcomes": {"bad": ["reject"], "again": ["abandon", "complete"]}} | hub.reach(transport)
@@ -316,7 +316,7 @@ async def test_node_sdk_over_amqp_abandons_a_c2d_message_that_comes_again_and_re
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_node_sdk_device_with_a_bad_key_is_refused_at_connect(tmp_path: Path, node: str, transport: str) -> None:
-    async with hub_with_amqp(tmp_path) as hub:
+    async with hub_with_every_head(tmp_path) as hub:
         rig = hub.rig
         cs = ConnectionString.parse(hub.connection_string(DEV, transport))
         wrong = dataclasses.replace(cs, shared_access_key=KEYS[FILTER.id]).format()
