@@ -1,15 +1,23 @@
-"""The Azure IoT device SDK for Node (``azure-iot-device`` with its ``Amqp`` and ``Mqtt`` transports, versions
-pinned in ``tests/e2e/node_sdk/package-lock.json``, installed by ``make node-sdk``) against the real hub: RocksDB
-store in tmp_path, real routes, the AMQP and MQTT heads over TLS. The SDK is unmodified and driven as its samples
-drive it (``node_sdk/driver.js``, one scenario a run, JSON lines on stdout), as a subprocess of the test.
+"""The Azure IoT device SDK for Node (``azure-iot-device`` with its ``Amqp``, ``Mqtt``, ``AmqpWs`` and ``MqttWs``
+transports, versions pinned in ``tests/e2e/node_sdk/package-lock.json``, installed by ``make node-sdk``) against the
+real hub: RocksDB store in tmp_path, real routes, the AMQP and MQTT heads over TLS and the WebSocket listener in
+front of both. The SDK is unmodified and driven as its samples drive it (``node_sdk/driver.js``, one scenario a run,
+JSON lines on stdout), as a subprocess of the test.
 
-Each test runs once per transport (``TRANSPORTS``): the same scenario over AMQP and over MQTT.
+Each test runs once per transport (``TRANSPORTS``): the same scenario over AMQP, MQTT, AMQP over WebSockets and MQTT
+over WebSockets.
 
 How the SDK reaches a free port: it dials ``{GatewayHostName}`` with the scheme's port (5671, 8883) unless the
 host carries one: both transports build their URL as ``amqps://`` or ``mqtts://`` + the gateway host name and
 honour a port in it (azure-iot-amqp-base's ``connect`` takes ``parsedUrl.port``, mqtt.js the URL's), so the
 connection string says ``GatewayHostName=127.0.0.1:{port}``, and a hub left running on 5671 or 8883 breaks
 nothing. The SAS token's resource is ``HostName``, the hub's name, as ever.
+
+The WebSocket transports take no port from the gateway: they dial ``wss://{GatewayHostName}:443/$iothub/websocket``
+(a port in the host would make that URL malformed). So their connection string says ``GatewayHostName=127.0.0.1``
+and the driver gives the SDK an HTTP CONNECT proxy, as the SDK's users behind a proxy give it one (its
+``webSocketAgent`` option): ``edgehub.testing.connect_proxy``, whose one route sends ``127.0.0.1:443`` to the hub's
+free ``wss`` port. Nothing else is tunnelled, so a client that did not go over its WebSocket cannot pass.
 
 A missing Node or SDK fails these tests with what to run; it never skips them.
 """
@@ -37,11 +45,15 @@ from edgehub.core.methods import MethodCall, MethodResult
 from edgehub.core.sas import ConnectionString
 from edgehub.delivery import ExecutorSettings, RetryPolicy
 from edgehub.store import StoredItem
+from edgehub.testing.connect_proxy import ConnectProxy
 from edgehub.testing.peers import MosquittoPeer
 from protocol_heads.amqp import AmqpServer, AmqpSettings
+from protocol_heads.listeners import HeadServer
+from protocol_heads.websocket import SUBPROTOCOL_AMQP, SUBPROTOCOL_MQTT, WebSocketServer, WebSocketSettings
 from tests.e2e.conftest import DEV, FILTER, HOST, KEYS, LONG_WAIT, Rig, running_hub
 from tests.e2e.hub_process import identity_add, start, stop
 from tests.e2e.test_amqp_e2e import amqps_port
+from tests.e2e.test_websocket_e2e import wss_port
 from tests.protocol_heads.mqtt.conftest import Paho
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(120)]
@@ -49,19 +61,31 @@ pytestmark = [pytest.mark.interop, pytest.mark.timeout(120)]
 SDK_DIR = Path(__file__).with_name("node_sdk")
 DRIVER = SDK_DIR / "driver.js"
 STEP_S = 30.0  # the longest any one SDK step (start, connect, send, receive) may take
-# The SDK's transports under test. "amqp-ws" and "mqtt-ws" (the driver has them) join once the hub serves
-# WebSockets: they always dial {gateway}:443, so their spec takes "proxy", an ``edgehub.testing.connect_proxy``
-# whose route sends 127.0.0.1:443 to the hub's WebSocket port (the driver gives the SDK the agent its samples use
-# behind a proxy; without a WebSocket server the tunnel is made and the upgrade fails, as tried by hand).
-TRANSPORTS = ["amqp", "mqtt"]
+# The SDK's transports under test (the driver's names). The WebSocket ones dial {gateway}:443 whatever it says, so
+# they go through ``Hub.proxy`` (``WEBSOCKETS``).
+TRANSPORTS = ["amqp", "mqtt", "amqp-ws", "mqtt-ws"]
+WEBSOCKETS = {"amqp-ws", "mqtt-ws"}
+WSS_PORT = 443  # the one port the SDK's WebSocket transports dial
 ROUTES = {"all": "FROM /messages/* WHERE $connectionDeviceId = 'dev1' INTO $upstream"}
 QUICK_RETRY = ExecutorSettings(retry_policy=RetryPolicy(minimum_delay_s=0.2, maximum_delay_s=0.2))
+
+
+def gateway(transport: str, ports: dict[str, int]) -> str:
+    """The connection string's ``GatewayHostName`` for ``transport``: the head's own port (``ports``, by transport:
+    "amqp", "mqtt", "wss") in it, except for the WebSocket transports, which dial 443 through the proxy."""
+    return "127.0.0.1" if transport in WEBSOCKETS else f"127.0.0.1:{ports[transport]}"
+
+
+def through_proxy(transport: str, proxy: ConnectProxy) -> dict[str, Any]:
+    """The driver's spec key that gives a WebSocket transport the proxy; nothing for the others."""
+    return {"proxy": f"http://127.0.0.1:{proxy.port}"} if transport in WEBSOCKETS else {}
 
 
 @dataclass
 class Hub:
     rig: Rig
-    ports: dict[str, int]  # by transport: the TLS port its head listens on
+    ports: dict[str, int]  # "amqp", "mqtt": the TLS port that head listens on; "wss": the WebSocket listener's
+    proxy: ConnectProxy  # 127.0.0.1:443 to ports["wss"]
 
     def connection_string(self, identity: Identity, transport: str) -> str:
         return ConnectionString(
@@ -69,20 +93,29 @@ class Hub:
             device_id=identity.device_id,
             module_id=identity.module_id,
             shared_access_key=KEYS[identity.id],
-            gateway_host_name=f"127.0.0.1:{self.ports[transport]}",
+            gateway_host_name=gateway(transport, self.ports),
         ).format()
+
+    def reach(self, transport: str) -> dict[str, Any]:
+        return through_proxy(transport, self.proxy)
 
 
 @asynccontextmanager
-async def hub_with_amqp(data: Path, settings: ExecutorSettings = LONG_WAIT) -> AsyncIterator[Hub]:
-    """The real hub (``running_hub``: its MQTT head on TLS), and its AMQP head on TLS too, each on a free port."""
+async def hub_with_every_head(data: Path, settings: ExecutorSettings = LONG_WAIT) -> AsyncIterator[Hub]:
+    """The real hub (``running_hub``: its MQTT head on TLS), its AMQP head on TLS too, and the WebSocket listener
+    (TLS) in front of both heads, each on a free port; the proxy that takes the SDK's 443 to that listener."""
     async with running_hub(data, routes=ROUTES, settings=settings) as rig:
         pair = rig.ca.server()
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.load_cert_chain(pair.cert, pair.key)
         amqp_settings = AmqpSettings(tcp_port=None, tls_port=0, ssl_context=ctx, connect_timeout_s=10.0)
+        ws_settings = WebSocketSettings(tls_port=0, ssl_context=ctx, connect_timeout_s=10.0)
         async with AmqpServer(rig.hub, settings=amqp_settings) as amqp:
-            yield Hub(rig, {"amqp": amqp.ports["amqps"], "mqtt": rig.tls})
+            heads: dict[str, HeadServer[Any, Any]] = {SUBPROTOCOL_MQTT: rig.server, SUBPROTOCOL_AMQP: amqp}
+            async with WebSocketServer(rig.hub, settings=ws_settings, heads=heads) as ws:
+                wss = ws.ports["wss"]
+                async with ConnectProxy({("127.0.0.1", WSS_PORT): ("127.0.0.1", wss)}) as proxy:
+                    yield Hub(rig, {"amqp": amqp.ports["amqps"], "mqtt": rig.tls, "wss": wss}, proxy)
 
 
 @dataclass
@@ -173,10 +206,10 @@ async def test_node_sdk_device_sends_patches_its_twin_takes_a_c2d_message_and_an
         {"data": '{"t": 21.5}', "message_id": "m-1", "content_type": "application/json", "properties": {"k": "v"}},
         {"data": '{"t": 30}', "message_id": "m-2", "correlation_id": "c-2"},
     ]
-    async with hub_with_amqp(tmp_path) as hub:
+    async with hub_with_every_head(tmp_path) as hub:
         rig = hub.rig
         spec: dict[str, Any] = {"connection_string": hub.connection_string(DEV, transport), "messages": messages}
-        spec |= {"report": {"firmware": "1.2", "nested": {"a": 1}}, "c2d": 1, "methods": 1}
+        spec |= {"report": {"firmware": "1.2", "nested": {"a": 1}}, "c2d": 1, "methods": 1} | hub.reach(transport)
         async with driver(node, tmp_path, transport, "device", rig.ca.ca_pem, **spec) as run:
             assert await run.event() == {"event": "connected"}
             for i in range(len(messages)):
@@ -203,6 +236,8 @@ async def test_node_sdk_device_sends_patches_its_twin_takes_a_c2d_message_and_an
             assert json.loads(result.payload) == {"echo": {"x": 1}}
             assert await run.event() == {"event": "done"}
             assert await run.exit_code() == 0
+        # over its WebSocket (the proxy's one route) or not through the proxy at all
+        assert hub.proxy.tunnels == (1 if transport in WEBSOCKETS else 0)
 
         first, second = (item.message for item in stored(rig, "$upstream"))
         assert first.body == b'{"t": 21.5}'
@@ -224,11 +259,11 @@ async def test_node_sdk_device_sends_patches_its_twin_takes_a_c2d_message_and_an
 async def test_node_sdk_module_gets_its_desired_properties_and_each_change_pushed_and_answers_a_method(
     tmp_path: Path, node: str, transport: str
 ) -> None:
-    async with hub_with_amqp(tmp_path) as hub:
+    async with hub_with_every_head(tmp_path) as hub:
         rig = hub.rig
         rig.hub.set_module_desired("filter", {"threshold": 25}, 2)
         spec: dict[str, Any] = {"connection_string": hub.connection_string(FILTER, transport), "patches": 1}
-        spec |= {"report": {"ok": True}, "methods": 1}
+        spec |= {"report": {"ok": True}, "methods": 1} | hub.reach(transport)
         async with driver(node, tmp_path, transport, "module", rig.ca.ca_pem, **spec) as run:
             assert await run.event() == {"event": "connected"}
             twin = await run.event()
@@ -245,16 +280,17 @@ async def test_node_sdk_module_gets_its_desired_properties_and_each_change_pushe
         assert (await rig.hub.get_twin(FILTER))["reported"] == {"ok": True, "$version": 2}
 
 
+@pytest.mark.parametrize("transport", ["amqp", "amqp-ws"])
 async def test_node_sdk_over_amqp_abandons_a_c2d_message_that_comes_again_and_rejects_one_that_is_dead_lettered(
-    tmp_path: Path, node: str
+    tmp_path: Path, node: str, transport: str
 ) -> None:
     # AMQP only: IoT Hub's MQTT has no abandon or reject (the SDK refuses them there). An abandoned message comes
     # again after the retry wait: a short one here.
-    async with hub_with_amqp(tmp_path, QUICK_RETRY) as hub:
+    async with hub_with_every_head(tmp_path, QUICK_RETRY) as hub:
         rig = hub.rig
-        spec: dict[str, Any] = {"connection_string": hub.connection_string(DEV, "amqp"), "c2d": 3}
-        spec["c2d_outcomes"] = {"bad": ["reject"], "again": ["abandon", "complete"]}
-        async with driver(node, tmp_path, "amqp", "device", rig.ca.ca_pem, **spec) as run:
+        spec: dict[str, Any] = {"connection_string": hub.connection_string(DEV, transport), "c2d": 3}
+        spec |= {"c2d_outcomes": {"bad": ["reject"], "again": ["abandon", "complete"]}} | hub.reach(transport)
+        async with driver(node, tmp_path, transport, "device", rig.ca.ca_pem, **spec) as run:
             assert await run.event() == {"event": "connected"}
             assert (await run.event())["event"] == "twin"
             assert await run.event() == {"event": "ready"}
@@ -280,11 +316,12 @@ async def test_node_sdk_over_amqp_abandons_a_c2d_message_that_comes_again_and_re
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_node_sdk_device_with_a_bad_key_is_refused_at_connect(tmp_path: Path, node: str, transport: str) -> None:
-    async with hub_with_amqp(tmp_path) as hub:
+    async with hub_with_every_head(tmp_path) as hub:
         rig = hub.rig
         cs = ConnectionString.parse(hub.connection_string(DEV, transport))
         wrong = dataclasses.replace(cs, shared_access_key=KEYS[FILTER.id]).format()
-        async with driver(node, tmp_path, transport, "device", rig.ca.ca_pem, connection_string=wrong) as run:
+        spec = {"connection_string": wrong} | hub.reach(transport)
+        async with driver(node, tmp_path, transport, "device", rig.ca.ca_pem, **spec) as run:
             event = await run.event(error_expected=True)
             assert await run.exit_code() == 1
         assert event["event"] == "error"
@@ -299,21 +336,23 @@ async def test_node_sdk_device_against_edgehub_run_with_the_cloud_on_its_upstrea
 ) -> None:
     """``edgehub run`` as a user runs it, its upstream a Mosquitto playing the cloud: the cloud's direct method
     call and cloud-to-device message reach the SDK over the transport, with the connection string ``edgehub identity
-    add`` printed (its gateway given the port the hub took)."""
+    add`` printed (its gateway given the port the hub took; for a WebSocket transport, the proxy to its ``wss``
+    port)."""
     data, manifest = tmp_path / "data", tmp_path / "m.json"
     manifest.write_text(json.dumps({"schemaVersion": "1.1", "routes": ROUTES}))
     printed = await identity_add(data, "dev1")
-    async with MosquittoPeer(tmp_path) as broker:
+    async with MosquittoPeer(tmp_path) as broker, ConnectProxy({}) as proxy:
         cloud = Paho.make("cloud")
         assert await cloud.connect(broker.port) == 0
         cloud.client.subscribe("$iothub/dev1/methods/res/#", qos=0)
         upstream = ["--upstream-mqtt", f"127.0.0.1:{broker.port}", "--upstream-wire", "message"]
         proc, mqtts, lines = await start(data, manifest, *upstream)
         try:
-            port = {"amqp": amqps_port(lines), "mqtt": mqtts}[transport]
-            cs = dataclasses.replace(printed, gateway_host_name=f"127.0.0.1:{port}").format()
+            ports = {"amqp": amqps_port(lines), "mqtt": mqtts, "wss": wss_port(lines)}  # wss: EDGEHUB_WSS_PORT=0
+            proxy.routes[("127.0.0.1", WSS_PORT)] = ("127.0.0.1", ports["wss"])
+            cs = dataclasses.replace(printed, gateway_host_name=gateway(transport, ports)).format()
             spec: dict[str, Any] = {"connection_string": cs, "messages": [{"data": "{}", "message_id": "r-1"}]}
-            spec |= {"report": {"run": True}, "c2d": 1, "methods": 1}
+            spec |= {"report": {"run": True}, "c2d": 1, "methods": 1} | through_proxy(transport, proxy)
             async with driver(node, tmp_path, transport, "device", data / "certs" / "ca.pem", **spec) as run:
                 assert await run.event() == {"event": "connected"}
                 assert await run.event() == {"event": "sent", "index": 0}
@@ -345,6 +384,7 @@ async def test_node_sdk_device_against_edgehub_run_with_the_cloud_on_its_upstrea
                 assert c2d["properties"]["cmd"] == "on"
                 assert await run.event() == {"event": "done"}
                 assert await run.exit_code() == 0
+            assert proxy.tunnels == (1 if transport in WEBSOCKETS else 0)
         finally:
             await stop(proc)
             await cloud.close()
