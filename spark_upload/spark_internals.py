@@ -197,6 +197,40 @@ class HadoopDir:
             finally:
                 stream.close()
 
+    def read_bytes(self, *parts: str) -> bytes | None:
+        """The whole file, or None when it does not exist."""
+        with _java_errors("read", self.uri(*parts)):
+            p = self._path(*parts)
+            if not self._fs.exists(p):
+                return None
+            stream = self._fs.open(p)
+            try:
+                return bytes(stream.readAllBytes())
+            finally:
+                stream.close()
+
+    def publish(self, data: bytes, *parts: str) -> bool:
+        """Write ``data`` as a new file, visible whole or not at all: first under a name starting with ``.`` in the
+        same folder (Spark's file sources skip those), then renamed. False, and nothing written, when the file is
+        there already."""
+        if self.exists(*parts):
+            return False
+        *folder, name = parts
+        tmp = (*folder, f".{name}.tmp")
+        with _java_errors("write", self.uri(*tmp)):
+            if folder:
+                self._fs.mkdirs(self._path(*folder))
+            out = self._fs.create(self._path(*tmp), True)
+            try:
+                out.write(bytearray(data))
+            finally:
+                out.close()
+        if self.exists(*parts):  # a second writer got there first: same name, same bytes
+            self.delete(*tmp)
+            return False
+        self.rename("/".join(tmp), "/".join(parts))
+        return True
+
     def glob(self, pattern: str) -> list[str]:
         """The paths under the root matching ``pattern`` (Hadoop glob), relative to the root, sorted."""
         with _java_errors("list", self.uri(pattern)):
