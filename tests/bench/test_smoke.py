@@ -216,3 +216,14 @@ def test_fuzz_runs_every_target_and_finds_nothing() -> None:
     assert set(figures["targets"]) == set(TARGETS)
     assert all(target["hypothesis_examples"] > 0 for target in figures["targets"].values())
     assert figures["failures"] == []
+
+
+def test_upload_codec_lands_every_message_once_under_each_codec_and_the_dictionary_is_used() -> None:
+    # Its own checks: each landing zone decodes back to exactly the messages sent (zstd with the landed dictionary).
+    figures = run_bench("upload_codec", "--messages", "800", "--batch", "50", timeout_s=120)
+    assert {f"{run}_bytes_per_msg" for run in ("gzip", "zstd", "zstd_dict")} <= set(figures)
+    assert {"zstd_over_gzip", "zstd_dict_over_gzip", "dictionary_bytes"} <= set(figures)
+    assert figures["messages"] == 800
+    # Trained from the first four batches, landed once, used by every later segment.
+    assert figures["dictionary_bytes"] > 0
+    assert 0 < figures["segments_with_dictionary"] < 800 // 50

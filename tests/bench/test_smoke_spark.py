@@ -37,3 +37,11 @@ def test_ingest_spark_runs_the_job_which_keeps_every_record_once_and_its_floor_a
     assert figures["input_lines"] == records + 50  # the second segment repeats the first's last 50 (5 %)
     assert set(figures["elapsed_s"]) == {"local[1]", "floor local[1]"}
     assert figures["records_per_s_local2"] is None  # left out, so null rather than made up
+
+
+@pytest.mark.timeout(400)  # two runs of the job, each its own JVM
+def test_upload_codec_runs_the_job_on_gzip_and_on_zstd_dictionary_segments_with_every_message_once() -> None:
+    # --spark: the job's run on each landing zone is checked to put every message in bronze once.
+    figures = run_bench("upload_codec", "--messages", "400", "--batch", "50", "--spark", timeout_s=380)
+    assert {"job_gzip_s", "job_zstd_dict_s"} <= set(figures)
+    assert figures["segments_with_dictionary"] > 0
