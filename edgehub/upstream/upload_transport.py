@@ -219,7 +219,14 @@ class UploadTransport:
                 ld.record(len(text), len(data))
             if ld.wants_training() and (self._training is None or self._training.done()):
                 self._training = asyncio.create_task(ld.train(), name=f"upload-dictionary-train-{self.lane}")
+                self._training.add_done_callback(self._trained)
         return data
+
+    def _trained(self, task: asyncio.Task[object]) -> None:
+        """A training's end: ``LaneDictionary.train`` logs what it expects to fail (zstd, the timeout); anything
+        else (the store refusing to keep it) is logged here, and the lane stays on what it had."""
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("upload.dictionary_training_failed lane=%s error=%r", self.lane, task.exception())
 
     async def training_done(self) -> None:
         """Return once a dictionary training in progress has ended (at once when none is): for shutdown, and for
