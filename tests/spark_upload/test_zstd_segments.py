@@ -194,14 +194,19 @@ def test_a_segment_stating_more_than_the_bound_is_not_decompressed(spark: SparkS
     data = encode_segment(records, codec=Codec.ZSTD)
     LandingZone(str(landing)).write(name, data)
     decoder = SegmentDecoder(HadoopDir(spark, str(landing)), max_segment_bytes=1000)
-    assert decoder.run_pass() == DecodePass(decoded=0, undecodable=1)
-    (line,) = gzip.decompress((landing / decoded_path(name.path)).read_bytes()).splitlines()
-    why = json.loads(line)
-    assert (why[UNDECODABLE_KEY], why["segment"]) == ("too_large", name.path)
-    assert decoder.run_pass() == DecodePass()  # decided once
-    # Within the bound, the same segment decodes to its lines.
-    LandingZone(str(landing)).write(replace(name, hub_id="hub2"), data)
-    assert SegmentDecoder(HadoopDir(spark, str(landing))).run_pass() == DecodePass(decoded=1)
+    whole = SegmentDecoder(HadoopDir(spark, str(landing)))
+    try:
+        assert decoder.run_pass() == DecodePass(decoded=0, undecodable=1)
+        (line,) = gzip.decompress((landing / decoded_path(name.path)).read_bytes()).splitlines()
+        why = json.loads(line)
+        assert (why[UNDECODABLE_KEY], why["segment"]) == ("too_large", name.path)
+        assert decoder.run_pass() == DecodePass()  # decided once
+        # Within the bound, the same segment decodes to its lines.
+        LandingZone(str(landing)).write(replace(name, hub_id="hub2"), data)
+        assert whole.run_pass() == DecodePass(decoded=1)
+    finally:
+        decoder.stop()
+        whole.stop()
     copy = gzip.decompress((landing / decoded_path(replace(name, hub_id="hub2").path)).read_bytes())
     assert copy == segment_text(records)
 
@@ -224,7 +229,11 @@ def test_a_pass_decodes_at_most_its_bound_and_leaves_the_rest_for_the_next(spark
             SegmentName("hub1", "upstream", 5, k, k, codec=Codec.ZSTD), encode_segment(records, codec=Codec.ZSTD)
         )
     decoder = SegmentDecoder(HadoopDir(spark, str(landing)), max_segments_per_pass=2)
-    assert [decoder.run_pass() for _ in range(4)] == [
+    try:
+        passes = [decoder.run_pass() for _ in range(4)]
+    finally:
+        decoder.stop()
+    assert passes == [
         DecodePass(decoded=2, left=3),
         DecodePass(decoded=2, left=1),
         DecodePass(decoded=1),
