@@ -27,6 +27,7 @@ from edgehub.upstream.segment import (
     RECORD_FIELDS,
     SEGMENT_SUFFIX,
 )
+from spark_upload.decoding import UNDECODABLE_KEY
 
 __all__ = [
     "BRONZE_COLUMNS",
@@ -220,6 +221,12 @@ def classify(lines: DataFrame) -> DataFrame:
     reason = (
         F.when(r.isNull() & (F.trim("value") == ""), F.lit("empty_line"))
         .when(corrupt & ~is_object, F.lit("unparseable_line"))
+        # A decoded copy's one line for a zstd segment that could not be decoded (spark_upload.decoding); looked
+        # for only in lines without a version, so a record's line never pays for it.
+        .when(
+            ~corrupt & r["v"].isNull() & F.get_json_object("value", f"$.{UNDECODABLE_KEY}").isNotNull(),
+            F.lit(UNDECODABLE_KEY),
+        )
         .when(~corrupt & (r["v"].isNull() | ~r["v"].isin(list(READ_VERSIONS))), F.lit("unsupported_version"))
         .when(r[_CORRUPT].isNotNull(), F.lit("malformed_record"))
         .when(_any_missing(r), F.concat(F.lit("missing_fields:"), _missing_fields(r)))

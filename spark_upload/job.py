@@ -8,7 +8,9 @@ Usage:
     python -m spark_upload.job compact --lake DIR [--older-than-days 2] [--max-records-per-file N]
 
 What it does, per micro-batch of new landing files (Structured Streaming, built-in text source; gzip is
-decoded by the file source from the ``.gz`` suffix):
+decoded by the file source from the ``.gz`` suffix; zstd segments, ``*.jsonl.zst``, with or without a dictionary,
+are first decoded by the driver into gzip copies under ``decoded/``, which the source reads like any segment:
+``spark_upload.decoding``):
 
 * every line is classified: a good record (record format v1 or v2, in any mix) goes to **bronze** (all segment
   fields typed, the body decoded to bytes, v2's left-out system properties put back, ``v`` as written), anything
@@ -17,7 +19,8 @@ decoded by the file source from the ``.gz`` suffix):
   type), ``missing_fields:a,b`` (required field absent or null; ``body`` in v1), ``bad_enqueued_at``,
   ``no_body_field`` and ``several_body_fields`` (v2: not exactly one of ``body_json``, ``body_text``,
   ``body_b64``), ``body_json_not_last`` (v2: the body's text cannot be cut from the line), ``body_not_base64``
-  (v1 ``body``, v2 ``body_b64``). Nothing is dropped silently;
+  (v1 ``body``, v2 ``body_b64``), ``undecodable_segment`` (a zstd segment that could not be decoded: its line
+  says which segment, why and with which dictionary id). Nothing is dropped silently;
 * records whose ``(hub_id, edge_message_id)`` was already seen within the dedup window are removed
   (``dropDuplicatesWithinWatermark`` over the ingest time, which is the micro-batch time and so never "late");
 * **silver** is bronze with the body parsed to a VARIANT (``parse_json``; null when the body is not JSON, which
@@ -30,6 +33,8 @@ decoded by the file source from the ``.gz`` suffix):
 
 Where each part lives, with its invariants (this file holds the command line and the wiring of the query):
 
+* ``spark_upload.decoding``: zstd segments to gzip copies the query reads (dictionaries from the landing zone's
+  ``dictionaries/``; an undecodable segment becomes one quarantined line, never a failed job);
 * ``spark_upload.classification``: lines to typed rows or a quarantine reason, and the dedup step;
 * ``spark_upload.sink``: the idempotent sink (exactly once across restarts; one checkpoint per lake, else
   ``CheckpointMismatchError``; unreadable files quarantined);
@@ -42,8 +47,9 @@ Where each part lives, with its invariants (this file holds the command line and
 
 Shipping: run as ``spark-submit spark_upload/job.py``, this file imports its sibling modules and
 ``edgehub.upstream.segment``, so the driver needs both packages (``--py-files`` with a zip of ``spark_upload`` and
-``edgehub``; docs/spark.md, "Submit it to a cluster"). Executors need none of them: every row is handled by Spark column
-expressions, and the sink's Python runs in the driver.
+``edgehub``; docs/spark.md, "Submit it to a cluster"), and ``zstandard`` installed (for zstd segments). Executors
+need none of them: every row is handled by Spark column expressions, and the sink's and the decoder's Python runs
+in the driver.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from spark_upload.classification import classify, deduplicated, read_landing
 from spark_upload.compaction import compact
+from spark_upload.decoding import SegmentDecoder
 from spark_upload.metrics import MetricsListener, driver_cpu_s, emit_metrics, local_metrics_file
 from spark_upload.settings import (
     DEDUP_WINDOW,
@@ -72,7 +79,7 @@ from spark_upload.settings import (
     build_session,
 )
 from spark_upload.sink import CheckpointMismatchError, RunState, open_run, write_batch
-from spark_upload.spark_internals import SparkInternalsError, check_spark
+from spark_upload.spark_internals import HadoopDir, HadoopIOError, SparkInternalsError, check_spark
 from spark_upload.tables import device_minute_stats
 
 # The job's public face; each name has its home module, listed in the docstring.
@@ -100,6 +107,13 @@ def start(spark: SparkSession, settings: JobSettings) -> tuple[StreamingQuery, R
     check_spark(spark)
     run = open_run(spark, settings)
     run.metrics_file = local_metrics_file(settings)
+    # zstd segments get their gzip copies before the query lists the landing zone; under the continuous trigger,
+    # again every decode_interval_s while it runs.
+    decoder = SegmentDecoder(HadoopDir(spark, settings.landing))
+    decoder.run_pass()
+    if settings.trigger == "continuous":
+        decoder.start(settings.decode_interval_s)
+    run.decoder = decoder
     lines = read_landing(spark, settings.landing, max_files_per_trigger=settings.max_files_per_trigger)
     stream = deduplicated(classify(lines), settings.dedup_window)
     writer = stream.writeStream.option("checkpointLocation", settings.checkpoint).foreachBatch(
@@ -119,7 +133,9 @@ def start(spark: SparkSession, settings: JobSettings) -> tuple[StreamingQuery, R
 
 
 def finish(spark: SparkSession, query: StreamingQuery, run: RunState) -> None:
-    """Emit metrics the listener has not delivered yet, then drop the listener."""
+    """Stop decoding, emit metrics the listener has not delivered yet, then drop the listener."""
+    if run.decoder is not None:
+        run.decoder.stop()
     for progress in query.recentProgress:
         emit_metrics(run, json.loads(progress.json))
     if run.listener is not None:
@@ -217,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # CPU seconds of this driver (its JVM, which holds the executors in local mode, and Python) during the
         # run: cpu_s / elapsed_s is how many cores the run kept busy.
         print(f"ingest.run_done elapsed_s={elapsed_s:.3f} cpu_s={cpu_s:.3f}", flush=True)
-    except (CheckpointMismatchError, SparkInternalsError) as exc:
+    except (CheckpointMismatchError, SparkInternalsError, HadoopIOError) as exc:
         return _refused(exc)
     finally:
         spark.stop()

@@ -77,6 +77,7 @@ from edgehub.upstream.segment import (
     SegmentFormatError,
     UnknownDictionaryError,
     dictionary_id,
+    dictionary_path,
     segment_codec,
     zstd_plain_bytes,
 )
@@ -168,11 +169,6 @@ def as_landing_bytes(payload: bytes, dictionaries: Mapping[int, bytes] | None = 
         _log.warning("receiver.zstd_undecodable bytes=%d error=%s; set aside", len(payload), exc)
         return payload
     return gzip.compress(raw, mtime=0)
-
-
-def dictionary_path(dict_id: int) -> str:
-    """Where the landing zone keeps dictionary ``dict_id``."""
-    return f"dictionaries/{dict_id:010d}.zdict"
 
 
 def quarantine_folder(dict_id: int) -> str:

@@ -32,6 +32,8 @@ class JobSettings:
     dedup_window: str = DEDUP_WINDOW
     max_records_per_file: int = MAX_RECORDS_PER_FILE
     max_files_per_trigger: int | None = None
+    # continuous: how often the driver looks for new zstd segments to decode (spark_upload.decoding)
+    decode_interval_s: float = 5.0
     metrics_path: str | None = None  # also append the lines to this local file ({lake}/_metrics/ gets them anyway)
     print_metrics: bool = True
 
@@ -40,6 +42,8 @@ class JobSettings:
             raise ValueError(f"trigger must be one of {', '.join(TRIGGERS)}, not {self.trigger!r}")
         if self.max_records_per_file <= 0:
             raise ValueError("max_records_per_file must be positive")
+        if self.decode_interval_s <= 0:
+            raise ValueError("decode_interval_s must be positive")
 
 
 def build_session(

@@ -41,6 +41,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from edgehub.core import ConfigurationError, EdgeHubError
 from spark_upload.classification import BRONZE_COLUMNS
+from spark_upload.decoding import SegmentDecoder
 from spark_upload.settings import JobSettings
 from spark_upload.spark_internals import CheckpointLog, HadoopDir, gzip_error
 from spark_upload.tables import TABLES, device_minute_partials, move_in, silver, write_capped
@@ -102,6 +103,7 @@ class RunState:
     listener: StreamingQueryListener | None = None
     query_id: str | None = None  # from the checkpoint's metadata; goes into every commit marker
     failure: EdgeHubError | None = None  # an error of ours that failed a batch
+    decoder: SegmentDecoder | None = None  # decodes zstd segments for the query while it runs (continuous)
 
     def wait_for_batches(self, n: int, *, timeout_s: float) -> bool:
         """Block until ``n`` batches were handled by this run (committed or skipped); False on timeout."""

@@ -155,6 +155,8 @@ class HadoopDir:
     def __init__(self, spark: SparkSession, root: str) -> None:
         jvm, _ = _gateway(spark)
         self._jvm = jvm
+        # Looked up once: each step of ``jvm.org.apache...`` is a py4j round trip, and a path is made per call.
+        self._path_class = jvm.org.apache.hadoop.fs.Path
         root_path, self._fs = _file_system(spark, root)
         self.root = str(root_path.toString())
         with _java_errors("qualify", root):
@@ -165,7 +167,7 @@ class HadoopDir:
         return self.root + "/" + "/".join(parts)
 
     def _path(self, *parts: str) -> Any:
-        return self._jvm.org.apache.hadoop.fs.Path(self.uri(*parts))
+        return self._path_class(self.uri(*parts))
 
     def exists(self, *parts: str) -> bool:
         with _java_errors("stat", self.uri(*parts)):
@@ -196,6 +198,38 @@ class HadoopDir:
                 return bytes(stream.readAllBytes()).decode("utf-8")
             finally:
                 stream.close()
+
+    def read_bytes(self, *parts: str) -> bytes | None:
+        """The whole file, or None when it does not exist."""
+        with _java_errors("read", self.uri(*parts)):
+            p = self._path(*parts)
+            if not self._fs.exists(p):
+                return None
+            stream = self._fs.open(p)
+            try:
+                return bytes(stream.readAllBytes())
+            finally:
+                stream.close()
+
+    def publish(self, data: bytes, *parts: str) -> bool:
+        """Write ``data`` as a new file, visible whole or not at all: first under a name starting with ``.`` in the
+        same folder (Spark's file sources skip those), then renamed; Hadoop's ``create`` makes missing folders.
+        False, and nothing written, when the file is there already."""
+        if self.exists(*parts):
+            return False
+        *folder, name = parts
+        tmp = (*folder, f".{name}.tmp")
+        with _java_errors("write", self.uri(*tmp)):
+            out = self._fs.create(self._path(*tmp), True)
+            try:
+                out.write(bytearray(data))
+            finally:
+                out.close()
+        if self.exists(*parts):  # a second writer got there first: same name, same bytes
+            self.delete(*tmp)
+            return False
+        self.rename("/".join(tmp), "/".join(parts))
+        return True
 
     def glob(self, pattern: str) -> list[str]:
         """The paths under the root matching ``pattern`` (Hadoop glob), relative to the root, sorted."""

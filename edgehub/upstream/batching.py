@@ -49,8 +49,9 @@ def batch_text(batch: Sequence[QueuedMessage], *, hub_id: str, lane: str) -> byt
     return segment_text(records)
 
 
-def segment_name(batch: Sequence[QueuedMessage], *, hub_id: str, lane: str) -> SegmentName:
-    """The idempotent name of ``batch``: what it is (hub, lane, priority, first and last offset)."""
+def segment_name(batch: Sequence[QueuedMessage], *, hub_id: str, lane: str, codec: Codec = Codec.GZIP) -> SegmentName:
+    """The idempotent name of ``batch``: what it is (hub, lane, priority, first and last offset) and how its file
+    is compressed (the suffix)."""
     if not batch:
         raise ValueError("an empty batch has no segment name")
     priorities = {qm.priority for qm in batch}
@@ -62,4 +63,5 @@ def segment_name(batch: Sequence[QueuedMessage], *, hub_id: str, lane: str) -> S
         priority=batch[0].priority,
         first_offset=batch[0].offset,
         last_offset=batch[-1].offset,
+        codec=codec,
     )

@@ -13,6 +13,8 @@ Invariants:
   sources skip such names), are fsync'ed (local), and are then published under the final name by a link or a
   move, so a reader sees the whole segment or nothing. Locally the folder is fsync'ed too, so a returned
   ``write`` survives a power cut.
+* **Never makes a bucket.** On an object store (s3, gcs, abfs) it makes no folders: there are none, and s3fs
+  would create a missing bucket; a write to a bucket that is not there fails (and is retried) instead.
 * **Errors are ours.** Every failure is a ``TransportError`` whose ``kind`` says what to do next: a full disk
   or a flaky store is ``TRANSIENT``, a refused permission or an unknown protocol is ``PERMANENT``.
 """
@@ -33,6 +35,9 @@ __all__ = ["LandingZone", "WriteOutcome"]
 
 _log = logging.getLogger(__name__)
 
+# Object stores: no folders to make, and s3fs's ``makedirs`` would create a missing bucket, so a mistyped bucket
+# name would start a new bucket instead of failing the write.
+_OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az"})
 _PERMANENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR})
 
 
@@ -72,6 +77,7 @@ class LandingZone:
         self._fs = fs
         self._root = root.rstrip("/") if root != "/" else root
         self._local = "file" in _protocols(fs)
+        self._object_store = bool(_OBJECT_STORES.intersection(_protocols(fs)))
 
     def path_of(self, name: SegmentName) -> str:
         """The full path (in the filesystem's own terms) a segment lands at."""
@@ -152,7 +158,8 @@ class LandingZone:
             return WriteOutcome.ALREADY_PRESENT
         folder, base = final.rsplit("/", 1)
         tmp = f"{folder}/.{base}.{uuid.uuid4().hex}.tmp"
-        fs.makedirs(folder, exist_ok=True)
+        if not self._object_store:
+            fs.makedirs(folder, exist_ok=True)
         fs.pipe_file(tmp, data)
         try:
             # Object stores have no no-replace rename; a racing writer of the same name writes the same bytes

@@ -33,11 +33,14 @@ from edgehub.core import EdgeHubError, Message, SystemProperty
 __all__ = [
     "BODY_FIELDS",
     "COLUMN_SYSTEM_PROPERTIES",
+    "DICTIONARY_FOLDER",
     "LINE_FIELDS",
     "READ_VERSIONS",
     "RECORD_FIELDS",
     "SEGMENT_FORMAT_VERSION",
     "SEGMENT_SUFFIX",
+    "SEGMENT_SUFFIXES",
+    "ZSTD_SEGMENT_SUFFIX",
     "Codec",
     "SegmentFormatError",
     "SegmentName",
@@ -46,6 +49,7 @@ __all__ = [
     "compress_segment",
     "decode_segment",
     "dictionary_id",
+    "dictionary_path",
     "encode_segment",
     "format_enqueued_at",
     "record_from_message",
@@ -59,7 +63,10 @@ __all__ = [
 
 SEGMENT_FORMAT_VERSION = 2  # what writers write
 READ_VERSIONS: tuple[int, ...] = (1, 2)  # what readers read
-SEGMENT_SUFFIX = ".jsonl.gz"
+SEGMENT_SUFFIX = ".jsonl.gz"  # a gzip segment's file name ends so: Spark's text source decodes it by this suffix
+ZSTD_SEGMENT_SUFFIX = ".jsonl.zst"  # a zstd segment's (the Spark job decodes those itself, dictionary and all)
+# The folder of the landing zone that holds the zstd dictionaries, each once, by id (``dictionary_path``).
+DICTIONARY_FOLDER = "dictionaries"
 # A decoded record, field for field (what bronze holds: the body as bytes; v is the version the line had). Spark's
 # column names and types mirror these; spark_upload keeps its schema in step (a test checks it).
 RECORD_FIELDS: tuple[str, ...] = (
@@ -102,6 +109,10 @@ class Codec(StrEnum):
 
     GZIP = "gzip"
     ZSTD = "zstd"
+
+
+# A landing-zone file's suffix says its codec, so a reader picks files by name before it opens them.
+SEGMENT_SUFFIXES: Mapping[Codec, str] = {Codec.GZIP: SEGMENT_SUFFIX, Codec.ZSTD: ZSTD_SEGMENT_SUFFIX}
 
 
 def zstd_available() -> bool:
@@ -299,6 +310,14 @@ def dictionary_id(data: bytes) -> int | None:
     return int.from_bytes(data[4:8], "little")
 
 
+def dictionary_path(dict_id: int) -> str:
+    """Where a landing zone keeps zstd dictionary ``dict_id`` (relative to its root): written once, before the first
+    segment compressed with it, by whoever lands such segments (the upload transport, the landing receiver)."""
+    if not 0 < dict_id < 1 << 32:
+        raise ValueError(f"a zstd dictionary id is a positive 32-bit number, not {dict_id}")
+    return f"{DICTIONARY_FOLDER}/{dict_id:010d}.zdict"
+
+
 def segment_dictionary_id(data: bytes) -> int:
     """The id of the dictionary a zstd segment was compressed with (its frame header); 0 when none (or not zstd)."""
     if not data.startswith(_ZSTD_MAGIC):
@@ -493,13 +512,15 @@ def _records(text: str) -> list[SegmentRecord]:
 
 @dataclass(frozen=True, slots=True)
 class SegmentName:
-    """What a batch is, and so its name: ``{hub}/{lane}/p{priority:02d}/{first:020d}-{last:020d}.jsonl.gz``."""
+    """What a batch is, and so its name: ``{hub}/{lane}/p{priority:02d}/{first:020d}-{last:020d}{suffix}``, the
+    suffix ``.jsonl.gz`` or ``.jsonl.zst`` by the codec (``SEGMENT_SUFFIXES``)."""
 
     hub_id: str
     lane: str  # the upstream lane: "upstream" or "upstream-p3" for partition 3
     priority: int
     first_offset: int
     last_offset: int
+    codec: Codec = Codec.GZIP
 
     def __post_init__(self) -> None:
         for part in (self.hub_id, self.lane):
@@ -512,5 +533,5 @@ class SegmentName:
     def path(self) -> str:
         return (
             f"{self.hub_id}/{self.lane}/p{self.priority:02d}/"
-            f"{self.first_offset:020d}-{self.last_offset:020d}{SEGMENT_SUFFIX}"
+            f"{self.first_offset:020d}-{self.last_offset:020d}{SEGMENT_SUFFIXES[self.codec]}"
         )

@@ -7,9 +7,17 @@ write returning is the checkpoint. In production the writer is ``edgehub.upstrea
 atomically visible; the composition root builds it from the configured URL and passes it here, so this module
 does not depend on how or where files land.
 
+**Codecs.** ``codec`` is gzip (the default; files ``*.jsonl.gz``) or zstd (files ``*.jsonl.zst``). With zstd and
+a ``LaneDictionary`` (``edgehub.upstream.dictionary``, the same one the MQTT transport uses), the lane samples its
+segments' lines, trains a dictionary from them in the background, and once one is trained lands it **once** at
+``dictionaries/{id:010d}.zdict`` (``dictionary_path``) before the first segment compressed with it; the landing
+write returning is what ``announced`` means here, so no segment that needs a dictionary lands before it. The
+Spark job finds it there by the id the segment's zstd frame header carries (docs/segment-format.md).
+
 Invariants:
-* The same batch always gives the same name and the same bytes (gzip ``mtime=0``), so a retried upload of a
-  batch whose first write did land never makes a second copy.
+* The same batch always gives the same name (codec included), so a retried upload of a batch whose first write
+  did land never makes a second copy; gzip gives the same bytes too (``mtime=0``); a zstd retry may use a newer
+  dictionary, and the first copy stays (both decode to the same records).
 * All or nothing: the batch succeeded when the write returned; any failure fails the whole batch with the
   writer's ``TransportError.kind`` (other exceptions count as TRANSIENT). Nothing is invalid here: every
   message can be written.
@@ -20,6 +28,10 @@ Invariants:
 * ``max_uplink_bps`` (``maxUplinkBps``) caps the bytes written as it caps MQTT's PUBLISH bytes: the same token
   bucket (``edgehub.upstream.bandwidth``), taken before each write; a segment above the bucket's burst goes
   when the bucket is full and leaves a debt the next ones pay, so the long-run rate holds.
+* A dictionary is landed before any segment that uses it, and a failure to land it fails that batch like a
+  failed segment write (the landing zone is what is failing); the batch goes again on the executor's schedule.
+* zstd compression (level 19 by default: tens of milliseconds a segment) runs in a worker thread, so the event
+  loop never waits for it.
 * A failed write (refused, or timed out) reports the endpoint unreachable (``ReportsUnreachable``): the
   executor parks its queues and sends one probe at a time on its retry schedule instead of every priority
   trying on its own; the first write that succeeds afterwards calls ``on_reachable``.
@@ -29,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -37,14 +50,18 @@ from edgehub.core import Clock, FailureKind, SystemClock, TransportError
 from edgehub.core.endpoints import UPSTREAM_ENDPOINT, UPSTREAM_LANE
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.bandwidth import TokenBucket
-from edgehub.upstream.batching import segment_bytes, segment_name
-from edgehub.upstream.segment import SegmentName
+from edgehub.upstream.batching import batch_text, segment_name
+from edgehub.upstream.dictionary import LaneDictionary
+from edgehub.upstream.segment import Codec, SegmentName, compress_segment, dictionary_path
 
-__all__ = ["SegmentWriter", "UploadTransport"]
+__all__ = ["DEFAULT_LEVELS", "SegmentWriter", "UploadTransport"]
 
 log = logging.getLogger(__name__)
 
 _BURST_BYTES = 65_536  # the uplink bucket's burst: a larger segment goes when it is full, and leaves a debt
+# Each codec's level unless told otherwise: gzip's usual one; zstd's as on the MQTT transport (small segments gain
+# most from a high level, and the upload link is the thin part).
+DEFAULT_LEVELS = {Codec.GZIP: 6, Codec.ZSTD: 19}
 
 
 class SegmentWriter(Protocol):
@@ -52,6 +69,10 @@ class SegmentWriter(Protocol):
 
     def write(self, name: SegmentName, data: bytes) -> object:
         """Store ``data`` under ``name``, idempotently; return once it is durable and visible."""
+        ...
+
+    def write_path(self, relative_path: str, data: bytes) -> object:
+        """``write`` for a file that is not a segment (a zstd dictionary at ``dictionary_path``)."""
         ...
 
 
@@ -66,7 +87,9 @@ class UploadTransport:
         lane: str = UPSTREAM_LANE,
         endpoint_id: str = UPSTREAM_ENDPOINT,
         max_batch_messages: int = 10_000,
-        compresslevel: int = 6,
+        codec: Codec = Codec.GZIP,
+        compresslevel: int | None = None,
+        dictionary: LaneDictionary | None = None,
         max_uplink_bps: float | None = None,
         write_timeout_s: float = 120.0,
         clock: Clock | None = None,
@@ -75,13 +98,24 @@ class UploadTransport:
             raise ValueError("max_batch_messages must be positive")
         if write_timeout_s <= 0:
             raise ValueError("write_timeout_s must be positive")
+        if dictionary is not None and codec is not Codec.ZSTD:
+            raise ValueError("a dictionary needs the zstd codec")
+        level = DEFAULT_LEVELS[codec] if compresslevel is None else compresslevel
+        # The codec's own bounds, checked here: a bad level would otherwise fail every batch, forever.
+        if not (1 <= level <= 9 if codec is Codec.GZIP else 1 <= level <= 22):
+            raise ValueError(f"compresslevel {level} is out of range for {codec} (gzip 1-9, zstd 1-22)")
+        if codec is Codec.ZSTD:
+            compress_segment(b"", codec=codec)  # ValueError now, not per batch, without the zstandard package
         SegmentName(hub_id=hub_id, lane=lane, priority=0, first_offset=0, last_offset=0)  # validates the parts
         self._writer = writer
         self.hub_id = hub_id
         self.lane = lane
         self._endpoint_id = endpoint_id
         self._max_batch_messages = max_batch_messages
-        self.compresslevel = compresslevel
+        self.codec = codec
+        self.compresslevel = level
+        self.dictionary = dictionary
+        self._training: asyncio.Task[object] | None = None
         self.write_timeout_s = write_timeout_s
         self._bucket = TokenBucket(rate_bps=max_uplink_bps, burst_bytes=_BURST_BYTES, clock=clock or SystemClock())
         self._on_reachable: Callable[[], None] = lambda: None
@@ -91,6 +125,8 @@ class UploadTransport:
         self.segments_written = 0
         self.bytes_written = 0
         self.messages_written = 0
+        self.dictionaries_landed = 0
+        self._landed: set[int] = set()  # dictionary ids this transport has landed (or found landed)
 
     @property
     def endpoint_id(self) -> str:
@@ -113,7 +149,7 @@ class UploadTransport:
     def set_max_uplink_bps(self, rate_bps: float | None) -> None:
         self._bucket.set_rate(rate_bps)
 
-    async def _write(self, name: SegmentName, data: bytes) -> None:
+    async def _write(self, write: Callable[[], object], size: int) -> None:
         """One write, after the one before it has returned, within ``write_timeout_s`` (each wait)."""
         previous = self._writing
         if previous is not None and not previous.done():
@@ -124,8 +160,8 @@ class UploadTransport:
                 raise TransportError(
                     f"the previous write is still running after {self.write_timeout_s}s", kind=FailureKind.TIMEOUT
                 ) from exc
-        await self._bucket.take(len(data))
-        writing = asyncio.ensure_future(asyncio.to_thread(self._writer.write, name, data))
+        await self._bucket.take(size)
+        writing = asyncio.ensure_future(asyncio.to_thread(write))
         # Its outcome is awaited below or, after a timeout, by nobody: read it so it is never reported unread.
         writing.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._writing = writing
@@ -139,12 +175,13 @@ class UploadTransport:
         if not batch:
             return SendResult()
         try:
-            name = segment_name(batch, hub_id=self.hub_id, lane=self.lane)
-            data = segment_bytes(batch, hub_id=self.hub_id, lane=self.lane, compresslevel=self.compresslevel)
+            name = segment_name(batch, hub_id=self.hub_id, lane=self.lane, codec=self.codec)
         except ValueError as exc:  # a batch mixing priorities is the executor's bug, not the messages'
             return SendResult.all_failed(batch, FailureKind.PERMANENT, str(exc))
         try:
-            await self._write(name, data)
+            await self._land_dictionary()
+            data = await self._encode(batch)
+            await self._write(functools.partial(self._writer.write, name, data), len(data))
         except TransportError as exc:
             log.info("upload.write_failed lane=%s segment=%s kind=%s error=%s", self.lane, name.path, exc.kind, exc)
             return self._failed(batch, exc.kind, str(exc))
@@ -163,13 +200,69 @@ class UploadTransport:
         )
         return result
 
+    async def _encode(self, batch: Sequence[QueuedMessage]) -> bytes:
+        """The segment of ``batch`` in this transport's codec, with the lane's usable dictionary (zstd in a worker
+        thread); its lines sampled for the dictionary, whose training starts when the sample calls for it."""
+        text = batch_text(batch, hub_id=self.hub_id, lane=self.lane)
+        ld = self.dictionary
+        usable = ld.usable if ld is not None else None
+        zdict = usable.data if usable is not None else None
+        if self.codec is Codec.ZSTD:
+            data = await asyncio.to_thread(
+                compress_segment, text, compresslevel=self.compresslevel, codec=self.codec, dictionary=zdict
+            )
+        else:
+            data = compress_segment(text, compresslevel=self.compresslevel, codec=self.codec)
+        if ld is not None:
+            ld.observe(text)
+            if usable is not None:
+                ld.record(len(text), len(data))
+            if ld.wants_training() and (self._training is None or self._training.done()):
+                self._training = asyncio.create_task(ld.train(), name=f"upload-dictionary-train-{self.lane}")
+                self._training.add_done_callback(self._trained)
+        return data
+
+    def _trained(self, task: asyncio.Task[object]) -> None:
+        """A training's end: ``LaneDictionary.train`` logs what it expects to fail (zstd, the timeout); anything
+        else (the store refusing to keep it) is logged here, and the lane stays on what it had."""
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("upload.dictionary_training_failed lane=%s error=%r", self.lane, task.exception())
+
+    async def training_done(self) -> None:
+        """Return once a dictionary training in progress has ended (at once when none is): for shutdown, and for
+        tests, which wait on this rather than on time."""
+        training = self._training
+        if training is not None:
+            await asyncio.wait([training])
+
+    async def _land_dictionary(self) -> None:
+        """Land the lane's dictionary before the first segment this transport writes with it, then make it usable
+        (``announced``). A dictionary the store says was landed is landed again once per start (an idempotent
+        write: one ``exists`` when it is there), so a landing zone that moved or lost it never holds a segment it
+        cannot decode. Raises what the write raises: the batch fails with it."""
+        ld = self.dictionary
+        current = ld.current if ld is not None else None
+        if ld is None or current is None or current.dict_id in self._landed:
+            return
+        path = dictionary_path(current.dict_id)
+        await self._write(functools.partial(self._writer.write_path, path, current.data), len(current.data))
+        self._landed.add(current.dict_id)
+        self.dictionaries_landed += 1
+        log.info("upload.dictionary_landed lane=%s dict_id=%d bytes=%d", self.lane, current.dict_id, len(current.data))
+        await ld.announced(current.dict_id)
+
     def _failed(self, batch: Sequence[QueuedMessage], kind: FailureKind, error: str) -> SendResult:
         self._failing = True
         self._on_unreachable()
         return SendResult.all_failed(batch, kind, error)
 
     async def close(self) -> None:
-        """Wait (within ``write_timeout_s``) for a write still running, so no thread outlives the transport."""
+        """Wait (within ``write_timeout_s``) for a write still running, so no thread outlives the transport; a
+        dictionary still training is cancelled (its thread ends within the training's own timeout)."""
+        training, self._training = self._training, None
+        if training is not None and not training.done():
+            training.cancel()
+            await asyncio.wait([training])  # not ``await training``: its cancellation is not ours to raise
         writing, self._writing = self._writing, None
         if writing is not None and not writing.done():
             with contextlib.suppress(Exception):  # its failure was reported when it timed out

@@ -246,3 +246,14 @@ def test_links_fail_over_and_back_and_the_lake_holds_every_message_once() -> Non
     assert figures["failover_cut_s"] is not None  # the metered link took over after the cut
     assert figures["failover_silent_s"] is not None  # and after the silence
     assert figures["bridge_published"] > 0  # the peer ran beside it
+
+
+def test_upload_codec_lands_every_message_once_under_each_codec_and_the_dictionary_is_used() -> None:
+    # Its own checks: each landing zone decodes back to exactly the messages sent (zstd with the landed dictionary).
+    figures = run_bench("upload_codec", "--messages", "800", "--batch", "50", timeout_s=120)
+    assert {f"{run}_bytes_per_msg" for run in ("gzip", "zstd", "zstd_dict")} <= set(figures)
+    assert {"zstd_over_gzip", "zstd_dict_over_gzip", "dictionary_bytes"} <= set(figures)
+    assert figures["messages"] == 800
+    # Trained from the first four batches, landed once, used by every later segment.
+    assert figures["dictionary_bytes"] > 0
+    assert 0 < figures["segments_with_dictionary"] < 800 // 50

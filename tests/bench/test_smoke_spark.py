@@ -52,3 +52,11 @@ def test_links_counts_lost_and_duplicates_in_the_lake_the_spark_job_built() -> N
     assert figures["lost"] == 0
     assert figures["duplicates"] == 0
     assert figures["lake_rows"] == figures["published"]
+
+
+@pytest.mark.timeout(400)  # two runs of the job, each its own JVM
+def test_upload_codec_runs_the_job_on_gzip_and_on_zstd_dictionary_segments_with_every_message_once() -> None:
+    # --spark: the job's run on each landing zone is checked to put every message in bronze once.
+    figures = run_bench("upload_codec", "--messages", "400", "--batch", "50", "--spark", timeout_s=380)
+    assert {"job_gzip_s", "job_zstd_dict_s"} <= set(figures)
+    assert figures["segments_with_dictionary"] > 0

@@ -55,7 +55,7 @@ from edgehub.upstream.mqtt.settings import (
     TlsSettings,
     WireMode,
 )
-from edgehub.upstream.segment import Codec
+from edgehub.upstream.segment import SEGMENT_SUFFIXES, Codec
 
 __all__ = [
     "DEFAULT_MANIFEST",
@@ -326,8 +326,8 @@ def run_option_groups() -> tuple[OptionGroup, ...]:
                     "--upstream-compression",
                     type=click.Choice(["gzip", "zstd"]),
                     default=None,
-                    help="Segment codec in batch mode (overrides upstream.compression; default gzip; zstd needs "
-                    "edgehub[zstd]).",
+                    help="Segment codec in batch mode and for uploads (overrides upstream.compression; default "
+                    "gzip; zstd trains a dictionary per lane from its traffic).",
                 ),
                 option(
                     "--upstream-link-rate", default=None, metavar="RATE", help="Link hint, e.g. 64kbit (linkRateBps)."
@@ -648,9 +648,12 @@ def show_transport(settings: MqttUpstreamSettings | UploadUpstreamSettings | Non
         click.echo("upstream transport: none ($upstream stays queued)")
         return
     if isinstance(settings, UploadUpstreamSettings):
+        codec = settings.compression
+        dictionary = ", a dictionary per lane trained and landed once" if codec is Codec.ZSTD else ""
         click.echo(
             f"upstream transport: upload to {_without_password(settings.url)} hub={settings.hub_id} "
-            "(one gzip segment file per batch, {hub}/{lane}/p{NN}/{first}-{last}.jsonl.gz)"
+            f"(one {codec} segment file per batch, {{hub}}/{{lane}}/p{{NN}}/{{first}}-{{last}}"
+            f"{SEGMENT_SUFFIXES[codec]}{dictionary})"
             + (f" uplink cap {settings.max_uplink_bps:g} bit/s" if settings.max_uplink_bps else "")
         )
         return
@@ -695,14 +698,14 @@ _MQTT_ONLY_FLAGS = (
     "upstream_batch_bytes",
     "upstream_linger_ms",
     "upstream_window_bytes",
-    "upstream_compression",
     "upstream_link_rate",
     "upstream_link_rtt",
     "upstream_max_packet_bytes",
     "upstream_broker_max_packet_bytes",
 )
-# The manifest's upstream keys that only the MQTT transport reads (maxUplinkBps caps uploads too).
-_MQTT_LINK_KEYS = tuple(key for key in LINK_KEYS.values() if key != "maxUplinkBps")
+# The manifest's upstream keys that only the MQTT transport reads (maxUplinkBps caps uploads too, and compression
+# chooses their codec).
+_MQTT_LINK_KEYS = tuple(key for key in LINK_KEYS.values() if key not in ("maxUplinkBps", "compression"))
 
 
 def _upload_settings(url: str, client_id: str) -> UploadUpstreamSettings:

@@ -66,6 +66,9 @@ class UploadUpstreamSettings:
     hub_id: str = "edgehub"
     max_uplink_bps: float | None = None  # maxUplinkBps: a cap on the bytes written, as on MQTT's PUBLISH bytes
     max_batch_messages: int = 10_000  # the most messages in one segment file
+    # upstream.compression / --upstream-compression: gzip files (*.jsonl.gz), or zstd files (*.jsonl.zst) with a
+    # dictionary each lane trains from its traffic and lands once (edgehub.upstream.upload_transport)
+    compression: Codec = Codec.GZIP
 
     def __post_init__(self) -> None:
         if not self.url:

@@ -236,7 +236,10 @@ async def _upstream_endpoints(
             twins.append(TwinChannel())
             first.attach_twin(twins[0])
     elif isinstance(transport, UploadUpstreamSettings):
-        endpoints.extend(upload_lane(transport, lane_id) for lane_id in lane_ids(store, effective.upstream))
+        # each lane keeps its zstd dictionary in the store, as an MQTT lane does
+        endpoints.extend(
+            upload_lane(transport, lane_id, keeper=store) for lane_id in lane_ids(store, effective.upstream)
+        )
     elif transport is not None:
         for lane_id in lane_ids(store, effective.upstream):
             upstream = MqttUpstream(lane_settings(transport, lane_id), keeper=store)  # keeps its dictionary

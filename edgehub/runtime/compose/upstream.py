@@ -24,6 +24,7 @@ from edgehub.core.endpoints import (
 from edgehub.hub.lanes import UpstreamOptions
 from edgehub.runtime.compose.config import HubConfig, UploadUpstreamSettings
 from edgehub.store import Store
+from edgehub.upstream.dictionary import DictionaryKeeper, LaneDictionary
 from edgehub.upstream.landing import LandingZone
 from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, WireMode
 from edgehub.upstream.segment import Codec
@@ -77,7 +78,7 @@ def transport_settings(
 ) -> MqttUpstreamSettings | UploadUpstreamSettings | None:
     """``config.upstream`` with the profile's batch size, then the manifest's link settings, then the overrides
     applied; None without one. The link settings are the MQTT transport's: an ``UploadUpstreamSettings`` takes the
-    profile's batch size and ``maxUplinkBps`` only."""
+    profile's batch size, ``maxUplinkBps`` and ``compression`` only."""
     if config.upstream is None:
         return None
     base = config.upstream
@@ -86,7 +87,10 @@ def transport_settings(
     cap_bps = up.get("maxUplinkBps")
     if isinstance(base, UploadUpstreamSettings):
         cap = config.upstream_overrides.max_uplink_bps or (float(cap_bps) if cap_bps else None)
-        return replace(base, max_uplink_bps=cap) if cap is not None else base
+        if cap is not None:
+            base = replace(base, max_uplink_bps=cap)
+        codec = config.upstream_overrides.compression or up.get("compression")
+        return replace(base, compression=Codec(codec)) if codec is not None else base
     wire, linger_ms, rate_bps, rtt_ms, codec = (
         up.get(k) for k in ("wireMode", "lingerMs", "linkRateBps", "linkRttMs", "compression")
     )
@@ -131,12 +135,28 @@ def landing_zone(url: str) -> LandingZone:
         raise ConfigurationError(f"upstream upload: {exc}") from exc
 
 
-def upload_lane(settings: UploadUpstreamSettings, lane_id: str) -> UploadTransport:
+def upload_lane(
+    settings: UploadUpstreamSettings, lane_id: str, *, keeper: DictionaryKeeper | None = None
+) -> UploadTransport:
     """The upload transport of one lane: ``$upstream`` writes lane ``upstream``, ``$upstream/{i}`` lane
-    ``upstream-p{i}``, each through its own ``LandingZone`` on ``settings.url``."""
+    ``upstream-p{i}``, each through its own ``LandingZone`` on ``settings.url``. With zstd, each lane trains its
+    own dictionary, kept through ``keeper`` (the store) under the lane's name with ``upload-`` before it, apart from
+    an MQTT lane's of the same name (which the far side has by another road)."""
     if not is_upstream_endpoint(lane_id):
         raise ValueError(f"{lane_id!r} is not an upstream lane")
     lane = lane_name_of(parse_upstream_lane_id(lane_id))
+    dictionary = None
+    if settings.compression is Codec.ZSTD:
+        dictionary = LaneDictionary(lane=f"upload-{lane}", keeper=keeper)
+    try:
+        return _upload_transport(settings, lane, lane_id, dictionary)
+    except ValueError as exc:  # zstd without the zstandard package
+        raise ConfigurationError(f"upstream upload: {exc}") from exc
+
+
+def _upload_transport(
+    settings: UploadUpstreamSettings, lane: str, lane_id: str, dictionary: LaneDictionary | None
+) -> UploadTransport:
     return UploadTransport(
         landing_zone(settings.url),
         hub_id=settings.hub_id,
@@ -144,6 +164,8 @@ def upload_lane(settings: UploadUpstreamSettings, lane_id: str) -> UploadTranspo
         endpoint_id=lane_id,
         max_uplink_bps=settings.max_uplink_bps,
         max_batch_messages=settings.max_batch_messages,
+        codec=settings.compression,
+        dictionary=dictionary,
     )
 
 

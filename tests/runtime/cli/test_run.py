@@ -301,6 +301,19 @@ def test_run_says_which_manifest_link_keys_the_upload_transport_does_not_use(tmp
     assert "upstream: partitions=2 duplicate detection off" in out
 
 
+def test_the_upload_codec_comes_from_the_manifests_compression_and_the_flag_over_it(tmp_path: Path) -> None:
+    manifest = write(
+        tmp_path / "m.json", {"schemaVersion": "1.1", "routes": {}, "upstream": {"compression": "zstd", "lingerMs": 5}}
+    )
+    landing = str(tmp_path / "landing")
+    out = _run_with_port_taken(tmp_path, ["--manifest", manifest, "--upstream-upload", landing])
+    assert "(one zstd segment file per batch, {hub}/{lane}/p{NN}/{first}-{last}.jsonl.zst, a dictionary" in out
+    assert "manifest keys lingerMs are the MQTT transport's; not used by upload" in out  # compression is used
+    flag = ["--manifest", manifest, "--upstream-upload", landing, "--upstream-compression", "gzip"]
+    out = _run_with_port_taken(tmp_path, flag)
+    assert "(one gzip segment file per batch, {hub}/{lane}/p{NN}/{first}-{last}.jsonl.gz)" in out
+
+
 def test_the_transport_line_leaves_the_password_of_an_upload_url_out(capsys: pytest.CaptureFixture[str]) -> None:
     show_transport(UploadUpstreamSettings(url="sftp://ops:s3cret@files.example/landing", hub_id="gw"))
     out = capsys.readouterr().out
