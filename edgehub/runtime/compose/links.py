@@ -186,11 +186,11 @@ async def linked_lanes(
     for lane_id in lane_ids:
         transports: list[tuple[LinkSpec, Endpoint]] = []
         for i, (spec, s) in enumerate(zip(specs, settings, strict=True)):
-            if isinstance(s, UploadUpstreamSettings):
-                transports.append((spec, upload_lane(s, lane_id)))
-                continue
             # The first link keeps the single upstream's dictionary key (a hub that gets links keeps its dictionary).
             keeper = store if store is None or i == 0 else _LinkKeeper(store, spec.name)
+            if isinstance(s, UploadUpstreamSettings):
+                transports.append((spec, upload_lane(s, lane_id, keeper=keeper)))
+                continue
             transports.append((spec, MqttUpstream(lane_settings(s, lane_id), keeper=keeper)))
         lane = LinkedUpstream(transports, ledger, endpoint_id=lane_id)
         await lane.start()
