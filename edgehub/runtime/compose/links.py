@@ -34,7 +34,15 @@ from edgehub.upstream.links import LinkedUpstream, LinkSpec
 from edgehub.upstream.mqtt.settings import MqttProtocol, MqttUpstreamSettings, TlsSettings
 from edgehub.upstream.mqtt.transport import MqttUpstream
 
-__all__ = ["BUDGET_FILE", "budget_ledger", "link_spec", "link_transport_settings", "linked_lanes", "read_secret"]
+__all__ = [
+    "BUDGET_FILE",
+    "budget_ledger",
+    "build_linked_lanes",
+    "link_spec",
+    "link_transport_settings",
+    "linked_lanes",
+    "read_secret",
+]
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +165,7 @@ def budget_ledger(data_dir: Path | None, specs: Sequence[LinkSpec]) -> BudgetLed
     return BudgetLedger(path, {s.name: (s.budget, s.cost_per_mib) for s in specs})
 
 
-async def linked_lanes(
+def build_linked_lanes(
     links: Sequence[Mapping[str, Any]],
     base: MqttUpstreamSettings | UploadUpstreamSettings | None,
     lane_ids: Sequence[str],
@@ -165,8 +173,9 @@ async def linked_lanes(
     store: Store | None,
     data_dir: Path | None,
     env: Mapping[str, str] | None = None,
-) -> list[Endpoint]:
-    """One started ``LinkedUpstream`` per lane in ``lane_ids``, every link's transport inside it."""
+) -> list[LinkedUpstream]:
+    """One ``LinkedUpstream`` per lane in ``lane_ids``, every link's transport inside it, none started yet (nothing
+    connects or writes before ``start``: what a start would run can be read first)."""
     env = os.environ if env is None else env
     specs = [link_spec(link) for link in links]
     settings = [link_transport_settings(link, base, first=i == 0, env=env) for i, link in enumerate(links)]
@@ -182,7 +191,7 @@ async def linked_lanes(
             f"{spec.budget.limit_bytes}/{spec.budget.period}" if spec.budget is not None else "none",
             ledger.used_bytes(spec.name),
         )
-    lanes: list[Endpoint] = []
+    lanes: list[LinkedUpstream] = []
     for lane_id in lane_ids:
         transports: list[tuple[LinkSpec, Endpoint]] = []
         for i, (spec, s) in enumerate(zip(specs, settings, strict=True)):
@@ -192,7 +201,21 @@ async def linked_lanes(
             # The first link keeps the single upstream's dictionary key (a hub that gets links keeps its dictionary).
             keeper = store if store is None or i == 0 else _LinkKeeper(store, spec.name)
             transports.append((spec, MqttUpstream(lane_settings(s, lane_id), keeper=keeper)))
-        lane = LinkedUpstream(transports, ledger, endpoint_id=lane_id)
-        await lane.start()
-        lanes.append(lane)
+        lanes.append(LinkedUpstream(transports, ledger, endpoint_id=lane_id))
     return lanes
+
+
+async def linked_lanes(
+    links: Sequence[Mapping[str, Any]],
+    base: MqttUpstreamSettings | UploadUpstreamSettings | None,
+    lane_ids: Sequence[str],
+    *,
+    store: Store | None,
+    data_dir: Path | None,
+    env: Mapping[str, str] | None = None,
+) -> list[Endpoint]:
+    """``build_linked_lanes``, each lane started."""
+    lanes = build_linked_lanes(links, base, lane_ids, store=store, data_dir=data_dir, env=env)
+    for lane in lanes:
+        await lane.start()
+    return list(lanes)
