@@ -41,6 +41,7 @@ __all__ = [
     "link_spec",
     "link_transport_settings",
     "linked_lanes",
+    "missing_secrets",
     "read_secret",
 ]
 
@@ -71,6 +72,23 @@ def read_secret(link: str, what: str, env_name: str | None, file: str | None, en
         except UnicodeDecodeError as exc:
             raise ConfigurationError(f"upstream.links {link!r}: {what} file {file} is not UTF-8") from exc
     return None
+
+
+def missing_secrets(links: Sequence[Mapping[str, Any]], env: Mapping[str, str]) -> list[str]:
+    """Each secret the checked ``links`` name that ``env`` or its file does not hold, with its path in the manifest
+    (``upstream.links.0.passwordEnv: ...``): a deployment naming one would stop the next start."""
+    out = []
+    for i, link in enumerate(links):
+        for what, env_key, file_key in (
+            ("password", "passwordEnv", "passwordFile"),
+            ("SAS token", "sasTokenEnv", "sasTokenFile"),
+        ):
+            try:
+                read_secret(link["name"], what, link.get(env_key), link.get(file_key), env)
+            except ConfigurationError as exc:
+                key = env_key if link.get(env_key) is not None else file_key
+                out.append(f"upstream.links.{i}.{key}: {exc}")
+    return out
 
 
 def link_spec(link: Mapping[str, Any]) -> LinkSpec:

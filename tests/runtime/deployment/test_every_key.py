@@ -554,7 +554,7 @@ async def hub_started(tmp_path: Path, config: HubConfig) -> AsyncIterator[Seen]:
         )
         async with EdgeHub(store=store, router=Router({}), host_name="hub.test") as hub:
             started_with = StartSettings(module_window=config.module_window, upstream=plan.settings.upstream)
-            controller = DeploymentController(hub, started_with, check=check_in_process)
+            controller = DeploymentController(hub, started_with, check=check_in_process, env=ENV)
             assert (await controller.start(config.manifest, checked=(point.document, plan))).code == 200
             yield Seen(hub, controller, None, effective, lanes[0] if lanes else None)
     finally:
@@ -612,3 +612,31 @@ async def test_a_key_takes_effect_whichever_way_it_came_and_still_after_a_restar
             assert case.effect(seen) is False
         elif key != "endpoints.<endpoint>.drop":  # what was dropped is reported once, by the update that dropped it
             assert case.effect(seen) == case.expected
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("passwordEnv", "EDGEHUB_KEYS_UNSET"),
+        ("passwordFile", "{tmp}/no-such-secret"),
+        ("sasTokenEnv", "EDGEHUB_KEYS_UNSET"),
+        ("sasTokenFile", "{tmp}/no-such-secret"),
+    ],
+)
+@pytest.mark.parametrize("way", ["file", "admin", "cloud"])
+async def test_links_whose_secret_is_not_there_are_refused_rather_than_left_to_stop_the_next_start(
+    tmp_path: Path, key: str, value: str, way: str
+) -> None:
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps(document_of(BASE)))
+    config = HubConfig(manifest=manifest, data_dir=tmp_path, upstream=UPSTREAM)
+    async with hub_started(tmp_path, config) as seen:
+        seen = await apply(seen, start(linked(**{key: value}), unsupported, None), way, manifest)
+        assert seen.status is not None
+        assert seen.status.code == 400
+        assert [e.split(":")[0] for e in seen.status.errors] == [f"upstream.links.0.{key}"]
+        assert "'sat'" in seen.status.errors[0]  # the link named
+        assert (seen.reported["runningDesiredVersion"], seen.reported["restartRequired"]) == (1, [])
+    if way != "file":  # the next start runs what ran (a file edited is the start's to check, and it stops it)
+        async with hub_started(tmp_path, config) as seen:
+            assert seen.links is None
