@@ -4,7 +4,8 @@ carry (``docs/links.md``; ``edgehub.upstream.links`` chooses between them).
 
 Invariants: every key is known, typed and bounded like the rest of the manifest; a link names its secrets by
 environment variable or file only (desired properties are reported back and are no place for a password); names
-are unique; a budget has a period; a link carries at least one priority, and the priorities it may send past its
+are unique; a budget has a period; an upload link has no MQTT key, and a key file comes with its certificate file
+(a key taken must do something); a link carries at least one priority, and the priorities it may send past its
 budget are among them. That every routed priority has a link is the whole document's check
 (``uncarried_routes``), as it needs the routes.
 """
@@ -26,6 +27,24 @@ MAX_LINKS = 8
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 _ADDRESS = re.compile(r"^[^\s:]{1,253}:[0-9]{1,5}$")
 Number = StrictInt | StrictFloat
+# The keys only an MQTT link uses (an upload link takes url, maxUplinkBps and the keys of every link).
+_MQTT_ONLY = (
+    "clientId",
+    "protocol",
+    "username",
+    "passwordEnv",
+    "passwordFile",
+    "sasTokenEnv",
+    "sasTokenFile",
+    "tls",
+    "caFile",
+    "certFile",
+    "keyFile",
+    "keepaliveSecs",
+    "ackTimeoutSecs",
+    "linkRateBps",
+    "linkRttMs",
+)
 
 
 class _Strict(BaseModel):
@@ -77,8 +96,15 @@ class LinkConfiguration(_Strict):
                 raise ValueError(f"link {self.name!r}: an mqtt link needs address 'host:port'")
             if self.url is not None:
                 raise ValueError(f"link {self.name!r}: url is for upload links")
-        elif self.url is None or self.address is not None:
-            raise ValueError(f"link {self.name!r}: an upload link needs url, and no address")
+        else:
+            if self.url is None or self.address is not None:
+                raise ValueError(f"link {self.name!r}: an upload link needs url, and no address")
+            # an upload link writes files: an MQTT key would be taken and do nothing
+            mqtt_only = sorted(key for key in _MQTT_ONLY if getattr(self, key) not in (None, False))
+            if mqtt_only:
+                raise ValueError(f"link {self.name!r}: {', '.join(mqtt_only)} only for mqtt links")
+        if self.keyFile is not None and self.certFile is None:
+            raise ValueError(f"link {self.name!r}: keyFile is the key of certFile, which is not given")
         for env, file in ((self.passwordEnv, self.passwordFile), (self.sasTokenEnv, self.sasTokenFile)):
             if env is not None and file is not None:
                 raise ValueError(f"link {self.name!r}: a secret comes from the environment or a file, not both")

@@ -197,6 +197,11 @@ class LinkedUpstream:
         return tuple(link.transport for link in self._links)
 
     @property
+    def specs(self) -> tuple[LinkSpec, ...]:
+        """The links' specs, in the manifest's order (as ``transports``)."""
+        return tuple(link.spec for link in self._links)
+
+    @property
     def max_batch_messages(self) -> int:
         """The batch of the most preferred link that is up: most batches go over it. (An MQTT link learns its
         batch from the bytes per message it sent; one that sent nothing yet asks for one message, which must not

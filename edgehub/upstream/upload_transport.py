@@ -133,6 +133,11 @@ class UploadTransport:
         return self._endpoint_id
 
     @property
+    def writer(self) -> SegmentWriter:
+        """Where the segments go (a ``LandingZone`` in production)."""
+        return self._writer
+
+    @property
     def max_batch_messages(self) -> int:
         return self._max_batch_messages
 

@@ -180,8 +180,8 @@ def fields_of(message: AmqpMessage) -> MessageFields:
     pn_message_t handle (``_msg``) with the C calls ``MessageReader`` makes: proton's internals, this module's job."""
     return MessageFields(
         body=_owned(message.body),
-        properties=message.properties,
-        annotations=message.annotations,
+        properties=_owned(message.properties),
+        annotations=_owned(message.annotations),
         id=_owned(message.id),
         correlation_id=_owned(message.correlation_id),
         content_type=pn_message_get_content_type(message._msg),
@@ -195,8 +195,15 @@ def fields_of(message: AmqpMessage) -> MessageFields:
 
 
 def _owned(value: Any) -> Any:
-    # A binary id is a view into the pn_message_t, which the next decode overwrites.
-    return bytes(value) if isinstance(value, memoryview) else value
+    # A binary value (an id, a property, in a map or list body) is a view into the pn_message_t, which the next
+    # decode overwrites or its free releases: a copy of our own, through maps and lists.
+    if isinstance(value, memoryview):
+        return bytes(value)
+    if isinstance(value, dict):
+        return type(value)({k: _owned(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [_owned(v) for v in value]
+    return value
 
 
 def _body(data: Any) -> Any:
@@ -212,7 +219,7 @@ def _map(data: Any) -> Any:
     pn_data_rewind(data)
     if not pn_data_next(data):
         return None
-    return _general(data)
+    return _owned(_general(data))
 
 
 def _general(data: Any) -> Any:

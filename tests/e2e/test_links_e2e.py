@@ -1,7 +1,8 @@
 """``upstream.links`` through the composition root (``serve``), as ``edgehub run`` runs it: a cheap and a metered
 link, each through its own link simulator to one real Mosquitto, a paho device into the MQTT head, the admin API.
 The cheap link's cut sends the alarm over the metered link while telemetry waits; ``/status`` shows each link; and
-a restart of the hub remembers the metered link's bytes of this period (the ledger in the data directory)."""
+a restart of the hub remembers the metered link's bytes of this period (the ledger in the data directory). Links
+given by the admin API to a running hub are named in ``restartRequired`` and run from the next start."""
 
 from __future__ import annotations
 
@@ -52,8 +53,12 @@ def manifest(path: Path, cheap: LinkSim, metered: LinkSim) -> None:
 
 
 @asynccontextmanager
-async def hub(data: Path, manifest_path: Path) -> AsyncIterator[tuple[AdminClient, int]]:
-    upstream = MqttUpstreamSettings(host="unused", client_id="gw", hub_id="gw", linger_s=0.0)
+async def hub(
+    data: Path, manifest_path: Path, *, broker_port: int | None = None
+) -> AsyncIterator[tuple[AdminClient, int]]:
+    """The hub as ``serve`` runs it; its single upstream (what ``links`` replace) to the broker on ``broker_port``."""
+    host, port = ("unused", 1883) if broker_port is None else ("127.0.0.1", broker_port)
+    upstream = MqttUpstreamSettings(host=host, port=port, client_id="gw", hub_id="gw", linger_s=0.0)
     config = HubConfig(
         manifest=manifest_path, data_dir=data, mqtt_port=0, mqtts_port=None, upstream=upstream, admin_port=0
     )
@@ -129,3 +134,28 @@ async def test_a_cut_sends_the_alarm_over_the_metered_link_and_a_restart_remembe
         async with asyncio.timeout(60), hub(data, tmp_path / "m.json") as (client, _):
             again = await status_until(client, lambda s: len(links_of(s)) == 2)
             assert links_of(again)["sat"]["bytes_this_period"] >= sat_bytes  # the morning's bytes, remembered
+
+
+async def test_links_the_admin_api_gives_a_running_hub_need_a_restart_and_the_restart_runs_them(
+    tmp_path: Path,
+) -> None:
+    data, path = tmp_path / "data", tmp_path / "m.json"
+    path.write_text(json.dumps({"schemaVersion": "1.1", "routes": {"up": "FROM /messages/* INTO $upstream"}}))
+    async with MosquittoPeer(tmp_path) as broker:
+        links = [{"name": "sat", "address": f"127.0.0.1:{broker.port}", "costPerMiB": 8}]
+        async with asyncio.timeout(60), hub(data, path, broker_port=broker.port) as (client, _):
+            code, _ = await asyncio.to_thread(client.request, "PATCH", "/twin/desired", {"upstream": {"links": links}})
+            assert code == 200
+            _, reported = await asyncio.to_thread(client.request, "GET", "/twin/reported")
+            assert isinstance(reported, dict)
+            assert reported["restartRequired"] == ["upstream.links"], reported
+            _, status = await asyncio.to_thread(client.request, "GET", "/status")
+            assert isinstance(status, dict)
+            assert links_of(status) == {}  # not yet: the single upstream runs as it started
+        # The restart, the file unchanged: the deployment the admin API gave runs, its link with it.
+        async with asyncio.timeout(60), hub(data, path, broker_port=broker.port) as (client, _):
+            up = await status_until(client, lambda s: links_of(s).get("sat", {}).get("state") == "up")
+            assert links_of(up)["sat"]["cost_per_mib"] == 8
+            _, reported = await asyncio.to_thread(client.request, "GET", "/twin/reported")
+            assert isinstance(reported, dict)
+            assert (reported["source"].split()[0], reported["restartRequired"]) == ("admin-api", [])

@@ -90,6 +90,7 @@ def test_a_route_without_a_priority_needs_a_link_for_the_default_priority() -> N
         ({"name": "a b"}, "upstream.links.0", "letters, digits"),
         ({"passwordFile": "/run/secrets/p"}, "upstream.links.0", "not both"),
         ({"allowedOverBudget": "0"}, "upstream.links.0", "without a budget"),
+        ({"keyFile": "/etc/edgehub/cell.key"}, "upstream.links.0", "keyFile is the key of certFile"),
     ],
 )
 def test_a_bad_link_is_refused_with_its_path(change: dict[str, Any], where: str, what: str) -> None:
@@ -110,3 +111,11 @@ def test_an_upload_link_needs_a_url() -> None:
     assert "needs url" in problems([{"name": "lake", "transport": "upload"}])[0]
     d = load_desired(desired([{"name": "lake", "transport": "upload", "url": "/data/landing"}]))
     assert d.upstream.links is not None
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("username", "u"), ("tls", True), ("keepaliveSecs", 20), ("linkRttMs", 700)]
+)
+def test_an_upload_link_refuses_the_keys_only_mqtt_uses(key: str, value: object) -> None:
+    found = problems([{"name": "lake", "transport": "upload", "url": "/data/landing", key: value}])
+    assert found == [f"upstream.links.0: link 'lake': {key} only for mqtt links"]

@@ -34,7 +34,16 @@ from edgehub.upstream.links import LinkedUpstream, LinkSpec
 from edgehub.upstream.mqtt.settings import MqttProtocol, MqttUpstreamSettings, TlsSettings
 from edgehub.upstream.mqtt.transport import MqttUpstream
 
-__all__ = ["BUDGET_FILE", "budget_ledger", "link_spec", "link_transport_settings", "linked_lanes", "read_secret"]
+__all__ = [
+    "BUDGET_FILE",
+    "budget_ledger",
+    "build_linked_lanes",
+    "link_spec",
+    "link_transport_settings",
+    "linked_lanes",
+    "missing_secrets",
+    "read_secret",
+]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +72,23 @@ def read_secret(link: str, what: str, env_name: str | None, file: str | None, en
         except UnicodeDecodeError as exc:
             raise ConfigurationError(f"upstream.links {link!r}: {what} file {file} is not UTF-8") from exc
     return None
+
+
+def missing_secrets(links: Sequence[Mapping[str, Any]], env: Mapping[str, str]) -> list[str]:
+    """Each secret the checked ``links`` name that ``env`` or its file does not hold, with its path in the manifest
+    (``upstream.links.0.passwordEnv: ...``): a deployment naming one would stop the next start."""
+    out = []
+    for i, link in enumerate(links):
+        for what, env_key, file_key in (
+            ("password", "passwordEnv", "passwordFile"),
+            ("SAS token", "sasTokenEnv", "sasTokenFile"),
+        ):
+            try:
+                read_secret(link["name"], what, link.get(env_key), link.get(file_key), env)
+            except ConfigurationError as exc:
+                key = env_key if link.get(env_key) is not None else file_key
+                out.append(f"upstream.links.{i}.{key}: {exc}")
+    return out
 
 
 def link_spec(link: Mapping[str, Any]) -> LinkSpec:
@@ -157,7 +183,7 @@ def budget_ledger(data_dir: Path | None, specs: Sequence[LinkSpec]) -> BudgetLed
     return BudgetLedger(path, {s.name: (s.budget, s.cost_per_mib) for s in specs})
 
 
-async def linked_lanes(
+def build_linked_lanes(
     links: Sequence[Mapping[str, Any]],
     base: MqttUpstreamSettings | UploadUpstreamSettings | None,
     lane_ids: Sequence[str],
@@ -165,8 +191,9 @@ async def linked_lanes(
     store: Store | None,
     data_dir: Path | None,
     env: Mapping[str, str] | None = None,
-) -> list[Endpoint]:
-    """One started ``LinkedUpstream`` per lane in ``lane_ids``, every link's transport inside it."""
+) -> list[LinkedUpstream]:
+    """One ``LinkedUpstream`` per lane in ``lane_ids``, every link's transport inside it, none started yet (nothing
+    connects or writes before ``start``: what a start would run can be read first)."""
     env = os.environ if env is None else env
     specs = [link_spec(link) for link in links]
     settings = [link_transport_settings(link, base, first=i == 0, env=env) for i, link in enumerate(links)]
@@ -182,7 +209,7 @@ async def linked_lanes(
             f"{spec.budget.limit_bytes}/{spec.budget.period}" if spec.budget is not None else "none",
             ledger.used_bytes(spec.name),
         )
-    lanes: list[Endpoint] = []
+    lanes: list[LinkedUpstream] = []
     for lane_id in lane_ids:
         transports: list[tuple[LinkSpec, Endpoint]] = []
         for i, (spec, s) in enumerate(zip(specs, settings, strict=True)):
@@ -192,7 +219,21 @@ async def linked_lanes(
                 transports.append((spec, upload_lane(s, lane_id, keeper=keeper)))
                 continue
             transports.append((spec, MqttUpstream(lane_settings(s, lane_id), keeper=keeper)))
-        lane = LinkedUpstream(transports, ledger, endpoint_id=lane_id)
-        await lane.start()
-        lanes.append(lane)
+        lanes.append(LinkedUpstream(transports, ledger, endpoint_id=lane_id))
     return lanes
+
+
+async def linked_lanes(
+    links: Sequence[Mapping[str, Any]],
+    base: MqttUpstreamSettings | UploadUpstreamSettings | None,
+    lane_ids: Sequence[str],
+    *,
+    store: Store | None,
+    data_dir: Path | None,
+    env: Mapping[str, str] | None = None,
+) -> list[Endpoint]:
+    """``build_linked_lanes``, each lane started."""
+    lanes = build_linked_lanes(links, base, lane_ids, store=store, data_dir=data_dir, env=env)
+    for lane in lanes:
+        await lane.start()
+    return list(lanes)

@@ -11,6 +11,8 @@ Invariants:
   window and every executor's settings are switched between two awaits, so no message is routed under one update
   and admitted under another; connections are not touched; messages already stored keep the priority and TTL
   they were stored with;
+* an update that gives the upstream new links is refused when a secret one names is not there (the environment
+  variable unset, the file unreadable): applied, it would stop the next start;
 * a refused update changes nothing that runs: it is answered 400 with every error, logged through the
   ``RefusalLog`` (``deployment_invalid``), and reported (``lastDesiredVersion``, ``lastDesiredStatus``);
 * an endpoint no longer named by any route keeps its executor and drains what it holds, unless the update says
@@ -33,6 +35,7 @@ import copy
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,6 +49,7 @@ from edgehub.delivery.retry import effective_policy
 from edgehub.hub.facade import EdgeHub
 from edgehub.hub.twins import TwinLimits, check_patch
 from edgehub.manifest.documents import MAX_MANIFEST_BYTES, ManifestError, edgehub_section, read_manifest_file
+from edgehub.runtime.compose.links import missing_secrets
 from edgehub.runtime.deployment.plan import (
     DeploymentCheckFailed,
     DeploymentPlan,
@@ -94,9 +98,12 @@ class DeploymentController:
         *,
         clock: Clock | None = None,
         check: Callable[[Any], Awaitable[DeploymentPlan]] = check_deployment,
+        env: Mapping[str, str] | None = None,
     ) -> None:
-        """``check``: a document to its plan or ``ManifestError`` (by default in a child process)."""
+        """``check``: a document to its plan or ``ManifestError`` (by default in a child process); ``env``: where
+        the links' secrets named by environment variable are looked for (by default ``os.environ``, as at start)."""
         self._hub = hub
+        self._env = os.environ if env is None else env
         self._check = check
         self._start = start
         self._clock: Clock = clock or SystemClock()
@@ -260,6 +267,11 @@ class DeploymentController:
         twin_errors = _module_twin_problems(deployment, self._hub.twin_limits)
         if twin_errors:
             return await self._refuse(twin_errors, version, source)
+        if "upstream.links" in settings.restart_required:  # new links: the next start must find their secrets
+            links = deployment.plan.settings.upstream.get("links") or []
+            secret_errors = await asyncio.to_thread(missing_secrets, links, self._env)
+            if secret_errors:
+                return await self._refuse(secret_errors, version, source)
         if version is None:
             version = (self._last_version or 0) + 1
         section, in_manifest = edgehub_section(document)

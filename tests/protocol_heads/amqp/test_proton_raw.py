@@ -125,6 +125,16 @@ def test_a_binary_id_and_body_are_owned_bytes() -> None:
     assert (type(first.body), first.body) == (bytes, b"x")
 
 
+def test_a_binary_property_is_owned_bytes_on_both_paths() -> None:
+    reader = MessageReader()
+    encoded = _full().encode()
+    first, general = reader.read(encoded), _general(encoded)  # _general's proton message is gone on return
+    reader.read(MESSAGES["binary ids"]().encode())
+    for fields in (first, general):
+        assert fields.properties is not None
+        assert (type(fields.properties["raw"]), fields.properties["raw"]) == (bytes, b"\x02bytes")
+
+
 @pytest.mark.parametrize("junk", [b"", b"\x00", b"not a message at all", b"\x00Sp\xd0\x00\x00\x00\xff"])
 def test_bytes_that_are_no_message_are_refused_as_proton_refuses_them(junk: bytes) -> None:
     general_refuses = False

@@ -6,11 +6,13 @@ Each case sets its key over a base deployment on a running hub (a real ``EdgeHub
 its ``DeploymentController`` checking in process with ``plan_of``, the check's own code), then reads the key's
 effect where the hub acts on it: the store's policies and quota, the executors' settings, the router, the ACL's
 grants, the delivery window, the reported properties; for a **start** key, the settings the upstream is built with
-(``effective_settings``, as ``serve`` computes them). Every effect is read before too, so a key that does nothing
-fails its case. Then the hub stops and starts again over the same store and the unchanged file, the way ``serve``
-does (``start_point``): a **live** key's effect is still there, a **start** key's is now in force, and nothing is
-left in ``restartRequired``. An **accepted** key is named in ``unsupported``; a **refused** one is answered 400
-with its path, and changes nothing.
+(``effective_settings``, as ``serve`` computes them; with ``upstream.links``, the ``LinkedUpstream`` lanes that
+``build_linked_lanes`` makes for ``serve`` to start: each link's transport settings, its spec, the budget ledger).
+Every effect is read before too, so a key that does nothing fails its case. Then the hub stops and starts again
+over the same store and the unchanged file, the way ``serve`` does (``start_point``): a **live** key's effect is
+still there, a **start** key's is now in force, and nothing is left in ``restartRequired`` (which names the
+upstream key that changed; a link's key by its list, ``upstream.links``). An **accepted** key is named in
+``unsupported``; a **refused** one is answered 400 with its path, and changes nothing.
 """
 
 from __future__ import annotations
@@ -31,14 +33,20 @@ from edgehub.hub.facade import EdgeHub
 from edgehub.manifest.documents import read_manifest_file
 from edgehub.routing import Router
 from edgehub.runtime.compose.config import HubConfig
+from edgehub.runtime.compose.links import build_linked_lanes
 from edgehub.runtime.compose.settings import EffectiveSettings, effective_settings
+from edgehub.runtime.compose.upstream import lane_ids
 from edgehub.runtime.deployment.check import plan_of
 from edgehub.runtime.deployment.controller import DeploymentController, DesiredStatus, start_point
 from edgehub.runtime.deployment.plan import DeploymentPlan
 from edgehub.runtime.deployment.settings import StartSettings
 from edgehub.runtime.deployment.state import merge_patch
 from edgehub.store.rocks import open_rocks_store
-from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
+from edgehub.upstream.landing import LandingZone
+from edgehub.upstream.links import LinkedUpstream, LinkSpec
+from edgehub.upstream.mqtt.settings import MqttProtocol, MqttUpstreamSettings
+from edgehub.upstream.mqtt.transport import MqttUpstream
+from edgehub.upstream.upload_transport import UploadTransport
 from tests.docs.manifest_keys import manifest_keys
 from tests.docs.test_manifest_page import rows
 
@@ -53,6 +61,10 @@ BASE: dict[str, Any] = {
     "mqttBroker": {"authorizations": []},
 }
 UPSTREAM = MqttUpstreamSettings(host="broker.test", client_id="gw", hub_id="gw")
+# What the links' secrets are read from: the environment serve would pass (os.environ there), and files the test
+# writes into tmp_path (a patch's "{tmp}" is that folder).
+ENV = {"EDGEHUB_KEYS_SAT_PASSWORD": "from-env", "EDGEHUB_KEYS_SAT_SAS": "SharedAccessSignature sr=env"}
+SECRET_FILES = {"sat-password": "from-file", "sat-sas": "SharedAccessSignature sr=file"}
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,7 @@ class Seen:
     controller: DeploymentController
     status: DesiredStatus | None
     effective: EffectiveSettings
+    links: LinkedUpstream | None  # the first lane as built from upstream.links at the start (None: no links)
 
     @property
     def reported(self) -> dict[str, Any]:
@@ -154,6 +167,60 @@ def transport(field: str) -> Callable[[Seen], object]:
         return getattr(s.effective.transport, field)
 
     return effect
+
+
+def linked(*others: dict[str, Any], **keys: Any) -> dict[str, Any]:
+    """A patch that gives the hub one link, "sat", with ``keys`` (then ``others``)."""
+    return {"upstream": {"links": [{"name": "sat", "address": "127.0.0.1:1883", **keys}, *others]}}
+
+
+def link_spec(read: Callable[[LinkSpec], object]) -> Callable[[Seen], object]:
+    def effect(s: Seen) -> object:
+        return None if s.links is None else read(s.links.specs[0])
+
+    return effect
+
+
+def link_mqtt(read: Callable[[MqttUpstreamSettings], object]) -> Callable[[Seen], object]:
+    """What the first link's MQTT transport was built with."""
+
+    def effect(s: Seen) -> object:
+        if s.links is None or not isinstance(t := s.links.transports[0], MqttUpstream):
+            return None
+        return read(t.settings)
+
+    return effect
+
+
+def link_tls(field: str) -> Callable[[Seen], object]:
+    """The first link's TLS file ``field``, and whether its bytes are counted with TLS's overhead."""
+
+    def effect(s: Seen) -> object:
+        tls = link_mqtt(lambda m: m.tls)(s)
+        return None if tls is None or s.links is None else (getattr(tls, field), s.links.specs[0].tls)
+
+    return effect
+
+
+def link_budget(field: str) -> Callable[[Seen], object]:
+    def effect(s: Seen) -> object:
+        budget = None if s.links is None else s.links.ledger.budget("sat")
+        return None if budget is None else getattr(budget, field)
+
+    return effect
+
+
+def link_upload(s: Seen) -> object:
+    """The first link's kind and, for an upload, where it writes."""
+    if s.links is None:
+        return None
+    t = s.links.transports[0]
+    if isinstance(t, UploadTransport) and isinstance(t.writer, LandingZone):
+        return ("upload", t.writer.url)
+    return (type(t).__name__, None)
+
+
+UPLOAD = {"upstream": {"links": [{"name": "sat", "transport": "upload", "url": "memory://edgehub-keys/sat"}]}}
 
 
 def saf(**keys: Any) -> dict[str, Any]:
@@ -299,6 +366,73 @@ CASES: dict[str, Case] = {
         f"upstream.{key}": start({"upstream": {key: value}}, transport(field), held)
         for key, (value, field, held) in LINK.items()
     },
+    "upstream.links[].name": start(linked(), lambda s: s.links and [st.name for st in s.links.links_status()], ["sat"]),
+    "upstream.links[].transport": start(UPLOAD, lambda s: s.links and type(s.links.transports[0]), UploadTransport),
+    "upstream.links[].url": start(UPLOAD, link_upload, ("upload", "memory://edgehub-keys/sat")),
+    "upstream.links[].address": start(
+        linked(address="sat.example:8883"), link_mqtt(lambda m: (m.host, m.port)), ("sat.example", 8883)
+    ),
+    "upstream.links[].clientId": start(linked(clientId="gw-sat"), link_mqtt(lambda m: m.client_id), "gw-sat"),
+    "upstream.links[].protocol": start(linked(protocol="5"), link_mqtt(lambda m: m.protocol), MqttProtocol.V5),
+    "upstream.links[].username": start(linked(username="sat-user"), link_mqtt(lambda m: m.username), "sat-user"),
+    "upstream.links[].passwordEnv": start(
+        linked(passwordEnv="EDGEHUB_KEYS_SAT_PASSWORD"), link_mqtt(lambda m: m.password), "from-env"
+    ),
+    "upstream.links[].passwordFile": start(
+        linked(passwordFile="{tmp}/sat-password"), link_mqtt(lambda m: m.password), "from-file"
+    ),
+    "upstream.links[].sasTokenEnv": start(
+        linked(sasTokenEnv="EDGEHUB_KEYS_SAT_SAS"), link_mqtt(lambda m: m.sas_token), "SharedAccessSignature sr=env"
+    ),
+    "upstream.links[].sasTokenFile": start(
+        linked(sasTokenFile="{tmp}/sat-sas"), link_mqtt(lambda m: m.sas_token), "SharedAccessSignature sr=file"
+    ),
+    "upstream.links[].tls": start(linked(tls=True), link_tls("ca_certs"), (None, True)),  # the system's CAs
+    "upstream.links[].caFile": start(
+        linked(caFile="/etc/edgehub/sat-ca.pem"), link_tls("ca_certs"), ("/etc/edgehub/sat-ca.pem", True)
+    ),
+    "upstream.links[].certFile": start(
+        linked(certFile="/etc/edgehub/sat.pem"), link_tls("certfile"), ("/etc/edgehub/sat.pem", True)
+    ),
+    "upstream.links[].keyFile": start(
+        linked(certFile="/etc/edgehub/sat.pem", keyFile="/etc/edgehub/sat.key"),
+        link_tls("keyfile"),
+        ("/etc/edgehub/sat.key", True),
+    ),
+    "upstream.links[].keepaliveSecs": start(linked(keepaliveSecs=20), link_mqtt(lambda m: m.keepalive_s), 20),
+    "upstream.links[].ackTimeoutSecs": start(linked(ackTimeoutSecs=7.5), link_mqtt(lambda m: m.ack_timeout_s), 7.5),
+    "upstream.links[].linkRateBps": start(linked(linkRateBps=32_000), link_mqtt(lambda m: m.link_rate_bps), 32_000.0),
+    "upstream.links[].linkRttMs": start(linked(linkRttMs=700), link_mqtt(lambda m: m.link_rtt_s), 0.7),
+    "upstream.links[].maxUplinkBps": start(
+        linked(maxUplinkBps=16_000), link_mqtt(lambda m: m.max_uplink_bps), 16_000.0
+    ),
+    # the cheaper link is preferred though given second
+    "upstream.links[].costPerMiB": start(
+        linked({"name": "cheap", "address": "127.0.0.1:1884", "costPerMiB": 0.5}, costPerMiB=8),
+        lambda s: s.links and [(st.name, st.cost_per_mib) for st in s.links.links_status()],
+        [("cheap", 0.5), ("sat", 8.0)],
+    ),
+    "upstream.links[].budget.bytes": start(
+        linked(budget={"bytes": 5_000_000, "period": "day"}), link_budget("limit_bytes"), 5_000_000
+    ),
+    "upstream.links[].budget.period": start(
+        linked(budget={"bytes": 5_000_000, "period": "month"}), link_budget("period"), "month"
+    ),
+    "upstream.links[].budget.startHourUtc": start(
+        linked(budget={"bytes": 5_000_000, "period": "day", "startHourUtc": 6}), link_budget("start_hour_utc"), 6
+    ),
+    # the routed priority must be carried (else refused): the route to $upstream is given priority 1
+    "upstream.links[].priorities": start(
+        {**linked(priorities="0-1"), "routes": {"up": {"route": "FROM /messages/* INTO $upstream", "priority": 1}}},
+        link_spec(lambda spec: sorted(spec.priorities)),
+        [0, 1],
+    ),
+    "upstream.links[].allowedOverBudget": start(
+        linked(budget={"bytes": 5_000_000, "period": "day"}, allowedOverBudget="0-1"),
+        link_spec(lambda spec: sorted(spec.over_budget)),
+        [0, 1],
+    ),
+    "upstream.links[].settleSecs": start(linked(settleSecs=30), link_spec(lambda spec: spec.settle_s), 30.0),
     **{
         f"delivery.retryPolicy.{key}": live(
             {"delivery": {"retryPolicy": {key: value}}},
@@ -375,6 +509,17 @@ def test_the_manifest_page_says_how_each_key_applies_as_its_case_shows(key: str)
     assert rows()[key]["live"] == CASES[key].how
 
 
+def placed(value: Any, folder: Path) -> Any:
+    """``value`` with "{tmp}" in its strings replaced by ``folder`` (a case's secret files are in tmp_path)."""
+    if isinstance(value, str):
+        return value.replace("{tmp}", str(folder))
+    if isinstance(value, dict):
+        return {k: placed(v, folder) for k, v in value.items()}
+    if isinstance(value, list):
+        return [placed(v, folder) for v in value]
+    return value
+
+
 def document_of(desired: dict[str, Any]) -> dict[str, Any]:
     return {"modulesContent": {"$edgeHub": {"properties.desired": desired}}}
 
@@ -388,30 +533,47 @@ async def hub_started(tmp_path: Path, config: HubConfig) -> AsyncIterator[Seen]:
     """A start as ``serve`` makes it: the store opened, the deployment to run chosen by ``start_point`` (checked
     unless the store kept its plan), the upstream's settings from it, the controller started on it."""
     store = open_rocks_store(tmp_path / "store")
+    lanes: list[LinkedUpstream] = []
     try:
         document = read_manifest_file(config.manifest)
         point = start_point(store, config.manifest, document)
         plan = point.plan or plan_of(point.document)
         effective = effective_settings(config, plan.settings)
+        links = plan.settings.upstream.get("links")
+        lanes = (  # as serve builds them (before it starts them): nothing connects
+            build_linked_lanes(
+                links,
+                effective.transport,
+                lane_ids(store, effective.upstream),
+                store=store,
+                data_dir=config.data_dir,
+                env=ENV,
+            )
+            if links
+            else []
+        )
         async with EdgeHub(store=store, router=Router({}), host_name="hub.test") as hub:
             started_with = StartSettings(module_window=config.module_window, upstream=plan.settings.upstream)
-            controller = DeploymentController(hub, started_with, check=check_in_process)
+            controller = DeploymentController(hub, started_with, check=check_in_process, env=ENV)
             assert (await controller.start(config.manifest, checked=(point.document, plan))).code == 200
-            yield Seen(hub, controller, None, effective)
+            yield Seen(hub, controller, None, effective, lanes[0] if lanes else None)
     finally:
+        for lane in lanes:
+            await lane.close()
         await store.close()
 
 
 async def apply(seen: Seen, case: Case, way: str, manifest: Path) -> Seen:
     """Set the case's key over the running deployment the way named: the file edited (the watcher's
     ``apply_file``), or a desired patch from the admin API or the cloud."""
+    patch = placed(case.patch, manifest.parent)
     if way == "file":
-        merged = merge_patch(copy.deepcopy(BASE), case.patch)
+        merged = merge_patch(copy.deepcopy(BASE), patch)
         await asyncio.to_thread(manifest.write_text, json.dumps(document_of(merged)))
         status = await seen.controller.apply_file(manifest)
     else:
-        status = await seen.controller.patch_desired(copy.deepcopy(case.patch), source=way)
-    return Seen(seen.hub, seen.controller, status, seen.effective)
+        status = await seen.controller.patch_desired(patch, source=way)
+    return Seen(seen.hub, seen.controller, status, seen.effective, seen.links)
 
 
 @pytest.mark.parametrize("way", ["file", "admin", "cloud"])
@@ -422,6 +584,8 @@ async def test_a_key_takes_effect_whichever_way_it_came_and_still_after_a_restar
     case = CASES[key]
     manifest = tmp_path / "manifest.json"
     manifest.write_text(json.dumps(document_of(BASE)))
+    for name, secret in SECRET_FILES.items():
+        (tmp_path / name).write_text(secret + "\n")  # the trailing newline is not the secret's
     config = HubConfig(manifest=manifest, data_dir=tmp_path, upstream=UPSTREAM)
     async with hub_started(tmp_path, config) as seen:
         assert case.effect(seen) != case.expected, "the base deployment has the effect already: the case shows nothing"
@@ -436,7 +600,7 @@ async def test_a_key_takes_effect_whichever_way_it_came_and_still_after_a_restar
         else:
             assert seen.status.code == 200, seen.status.errors
         if case.how == "start":
-            assert needs_restart == [key]
+            assert needs_restart == [key.split("[]")[0]]  # a link's key is named by its list
             assert case.effect(seen) != case.expected  # not yet: the upstream runs as it started
         elif case.how != "refused":
             assert needs_restart == []
@@ -448,3 +612,31 @@ async def test_a_key_takes_effect_whichever_way_it_came_and_still_after_a_restar
             assert case.effect(seen) is False
         elif key != "endpoints.<endpoint>.drop":  # what was dropped is reported once, by the update that dropped it
             assert case.effect(seen) == case.expected
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("passwordEnv", "EDGEHUB_KEYS_UNSET"),
+        ("passwordFile", "{tmp}/no-such-secret"),
+        ("sasTokenEnv", "EDGEHUB_KEYS_UNSET"),
+        ("sasTokenFile", "{tmp}/no-such-secret"),
+    ],
+)
+@pytest.mark.parametrize("way", ["file", "admin", "cloud"])
+async def test_links_whose_secret_is_not_there_are_refused_rather_than_left_to_stop_the_next_start(
+    tmp_path: Path, key: str, value: str, way: str
+) -> None:
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps(document_of(BASE)))
+    config = HubConfig(manifest=manifest, data_dir=tmp_path, upstream=UPSTREAM)
+    async with hub_started(tmp_path, config) as seen:
+        seen = await apply(seen, start(linked(**{key: value}), unsupported, None), way, manifest)
+        assert seen.status is not None
+        assert seen.status.code == 400
+        assert [e.split(":")[0] for e in seen.status.errors] == [f"upstream.links.0.{key}"]
+        assert "'sat'" in seen.status.errors[0]  # the link named
+        assert (seen.reported["runningDesiredVersion"], seen.reported["restartRequired"]) == (1, [])
+    if way != "file":  # the next start runs what ran (a file edited is the start's to check, and it stops it)
+        async with hub_started(tmp_path, config) as seen:
+            assert seen.links is None
