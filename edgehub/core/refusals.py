@@ -52,6 +52,7 @@ class RefusalReason(StrEnum):
     STORE_UNAVAILABLE = "store_unavailable"  # the disk refused the write (full, failing)
     PARTITION_KEY_MISMATCH = "partition_key_mismatch"  # sessionId and partitionKey disagree
     REJECTED = "rejected"  # refused at ingest, no more specific reason
+    UNDELIVERABLE = "undeliverable"  # no endpoint the routes name could ever carry it (edgehub.hub.Carriage)
     TLS_HANDSHAKE_FAILED = "tls_handshake_failed"
     NOT_READING = "not_reading"
     TOPIC_TOO_LONG = "topic_too_long"
@@ -87,6 +88,7 @@ MESSAGE_REFUSALS: frozenset[RefusalReason] = frozenset(
         RefusalReason.NOT_AUTHORIZED,
         RefusalReason.TOPIC_INVALID,
         RefusalReason.REJECTED,
+        RefusalReason.UNDELIVERABLE,
         RefusalReason.STORE_UNAVAILABLE,
     }
 )
