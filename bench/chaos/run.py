@@ -250,6 +250,32 @@ def rss_mib(pid: int) -> float:
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024
 
 
+class LinkWatch:
+    """When the hub's upstream had no connection through the link at all (polled every 0.25 s): a span of the
+    run's disruptions like an outage, which it can outlast (a connection a silent outage left dead is given up
+    on only at its keepalive, and a new one made after)."""
+
+    def __init__(self, link: LinkSim, disruptions: list[tuple[float, float]]) -> None:
+        self._link = link
+        self._disruptions = disruptions
+        self._since: float | None = None
+
+    async def run(self) -> None:
+        while True:
+            if self._link.stats.connections == 0:
+                if self._since is None:
+                    self._since = time.time()
+            elif self._since is not None:
+                self._disruptions.append((self._since, time.time()))
+                self._since = None
+            await asyncio.sleep(0.25)
+
+    def close(self) -> None:
+        if self._since is not None:
+            self._disruptions.append((self._since, time.time()))
+            self._since = None
+
+
 class RssWatch:
     """The hub's resident memory, read from ``/proc`` every second while it runs (each restart is a new process);
     ``peak_mib`` over the whole run, and per process in ``peaks``."""
@@ -316,6 +342,9 @@ async def run(seed: int, duration_s: float, work: Path, drain_s: float) -> Outco
         rss = RssWatch(hub)
         rss_task = asyncio.create_task(rss.run(), name="chaos.rss")
         stack.callback(rss_task.cancel)
+        link_watch = LinkWatch(link, disruptions)
+        link_task = asyncio.create_task(link_watch.run(), name="chaos.link")
+        stack.callback(link_task.cancel)
 
         devices.extend(publishers(seed, hub))
         module = ModuleConsumer(MODULE, PASSWORD, hub.get_port)
@@ -358,6 +387,7 @@ async def run(seed: int, duration_s: float, work: Path, drain_s: float) -> Outco
         if missing:
             notes.append(f"drain gave up after {took:.0f} s with {missing} messages not yet arrived")
         ended_at = time.time()
+        link_watch.close()
         stop_clients()
         rc = await hub.stop()
         if rc != 0:

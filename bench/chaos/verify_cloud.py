@@ -19,7 +19,10 @@ The rules, and why:
   - ``ignore`` (never answered): 504, and never before the call's timeout passed; or 404 as above;
   - no answer at all: a call or its answer lost with a hub kill or a link outage (calls are QoS 0 and never
     stored). Counted as ``methods_unanswered`` when a disruption overlaps the call's life (from the call to its
-    timeout plus ``margin_s``), otherwise it is wrong;
+    timeout plus ``margin_s``), otherwise it is wrong. A disruption lasts ``settle_s`` past its end: the hub's
+    upstream reconnects and subscribes again after a restart or a restored link, and a call the broker gets
+    before those subscriptions are acknowledged has no subscriber (the run also counts, as disruptions, the
+    times the link had no connection of the hub's at all, which a silent outage can cause long after it);
   - any other status, a second answer, or an answer to no call of the cloud's is wrong.
 
   ``methods_wrong`` must be 0.
@@ -115,6 +118,7 @@ def verify_cloud(
     disruptions: Sequence[tuple[float, float]],
     stray_answers: Sequence[str] = (),
     margin_s: float = 15.0,
+    settle_s: float = 10.0,
 ) -> CloudVerdict:
     """``c2d_acked``: the numbers of the cloud-to-device messages the broker acknowledged; ``c2d_received``: how
     many times each number reached the device; ``answered``: per target, the ids of the calls it answered;
@@ -135,7 +139,7 @@ def verify_cloud(
             v._wrong(f"call {call.call_id} answered {len(call.answers)} times: {[a[0] for a in call.answers]}")
         elif call.answers:
             _check_answer(v, call, call.call_id in answered_ids.get(call.target, set()), connected.get(call.target, []))
-        elif _overlaps(disruptions, call.sent_at, call.sent_at + call.timeout_s + margin_s):
+        elif _overlaps(disruptions, call.sent_at - settle_s, call.sent_at + call.timeout_s + margin_s):
             v.methods_unanswered += 1
         else:
             v._wrong(f"call {call.call_id} ({call.name} on {call.target}) never answered, with no kill or outage")

@@ -74,6 +74,14 @@ def test_no_answer_is_allowed_only_with_a_kill_or_an_outage_in_the_calls_life() 
     assert (no_outage.methods_unanswered, no_outage.methods_wrong) == (0, 1)
 
 
+def test_a_call_just_after_a_disruption_ended_may_go_unanswered_while_the_hub_subscribes_again() -> None:
+    lost = call(1, "echo")
+    just_after = check([lost], disruptions=((T0 - 30, T0 - 1),))  # the call came 1 s after the link was back
+    long_after = check([lost], disruptions=((T0 - 30, T0 - 11),))  # 11 s after: the hub had settled
+    assert (just_after.methods_unanswered, just_after.methods_wrong) == (1, 0)
+    assert (long_after.methods_unanswered, long_after.methods_wrong) == (0, 1)
+
+
 def test_a_second_answer_or_an_answer_to_no_call_is_wrong() -> None:
     twice = call(1, "echo", (200, b'{"call": "1"}', T0 + 0.1), (200, b'{"call": "1"}', T0 + 0.2))
     v = verify_cloud(
