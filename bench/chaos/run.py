@@ -87,6 +87,7 @@ class Outcome:
     verdict: Verdict
     cloud: CloudVerdict
     rss_peak_mib: float
+    rss_processes: int
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     resent: int = 0  # messages devices sent again for want of an ack: the kills landed mid-write
@@ -244,10 +245,15 @@ def publishers(seed: int, hub: Hub) -> list[Publisher]:
     return devices
 
 
-def rss_mib(pid: int) -> float:
-    """A process's resident set, from ``/proc`` (a read of procfs: it does not block on a disk)."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024
+def rss_mib(pid: int) -> float | None:
+    """A process's resident set, from ``/proc`` (a read of procfs: it does not block on a disk); None once it is
+    gone, or killed and not yet reaped (a zombie's status has no ``VmRSS``)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    kib = next((line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")), None)
+    return int(kib) / 1024 if kib is not None else None
 
 
 class LinkWatch:
@@ -292,8 +298,9 @@ class RssWatch:
         while True:
             pid = self._hub.pid
             if pid is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    self.peaks[pid] = max(self.peaks.get(pid, 0.0), rss_mib(pid))
+                mib = rss_mib(pid)
+                if mib is not None:
+                    self.peaks[pid] = max(self.peaks.get(pid, 0.0), mib)
             await asyncio.sleep(1.0)
 
 
@@ -465,7 +472,14 @@ async def run(seed: int, duration_s: float, work: Path, drain_s: float) -> Outco
     )
     amqp_acked = sum(len({a.seq for a in d.acked()}) for d in devices if d.name in AMQP_DEVICES)
     return Outcome(
-        verdict, cloud_verdict, rss.peak_mib, timings, notes, resent=sum(d.resent for d in devices), amqp=amqp_acked
+        verdict,
+        cloud_verdict,
+        rss.peak_mib,
+        len(rss.peaks),
+        timings,
+        notes,
+        resent=sum(d.resent for d in devices),
+        amqp=amqp_acked,
     )
 
 
@@ -537,7 +551,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     outcome.timings["total_s"] = round(time.monotonic() - t0, 1)
     report(outcome)
-    memory = {"hub_rss_peak_mib": round(outcome.rss_peak_mib, 1), "hub_rss_limit_mib": RSS_LIMIT_MIB}
+    memory = {
+        "hub_rss_peak_mib": round(outcome.rss_peak_mib, 1),
+        "hub_rss_limit_mib": RSS_LIMIT_MIB,
+        "hub_rss_processes": outcome.rss_processes,  # hub processes sampled: each start, if it lived a second
+    }
     extra = {"amqp_acknowledged": outcome.amqp, "resent": outcome.resent, "seed": args.seed, "minutes": args.minutes}
     print(json.dumps({**outcome.verdict.summary(), **outcome.cloud.summary(), **memory, **extra, **outcome.timings}))
     return 0

@@ -58,3 +58,4 @@ def test_two_minutes_of_chaos_lose_nothing_duplicate_nothing_and_keep_each_lane_
     assert verdict["methods_answered"] > 0, out
     assert verdict["methods_timed_out"] > 0, out  # the "ignore" calls, answered 504 by the hub
     assert verdict["hub_rss_peak_mib"] <= verdict["hub_rss_limit_mib"], out
+    assert verdict["hub_rss_processes"] >= verdict["kills"], out  # every hub process's memory was watched
