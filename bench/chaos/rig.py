@@ -5,9 +5,10 @@
 started that is still there (the Spark job's JVM included), and the run calls it on every way out, so a failed
 or interrupted run leaves nothing behind.
 
-``Hub`` is ``edgehub run`` on plain MQTT over TCP (a free port each start; clients ask ``port`` where it is
-now), its ``$upstream`` to ``--upstream-mqtt`` through the link simulator. ``kill()`` is SIGKILL: no clean
-shutdown, no flush beyond what the store had made durable; ``start()`` again opens the same data directory.
+``Hub`` is ``edgehub run`` on plain MQTT and plain AMQP over TCP (free ports each start; clients ask ``port``
+and ``amqp_port`` where they are now), its ``$upstream`` to ``--upstream-mqtt`` through the link simulator.
+``kill()`` is SIGKILL: no clean shutdown, no flush beyond what the store had made durable; ``start()`` again
+opens the same data directory.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = ["EDGEHUB", "PIDS_FILE", "Hub", "Processes", "StartError", "kill_group
 EDGEHUB = str(Path(sys.executable).parent / "edgehub")
 PIDS_FILE = "pids.txt"  # in the logs folder: every process group the run started, one leader pid a line
 _TCP_PORT = re.compile(r"listening: .*\btcp 127\.0\.0\.1:(\d+)")
+_AMQP_PORT = re.compile(r"\bamqp 127\.0\.0\.1:(\d+)")
 
 
 class StartError(RuntimeError):
@@ -150,6 +152,8 @@ class Hub:
             "0",
             "--amqps-port",
             "0",
+            "--amqp-port",
+            "0",
             "--admin-port",
             "0",
             "--upstream-mqtt",
@@ -162,6 +166,7 @@ class Hub:
         )
         self._proc: asyncio.subprocess.Process | None = None
         self.port: int | None = None
+        self.amqp_port: int | None = None
         self.starts = 0
         self.kills = 0
 
@@ -171,14 +176,30 @@ class Hub:
         t0 = loop.time()
         self._proc, m, _ = await self._procs.spawn("hub", *self._argv, ready=_TCP_PORT, timeout_s=60)
         assert m is not None
+        amqp = _AMQP_PORT.search(m.string)
+        if amqp is None:
+            raise StartError(f"the hub listens on no plain AMQP port: {m.string.strip()}")
+        self.amqp_port = int(amqp.group(1))
         self.port = int(m.group(1))
         self.starts += 1
         return loop.time() - t0
 
+    def get_port(self) -> int | None:
+        """The MQTT port now (None while down): what the clients call before each connection."""
+        return self.port
+
+    def get_amqp_port(self) -> int | None:
+        return self.amqp_port
+
+    @property
+    def pid(self) -> int | None:
+        """The running hub's process id; None while it is down."""
+        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
+
     async def kill(self) -> None:
         """SIGKILL, as a power cut or the OOM killer would."""
         assert self._proc is not None
-        self.port = None
+        self.port = self.amqp_port = None
         self._procs.kill(self._proc)
         await self._proc.wait()
         self.kills += 1
@@ -186,6 +207,6 @@ class Hub:
     async def stop(self) -> int:
         """SIGTERM and wait for the clean exit; its code."""
         assert self._proc is not None
-        self.port = None
+        self.port = self.amqp_port = None
         self._procs.kill(self._proc, signal.SIGTERM)
         return await self._procs.wait(self._proc, 30)

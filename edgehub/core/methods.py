@@ -36,6 +36,8 @@ __all__ = [
     "MAX_METHOD_NAME_LENGTH",
     "MAX_METHOD_PAYLOAD_BYTES",
     "MAX_METHOD_TIMEOUT_S",
+    "MAX_RID_LENGTH",
+    "MAX_TARGET_ID_LENGTH",
     "MIN_METHOD_TIMEOUT_S",
     "AddressedCall",
     "CloudCommands",
@@ -54,6 +56,11 @@ MIN_METHOD_TIMEOUT_S = 5.0
 MAX_METHOD_TIMEOUT_S = 300.0
 MAX_METHOD_PAYLOAD_BYTES = 128 * 1024
 MAX_METHOD_NAME_LENGTH = 128  # a name travels in a topic level; IoT Hub gives no figure, a topic must stay short
+# IoT Hub's own limits on a device id and a module id, and this hub's on a request id: an addressed call's answer
+# topic is made of them (``AddressedCall.response_topic``), so with them it stays far under MQTT's 65,535 bytes
+# (at most 8 + 4 x 128 + 1 + 4 x 128 + 13 + 6 + 7 + 4 x 128 = 1,571), whatever the call's own topic was.
+MAX_TARGET_ID_LENGTH = 128
+MAX_RID_LENGTH = 128
 
 # IoT Hub: method names and property values hold printable US-ASCII but these (they would break the topic or URI).
 _NAME_FORBIDDEN = frozenset('$()<>@,;:\\"/[]?={} \t')
@@ -150,18 +157,21 @@ class AddressedCall:
 
 def parse_addressed_call(topic: str) -> AddressedCall | None:
     """The call a ``$iothub/{d}[/{m}]/methods/POST/{name}/?$rid=...`` topic makes; None for any other topic, or one
-    without a ``$rid`` or with a target that is no identity."""
+    without a ``$rid`` (or one over ``MAX_RID_LENGTH``) or with a target that is no identity (or an id over
+    ``MAX_TARGET_ID_LENGTH``)."""
     m = _CALL.match(topic)
     if m is None:
         return None
     device, module, name, query = m.groups()
     params = dict(parse_qsl(query, keep_blank_values=True))
     rid = params.get("$rid", "")
+    if len(device) > MAX_TARGET_ID_LENGTH or (module and len(module) > MAX_TARGET_ID_LENGTH):
+        return None  # no such identity in IoT Hub, and its answer's topic could pass MQTT's limit
     try:
         target = Identity.parse(f"{device}/{module}" if module else device)
     except ValueError:
         return None
-    if not rid or len(rid) > 128:
+    if not rid or len(rid) > MAX_RID_LENGTH:
         return None
     timeout_s: float | None
     try:
@@ -183,7 +193,9 @@ def parse_addressed_response(topic: str) -> tuple[Identity, int, str] | None:
         return None
     device, module, status, query = m.groups()
     rid = dict(parse_qsl(query, keep_blank_values=True)).get("$rid", "")
-    if not rid or len(rid) > 128:
+    if not rid or len(rid) > MAX_RID_LENGTH:
+        return None
+    if len(device) > MAX_TARGET_ID_LENGTH or (module and len(module) > MAX_TARGET_ID_LENGTH):
         return None
     try:
         target = Identity.parse(f"{device}/{module}" if module else device)

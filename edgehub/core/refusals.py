@@ -52,6 +52,7 @@ class RefusalReason(StrEnum):
     STORE_UNAVAILABLE = "store_unavailable"  # the disk refused the write (full, failing)
     PARTITION_KEY_MISMATCH = "partition_key_mismatch"  # sessionId and partitionKey disagree
     REJECTED = "rejected"  # refused at ingest, no more specific reason
+    UNDELIVERABLE = "undeliverable"  # no endpoint the routes name could ever carry it (edgehub.hub.Carriage)
     TLS_HANDSHAKE_FAILED = "tls_handshake_failed"
     NOT_READING = "not_reading"
     TOPIC_TOO_LONG = "topic_too_long"
@@ -87,6 +88,7 @@ MESSAGE_REFUSALS: frozenset[RefusalReason] = frozenset(
         RefusalReason.NOT_AUTHORIZED,
         RefusalReason.TOPIC_INVALID,
         RefusalReason.REJECTED,
+        RefusalReason.UNDELIVERABLE,
         RefusalReason.STORE_UNAVAILABLE,
     }
 )
@@ -95,7 +97,9 @@ STORE_UNAVAILABLE_TEXT = "the hub cannot store messages now (disk full or failin
 
 
 class RateLimitedLog:
-    """Rate-limited INFO lines, per peer. ``burst`` lines per ``window_s`` per peer; ``max_peers`` peers."""
+    """Rate-limited lines, per peer (any key: an address, an identity, an endpoint, or one name for a condition
+    of the whole hub): ``burst`` lines per ``window_s`` per peer; ``max_peers`` peers. ``line`` logs at INFO,
+    ``warning`` at WARNING."""
 
     def __init__(
         self,
@@ -120,6 +124,13 @@ class RateLimitedLog:
 
     def line(self, peer: str, event: str, /, **fields: object) -> bool:
         """Log ``event key=value...`` unless ``peer`` has used its lines for this window. True when logged."""
+        return self._emit(logging.INFO, peer, event, fields)
+
+    def warning(self, peer: str, event: str, /, **fields: object) -> bool:
+        """``line`` at WARNING: something is wrong on the hub's side (a store that cannot write)."""
+        return self._emit(logging.WARNING, peer, event, fields)
+
+    def _emit(self, level: int, peer: str, event: str, fields: dict[str, object]) -> bool:
         self.total += 1
         now = self._clock.monotonic()
         state = self._peers.get(peer)
@@ -143,7 +154,7 @@ class RateLimitedLog:
         parts.extend(f"{key}={value}" for key, value in fields.items())
         if held:
             parts.append(f"suppressed={held}")
-        self._log.info("%s", " ".join(parts))
+        self._log.log(level, "%s", " ".join(parts))
         return True
 
 

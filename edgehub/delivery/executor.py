@@ -59,6 +59,7 @@ from typing import Self
 
 from edgehub.core import Clock, FailureKind, StoreClosedError, StoreError, SystemClock
 from edgehub.core.expiry import has_expired
+from edgehub.core.refusals import RateLimitedLog
 from edgehub.delivery.cleanup import cleanup_loop, remove_delivered_and_expired
 from edgehub.delivery.endpoint import (
     CarriesPriorities,
@@ -90,6 +91,9 @@ class EndpointExecutor:
         self._endpoint = endpoint
         self._id = endpoint.endpoint_id
         self._clock: Clock = clock or SystemClock()
+        # A module that connects and drops again and again, or fails every delivery, makes these lines as often
+        # as it likes: each kind at most RateLimitedLog's burst a minute, then one with how many were held back.
+        self._lines = RateLimitedLog(log, clock=self._clock)
         self._settings = settings or ExecutorSettings()
         self._policy = effective_policy(self._settings.retry_policy, self._settings.endpoint_retry_policy)
         self._queues: dict[QueueId, _QueueState] = {}
@@ -162,7 +166,7 @@ class EndpointExecutor:
 
     def _on_reachable(self) -> None:
         if self._unreachable:
-            log.info("executor.reachable endpoint=%s", self._id)
+            self._lines.line("reachable", "executor.reachable", endpoint=self._id)
         self._unreachable = False
         self._reachable_seq = self._next_seq()
         self._wake.set()
@@ -172,7 +176,7 @@ class EndpointExecutor:
             self._unreachable = True
             delay_s = self._probe_delay_s(1)
             self._park_until_mono_s = self._clock.monotonic() + delay_s
-            log.info("executor.unreachable endpoint=%s parked_for_s=%s", self._id, delay_s)
+            self._lines.line("unreachable", "executor.unreachable", endpoint=self._id, parked_for_s=delay_s)
         self._wake.set()
 
     @property
@@ -411,12 +415,13 @@ class EndpointExecutor:
         if expired:
             await self._store.remove(q, expired, RemovalReason.TTL)
         if expired or gone:
-            log.info(
-                "executor.retry_dropped endpoint=%s priority=%d expired=%d gone=%d",
-                self._id,
-                q.priority,
-                len(expired),
-                len(gone),
+            self._lines.line(
+                "retry_dropped",
+                "executor.retry_dropped",
+                endpoint=self._id,
+                priority=q.priority,
+                expired=len(expired),
+                gone=len(gone),
             )
         if not live:
             qs.clear_retry()
@@ -547,15 +552,18 @@ class EndpointExecutor:
         delay_s = self._probe_delay_s(qs.failures, kind) if probe else self._policy.delay_s(qs.failures)
         # A probe refused at once comes every second or so through an outage: not a line each at INFO.
         quiet = probe and kind is FailureKind.TRANSIENT
-        log.log(
-            logging.DEBUG if quiet else logging.INFO,
-            "endpoint.send_failed endpoint=%s priority=%d failed=%d kind=%s retry_in_s=%s",
-            self._id,
-            q.priority,
-            len(failed),
-            kind,
-            delay_s,
-        )
+        if quiet:
+            log.debug("endpoint.send_failed endpoint=%s priority=%d kind=%s", self._id, q.priority, kind)
+        else:
+            self._lines.line(
+                "send_failed",
+                "endpoint.send_failed",
+                endpoint=self._id,
+                priority=q.priority,
+                failed=len(failed),
+                kind=kind,
+                retry_in_s=delay_s,
+            )
         still: list[StoredItem] = []
         limit = self._settings.max_delivery_attempts
         for it in failed:

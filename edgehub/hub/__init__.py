@@ -58,6 +58,7 @@ __all__ = [
     "STORE_UNAVAILABLE",
     "AuthResult",
     "Cap",
+    "Carriage",
     "ClientLink",
     "ConnectionLimiter",
     "Credentials",
@@ -154,6 +155,15 @@ class TwinLink(Protocol):
     def send_desired_patch(self, patch: bytes, version: int) -> None:
         """Queue ``patch`` (JSON) to the client if it subscribed to desired patches; never blocks, never raises."""
         ...
+
+
+class Carriage(Protocol):
+    """What the protocols a hub serves its endpoints with can carry, asked at ingest: ``cannot_carry`` gives the
+    reason no delivery to ``endpoint`` could ever carry ``message``, over any protocol and to any client that
+    could connect for it, or None when one might. The same rule its deliveries fail PERMANENT on (and dead-letter
+    the message), asked before the message is stored, so the sender is refused instead."""
+
+    def cannot_carry(self, endpoint: str, message: Message) -> str | None: ...
 
 
 class Hub(Protocol):

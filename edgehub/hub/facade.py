@@ -37,7 +37,11 @@ Invariants:
   and ``invoke_method`` (``edgehub.core.methods.CloudCommands``, for the upstream and for modules) and
   ``method_response`` (for the heads);
 * every refusal the hub makes (ingest, twins) is logged through ``refusals`` (a ``RefusalLog``: rate-limited
-  per identity), so a device flooding refused messages cannot flood the log.
+  per identity), so a device flooding refused messages cannot flood the log;
+* with a ``carriage`` (``edgehub.hub.Carriage``), a message every endpoint of its routes names can never carry
+  (the rule its delivery would fail PERMANENT on, and be dead-lettered by) is refused at ingest
+  (``Rejected("undeliverable")``) and nothing of it is stored; a message one endpoint can carry is stored for
+  all of them, as before (the others dead-letter their copy).
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ from edgehub.core.sealing import SecretSealer
 from edgehub.delivery import Endpoint, EndpointExecutor, ExecutorSettings
 from edgehub.hub import (
     AuthResult,
+    Carriage,
     ClientLink,
     Credentials,
     IngestOutcome,
@@ -133,6 +138,7 @@ class EdgeHub:
         c2d_limits: C2dLimits | None = None,
         method_limits: MethodLimits | None = None,
         sealer: SecretSealer | None = None,
+        carriage: Carriage | None = None,
     ) -> None:
         self.store = store
         self.router = router
@@ -173,6 +179,8 @@ class EdgeHub:
         self.connect_failures = OpStats("reason")
         self.no_route = 0  # messages no route took: acknowledged, not stored
         self.unacked_store_failure = 0  # messages of groups the store failed to write: not acknowledged
+        self.ingest_refused: dict[str, int] = {}  # messages ingest answered Rejected, by reason
+        self._carriage = carriage  # None: every routed message is stored; see ``_never_carried``
         self.upstream = upstream or UpstreamOptions()
         self.lanes = UpstreamLanes(
             self.upstream, store=store, endpoint_of=self._given.get, executor_of=self.executors.get
@@ -345,13 +353,20 @@ class EdgeHub:
         waited for: the device's retry must then be taken)."""
         router, assign = self.router, self.lanes.assigner()
         route, unrouted = router.route, router.unrouted
+        carriage = self._carriage
         todo: list[int] = []
         items: list[tuple[Message, Sequence[RouteResult]]] = []
         for i in segment:
             if outcomes[i] is None:
                 m = messages[i]
-                todo.append(i)
                 chosen = route(m)
+                if carriage is not None and chosen and (why := _never_carried(carriage, m, chosen)) is not None:
+                    claim = claims.get(i)
+                    if claim is not None:
+                        claim.abandoned()
+                    outcomes[i] = self._rejected(identity, IngestRejected(why, reason=RefusalReason.UNDELIVERABLE))
+                    continue
+                todo.append(i)
                 items.append((m, chosen if assign is None else assign(m, chosen)))
         # Per group, from the router's count: kept here so that a new deployment's router does not reset it.
         self.no_route += router.unrouted - unrouted
@@ -386,7 +401,9 @@ class EdgeHub:
             outcomes[i] = Stored(result.message.system_properties.get(_EDGE_MESSAGE_ID))
 
     def _rejected(self, identity: Identity, exc: IngestRejected) -> Rejected:
-        """The outcome of a refused message, logged through ``refusals`` (a flood of them logs a few lines)."""
+        """The outcome of a refused message, logged through ``refusals`` (a flood of them logs a few lines) and
+        counted by reason (``ingest_refused``)."""
+        self.ingest_refused[exc.reason] = self.ingest_refused.get(exc.reason, 0) + 1
         self.refusals.refused(exc.reason, peer=identity.id, client=identity.id, detail=exc)
         return Rejected(exc.reason, str(exc))
 
@@ -566,3 +583,15 @@ class EdgeHub:
         [outcome] = await self.ingest(identity, [Message(body, properties=properties, system_properties=system)])
         if isinstance(outcome, Rejected):
             self._events.line(identity.id, "hub.twin_notification_refused", identity=identity, reason=outcome.reason)
+
+
+def _never_carried(carriage: Carriage, message: Message, chosen: Sequence[RouteResult]) -> str | None:
+    """Why none of the endpoints ``chosen`` names could ever carry ``message`` (the reasons, joined), or None when
+    one could."""
+    reasons: list[str] = []
+    for result in chosen:
+        why = carriage.cannot_carry(result.endpoint, message)
+        if why is None:
+            return None
+        reasons.append(why)
+    return "; ".join(dict.fromkeys(reasons))

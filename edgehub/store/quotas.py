@@ -20,6 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from edgehub.core import Clock, MessageTooLargeError, QuotaExceededError
+from edgehub.core.refusals import RateLimitedLog
 from edgehub.store.policy import Overflow, QueuePolicy, StoreQuota
 from edgehub.store.usage import OWNER, STORE_WIDE, UsageBook
 
@@ -56,6 +57,8 @@ class Quotas:
     ) -> None:
         self._usage = usage
         self._clock = clock
+        # Devices decide how often a full endpoint discards what they send: a few lines a minute per endpoint set.
+        self._lines = RateLimitedLog(log, clock=clock)
         self._evict_one = evict_one
         self.default_policy = default_policy or QueuePolicy()
         self.endpoint_policies: dict[str, QueuePolicy] = dict(endpoint_policies or {})
@@ -182,7 +185,8 @@ class Quotas:
             if not await self._evict(e, per_endpoint, size):
                 raise QuotaExceededError(f"quota of {where} exceeded and nothing left to discard")
         if dropped:
-            log.info("store.discarded_incoming endpoints=%s", ",".join(sorted(dropped)))
+            where = ",".join(sorted(dropped))
+            self._lines.line(where, "store.discarded_incoming", endpoints=where)
         return dropped
 
     async def _evict(self, endpoint: str | None, per_endpoint: Mapping[str, int], size: int) -> bool:

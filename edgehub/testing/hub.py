@@ -4,7 +4,8 @@ Steering:
 * ``add_identity(identity, key_b64=..., password=..., thumbprint=...)`` makes an identity that can log in with a
   SAS token (resource ``{host_name}/devices/{d}[/modules/{m}]``), a plain password, or a certificate thumbprint.
 * ``refuse(reason, count=1)`` makes the next ``count`` messages come back ``Rejected(reason)``.
-* ``fail_next_ingest()`` makes the next ``ingest`` raise ``StorageIOError`` (the disk said no; nothing stored).
+* ``fail_next_ingest()`` makes the next ``ingest`` raise ``StorageIOError`` (the disk said no; nothing stored), or
+  the ``StoreError`` given (``StoreClosedError``: a store that cannot write on this connection at all).
 * ``hold()`` makes ``ingest`` wait (messages are not durable yet) until ``release()``; ``held_groups`` tells
   how many groups wait, and ``wait_held(n)`` waits for that.
 * ``hold_logins()`` makes ``authenticate`` wait, once it has checked the credentials and before it answers,
@@ -39,6 +40,7 @@ from edgehub.core import (
     Identity,
     Message,
     StorageIOError,
+    StoreError,
     SystemClock,
 )
 from edgehub.core.methods import MethodCall, MethodResult
@@ -93,7 +95,7 @@ class InMemoryHub:
         self._secrets: dict[str, _Secrets] = {}
         self._refusals: deque[RefusalReason] = deque()
         self._held = False
-        self._fail_next = False
+        self._fail_next: StoreError | None = None
         self._release = asyncio.Event()
         self._held_count = 0
         self._previous: asyncio.Future[None] | None = None  # the latest ingest call's turn (see ingest)
@@ -138,8 +140,8 @@ class InMemoryHub:
     def refuse(self, reason: RefusalReason, count: int = 1) -> None:
         self._refusals.extend([reason] * count)
 
-    def fail_next_ingest(self) -> None:
-        self._fail_next = True
+    def fail_next_ingest(self, error: StoreError | None = None) -> None:
+        self._fail_next = error or StorageIOError("in-memory hub told to fail this ingest")
 
     def hold(self) -> None:
         self._held = True
@@ -248,9 +250,9 @@ class InMemoryHub:
                 self._held_count -= 1
         if previous is not None:
             await asyncio.shield(previous)  # shielded: a cancelled caller must not cancel the turn before it
-        if self._fail_next:
-            self._fail_next = False
-            raise StorageIOError("in-memory hub told to fail this ingest")
+        if self._fail_next is not None:
+            error, self._fail_next = self._fail_next, None
+            raise error
         outcomes: list[IngestOutcome] = []
         for message in messages:
             if self._refusals:

@@ -27,6 +27,7 @@ REJECT_CONDITIONS: Mapping[RefusalReason, str] = {
     RefusalReason.PARTITION_KEY_MISMATCH: "amqp:not-allowed",
     RefusalReason.TOPIC_INVALID: "amqp:not-allowed",
     RefusalReason.REJECTED: "amqp:not-allowed",
+    RefusalReason.UNDELIVERABLE: "amqp:not-allowed",
 }
 
 # A transfer the head cannot turn into a message at all (not an AMQP message, or properties IoT Hub does not

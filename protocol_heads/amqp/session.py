@@ -508,7 +508,8 @@ class Session:
         try:
             await self._ingest_group(group, before)
         except StoreError as exc:
-            log.warning("amqp.ingest_failed client=%s detail=%s", self.identity, exc)
+            # The store's failure, not this client's: one key for the hub, so a thousand clients log a few lines.
+            self.server.events.warning("ingest_failed", "amqp.ingest_failed", client=self.identity, detail=exc)
             self.conn.close(*STORE_FAILED)
             self.sock.finish()
         except Exception:

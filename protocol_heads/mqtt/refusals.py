@@ -29,6 +29,9 @@ REJECT_REASONS: Mapping[RefusalReason, ReasonCode] = {
     # sessionId and partitionKey differ: the PUBLISH is well formed but the hub will not take it, which is 0x83's
     # meaning in MQTT 5 (0x99 "payload format invalid" is about the payload format indicator, not properties).
     RefusalReason.PARTITION_KEY_MISMATCH: ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
+    # No endpoint its routes name could ever carry it (a property bag over MQTT's topic limit for a module that
+    # can only be reached over MQTT): well formed, but the hub will not take it: 0x83 again.
+    RefusalReason.UNDELIVERABLE: ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
     # The disk refused the write (full, failing): 0x97 tells the device to hold on to it and retry later.
     RefusalReason.STORE_UNAVAILABLE: ReasonCode.QUOTA_EXCEEDED,
     # Refused with no more specific reason.

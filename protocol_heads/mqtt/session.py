@@ -346,7 +346,8 @@ class Session:
         try:
             await self._ingest_group(group)
         except StoreError as exc:
-            log.warning("mqtt.ingest_failed client=%s detail=%s", self.identity, exc)
+            # The store's failure, not this client's: one key for the hub, so a thousand clients log a few lines.
+            self.server.events.warning("ingest_failed", "mqtt.ingest_failed", client=self.identity, detail=exc)
             code, text = STORE_FAILED
             self.conn.close(code, reason=text)
             self.sock.finish()

@@ -1,6 +1,9 @@
 """``python -m bench.chaos --minutes 2`` as a user runs it: two minutes of hub kills, link outages and rate
-changes under QoS 1 publishers and a module, then the Spark job over what landed; nothing acknowledged is lost,
-nothing lands twice, no priority lane of a device is out of order, and the hub was killed at least twice."""
+changes under MQTT and AMQP publishers, a module, and a cloud sending cloud-to-device messages and calling
+methods, then the Spark job over what landed; nothing acknowledged is lost, nothing lands twice, no priority lane
+of a device is out of order, every cloud-to-device message reaches its device, every method call is answered
+with a status it can have had (or lost with a kill or an outage), the hub's memory stays under its bound, and
+the hub was killed at least twice."""
 
 from __future__ import annotations
 
@@ -47,3 +50,12 @@ def test_two_minutes_of_chaos_lose_nothing_duplicate_nothing_and_keep_each_lane_
     assert verdict["kills"] >= 2, out
     assert verdict["acknowledged"] > 500, out
     assert verdict["delivered"] + verdict["expired"] == verdict["acknowledged"], out
+    assert verdict["amqp_acknowledged"] > 250, out  # 2 of the 6 devices publish over AMQP
+    assert verdict["c2d_acknowledged"] > 20, out
+    assert verdict["c2d_lost"] == 0, out
+    assert verdict["methods_called"] > 40, out
+    assert verdict["methods_wrong"] == 0, out
+    assert verdict["methods_answered"] > 0, out
+    assert verdict["methods_timed_out"] > 0, out  # the "ignore" calls, answered 504 by the hub
+    assert verdict["hub_rss_peak_mib"] <= verdict["hub_rss_limit_mib"], out
+    assert verdict["hub_rss_processes"] >= verdict["kills"], out  # every hub process's memory was watched

@@ -22,6 +22,7 @@ from edgehub.routing import Router
 from edgehub.store.rocks import open_rocks_store
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 from tests.hub.test_poison_messages import connected
+from tests.hub.test_poison_messages import served as served_with_module
 from tests.protocol_heads.mqtt.conftest import DEV, DEVICE_KEY, HOST, MOD, MODULE_KEY, sas_password, username
 from tests.protocol_heads.mqtt.rawclient import RawClient
 
@@ -112,3 +113,21 @@ async def test_poison_messages_are_all_dead_lettered_and_counted_but_log_at_most
     finally:
         await store.close()
     assert len(lines(caplog, "store.dead_lettered")) == BURST
+
+
+async def test_a_module_that_comes_and_goes_again_and_again_logs_at_most_the_limiters_reachability_lines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with served_with_module(tmp_path) as (hub, server, _):
+        await hub.ingest(DEV, [Message(b"for the module", {}, {})])  # something to send, so the executor runs
+        for _ in range(TRIES):
+            module = await connected(server, MOD, MODULE_KEY, "devices/dev1/modules/filter/inputs/#")
+            await module.close()
+        executor = hub.executors["/modules/filter/inputs/in"]
+        async with asyncio.timeout(10):
+            await executor.wait_for(lambda: not executor.reachable)
+    went = lines(caplog, "executor.unreachable")
+    came = lines(caplog, "executor.reachable")
+    assert 1 <= len(went) <= BURST, went
+    assert 1 <= len(came) <= BURST, came

@@ -9,7 +9,15 @@ import pytest
 
 from edgehub.core import Identity
 from edgehub.core.endpoints import device_endpoint, parse_device_endpoint, parse_module_endpoint
-from edgehub.core.methods import MethodErrorCode, error_payload, method_name_problem, parse_addressed_call
+from edgehub.core.methods import (
+    MAX_RID_LENGTH,
+    MAX_TARGET_ID_LENGTH,
+    MethodErrorCode,
+    error_payload,
+    method_name_problem,
+    parse_addressed_call,
+)
+from edgehub.mqtt.encoder import string_field
 from edgehub.upstream.mqtt.cloud import subscriptions
 from protocol_heads.mqtt.iothub import method_request_topic, parse_method_response
 
@@ -64,11 +72,27 @@ def test_an_addressed_call_names_its_target_name_rid_timeout_and_answer_topic(
         "$iothub/+/methods/POST/x/?$rid=1",
         "$iothub/dev1/methods/res/200/?$rid=1",
         "$iothub/dev1/methods/POST/x/?$rid=" + "r" * 129,
+        "$iothub/" + "d" * 129 + "/methods/POST/x/?$rid=1",  # no IoT Hub id is longer than 128
+        "$iothub/dev1/" + "m" * 129 + "/methods/POST/x/?$rid=1",
         "devices/dev1/messages/events/",
     ],
 )
 def test_anything_else_is_not_an_addressed_call(topic: str) -> None:
     assert parse_addressed_call(topic) is None
+
+
+def test_the_answer_to_any_call_that_parses_fits_an_mqtt_topic() -> None:
+    # The longest call that parses: ids and request id at their bounds, each character four bytes of UTF-8 (the
+    # request id percent-encoded, as a query value is), answered with the longest status a target can give.
+    widest = "\U0001f600"
+    device, module = widest * MAX_TARGET_ID_LENGTH, widest * MAX_TARGET_ID_LENGTH
+    rid = "%F0%9F%98%80" * MAX_RID_LENGTH
+    call = parse_addressed_call(f"$iothub/{device}/{module}/methods/POST/x/?$rid={rid}")
+    assert call is not None
+    topic = call.response_topic(999_999)
+    assert len(topic.encode()) == 8 + 512 + 1 + 512 + len("/methods/res/999999/?$rid=") + 512
+    string_field(topic)  # the MQTT encoder's own rule: raises UnencodableField past 65,535 bytes
+    assert len(topic.encode()) < 2_000
 
 
 GOOD_METHOD_NAMES = ["reboot", "get_Temp-2.x"]

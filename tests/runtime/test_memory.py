@@ -1,5 +1,6 @@
-"""ChurnCollector: a collection once enough connections closed, on any head, at most one per interval, none while
-idle; and the running hub's collector counts the AMQP head's closes as well as the MQTT head's."""
+"""ChurnCollector: a collection once enough connections closed, on any head, or once one closed while the process
+grew by ``min_growth_bytes`` since the last collection; at most one per interval, none while idle; and the running
+hub's collector counts the AMQP head's closes as well as the MQTT head's."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from edgehub.hub import ConnectionLimiter, Ticket
 from edgehub.runtime.compose.config import HubConfig
 from edgehub.runtime.compose.serve import serve
-from edgehub.runtime.memory import ChurnCollector, _malloc_trim, give_memory_back
+from edgehub.runtime.memory import ChurnCollector, _malloc_trim, give_memory_back, rss_bytes
 from edgehub.testing import ManualClock
 
 
@@ -28,10 +29,20 @@ def _close(limiter: ConnectionLimiter, n: int) -> None:
         ticket.release()  # released once, counted once
 
 
+class _Rss:
+    """A process's RSS as the test sets it (the collector reads it through ``rss``)."""
+
+    def __init__(self, mib: int) -> None:
+        self.bytes = mib << 20
+
+    def __call__(self) -> int:
+        return self.bytes
+
+
 def test_it_collects_after_enough_closes_and_not_more_often_than_its_interval() -> None:
     limiter = ConnectionLimiter(max_connections=100, max_pending=50, max_pending_per_address=50)
     clock = ManualClock()
-    collector = ChurnCollector(limiter, min_closed=32, min_interval_s=5.0, clock=clock)
+    collector = ChurnCollector(limiter, min_closed=32, min_interval_s=5.0, clock=clock, rss=_Rss(60))
     assert not collector.due()  # idle: nothing to do
     _close(limiter, 31)
     assert limiter.closed == 31
@@ -46,10 +57,54 @@ def test_it_collects_after_enough_closes_and_not_more_often_than_its_interval() 
     assert collector.due()
 
 
+def test_one_close_after_the_process_grew_by_min_growth_collects_and_one_close_without_growth_does_not() -> None:
+    limiter = ConnectionLimiter(max_connections=100, max_pending=50, max_pending_per_address=50)
+    clock, rss = ManualClock(), _Rss(60)
+    collector = ChurnCollector(
+        limiter, min_closed=32, min_growth_bytes=16 << 20, min_interval_s=5.0, clock=clock, rss=rss
+    )
+    rss.bytes = 160 << 20  # one client pushed a lot
+    assert not collector.due()  # grown, but nothing closed: what grew may be alive
+    _close(limiter, 1)
+    assert collector.due()  # that one close: give it back now, not after 31 more
+    collector.collect()
+    rss.bytes = 90 << 20  # what the collection gave back
+    collector.collect()  # measured after the collection: the new base
+    clock.advance(5.0)
+    _close(limiter, 1)
+    assert not collector.due()  # a close with no growth since: nothing to give back
+    rss.bytes = 105 << 20
+    assert not collector.due()  # 15 MiB: under min_growth
+    rss.bytes = 106 << 20
+    assert collector.due()
+    collector.collect()
+    rss.bytes = 200 << 20
+    _close(limiter, 1)
+    assert not collector.due()  # within the interval, however much it grew
+
+
+def test_without_procfs_only_the_count_of_closes_decides() -> None:
+    limiter = ConnectionLimiter(max_connections=100, max_pending=50, max_pending_per_address=50)
+    collector = ChurnCollector(limiter, min_closed=2, clock=ManualClock(), rss=lambda: None)
+    _close(limiter, 1)
+    assert not collector.due()
+    _close(limiter, 1)
+    assert collector.due()
+
+
+def test_rss_bytes_reads_this_process() -> None:
+    rss = rss_bytes()
+    if platform.system() != "Linux":
+        assert rss is None or rss > 0
+        return
+    assert rss is not None
+    assert 10 << 20 < rss < 16 << 30  # a Python process with the hub imported: tens of MiB, never gigabytes
+
+
 def test_closes_on_every_head_count_towards_a_collection() -> None:
     mqtt = ConnectionLimiter(max_connections=100, max_pending=50, max_pending_per_address=50)
     amqp = ConnectionLimiter(max_connections=100, max_pending=50, max_pending_per_address=50)
-    collector = ChurnCollector(mqtt, amqp, min_closed=32, min_interval_s=5.0, clock=ManualClock())
+    collector = ChurnCollector(mqtt, amqp, min_closed=32, min_interval_s=5.0, clock=ManualClock(), rss=_Rss(60))
     _close(mqtt, 16)
     _close(amqp, 15)
     assert collector.closed == 31

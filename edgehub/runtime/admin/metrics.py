@@ -119,6 +119,13 @@ class HubCollector(Collector):
         unack.add_metric(["storage_failure"], hub.unacked_store_failure)
         yield unack
 
+        refused = CounterMetricFamily(
+            "edgehub_messages_refused", "Messages ingest refused to their sender, by reason", labels=["reason"]
+        )
+        for refusal, count in sorted(hub.ingest_refused.items()):
+            refused.add_metric([str(refusal)], count)
+        yield refused
+
         removed = CounterMetricFamily(
             "edgehub_store_removed", "References removed from the store's queues, by reason", labels=["reason"]
         )

@@ -104,6 +104,7 @@ from edgehub.upstream.links import LinkedUpstream
 from edgehub.upstream.mqtt.transport import MqttUpstream
 from edgehub.upstream.twin_channel import TwinChannel
 from protocol_heads.listeners import HeadServer, login_throttle
+from protocol_heads.mqtt.carriage import MqttCarriage
 from protocol_heads.mqtt.iothub import Acl
 from protocol_heads.mqtt.server import MqttServer, MqttSettings
 from protocol_heads.websocket import SUBPROTOCOL_AMQP, SUBPROTOCOL_MQTT, WebSocketServer, WebSocketSettings
@@ -302,6 +303,15 @@ class _Heads:
     limiters: list[ConnectionLimiter]  # every serving head's: the memory collector counts closes on all of them
 
 
+def _carriage(config: HubConfig) -> MqttCarriage | None:
+    """What ingest may refuse as undeliverable: with MQTT the only protocol modules and devices can connect
+    with, a message whose MQTT topic cannot be sent; with AMQP served too, nothing (an AMQP client carries
+    properties outside the topic, so no message routed to a module or a device is beyond every client)."""
+    if config.amqp_port is not None or config.amqps_port is not None:
+        return None
+    return MqttCarriage()
+
+
 async def _heads(
     stack: AsyncExitStack,
     config: HubConfig,
@@ -429,6 +439,7 @@ async def serve(
                 max_token_lifetime_s=config.limits.max_token_lifetime_s,
                 twin_limits=config.limits.twin,
                 sealer=host.sealer,
+                carriage=_carriage(config),
             )
         )
         await seal_clear_identity_keys(hub.identities)  # before any head serves a login

@@ -41,7 +41,7 @@ from edgehub.core.methods import (
     parse_addressed_call,
 )
 from edgehub.core.property_bag import BAG_KEYS
-from edgehub.core.refusals import RefusalLog, RefusalReason
+from edgehub.core.refusals import RateLimitedLog, RefusalLog, RefusalReason
 
 __all__ = ["CloudMessage", "CloudSide", "subscriptions"]
 
@@ -117,6 +117,7 @@ class CloudSide:
         self._publish = publish
         self._clock = clock
         self._refusals = refusals
+        self._events = RateLimitedLog(log, clock=clock)  # the cloud decides how many: a few lines per device
         self._max_calls = max_calls
         self._tasks: set[asyncio.Task[None]] = set()
         self._calls = 0
@@ -145,10 +146,10 @@ class CloudSide:
         except IngestRejected:
             pass  # refused for good, and logged by the hub: acked, so the broker does not send it again
         except StoreError as exc:
-            log.warning("upstream.c2d_not_stored device=%s detail=%s", device_id, exc)
+            self._events.warning(device_id, "upstream.c2d_not_stored", device=device_id, detail=exc)
             return  # not acked: the broker sends it again on the next connection
         except EdgeHubError as exc:
-            log.warning("upstream.c2d_failed device=%s detail=%s", device_id, exc)
+            self._events.warning(device_id, "upstream.c2d_failed", device=device_id, detail=exc)
         ack()
 
     def _method(self, m: CloudMessage, call: AddressedCall) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from edgehub.core import Clock
 from edgehub.core.logtext import shown
 from edgehub.core.methods import CloudCommands
-from edgehub.core.refusals import RefusalLog
+from edgehub.core.refusals import RateLimitedLog, RefusalLog
 from edgehub.upstream.mqtt.cloud import CloudMessage, CloudSide, subscriptions
 from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
 from edgehub.upstream.twin_channel import TwinChannel
@@ -47,6 +47,9 @@ class Inbound:
         self.cloud: CloudSide | None = None
         self.ready = asyncio.Event()  # the current connection's cloud subscriptions are acknowledged
         self.twin: TwinChannel | None = None
+        # Each connection, and each answer the link is down for, makes a line: the broker and the callers decide
+        # how often, so at most RateLimitedLog's burst a minute each.
+        self._lines = RateLimitedLog(log, clock=clock)
 
     def serve_cloud(self, commands: CloudCommands, refusals: RefusalLog | None) -> None:
         self.cloud = CloudSide(
@@ -70,8 +73,12 @@ class Inbound:
             conn.subscribe(filters[i : i + _SUBSCRIBE_CHUNK])
         if not conn.subscribing:
             self.ready.set()  # nothing to wait for (no devices)
-        log.info(
-            "upstream.cloud_subscribed lane=%s devices=%d filters=%d", self._settings.lane, len(devices), len(filters)
+        self._lines.line(
+            "subscribed",
+            "upstream.cloud_subscribed",
+            lane=self._settings.lane,
+            devices=len(devices),
+            filters=len(filters),
         )
 
     def subscribed(self, conn: Connection) -> None:
@@ -103,7 +110,9 @@ class Inbound:
         if conn is not None and conn.alive:
             conn.publish(topic, payload, 0)
         else:
-            log.info("upstream.cloud_answer_dropped lane=%s topic=%s", self._settings.lane, shown(topic))
+            self._lines.line(
+                "answer_dropped", "upstream.cloud_answer_dropped", lane=self._settings.lane, topic=shown(topic)
+            )
 
     async def close(self) -> None:
         if self.cloud is not None:

@@ -31,7 +31,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from edgehub.core import Clock, FailureKind, SystemClock, TransportError
 from edgehub.core.methods import CloudCommands
-from edgehub.core.refusals import RefusalLog
+from edgehub.core.refusals import RateLimitedLog, RefusalLog
 from edgehub.delivery.endpoint import QueuedMessage, SendResult
 from edgehub.upstream.bandwidth import RateEstimator, TokenBucket
 from edgehub.upstream.dictionary import DictionaryKeeper, LaneDictionary
@@ -62,6 +62,9 @@ class MqttUpstream:
         """``keeper`` (the hub's store) keeps the lane's zstd dictionary across restarts; None: kept in memory."""
         self.settings = settings
         self._clock = clock or SystemClock()
+        # A broker (or a link) that drops the connection again and again, or refuses every batch, decides how
+        # often these come: at most RateLimitedLog's burst a minute each, then one with how many were held back.
+        self._lines = RateLimitedLog(log, clock=self._clock)
         self.dictionary: LaneDictionary | None = None
         if settings.compression is Codec.ZSTD and settings.zstd_dictionary and settings.wire_mode is WireMode.BATCH:
             self.dictionary = LaneDictionary(lane=settings.lane, keeper=keeper, clock=self._clock)
@@ -434,14 +437,15 @@ class MqttUpstream:
         if succeeded:
             details["wire_bytes_per_msg"] = f"{wire / len(succeeded):.1f}"
         if failed or invalid:
-            log.info(
-                "upstream.send_failed lane=%s acked=%d failed=%d invalid=%d kind=%s error=%s",
-                self.settings.lane,
-                len(succeeded),
-                len(failed),
-                len(invalid),
-                kind,
-                error,
+            self._lines.line(
+                "send_failed",
+                "upstream.send_failed",
+                lane=self.settings.lane,
+                acked=len(succeeded),
+                failed=len(failed),
+                invalid=len(invalid),
+                kind=kind,
+                error=error,
             )
         return SendResult(
             succeeded=tuple(succeeded),
@@ -527,14 +531,16 @@ class MqttUpstream:
             self._inbound.subscribe(conn)
             self._connected_event.set()
             self._progress.set()
-            log.info("upstream.connected lane=%s host=%s port=%d connects=%d", s.lane, s.host, s.port, self._connects)
+            self._lines.line(
+                "connected", "upstream.connected", lane=s.lane, host=s.host, port=s.port, connects=self._connects
+            )
             self._on_reachable()
             self._inbound.connected(conn)
             await conn.lost.wait()
             self._offline_count += 1
             self._lost_at_mono_s = self._clock.monotonic()
             self._inbound.lost()
-            log.info("upstream.lost lane=%s reason=%s", s.lane, conn.lost_reason)
+            self._lines.line("lost", "upstream.lost", lane=s.lane, reason=conn.lost_reason)
             self._progress.set()
             self._on_unreachable()
             await conn.stop()

@@ -184,3 +184,23 @@ async def test_a_device_bound_message_over_the_upstreams_limit_is_acked_and_drop
     lines = [r.getMessage() for r in caplog.records if "reason=packet_too_large" in r.getMessage()]
     assert len(lines) == 1
     assert "outcome=acknowledged_and_dropped" in lines[0]
+
+
+async def test_a_call_whose_answer_topic_could_not_be_sent_is_refused_with_a_line_and_the_next_is_answered(
+    tmp_path: Path, broker: MosquittoPeer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with served(tmp_path, broker) as rig:
+        # The hub subscribes to $iothub/dev1/+/methods/POST/#: any module name of dev1 reaches it. A call topic of
+        # MQTT's longest (65,535 bytes) would be answered 404 on a topic one byte longer, which MQTT cannot carry.
+        head, tail = "$iothub/dev1/", "/methods/POST/x/?$rid=1"
+        topic = head + "m" * (65_535 - len(head) - len(tail)) + tail
+        assert len(topic) == 65_535
+        rig.cloud.publish(topic, b"{}", qos=0)
+        rig.cloud.publish("$iothub/dev1/filter/methods/POST/probe/?$rid=2", b"{}", qos=0)
+        async with asyncio.timeout(10):
+            answer = await rig.cloud.messages.get()
+        assert answer.topic == "$iothub/dev1/filter/methods/res/404/?$rid=2"  # the one after it is answered
+    refused = [r.getMessage() for r in caplog.records if "reason=topic_invalid" in r.getMessage()]
+    assert len(refused) == 1, refused
+    assert "peer=$upstream" in refused[0]

@@ -234,6 +234,17 @@ async def test_messages_no_route_takes_move_messages_dropped_no_route(tmp_path: 
     assert moved(before, after, "edgehub_messages_received_total", id=SENSOR.id) == 1
 
 
+async def test_a_message_ingest_refuses_moves_messages_refused_by_its_reason(tmp_path: Path) -> None:
+    async with scraped_hub(tmp_path) as hub, device(hub.rig) as dev:
+        before = await hub.scrape()
+        dev.publish("devices/dev1/messages/events/$.sid=a&$.pk=b", b"x")  # sessionId and partitionKey differ
+        async with asyncio.timeout(10):
+            await dev.disconnects.get()  # MQTT 3.1.1: a refused message closes the connection
+        after = await hub.scrape()
+    assert moved(before, after, "edgehub_messages_refused_total", reason="partition_key_mismatch") == 1
+    assert moved(before, after, "edgehub_messages_received_total", id=DEV.id) == 0
+
+
 async def test_a_group_the_full_disk_refuses_moves_messages_unack_storage_failure(small_disk: Path) -> None:
     async with scraped_hub(small_disk) as hub, device(hub.rig) as dev:
         before = await hub.scrape()
