@@ -5,12 +5,8 @@ Azure SDKs do."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
-from typing import Any
 
 import pytest
-from azure.eventhub._pyamqp.authentication import AccessToken, JWTTokenAuth
-from azure.eventhub._pyamqp.client import SendClient
 from azure.eventhub._pyamqp.error import AMQPException
 from azure.eventhub._pyamqp.message import Message, Properties
 
@@ -19,26 +15,10 @@ from edgehub.core.refusals import RefusalReason
 from edgehub.testing import InMemoryHub
 from edgehub.testing.certs import TestCA
 from protocol_heads.amqp import AmqpServer
-from tests.protocol_heads.amqp.conftest import DEV, DEVICE_KEY, HOST, sas_token
+from tests.interop.protocol_heads.amqp.conftest import pyamqp_sender
+from tests.protocol_heads.amqp.conftest import DEV, DEVICE_KEY, sas_token
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]
-
-
-def pyamqp_sender(port: int, ca_pem: Path, token: str) -> Any:
-    auth = JWTTokenAuth(
-        f"amqps://{HOST}/devices/dev1",
-        f"{HOST}/devices/dev1",
-        lambda *_args, **_kwargs: AccessToken(token, 4_000_000_000),
-        token_type=b"servicebus.windows.net:sastoken",
-    )
-    return SendClient(  # type: ignore[no-untyped-call]
-        "localhost",
-        "/devices/dev1/messages/events",
-        auth=auth,
-        custom_endpoint_address=f"amqps://localhost:{port}",
-        connection_verify=str(ca_pem),
-        socket_timeout=5.0,
-    )
 
 
 async def test_pyamqp_device_sends_telemetry_with_a_cbs_sas_token(

@@ -6,21 +6,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
 
 import pytest
-from azure.eventhub._pyamqp.authentication import AccessToken, JWTTokenAuth
-from azure.eventhub._pyamqp.client import SendClient
-from azure.eventhub._pyamqp.constants import TransportType
 from azure.eventhub._pyamqp.message import Message, Properties
 
 from edgehub.core import SystemProperty
 from edgehub.testing import InMemoryHub
 from edgehub.testing.certs import TestCA
 from protocol_heads.amqp import AmqpServer, AmqpSettings
-from protocol_heads.websocket import IOTHUB_PATH, SUBPROTOCOL_AMQP, WebSocketServer, WebSocketSettings
-from tests.protocol_heads.amqp.conftest import DEV, DEVICE_KEY, HOST, sas_token, server_context
+from protocol_heads.websocket import SUBPROTOCOL_AMQP, WebSocketServer, WebSocketSettings
+from tests.interop.protocol_heads.amqp.conftest import pyamqp_sender
+from tests.protocol_heads.amqp.conftest import DEV, DEVICE_KEY, sas_token, server_context
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]
 
@@ -34,28 +30,10 @@ async def wss(hub: InMemoryHub, ca: TestCA) -> AsyncIterator[WebSocketServer]:
             yield ws
 
 
-def pyamqp_ws_sender(port: int, ca_pem: Path, token: str) -> Any:
-    auth = JWTTokenAuth(
-        f"amqps://{HOST}/devices/dev1",
-        f"{HOST}/devices/dev1",
-        lambda *_args, **_kwargs: AccessToken(token, 4_000_000_000),
-        token_type=b"servicebus.windows.net:sastoken",
-    )
-    return SendClient(  # type: ignore[no-untyped-call]
-        "localhost",
-        "/devices/dev1/messages/events",
-        auth=auth,
-        transport_type=TransportType.AmqpOverWebsocket,
-        custom_endpoint_address=f"wss://localhost:{port}{IOTHUB_PATH}",
-        connection_verify=str(ca_pem),
-        socket_timeout=5.0,
-    )
-
-
 async def test_pyamqp_over_a_websocket_sends_telemetry_with_a_cbs_sas_token(
     wss: WebSocketServer, hub: InMemoryHub, ca: TestCA
 ) -> None:
-    client = pyamqp_ws_sender(wss.ports["wss"], ca.ca_pem, sas_token(DEV, DEVICE_KEY))
+    client = pyamqp_sender(wss.ports["wss"], ca.ca_pem, sas_token(DEV, DEVICE_KEY), websocket=True)
 
     def send() -> None:
         client.open()
