@@ -6,6 +6,7 @@ its budget the metered link carries only the priorities allowed past it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -113,6 +114,21 @@ def state(up: LinkedUpstream, name: str) -> LinkState:
     return next(s.state for s in up.links_status() if s.name == name)
 
 
+@contextlib.asynccontextmanager
+async def delivering(
+    store: Store, broker: MosquittoPeer, up: LinkedUpstream
+) -> AsyncIterator[tuple[MqttCollector, EndpointExecutor]]:
+    """``up`` under an executor on ``store``, both links connected, and the cloud's subscriber; 60 s at most."""
+    async with (
+        asyncio.timeout(60),
+        MqttCollector(host=broker.host, port=broker.port, topic="edgehub/#") as sink,
+        up,
+        EndpointExecutor(store, up, settings=QUICK) as ex,
+    ):
+        await connected(up)
+        yield sink, ex
+
+
 async def test_a_linked_upstream_says_which_priorities_it_carries(
     store: Store, broker: MosquittoPeer, cheap: LinkSim, metered: LinkSim
 ) -> None:
@@ -139,13 +155,7 @@ async def test_a_hard_cut_hands_alarms_to_the_metered_link_and_telemetry_waits_f
     store: Store, broker: MosquittoPeer, cheap: LinkSim, metered: LinkSim
 ) -> None:
     up = lane(cheap, metered, settle_s=0.5)
-    async with (
-        asyncio.timeout(60),
-        MqttCollector(host=broker.host, port=broker.port, topic="edgehub/#") as sink,
-        up,
-        EndpointExecutor(store, up, settings=QUICK) as ex,
-    ):
-        await connected(up)
+    async with delivering(store, broker, up) as (sink, ex):
         await enqueue(store, ex, 0, b"alarm-before")
         await sink.wait_for(1)
         sat_before = metered.stats.up_bytes
@@ -169,13 +179,7 @@ async def test_a_silent_outage_is_found_within_the_keepalive_and_alarms_go_over_
     store: Store, broker: MosquittoPeer, cheap: LinkSim, metered: LinkSim
 ) -> None:
     up = lane(cheap, metered)
-    async with (
-        asyncio.timeout(60),
-        MqttCollector(host=broker.host, port=broker.port, topic="edgehub/#") as sink,
-        up,
-        EndpointExecutor(store, up, settings=QUICK) as ex,
-    ):
-        await connected(up)
+    async with delivering(store, broker, up) as (sink, ex):
         cheap.go_silent()  # no FIN, no RST: only the keepalive (1 s, lost after 1.5 s of silence) tells
         await enqueue(store, ex, 0, *(b"alarm-%d" % i for i in range(5)))
         await ex.wait_for(lambda: store.checkpoint(P0).committed == 4)
@@ -188,13 +192,7 @@ async def test_the_cheap_link_is_used_again_only_after_it_stayed_up_for_its_sett
     store: Store, broker: MosquittoPeer, cheap: LinkSim, metered: LinkSim
 ) -> None:
     up = lane(cheap, metered, settle_s=3.0)
-    async with (
-        asyncio.timeout(60),
-        MqttCollector(host=broker.host, port=broker.port, topic="edgehub/#") as sink,
-        up,
-        EndpointExecutor(store, up, settings=QUICK) as ex,
-    ):
-        await connected(up)
+    async with delivering(store, broker, up) as (sink, ex):
         cheap.cut()
         await up.wait_for(lambda: state(up, "cell") is LinkState.DOWN)
         cheap.restore()
@@ -226,13 +224,7 @@ async def test_past_its_budget_the_metered_link_carries_only_the_priorities_allo
 ) -> None:
     caplog.set_level(logging.INFO, logger="edgehub.upstream.budget")
     up = lane(cheap, metered, budget=Budget(2_000, Period.DAY), ledger_path=tmp_path / "links" / "budget.json")
-    async with (
-        asyncio.timeout(60),
-        MqttCollector(host=broker.host, port=broker.port, topic="edgehub/#") as sink,
-        up,
-        EndpointExecutor(store, up, settings=QUICK) as ex,
-    ):
-        await connected(up)
+    async with delivering(store, broker, up) as (sink, ex):
         cheap.cut()
         await up.wait_for(lambda: not up.carries(5))
         events = [b"event-%03d-%s" % (i, b"x" * 200) for i in range(30)]  # ~6 kB: three times the budget
