@@ -8,8 +8,10 @@ import json
 import time
 from pathlib import Path
 
+import paho.mqtt.client as mqtt
 import pytest
 
+from edgehub.core.sas import ConnectionString
 from edgehub.runtime.admin.client import running_hub
 from tests.e2e.hub_process import identity_add, start, stop
 from tests.protocol_heads.mqtt.conftest import Paho
@@ -17,6 +19,39 @@ from tests.protocol_heads.mqtt.conftest import Paho
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(90)]
 
 TOKEN_EXPIRY = int(time.time()) + 86_400  # within the hub's maximum token lifetime (a year)
+
+
+async def queued_while_the_module_is_away(port: int, ca: Path, dev_cs: ConnectionString, count: int) -> Paho:
+    """dev1, connected, has sent ``count`` messages routed to the module: the executor hands its link one batch."""
+    dev = Paho.make("dev1")
+    user = f"{dev_cs.host_name}/dev1/?api-version=2021-04-12"
+    assert await dev.connect(port, tls_ca=ca, user=user, password=dev_cs.sas_token(TOKEN_EXPIRY)) == 0
+    for n in range(count):
+        mid = dev.publish("devices/dev1/messages/events/", json.dumps({"n": n}).encode())
+        async with asyncio.timeout(10):
+            assert await dev.publishes.get() == (mid, 0)
+    return dev
+
+
+async def three_in_flight_after_the_probe(
+    port: int, ca: Path, sink_cs: ConnectionString
+) -> tuple[Paho, list[mqtt.MQTTMessage]]:
+    """The module, acking only when the test says so, connects: the executor probes with one message, whose ack
+    reopens the queue; then a window of three arrives and no fourth. The module and the four it got."""
+    sink = Paho.make("edge/sink")
+    sink.client.manual_ack_set(True)  # unacknowledged until the test says so
+    user = f"{sink_cs.host_name}/edge/sink/?api-version=2021-04-12"
+    assert await sink.connect(port, tls_ca=ca, user=user, password=sink_cs.sas_token(TOKEN_EXPIRY)) == 0
+    async with asyncio.timeout(10):
+        probe = await sink.messages.get()
+    sink.client.ack(probe.mid, 1)
+    got = [probe]
+    async with asyncio.timeout(10):
+        for _ in range(3):
+            got.append(await sink.messages.get())
+    await asyncio.sleep(1.0)  # time for a fourth to arrive, were the window wider
+    assert sink.messages.empty()
+    return sink, got
 
 
 async def test_a_module_never_has_more_unacknowledged_deliveries_than_the_window(tmp_path: Path) -> None:
@@ -28,29 +63,8 @@ async def test_a_module_never_has_more_unacknowledged_deliveries_than_the_window
     proc, port, _ = await start(data, manifest, "--module-window", "3")
     ca = data / "certs" / "ca.pem"
 
-    # Queued while the module is away, so the executor hands its link one batch of all eight.
-    dev = Paho.make("dev1")
-    user = f"{dev_cs.host_name}/dev1/?api-version=2021-04-12"
-    assert await dev.connect(port, tls_ca=ca, user=user, password=dev_cs.sas_token(TOKEN_EXPIRY)) == 0
-    for n in range(8):
-        mid = dev.publish("devices/dev1/messages/events/", json.dumps({"n": n}).encode())
-        async with asyncio.timeout(10):
-            assert await dev.publishes.get() == (mid, 0)
-
-    sink = Paho.make("edge/sink")
-    sink.client.manual_ack_set(True)  # unacknowledged until the test says so
-    user = f"{sink_cs.host_name}/edge/sink/?api-version=2021-04-12"
-    assert await sink.connect(port, tls_ca=ca, user=user, password=sink_cs.sas_token(TOKEN_EXPIRY)) == 0
-    # After the module was away, the executor probes with one message; its ack reopens the queue.
-    async with asyncio.timeout(10):
-        probe = await sink.messages.get()
-    sink.client.ack(probe.mid, 1)
-    got = [probe]
-    async with asyncio.timeout(10):
-        for _ in range(3):
-            got.append(await sink.messages.get())
-    await asyncio.sleep(1.0)  # time for a fourth to arrive, were the window wider
-    assert sink.messages.empty()
+    dev = await queued_while_the_module_is_away(port, ca, dev_cs, 8)
+    sink, got = await three_in_flight_after_the_probe(port, ca, sink_cs)
 
     # Each ack frees one place: the rest follow in order, never more than three unacknowledged.
     while len(got) < 8:
@@ -76,27 +90,8 @@ async def test_the_manifests_window_from_the_admin_api_applies_live_over_the_fla
     proc, port, _ = await start(data, manifest, "--module-window", "3", "--admin-port", "0")
     ca = data / "certs" / "ca.pem"
     try:
-        # Queued while the module is away, so the executor hands its link one batch of all but the probe.
-        dev = Paho.make("dev1")
-        user = f"{dev_cs.host_name}/dev1/?api-version=2021-04-12"
-        assert await dev.connect(port, tls_ca=ca, user=user, password=dev_cs.sas_token(TOKEN_EXPIRY)) == 0
-        for n in range(10):
-            mid = dev.publish("devices/dev1/messages/events/", json.dumps({"n": n}).encode())
-            async with asyncio.timeout(10):
-                assert await dev.publishes.get() == (mid, 0)
-        sink = Paho.make("edge/sink")
-        sink.client.manual_ack_set(True)  # unacknowledged until the test says so
-        user = f"{sink_cs.host_name}/edge/sink/?api-version=2021-04-12"
-        assert await sink.connect(port, tls_ca=ca, user=user, password=sink_cs.sas_token(TOKEN_EXPIRY)) == 0
-        async with asyncio.timeout(10):
-            probe = await sink.messages.get()
-        sink.client.ack(probe.mid, 1)  # the probe's ack reopens the queue: the rest go as one batch
-        got = [probe]
-        async with asyncio.timeout(10):
-            for _ in range(3):
-                got.append(await sink.messages.get())
-        await asyncio.sleep(1.0)  # time for a fourth to arrive, were the window wider
-        assert sink.messages.empty()
+        dev = await queued_while_the_module_is_away(port, ca, dev_cs, 10)
+        sink, got = await three_in_flight_after_the_probe(port, ca, sink_cs)
 
         # The deployment's window, over the flag's, from the admin API: three more go out with no ack to wait for.
         client = await asyncio.to_thread(running_hub, data)
