@@ -148,6 +148,25 @@ async def test_a_thousand_idle_tls_devices_cost_a_bounded_amount_each(tmp_path: 
     assert grown < 950 * 0.1, f"950 idle TLS devices added {grown:.1f} MB"
 
 
+async def logged_in_on_a_small_buffer(
+    port: int, identity: Identity, key: str, *, keepalive_s: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """``identity`` logged in over MQTT 3.1.1 on a socket with a 4 KiB receive buffer: what it leaves unread backs
+    up into the hub at once."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    token = generate_sas_token(resource_uri(DEFAULT_HOST_NAME, identity), key, EXPIRY)
+    user = f"{DEFAULT_HOST_NAME}/{identity.id}/?api-version=2021-04-12"
+    writer.write(
+        encode(Connect(identity.id, keepalive_s=keepalive_s, username=user, password=token.encode()), MQTT_311)
+    )
+    async with asyncio.timeout(10):
+        assert (await reader.readexactly(4)) == b"\x20\x02\x00\x00"  # CONNACK, accepted
+    return reader, writer
+
+
 async def test_ten_thousand_connections_over_time_leave_memory_where_it_was(tmp_path: Path) -> None:
     data = tmp_path / "data"
     devices = [Identity.parse(f"d{i}") for i in range(10)]
@@ -180,15 +199,7 @@ async def test_a_module_that_never_reads_its_deliveries_is_dropped_and_its_memor
     proc, ports = await start(data, manifest_file(tmp_path, routes))
     base = rss_mb(proc.pid)
     # The module logs in (keepalive 2 s) on a socket with a small receive buffer and then never reads.
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", ports["tcp"]))
-    reader, writer = await asyncio.open_connection(sock=sock)
-    token = generate_sas_token(resource_uri(DEFAULT_HOST_NAME, sink), keys[sink.id], EXPIRY)
-    user = f"{DEFAULT_HOST_NAME}/{sink.id}/?api-version=2021-04-12"
-    writer.write(encode(Connect(sink.id, keepalive_s=2, username=user, password=token.encode()), MQTT_311))
-    async with asyncio.timeout(10):
-        assert (await reader.readexactly(4)) == b"\x20\x02\x00\x00"
+    reader, writer = await logged_in_on_a_small_buffer(ports["tcp"], sink, keys[sink.id], keepalive_s=2)
     # 40 MB of telemetry routed to it, 200 KB a message.
     d = await Device.login(ports["tcp"], dev, keys[dev.id])
     for n in range(1, 201):
@@ -222,15 +233,7 @@ async def test_a_client_that_pushed_200_mb_to_a_subscription_it_never_read_gives
     routes = {"loop": "FROM /messages/modules/loop/* INTO BrokeredEndpoint('/modules/loop/inputs/in')"}
     proc, ports = await start(data, manifest_file(tmp_path, routes))
     base = rss_mb(proc.pid)
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", ports["tcp"]))
-    reader, writer = await asyncio.open_connection(sock=sock)
-    token = generate_sas_token(resource_uri(DEFAULT_HOST_NAME, loop), keys[loop.id], EXPIRY)
-    user = f"{DEFAULT_HOST_NAME}/{loop.id}/?api-version=2021-04-12"
-    writer.write(encode(Connect(loop.id, keepalive_s=0, username=user, password=token.encode()), MQTT_311))
-    async with asyncio.timeout(10):
-        assert (await reader.readexactly(4)) == b"\x20\x02\x00\x00"
+    _reader, writer = await logged_in_on_a_small_buffer(ports["tcp"], loop, keys[loop.id], keepalive_s=0)
     # 200 MB of QoS 0 publishes, 64 KB each, as fast as the hub reads them; the module reads nothing back.
     publish = encode(Publish("devices/edge/modules/loop/messages/events/", b"\x00" * 65_536), MQTT_311)
     for n in range(1, 3201):
