@@ -87,6 +87,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+async def terminate(proc: asyncio.subprocess.Process, grace_s: float = 5.0) -> None:
+    """SIGTERM a peer's process if it still runs; SIGKILL it if it has not ended within ``grace_s``."""
+    if proc.returncode is None:
+        proc.terminate()
+        try:
+            async with asyncio.timeout(grace_s):
+                await proc.wait()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
 async def _mqtt_answers(host: str, port: int) -> bool:
     try:
         reader, writer = await asyncio.open_connection(host, port)
@@ -225,14 +237,7 @@ class MosquittoPeer:
     async def stop(self) -> None:
         if self._proc is not None:
             proc, self._proc = self._proc, None
-            if proc.returncode is None:
-                proc.terminate()
-                try:
-                    async with asyncio.timeout(5):
-                        await proc.wait()
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
+            await terminate(proc)
         if self._container is not None:
             container, self._container = self._container, None
             await asyncio.to_thread(container.stop)

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from edgehub.testing.peers import PeerStartError, free_port
+from edgehub.testing.peers import PeerStartError, free_port, terminate
 
 __all__ = ["TINYPROXY_BINARY", "TinyproxyPeer"]
 
@@ -104,14 +104,7 @@ class TinyproxyPeer:
 
     @staticmethod
     async def _end(proc: asyncio.subprocess.Process) -> None:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                async with asyncio.timeout(5):
-                    await proc.wait()
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await terminate(proc)
         if proc.stderr is not None:
             with contextlib.suppress(Exception):
                 await proc.stderr.read()
