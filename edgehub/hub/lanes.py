@@ -180,24 +180,7 @@ def aggregate_status(statuses: Sequence[UpstreamStatus]) -> UpstreamStatus:
     """One status for all lanes: counts and rates summed, connected when any lane is."""
     if not statuses:
         raise ValueError("no lanes")
-    acked = sum(s.messages_acked for s in statuses)
-    wire = sum(s.wire_bytes_acked for s in statuses)
-    return UpstreamStatus(
-        connected=any(s.connected for s in statuses),
-        connects=sum(s.connects for s in statuses),
-        inflight_bytes=sum(s.inflight_bytes for s in statuses),
-        peak_inflight_bytes=max(s.peak_inflight_bytes for s in statuses),
-        window_bytes=sum(s.window_bytes for s in statuses),
-        achieved_bps=sum(s.achieved_bps for s in statuses),
-        messages_acked=acked,
-        publishes_acked=sum(s.publishes_acked for s in statuses),
-        wire_bytes_acked=wire,
-        wire_bytes_per_message=wire / acked if acked else 0.0,
-        rtt_min_s=min((s.rtt_min_s for s in statuses if s.rtt_min_s is not None), default=None),
-        offline_count=sum(s.offline_count for s in statuses),
-        offline_s=sum(s.offline_s for s in statuses),
-        offline_ended=sum(s.offline_ended for s in statuses),
-    )
+    return UpstreamStatus.summed(statuses, connected=any(s.connected for s in statuses))
 
 
 @runtime_checkable

@@ -436,21 +436,4 @@ class LinkedUpstream:
     def status(self) -> UpstreamStatus:
         """The links' transports summed, as one lane's (connected when any link is)."""
         statuses = [link.transport.status() for link in self._links if isinstance(link.transport, _ReportsStatus)]
-        acked = sum(s.messages_acked for s in statuses)
-        wire = sum(s.wire_bytes_acked for s in statuses)
-        return UpstreamStatus(
-            connected=self.connected,
-            connects=sum(s.connects for s in statuses),
-            inflight_bytes=sum(s.inflight_bytes for s in statuses),
-            peak_inflight_bytes=max((s.peak_inflight_bytes for s in statuses), default=0),
-            window_bytes=sum(s.window_bytes for s in statuses),
-            achieved_bps=sum(s.achieved_bps for s in statuses),
-            messages_acked=acked,
-            publishes_acked=sum(s.publishes_acked for s in statuses),
-            wire_bytes_acked=wire,
-            wire_bytes_per_message=wire / acked if acked else 0.0,
-            rtt_min_s=min((s.rtt_min_s for s in statuses if s.rtt_min_s is not None), default=None),
-            offline_count=sum(s.offline_count for s in statuses),
-            offline_s=sum(s.offline_s for s in statuses),
-            offline_ended=sum(s.offline_ended for s in statuses),
-        )
+        return UpstreamStatus.summed(statuses, connected=self.connected)

@@ -7,6 +7,7 @@ the link), and the window and batch sizes are derived from them in one place (``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -204,3 +205,26 @@ class UpstreamStatus:
     offline_count: int = 0  # established connections lost
     offline_s: float = 0.0  # from each loss to the next connect, summed over the outages that ended
     offline_ended: int = 0  # outages that ended (a loss followed by a connect)
+
+    @classmethod
+    def summed(cls, statuses: Sequence[UpstreamStatus], *, connected: bool) -> UpstreamStatus:
+        """Several transports' statuses as one (a lane's links, a hub's lanes): counts, rates and outages summed,
+        the peak the largest, the round trip the least; whether it is connected is the caller's to say."""
+        acked = sum(s.messages_acked for s in statuses)
+        wire = sum(s.wire_bytes_acked for s in statuses)
+        return cls(
+            connected=connected,
+            connects=sum(s.connects for s in statuses),
+            inflight_bytes=sum(s.inflight_bytes for s in statuses),
+            peak_inflight_bytes=max((s.peak_inflight_bytes for s in statuses), default=0),
+            window_bytes=sum(s.window_bytes for s in statuses),
+            achieved_bps=sum(s.achieved_bps for s in statuses),
+            messages_acked=acked,
+            publishes_acked=sum(s.publishes_acked for s in statuses),
+            wire_bytes_acked=wire,
+            wire_bytes_per_message=wire / acked if acked else 0.0,
+            rtt_min_s=min((s.rtt_min_s for s in statuses if s.rtt_min_s is not None), default=None),
+            offline_count=sum(s.offline_count for s in statuses),
+            offline_s=sum(s.offline_s for s in statuses),
+            offline_ended=sum(s.offline_ended for s in statuses),
+        )
