@@ -248,6 +248,22 @@ async def upgraded(port: int) -> RawClient:
     return client
 
 
+async def logs_in(client: RawClient) -> None:
+    """dev1 logs in (MQTT 3.1.1, SAS) over the upgraded ``client``: its CONNECT in one binary frame, the CONNACK
+    back in one."""
+    connect = connect_packet(
+        v5=False,
+        client_id="dev1",
+        keepalive_s=60,
+        clean=True,
+        username=username(DEV),
+        password=sas_password(DEV, DEVICE_KEY),
+    )
+    await client.send(frame(BINARY, connect))
+    async with asyncio.timeout(10):
+        assert await client.reader.readexactly(6) == b"\x82\x04\x20\x02\x00\x00"  # CONNACK, accepted
+
+
 @pytest.mark.parametrize(
     ("frames", "code", "reason"),
     [
@@ -286,17 +302,7 @@ async def test_a_frame_over_its_bound_closes_with_1009_however_long_it_says_it_i
     async for pair in listen(hub, ca, max_frame_bytes=64 * 1024):
         client = await upgraded(pair.ws.ports["ws"])
         try:
-            connect = connect_packet(
-                v5=False,
-                client_id="dev1",
-                keepalive_s=60,
-                clean=True,
-                username=username(DEV),
-                password=sas_password(DEV, DEVICE_KEY),
-            )
-            await client.send(frame(BINARY, connect))
-            async with asyncio.timeout(10):
-                assert await client.reader.readexactly(6) == b"\x82\x04\x20\x02\x00\x00"  # CONNACK, accepted
+            await logs_in(client)
             topic = b"devices/dev1/messages/events/"
             body = 200_000 - len(topic) - 2
             remaining = 2 + len(topic) + body
@@ -490,17 +496,7 @@ async def _session_then_freed(pair: Listeners, ending: str) -> None:
     refs = [weakref.ref(o) for o in new(UpgradeSocket)]
     await client.send(upgrade_request())
     assert (await client.response())[0] == 101
-    connect = connect_packet(
-        v5=False,
-        client_id="dev1",
-        keepalive_s=60,
-        clean=True,
-        username=username(DEV),
-        password=sas_password(DEV, DEVICE_KEY),
-    )
-    await client.send(frame(BINARY, connect))
-    async with asyncio.timeout(10):
-        assert await client.reader.readexactly(6) == b"\x82\x04\x20\x02\x00\x00"  # CONNACK, accepted
+    await logs_in(client)
     refs += [weakref.ref(o) for kind in (WebSocketStream, ClientSocket) for o in new(kind)]
     refs += [weakref.ref(o._ws) for o in new(WebSocketStream)]  # the wsproto connection
     assert len(refs) == 4
