@@ -229,6 +229,33 @@ async def wait_arrived(run: Run, max_s: float) -> None:
                 await run.changed.wait()
 
 
+async def drive_collecting(
+    sc: Scenario,
+    cheap: LinkSim,
+    metered: LinkSim,
+    devices: Devices,
+    say: Callable[[str], None],
+    run: Run,
+    take_arrivals: Callable[[], None],
+) -> None:
+    """Drive the scenario while taking the sink's arrivals every 0.1 s, then wait for the rest (``drain_max_s`` at
+    most); either way take the last arrivals and stop the devices. Each contender says how it reads its sink."""
+
+    async def collect() -> None:
+        while True:
+            take_arrivals()
+            await asyncio.sleep(0.1)
+
+    collector = asyncio.create_task(collect())
+    try:
+        await drive(sc, cheap, metered, devices, say)
+        await wait_arrived(run, sc.drain_max_s)
+    finally:
+        collector.cancel()
+        take_arrivals()
+        await devices.stop()
+
+
 def manifest(path: Path, sc: Scenario, cheap: LinkSim, metered: LinkSim) -> None:
     routes = {
         name: {
@@ -327,19 +354,9 @@ async def run_edgehub(sc: Scenario, work: Path) -> Run:
                     counted = len(sink.messages)
                     run.changed.set()
 
-                async def collect() -> None:
-                    while True:
-                        take_arrivals()
-                        await asyncio.sleep(0.1)
-
-                collector = asyncio.create_task(collect())
                 try:
-                    await drive(sc, cheap, metered, devices, say)
-                    await wait_arrived(run, sc.drain_max_s)
+                    await drive_collecting(sc, cheap, metered, devices, say, run, take_arrivals)
                 finally:
-                    collector.cancel()
-                    take_arrivals()
-                    await devices.stop()
                     stop.set()
                     async with asyncio.timeout(30):
                         await hub
@@ -451,19 +468,7 @@ async def run_bridge(sc: Scenario, work: Path) -> Run:
                     run.arrivals = len(sink.messages)
                     run.changed.set()
 
-                async def collect() -> None:
-                    while True:
-                        take_arrivals()
-                        await asyncio.sleep(0.1)
-
-                collector = asyncio.create_task(collect())
-                try:
-                    await drive(sc, cheap, metered, devices, say)
-                    await wait_arrived(run, sc.drain_max_s)
-                finally:
-                    collector.cancel()
-                    take_arrivals()
-                    await devices.stop()
+                await drive_collecting(sc, cheap, metered, devices, say, run, take_arrivals)
             run.expensive_bytes, run.cheap_bytes = metered.stats.up_bytes, cheap.stats.up_bytes
     return run
 
