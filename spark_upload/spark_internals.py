@@ -189,15 +189,8 @@ class HadoopDir:
 
     def read_text(self, *parts: str) -> str | None:
         """The whole file as UTF-8, or None when it does not exist."""
-        with _java_errors("read", self.uri(*parts)):
-            p = self._path(*parts)
-            if not self._fs.exists(p):
-                return None
-            stream = self._fs.open(p)
-            try:
-                return bytes(stream.readAllBytes()).decode("utf-8")
-            finally:
-                stream.close()
+        data = self.read_bytes(*parts)
+        return None if data is None else data.decode("utf-8")
 
     def read_bytes(self, *parts: str) -> bytes | None:
         """The whole file, or None when it does not exist."""
