@@ -7,30 +7,20 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgehub.core import Identity
-from edgehub.runtime.admin.client import AdminClient, running_hub
+from edgehub.runtime.admin.client import running_hub
 from edgehub.runtime.compose.config import HubConfig
-from edgehub.runtime.compose.serve import serve
 from edgehub.runtime.compose.store import open_identities, open_store
 from edgehub.testing.peers import MosquittoPeer
 from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, WireMode
+from tests.e2e.serving import serving, status_until
 from tests.protocol_heads.mqtt.conftest import Paho
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]
-
-
-async def status_until(client: AdminClient, done: Any) -> dict[str, Any]:
-    """``/status`` asked again until ``done(status)`` (each ask is a real round trip); bounded by the caller."""
-    while True:
-        _, status = await asyncio.to_thread(client.request, "GET", "/status")
-        assert isinstance(status, dict)
-        if done(status):
-            return status
 
 
 async def test_the_running_hub_shows_its_uplink_in_status_and_metrics(tmp_path: Path) -> None:
@@ -47,12 +37,7 @@ async def test_the_running_hub_shows_its_uplink_in_status_and_metrics(tmp_path: 
         config = HubConfig(
             manifest=manifest, data_dir=data, mqtt_port=0, mqtts_port=None, upstream=upstream, admin_port=0
         )
-        stop = asyncio.Event()
-        ports: asyncio.Queue[dict[str, int]] = asyncio.Queue()
-        task = asyncio.create_task(serve(config, stop=stop, on_ready=ports.put_nowait))
-        try:
-            async with asyncio.timeout(20):
-                ready = await ports.get()
+        async with serving(config, timeout_s=20) as ready:
             client = await asyncio.to_thread(running_hub, data)
             assert client is not None
             assert client.port == ready["admin"]
@@ -86,9 +71,5 @@ async def test_the_running_hub_shows_its_uplink_in_status_and_metrics(tmp_path: 
             assert samples[("edgehub_messages_sent_total", (("to", "$upstream"), ("to_route_input", "")))] == 2
             assert samples[("edgehub_upstream_connected", (("lane", "$upstream"),))] == 1
             assert samples[("edgehub_messages_received_total", (("id", "dev1"),))] == 2
-        finally:
-            stop.set()
-            async with asyncio.timeout(20):
-                await task
     assert not (data / "admin.port").exists()
     assert (data / "admin.token").exists()

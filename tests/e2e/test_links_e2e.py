@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -19,13 +19,13 @@ from edgehub.core import Identity
 from edgehub.runtime.admin.client import AdminClient, running_hub
 from edgehub.runtime.compose.config import HubConfig
 from edgehub.runtime.compose.links import BUDGET_FILE
-from edgehub.runtime.compose.serve import serve
 from edgehub.runtime.compose.store import open_identities, open_store
 from edgehub.testing.linksim import LinkSim
 from edgehub.testing.mqtt_collector import MqttCollector
 from edgehub.testing.peers import MosquittoPeer
 from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
 from edgehub.upstream.segment import decode_segment
+from tests.e2e.serving import serving, status_until
 from tests.protocol_heads.mqtt.conftest import Paho
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(90)]
@@ -62,28 +62,10 @@ async def hub(
     config = HubConfig(
         manifest=manifest_path, data_dir=data, mqtt_port=0, mqtts_port=None, upstream=upstream, admin_port=0
     )
-    stop = asyncio.Event()
-    ports: asyncio.Queue[dict[str, int]] = asyncio.Queue()
-    task = asyncio.create_task(serve(config, stop=stop, on_ready=ports.put_nowait))
-    try:
-        async with asyncio.timeout(30):
-            ready = await ports.get()
+    async with serving(config) as ready:
         client = await asyncio.to_thread(running_hub, data)
         assert client is not None
         yield client, ready["tcp"]
-    finally:
-        stop.set()
-        async with asyncio.timeout(30):
-            await task
-
-
-async def status_until(client: AdminClient, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-    """``/status`` asked again until ``done(status)`` (each ask is a real round trip); bounded by the caller."""
-    while True:
-        _, status = await asyncio.to_thread(client.request, "GET", "/status")
-        assert isinstance(status, dict)
-        if done(status):
-            return status
 
 
 def links_of(status: dict[str, Any]) -> dict[str, dict[str, Any]]:

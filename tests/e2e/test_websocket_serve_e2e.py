@@ -19,6 +19,7 @@ from edgehub.runtime.cli.serving import start_failures
 from edgehub.runtime.compose.config import HubConfig
 from edgehub.runtime.compose.serve import serve
 from edgehub.runtime.compose.store import open_identities, open_store
+from tests.e2e.serving import serving
 from tests.protocol_heads.mqtt.conftest import Paho
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -48,20 +49,11 @@ async def test_the_default_wss_port_not_available_is_off_with_one_line_and_ws_st
 ) -> None:
     caplog.set_level(logging.INFO, "edgehub.runtime.compose.serve")
     config = await hub_config(tmp_path, ws_port=0, wss_port=taken_port, wss_port_optional=True)
-    stop = asyncio.Event()
-    ready: asyncio.Queue[dict[str, int]] = asyncio.Queue()
-    task = asyncio.create_task(serve(config, stop=stop, on_ready=ready.put_nowait))
-    try:
-        async with asyncio.timeout(30):
-            ports = await ready.get()
+    async with serving(config) as ports:
         assert "wss" not in ports
         device = Paho.make("dev1", websocket_path="/$iothub/websocket")
         assert await device.connect(ports["ws"], user="dev1", password="pw") == 0  # the MQTT head, over ws://
         await device.close()
-    finally:
-        stop.set()
-        async with asyncio.timeout(30):
-            await task
     [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ws.wss_off")]
     assert f"port={taken_port}" in line
 

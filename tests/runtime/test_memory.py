@@ -16,9 +16,9 @@ import pytest
 
 from edgehub.hub import ConnectionLimiter, Ticket
 from edgehub.runtime.compose.config import HubConfig
-from edgehub.runtime.compose.serve import serve
 from edgehub.runtime.memory import ChurnCollector, _malloc_trim, give_memory_back, rss_bytes
 from edgehub.testing import ManualClock
+from tests.e2e.serving import serving
 
 
 def _close(limiter: ConnectionLimiter, n: int) -> None:
@@ -147,21 +147,14 @@ async def test_the_running_hub_gives_memory_back_after_amqp_connections_close(tm
     level = logger.level
     logger.setLevel(logging.DEBUG)
     logger.addHandler(handler)
-    stop = asyncio.Event()
-    ports: asyncio.Queue[dict[str, int]] = asyncio.Queue()
-    task = asyncio.create_task(serve(config, stop=stop, on_ready=ports.put_nowait))
     try:
-        async with asyncio.timeout(30):
-            ready = await ports.get()
-        for _ in range(32):  # the collector's min_closed, all of them AMQP's (no MQTT connection at all)
-            async with asyncio.timeout(10):
-                await _closed_by_the_hub(ready["amqp"])
-        async with asyncio.timeout(10):  # the collector looks once a second
-            await collected.wait()
+        async with serving(config) as ready:
+            for _ in range(32):  # the collector's min_closed, all of them AMQP's (no MQTT connection at all)
+                async with asyncio.timeout(10):
+                    await _closed_by_the_hub(ready["amqp"])
+            async with asyncio.timeout(10):  # the collector looks once a second
+                await collected.wait()
     finally:
-        stop.set()
-        async with asyncio.timeout(30):
-            await task
         logger.removeHandler(handler)
         logger.setLevel(level)
 
