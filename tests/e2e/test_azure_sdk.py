@@ -43,6 +43,7 @@ from edgehub.testing.peers import MosquittoPeer
 from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, WireMode
 from edgehub.upstream.mqtt.transport import MqttUpstream
 from tests.e2e.conftest import DEV, FILTER, HOST, KEYS, SENSOR, Rig, running_hub
+from tests.e2e.driver_process import driver_process
 from tests.protocol_heads.mqtt.conftest import Paho
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(90)]
@@ -142,22 +143,8 @@ class Sdk:
         } | spec
         stderr = self.logs / f"sdk-{scenario}-{len(list(self.logs.glob('sdk-*')))}.log"
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of ours in the SDK's venv
-        with stderr.open("wb") as err:
-            proc = await asyncio.create_subprocess_exec(
-                str(self.python),
-                str(DRIVER),
-                scenario,
-                json.dumps(spec),
-                stdout=asyncio.subprocess.PIPE,
-                stderr=err,
-                env=env,
-            )
-        try:
+        async with driver_process([str(self.python), str(DRIVER), scenario, json.dumps(spec)], stderr, env) as proc:
             yield SdkRun(proc, stderr)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
 
 
 @pytest.fixture(scope="session")

@@ -51,6 +51,7 @@ from protocol_heads.amqp import AmqpServer, AmqpSettings
 from protocol_heads.listeners import HeadServer
 from protocol_heads.websocket import SUBPROTOCOL_AMQP, SUBPROTOCOL_MQTT, WebSocketServer, WebSocketSettings
 from tests.e2e.conftest import DEV, FILTER, HOST, KEYS, LONG_WAIT, Rig, running_hub
+from tests.e2e.driver_process import driver_process
 from tests.e2e.hub_process import identity_add, start, stop
 from tests.e2e.test_amqp_e2e import amqps_port
 from tests.e2e.test_websocket_e2e import wss_port
@@ -166,23 +167,8 @@ async def driver(node: str, logs: Path, transport: str, scenario: str, ca: Path,
     stderr = logs / f"node-{transport}-{scenario}.log"
     # DEBUG=azure*: the SDK's own trace, in the log a failing test shows.
     env = os.environ | {"DEBUG": "azure*,rhea*"}
-    with stderr.open("wb") as err:
-        proc = await asyncio.create_subprocess_exec(
-            node,
-            str(DRIVER),
-            transport,
-            scenario,
-            json.dumps(spec),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=err,
-            env=env,
-        )
-    try:
+    async with driver_process([node, str(DRIVER), transport, scenario, json.dumps(spec)], stderr, env) as proc:
         yield Driver(proc, stderr)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 def stored(rig: Rig, endpoint: str) -> list[StoredItem]:
