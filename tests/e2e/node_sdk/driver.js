@@ -58,6 +58,28 @@ function counter(total, onDone) {
   };
 }
 
+// The twin as the SDK gets it, said; then the reported patch the spec asks for, if any. A device's or a module's.
+async function twinReported(client, spec) {
+  const twin = await client.getTwin();
+  say({ event: 'twin', desired: twin.properties.desired, reported: twin.properties.reported });
+  if (spec.report) {
+    await new Promise((resolve, reject) => twin.properties.reported.update(spec.report, (err) => (err ? reject(err) : resolve())));
+    say({ event: 'reported' });
+  }
+  return twin;
+}
+
+// The `echo` method's handler, a device's or a module's: says the call, answers 200 with its payload, then answered().
+function echo(answered) {
+  return (request, response) => {
+    say({ event: 'method', name: request.methodName, payload: request.payload });
+    response.send(200, { echo: request.payload }, (err) => {
+      if (err) return fail(err);
+      answered();
+    });
+  };
+}
+
 async function device(client, spec) {
   await client.open();
   say({ event: 'connected' });
@@ -71,12 +93,7 @@ async function device(client, spec) {
     await client.sendEvent(message);
     say({ event: 'sent', index });
   }
-  const twin = await client.getTwin();
-  say({ event: 'twin', desired: twin.properties.desired, reported: twin.properties.reported });
-  if (spec.report) {
-    await new Promise((resolve, reject) => twin.properties.reported.update(spec.report, (err) => (err ? reject(err) : resolve())));
-    say({ event: 'reported' });
-  }
+  await twinReported(client, spec);
   await new Promise((resolve) => {
     let c2d = 0;
     let methods = 0;
@@ -101,14 +118,10 @@ async function device(client, spec) {
         check();
       });
     });
-    client.onDeviceMethod('echo', (request, response) => {
-      say({ event: 'method', name: request.methodName, payload: request.payload });
-      response.send(200, { echo: request.payload }, (err) => {
-        if (err) return fail(err);
-        methods += 1;
-        check();
-      });
-    });
+    client.onDeviceMethod('echo', echo(() => {
+      methods += 1;
+      check();
+    }));
     say({ event: 'ready' });
   });
   await client.close();
@@ -118,12 +131,7 @@ async function device(client, spec) {
 async function module_(client, spec) {
   await client.open();
   say({ event: 'connected' });
-  const twin = await client.getTwin();
-  say({ event: 'twin', desired: twin.properties.desired, reported: twin.properties.reported });
-  if (spec.report) {
-    await new Promise((resolve, reject) => twin.properties.reported.update(spec.report, (err) => (err ? reject(err) : resolve())));
-    say({ event: 'reported' });
-  }
+  const twin = await twinReported(client, spec);
   await new Promise((resolve) => {
     let whole = null; // the first call: the whole desired document, as the SDK hands it to a new listener
     let subscribed = false;
@@ -138,14 +146,10 @@ async function module_(client, spec) {
         check();
       }
     };
-    client.onMethod('echo', (request, response) => {
-      say({ event: 'method', name: request.methodName, payload: request.payload });
-      response.send(200, { echo: request.payload }, (err) => {
-        if (err) return fail(err);
-        methods += 1;
-        check();
-      });
-    });
+    client.onMethod('echo', echo(() => {
+      methods += 1;
+      check();
+    }));
     twin.on('properties.desired', (delta) => {
       if (whole === null) {
         whole = delta;
