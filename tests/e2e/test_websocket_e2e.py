@@ -9,17 +9,13 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from azure.eventhub._pyamqp.authentication import AccessToken, JWTTokenAuth
-from azure.eventhub._pyamqp.client import SendClient
-from azure.eventhub._pyamqp.constants import TransportType
 from azure.eventhub._pyamqp.message import Message, Properties
 
-from edgehub.core.sas import ConnectionString
 from protocol_heads.websocket import IOTHUB_PATH
 from tests.e2e.hub_process import identity_add, start, stop
+from tests.interop.protocol_heads.amqp.pyamqp_client import pyamqp_sender
 from tests.protocol_heads.mqtt.conftest import Paho
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(120)]
@@ -32,25 +28,6 @@ def wss_port(lines: list[str]) -> int:
         if m := re.search(r"wss 127\.0\.0\.1:(\d+)", line):
             return int(m.group(1))
     raise AssertionError(f"no wss listener in {lines}")
-
-
-def amqp_ws_sender(port: int, ca: Path, cs: ConnectionString) -> Any:
-    resource = f"{cs.host_name}/devices/{cs.device_id}"
-    auth = JWTTokenAuth(
-        f"amqps://{resource}",
-        resource,
-        lambda *_args, **_kwargs: AccessToken(cs.sas_token(EXPIRY), EXPIRY),
-        token_type=b"servicebus.windows.net:sastoken",
-    )
-    return SendClient(  # type: ignore[no-untyped-call]
-        "localhost",
-        f"/devices/{cs.device_id}/messages/events",
-        auth=auth,
-        transport_type=TransportType.AmqpOverWebsocket,
-        custom_endpoint_address=f"wss://localhost:{port}{IOTHUB_PATH}",
-        connection_verify=str(ca),
-        socket_timeout=5.0,
-    )
 
 
 async def test_a_device_over_amqp_websockets_reaches_a_module_over_mqtt_websockets_with_edgehub_run(
@@ -72,7 +49,15 @@ async def test_a_device_over_amqp_websockets_reaches_a_module_over_mqtt_websocke
         async with asyncio.timeout(10):
             assert await receiver.subscribes.get() == [1]
 
-        sender = amqp_ws_sender(port, ca, device)
+        sender = pyamqp_sender(
+            port,
+            ca,
+            device.sas_token(EXPIRY),
+            host_name=device.host_name,
+            device_id=device.device_id,
+            websocket=True,
+            expires_on=EXPIRY,
+        )
 
         def send() -> None:
             sender.open()

@@ -15,8 +15,8 @@ from edgehub.core.refusals import RefusalReason
 from edgehub.testing import InMemoryHub
 from edgehub.testing.certs import TestCA
 from protocol_heads.amqp import AmqpServer
-from tests.interop.protocol_heads.amqp.conftest import pyamqp_sender
-from tests.protocol_heads.amqp.conftest import DEV, DEVICE_KEY, sas_token
+from tests.interop.protocol_heads.amqp.pyamqp_client import pyamqp_sender
+from tests.protocol_heads.amqp.conftest import DEV, DEVICE_KEY, HOST, sas_token
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]
 
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]
 async def test_pyamqp_device_sends_telemetry_with_a_cbs_sas_token(
     head: AmqpServer, hub: InMemoryHub, ca: TestCA
 ) -> None:
-    client = pyamqp_sender(head.ports["amqps"], ca.ca_pem, sas_token(DEV, DEVICE_KEY))
+    client = pyamqp_sender(head.ports["amqps"], ca.ca_pem, sas_token(DEV, DEVICE_KEY), host_name=HOST, device_id="dev1")
 
     def send() -> None:
         client.open()
@@ -47,7 +47,7 @@ async def test_pyamqp_device_sends_telemetry_with_a_cbs_sas_token(
 async def test_pyamqp_sees_a_refusal_as_an_error_with_its_condition(
     head: AmqpServer, hub: InMemoryHub, ca: TestCA
 ) -> None:
-    client = pyamqp_sender(head.ports["amqps"], ca.ca_pem, sas_token(DEV, DEVICE_KEY))
+    client = pyamqp_sender(head.ports["amqps"], ca.ca_pem, sas_token(DEV, DEVICE_KEY), host_name=HOST, device_id="dev1")
     hub.refuse(RefusalReason.QUOTA_EXCEEDED)
 
     def send() -> str:

@@ -15,8 +15,8 @@ from edgehub.testing import InMemoryHub
 from edgehub.testing.certs import TestCA
 from protocol_heads.amqp import AmqpServer, AmqpSettings
 from protocol_heads.websocket import SUBPROTOCOL_AMQP, WebSocketServer, WebSocketSettings
-from tests.interop.protocol_heads.amqp.conftest import pyamqp_sender
-from tests.protocol_heads.amqp.conftest import DEV, DEVICE_KEY, sas_token, server_context
+from tests.interop.protocol_heads.amqp.pyamqp_client import pyamqp_sender
+from tests.protocol_heads.amqp.conftest import DEV, DEVICE_KEY, HOST, sas_token, server_context
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(60)]
 
@@ -33,7 +33,9 @@ async def wss(hub: InMemoryHub, ca: TestCA) -> AsyncIterator[WebSocketServer]:
 async def test_pyamqp_over_a_websocket_sends_telemetry_with_a_cbs_sas_token(
     wss: WebSocketServer, hub: InMemoryHub, ca: TestCA
 ) -> None:
-    client = pyamqp_sender(wss.ports["wss"], ca.ca_pem, sas_token(DEV, DEVICE_KEY), websocket=True)
+    client = pyamqp_sender(
+        wss.ports["wss"], ca.ca_pem, sas_token(DEV, DEVICE_KEY), host_name=HOST, device_id="dev1", websocket=True
+    )
 
     def send() -> None:
         client.open()
