@@ -43,7 +43,7 @@ from edgehub.testing.peers import MosquittoPeer
 from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, WireMode
 from edgehub.upstream.mqtt.transport import MqttUpstream
 from tests.e2e.conftest import DEV, FILTER, HOST, KEYS, SENSOR, Rig, running_hub
-from tests.e2e.driver_process import driver_process
+from tests.e2e.driver_process import DriverRun, driver_process
 from tests.protocol_heads.mqtt.conftest import Paho
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(90)]
@@ -82,34 +82,13 @@ def connection_string(identity: Identity, key: str | None = None) -> str:
     ).format()
 
 
-@dataclass
-class SdkRun:
+class SdkRun(DriverRun):
     """One driver process; ``event()`` reads its next JSON line."""
 
-    proc: asyncio.subprocess.Process
-    stderr: Path
+    STEP_S = STEP_S
 
     async def event(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = None
-        try:
-            async with asyncio.timeout(STEP_S):
-                line = await self.proc.stdout.readline()
-        except TimeoutError:
-            pass
-        if line is None:
-            said = await asyncio.to_thread(self.stderr.read_text)
-            pytest.fail(f"no word from the SDK driver in {STEP_S} s; its stderr:\n{said}")
-        if not line:
-            await self.proc.wait()
-            said = await asyncio.to_thread(self.stderr.read_text)
-            pytest.fail(f"the SDK driver ended (exit {self.proc.returncode}) early; its stderr:\n{said}")
-        event: dict[str, Any] = json.loads(line)
-        return event
-
-    async def exit_code(self) -> int:
-        async with asyncio.timeout(STEP_S):
-            return await self.proc.wait()
+        return await self.next_event()
 
 
 @dataclass

@@ -51,7 +51,7 @@ from protocol_heads.amqp import AmqpServer, AmqpSettings
 from protocol_heads.listeners import HeadServer
 from protocol_heads.websocket import SUBPROTOCOL_AMQP, SUBPROTOCOL_MQTT, WebSocketServer, WebSocketSettings
 from tests.e2e.conftest import DEV, FILTER, HOST, KEYS, LONG_WAIT, Rig, running_hub
-from tests.e2e.driver_process import driver_process
+from tests.e2e.driver_process import DriverRun, driver_process
 from tests.e2e.hub_process import identity_add, start, stop
 from tests.e2e.test_amqp_e2e import amqps_port
 from tests.e2e.test_websocket_e2e import wss_port
@@ -119,35 +119,17 @@ async def hub_with_every_head(data: Path, settings: ExecutorSettings = LONG_WAIT
                     yield Hub(rig, {"amqp": amqp.ports["amqps"], "mqtt": rig.tls, "wss": wss}, proxy)
 
 
-@dataclass
-class Driver:
-    """One driver process; ``event()`` reads its next JSON line."""
+class Driver(DriverRun):
+    """One Node driver process; ``event()`` reads its next JSON line."""
 
-    proc: asyncio.subprocess.Process
-    stderr: Path
+    STEP_S = STEP_S
+    WHO = "the Node SDK driver"
 
     async def event(self, *, error_expected: bool = False) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = None
-        try:
-            async with asyncio.timeout(STEP_S):
-                line = await self.proc.stdout.readline()
-        except TimeoutError:
-            pass
-        if not line:
-            if line is not None:
-                await self.proc.wait()
-            said = await asyncio.to_thread(self.stderr.read_text)
-            pytest.fail(f"the Node SDK driver said nothing (exit {self.proc.returncode}); its stderr:\n{said}")
-        event: dict[str, Any] = json.loads(line)
+        event = await self.next_event()
         if event.get("event") == "error" and not error_expected:
-            said = await asyncio.to_thread(self.stderr.read_text)
-            pytest.fail(f"the Node SDK driver failed: {event}; its stderr:\n{said}")
+            pytest.fail(f"the Node SDK driver failed: {event}; its stderr:\n{await self.said()}")
         return event
-
-    async def exit_code(self) -> int:
-        async with asyncio.timeout(STEP_S):
-            return await self.proc.wait()
 
 
 @pytest.fixture(scope="session")
