@@ -7,14 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
-
-from prometheus_client.core import GaugeMetricFamily, Metric
+from typing import TYPE_CHECKING, Any
 
 from edgehub.core.priorities import parse_priorities
 from edgehub.hub.facade import EdgeHub
 from edgehub.upstream.budget import BudgetMark
 from edgehub.upstream.links import LinkedUpstream, LinkState, LinkStatus
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 __all__ = ["format_links", "link_metrics", "links_document"]
 
@@ -79,6 +80,9 @@ def format_links(links: list[dict[str, Any]] | None) -> list[str]:
 def link_metrics(hub: EdgeHub) -> Iterator[Metric]:
     """``edgehub_link_*`` gauges per lane and link (none without links)."""
     labels = ["lane", "link"]
+    # Imported at the first scrape, as metrics.py imports prometheus-client: a hub nobody scrapes does not carry it
+    from prometheus_client.core import GaugeMetricFamily
+
     up = GaugeMetricFamily("edgehub_link_up", "1 while the link is up and settled, 0.5 settling, 0 down", labels=labels)
     sent = GaugeMetricFamily(
         "edgehub_link_period_bytes", "Bytes on the wire this period (overhead estimated)", labels=labels
