@@ -17,12 +17,20 @@ by about a third against plain zstd. A ``LaneDictionary`` keeps the lane's sampl
 * **Kept in the store.** The dictionary and whether the cloud has it are stored under
   ``upstream/zdict/{lane}`` through a ``DictionaryKeeper`` (the hub's ``Store``: its metadata), so a restart uses
   the same one and does not send it again.
-* **Named by id, sent once, used after.** A new dictionary is ``pending`` until the transport has delivered it
-  (its own PUBLISH, acknowledged) and called ``announced``; only then is it ``usable``, so no segment that needs
-  it leaves before it. Until then, and whenever there is none, segments go as plain zstd.
+* **Named by id, sent once per far side, used after.** A new dictionary is ``pending`` until the transport has
+  delivered it (its own PUBLISH, acknowledged; or landed) and called ``announced``; only then is it ``usable``,
+  so no segment that needs it leaves before it. Until then, and whenever there is none, segments go as plain
+  zstd. A lane with several links (``edgehub.upstream.links``) has **one** dictionary, trained on the lane's
+  traffic whichever link carried it, and each link is a far side of its own (``side``, the link's name): a link
+  sends the dictionary once, at its first segment that would use it, and uses it from its acknowledgement on.
+  So a metered link whose own traffic is a few alarms (too few to train on) still compresses them with what the
+  lane learnt, for the price of one dictionary. The first side (``None``) keeps its state in the dictionary's
+  own record, as a lane with one upstream always did; each other side's is the id it acknowledged, under
+  ``upstream/zdict/{lane}/sent@{side}``.
 
-Invariants: ``usable`` is a dictionary the far side was sent (acknowledged); the sample never holds more than
-its bounds; nothing here runs per message except the sampling of a few lines per batch.
+Invariants: ``usable_at(side)`` is a dictionary that side was sent (acknowledged); the sample never holds more
+than its bounds; one training at a time; nothing here runs per message except the sampling of a few lines per
+batch.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ __all__ = ["DictionaryKeeper", "LaneDictionary", "TrainedDictionary", "train_dic
 log = logging.getLogger(__name__)
 
 _KEY = "upstream/zdict/{lane}"
+_SIDE_KEY = "upstream/zdict/{lane}/sent@{side}"  # a side's acknowledged id, in decimal
 _ANNOUNCED, _PENDING = b"A", b"P"  # the stored value's first byte; the dictionary follows
 
 
@@ -128,6 +137,8 @@ class LaneDictionary:
         self._baseline: float | None = None
         self._ratio: float | None = None
         self._drifted = False
+        self._training = False
+        self._sides: dict[str, int] = {}  # side -> the dictionary id it acknowledged (the first side: in _current)
         self.trainings = 0
         self._load()
 
@@ -139,15 +150,30 @@ class LaneDictionary:
 
     @property
     def usable(self) -> TrainedDictionary | None:
-        """The dictionary segments may use: one the far side has."""
-        cur = self._current
-        return cur if cur is not None and cur.announced else None
+        """The dictionary the first side's segments may use: one it has."""
+        return self.usable_at(None)
 
     @property
     def pending(self) -> TrainedDictionary | None:
-        """A dictionary trained but not yet delivered: the transport sends it next."""
+        """A dictionary trained but not yet delivered to the first side: its transport sends it next."""
+        return self.pending_at(None)
+
+    def _has(self, side: str | None, cur: TrainedDictionary) -> bool:
+        if side is None:
+            return cur.announced
+        if side not in self._sides:
+            self._sides[side] = self._load_side(side)
+        return self._sides[side] == cur.dict_id
+
+    def usable_at(self, side: str | None) -> TrainedDictionary | None:
+        """The dictionary ``side``'s segments may use: the current one, once ``side`` acknowledged it."""
         cur = self._current
-        return cur if cur is not None and not cur.announced else None
+        return cur if cur is not None and self._has(side, cur) else None
+
+    def pending_at(self, side: str | None) -> TrainedDictionary | None:
+        """The current dictionary while ``side`` has not acknowledged it: its transport sends it next."""
+        cur = self._current
+        return cur if cur is not None and not self._has(side, cur) else None
 
     @property
     def sample_size(self) -> int:
@@ -160,6 +186,10 @@ class LaneDictionary:
 
     def _key(self) -> str:
         return _KEY.format(lane=self.lane)
+
+    def _load_side(self, side: str) -> int:
+        raw = self._keeper.get_metadata(_SIDE_KEY.format(lane=self.lane, side=side)) if self._keeper else None
+        return int(raw) if raw is not None and raw.isdigit() and len(raw) <= 10 else 0
 
     def _load(self) -> None:
         if self._keeper is None:
@@ -204,7 +234,7 @@ class LaneDictionary:
 
     def record(self, raw_bytes: int, compressed_bytes: int) -> None:
         """One segment sent with the usable dictionary: follow its ratio, and notice drift."""
-        if raw_bytes <= 0 or self.usable is None:
+        if raw_bytes <= 0 or self._current is None:
             return
         ratio = compressed_bytes / raw_bytes
         self._segments += 1
@@ -216,13 +246,13 @@ class LaneDictionary:
             log.info(
                 "upstream.dictionary_drift lane=%s dict_id=%d ratio=%.3f baseline=%.3f",
                 self.lane,
-                self.usable.dict_id,
+                self._current.dict_id,
                 self._ratio,
                 self._baseline,
             )
 
     def wants_training(self) -> bool:
-        if len(self._ring) < self.min_lines:
+        if self._training or len(self._ring) < self.min_lines:
             return False
         if self._current is None:
             return True
@@ -235,15 +265,20 @@ class LaneDictionary:
     async def train(self) -> TrainedDictionary | None:
         """Train from the sample now (in a worker thread, within ``train_timeout_s``); the new dictionary becomes
         ``pending`` and is kept. None (and the lane stays as it was) when training failed or took too long."""
+        if self._training:  # another link of the lane is training it now
+            return None
         lines = list(self._ring)
         self._trained_at_mono_s = self._clock.monotonic()  # a failure also waits its turn before the next try
         self._drifted = False
+        self._training = True
         try:
             async with asyncio.timeout(self.train_timeout_s):
                 trained = await asyncio.to_thread(train_dictionary, lines, self.dict_bytes)
         except (TimeoutError, ValueError) as exc:
             log.warning("upstream.dictionary_training_failed lane=%s lines=%d error=%s", self.lane, len(lines), exc)
             return None
+        finally:
+            self._training = False
         self.trainings += 1
         self._current = trained
         self._segments, self._baseline, self._ratio = 0, None, None
@@ -257,11 +292,16 @@ class LaneDictionary:
         await self._keep()
         return trained
 
-    async def announced(self, dict_id: int) -> None:
-        """The far side acknowledged dictionary ``dict_id``: segments may use it from now on."""
+    async def announced(self, dict_id: int, side: str | None = None) -> None:
+        """``side`` acknowledged dictionary ``dict_id``: its segments may use it from now on."""
         cur = self._current
-        if cur is None or cur.dict_id != dict_id or cur.announced:
+        if cur is None or cur.dict_id != dict_id or self._has(side, cur):
             return
-        self._current = replace(cur, announced=True)
-        log.info("upstream.dictionary_announced lane=%s dict_id=%d", self.lane, dict_id)
-        await self._keep()
+        log.info("upstream.dictionary_announced lane=%s dict_id=%d side=%s", self.lane, dict_id, side or "-")
+        if side is None:
+            self._current = replace(cur, announced=True)
+            await self._keep()
+            return
+        self._sides[side] = dict_id
+        if self._keeper is not None:
+            await self._keeper.put_metadata(_SIDE_KEY.format(lane=self.lane, side=side), str(dict_id).encode())

@@ -90,6 +90,7 @@ class UploadTransport:
         codec: Codec = Codec.GZIP,
         compresslevel: int | None = None,
         dictionary: LaneDictionary | None = None,
+        dictionary_side: str | None = None,
         max_uplink_bps: float | None = None,
         write_timeout_s: float = 120.0,
         clock: Clock | None = None,
@@ -115,6 +116,7 @@ class UploadTransport:
         self.codec = codec
         self.compresslevel = level
         self.dictionary = dictionary
+        self.dictionary_side = dictionary_side  # the far side this zone is, for a dictionary the lane's links share
         self._training: asyncio.Task[object] | None = None
         self.write_timeout_s = write_timeout_s
         self._bucket = TokenBucket(rate_bps=max_uplink_bps, burst_bytes=_BURST_BYTES, clock=clock or SystemClock())
@@ -210,7 +212,7 @@ class UploadTransport:
         thread); its lines sampled for the dictionary, whose training starts when the sample calls for it."""
         text = batch_text(batch, hub_id=self.hub_id, lane=self.lane)
         ld = self.dictionary
-        usable = ld.usable if ld is not None else None
+        usable = ld.usable_at(self.dictionary_side) if ld is not None else None
         zdict = usable.data if usable is not None else None
         if self.codec is Codec.ZSTD:
             data = await asyncio.to_thread(
@@ -254,7 +256,7 @@ class UploadTransport:
         self._landed.add(current.dict_id)
         self.dictionaries_landed += 1
         log.info("upload.dictionary_landed lane=%s dict_id=%d bytes=%d", self.lane, current.dict_id, len(current.data))
-        await ld.announced(current.dict_id)
+        await ld.announced(current.dict_id, self.dictionary_side)
 
     def _failed(self, batch: Sequence[QueuedMessage], kind: FailureKind, error: str) -> SendResult:
         self._failing = True

@@ -200,6 +200,43 @@ async def test_an_idle_connection_pings_on_keepalive_and_a_silent_broker_is_noti
     assert any("upstream.lost" in r.getMessage() and "keepalive" in r.getMessage() for r in caplog.records)
 
 
+async def test_a_publish_unanswered_for_one_keepalive_loses_the_connection(caplog: pytest.LogCaptureFixture) -> None:
+    """Under traffic a silence is noticed one keepalive after the last question, not 1.5 after the last answer."""
+    caplog.set_level(logging.INFO, logger="edgehub.upstream")
+    loop = asyncio.get_running_loop()
+    async with scripted() as broker, MqttUpstream(settings(broker.port, keepalive_s=2)) as up:
+        await broker.next_connection()
+        await broker.read_packet()
+        broker.write(CONNACK_OK_311)
+        await up.wait_connected()
+        await asyncio.sleep(0.1)  # the CONNACK, the last thing heard, is 0.1 s old when the PUBLISH goes
+        done = await up.submit(one(b"21.5"))
+        await broker.read_packet()  # the PUBLISH; the broker never answers it
+        asked_at = loop.time()
+        await up.wait_for(lambda: not up.connected)
+        lost_after = loop.time() - asked_at
+        assert 1.9 <= lost_after < 2.5, lost_after  # 1.5 keepalives after the CONNACK would be 2.9 s
+        assert (await done).failed
+    assert any("upstream.lost" in r.getMessage() and "keepalive" in r.getMessage() for r in caplog.records)
+
+
+async def test_answers_that_keep_coming_within_a_keepalive_keep_a_slow_link_up() -> None:
+    """PUBLISHes awaiting their PUBACKs for longer than a keepalive in all, each answered within one of the last."""
+    async with scripted() as broker, MqttUpstream(settings(broker.port, keepalive_s=1)) as up:
+        await broker.next_connection()
+        await broker.read_packet()
+        broker.write(CONNACK_OK_311)
+        await up.wait_connected()
+        results = [await up.submit(one(b"%d" % i, i)) for i in range(4)]
+        published = [await broker.read_packet() for _ in range(4)]
+        for packet in published:  # 4 x 0.7 s = 2.8 s with PUBLISHes awaited all along
+            await asyncio.sleep(0.7)
+            broker.write(b"\x40\x02" + _packet_id(packet))
+        for r in results:
+            assert (await r).succeeded
+        assert up.connected
+
+
 @pytest.mark.parametrize(
     ("bad", "reason", "detail"),
     [

@@ -27,9 +27,10 @@ from edgehub.core import ConfigurationError
 from edgehub.core.priorities import format_priorities, parse_priorities
 from edgehub.delivery import Endpoint
 from edgehub.runtime.compose.config import UploadUpstreamSettings
-from edgehub.runtime.compose.upstream import lane_settings, upload_lane
+from edgehub.runtime.compose.upstream import lane_settings, upload_dictionary_lane, upload_lane
 from edgehub.store import Store
 from edgehub.upstream.budget import Budget, BudgetLedger, Period
+from edgehub.upstream.dictionary import LaneDictionary
 from edgehub.upstream.links import LinkedUpstream, LinkSpec
 from edgehub.upstream.mqtt.settings import MqttProtocol, MqttUpstreamSettings, TlsSettings
 from edgehub.upstream.mqtt.transport import MqttUpstream
@@ -162,21 +163,6 @@ def link_transport_settings(
         raise ConfigurationError(f"upstream.links {name!r}: {exc}") from exc
 
 
-class _LinkKeeper:
-    """The store's metadata under one link's own keys (``{key}@{link}``): each link trains, sends and keeps its own
-    zstd dictionary, since the far side of one link has not seen what another link sent."""
-
-    def __init__(self, store: Store, link: str) -> None:
-        self._store = store
-        self._link = link
-
-    def get_metadata(self, key: str) -> bytes | None:
-        return self._store.get_metadata(f"{key}@{self._link}")
-
-    async def put_metadata(self, key: str, value: bytes | None) -> None:
-        await self._store.put_metadata(f"{key}@{self._link}", value)
-
-
 def budget_ledger(data_dir: Path | None, specs: Sequence[LinkSpec]) -> BudgetLedger:
     """The ledger of ``specs`` in ``data_dir`` (None: in memory)."""
     path = data_dir / BUDGET_FILE if data_dir is not None else None
@@ -211,16 +197,29 @@ def build_linked_lanes(
         )
     lanes: list[LinkedUpstream] = []
     for lane_id in lane_ids:
+        dictionary = _lane_dictionary(settings[0], lane_id, store)
         transports: list[tuple[LinkSpec, Endpoint]] = []
         for i, (spec, s) in enumerate(zip(specs, settings, strict=True)):
-            # The first link keeps the single upstream's dictionary key (a hub that gets links keeps its dictionary).
-            keeper = store if store is None or i == 0 else _LinkKeeper(store, spec.name)
+            side = None if i == 0 else spec.name  # the first link is the far side a single upstream always had
             if isinstance(s, UploadUpstreamSettings):
-                transports.append((spec, upload_lane(s, lane_id, keeper=keeper)))
+                transports.append((spec, upload_lane(s, lane_id, dictionary=dictionary, side=side)))
                 continue
-            transports.append((spec, MqttUpstream(lane_settings(s, lane_id), keeper=keeper)))
+            transport = MqttUpstream(lane_settings(s, lane_id), keeper=store, dictionary=dictionary, side=side)
+            transports.append((spec, transport))
         lanes.append(LinkedUpstream(transports, ledger, endpoint_id=lane_id))
     return lanes
+
+
+def _lane_dictionary(
+    first: MqttUpstreamSettings | UploadUpstreamSettings, lane_id: str, store: Store | None
+) -> LaneDictionary:
+    """The zstd dictionary all links of a lane share (each link uses it if its codec is zstd), kept in the store
+    under the name the first link's transport alone would give it: a hub that gets links keeps its dictionary."""
+    if isinstance(first, UploadUpstreamSettings):
+        name = upload_dictionary_lane(lane_id)
+    else:
+        name = lane_settings(first, lane_id).lane
+    return LaneDictionary(lane=name, keeper=store)
 
 
 async def linked_lanes(

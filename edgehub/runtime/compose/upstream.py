@@ -36,6 +36,7 @@ __all__ = [
     "lane_ids",
     "lane_settings",
     "transport_settings",
+    "upload_dictionary_lane",
     "upload_lane",
     "upstream_options",
 ]
@@ -136,26 +137,38 @@ def landing_zone(url: str) -> LandingZone:
 
 
 def upload_lane(
-    settings: UploadUpstreamSettings, lane_id: str, *, keeper: DictionaryKeeper | None = None
+    settings: UploadUpstreamSettings,
+    lane_id: str,
+    *,
+    keeper: DictionaryKeeper | None = None,
+    dictionary: LaneDictionary | None = None,
+    side: str | None = None,
 ) -> UploadTransport:
     """The upload transport of one lane: ``$upstream`` writes lane ``upstream``, ``$upstream/{i}`` lane
     ``upstream-p{i}``, each through its own ``LandingZone`` on ``settings.url``. With zstd, each lane trains its
     own dictionary, kept through ``keeper`` (the store) under the lane's name with ``upload-`` before it, apart from
-    an MQTT lane's of the same name (which the far side has by another road)."""
+    an MQTT lane's of the same name (which the far side has by another road); or uses ``dictionary``, the lane's
+    that its other links share, this landing zone being its far side ``side``."""
     if not is_upstream_endpoint(lane_id):
         raise ValueError(f"{lane_id!r} is not an upstream lane")
     lane = lane_name_of(parse_upstream_lane_id(lane_id))
-    dictionary = None
-    if settings.compression is Codec.ZSTD:
-        dictionary = LaneDictionary(lane=f"upload-{lane}", keeper=keeper)
+    if settings.compression is not Codec.ZSTD:
+        dictionary = None
+    elif dictionary is None:
+        dictionary = LaneDictionary(lane=upload_dictionary_lane(lane_id), keeper=keeper)
     try:
-        return _upload_transport(settings, lane, lane_id, dictionary)
+        return _upload_transport(settings, lane, lane_id, dictionary, side)
     except ValueError as exc:  # zstd without the zstandard package
         raise ConfigurationError(f"upstream upload: {exc}") from exc
 
 
+def upload_dictionary_lane(lane_id: str) -> str:
+    """The name the dictionary of upload lane ``lane_id`` is kept under (the store's ``upstream/zdict/{name}``)."""
+    return f"upload-{lane_name_of(parse_upstream_lane_id(lane_id))}"
+
+
 def _upload_transport(
-    settings: UploadUpstreamSettings, lane: str, lane_id: str, dictionary: LaneDictionary | None
+    settings: UploadUpstreamSettings, lane: str, lane_id: str, dictionary: LaneDictionary | None, side: str | None
 ) -> UploadTransport:
     return UploadTransport(
         landing_zone(settings.url),
@@ -166,6 +179,7 @@ def _upload_transport(
         max_batch_messages=settings.max_batch_messages,
         codec=settings.compression,
         dictionary=dictionary,
+        dictionary_side=side,
     )
 
 

@@ -1,19 +1,23 @@
 """One MQTT connection of the upstream to its broker: an asyncio ``Protocol`` driving the codec's client side
 (``edgehub.mqtt.client``), and the PUBLISHes it has in flight.
 
-Everything runs on the event loop: no thread, no callback hopping between threads. ``open_connection`` makes the
-TCP (and TLS) connection, or the way through a proxy and over a WebSocket (``stream.dial``), and waits for the
-CONNACK, all within ``connect_timeout_s``.
+Everything runs on the event loop: no thread, no callback hopping between threads. ``open_connection`` makes the TCP
+(and TLS) connection, or the way through a proxy and over a WebSocket (``stream.dial``), and waits for the CONNACK,
+all within ``connect_timeout_s``.
 
 Invariants: every connection is new (nothing is resent from a previous one), so what is in flight is exactly what
 ``Connection`` counts; ``inflight_bytes`` is the sum of the wire bytes of the PUBLISHes awaiting their PUBACK; once
 the connection is lost, every pending PUBLISH has failed and nothing more is acknowledged or sent on it. Packet ids
 are 1-65535, never one still awaiting its PUBACK or SUBACK. The broker's PUBLISHes to us (device-bound messages,
-method calls: ``cloud``) are acknowledged by us (``ack``), once handled. A silent link is noticed: a PINGREQ
-goes out when we sent nothing for ``keepalive_s``, and a connection that heard nothing from the broker for 1.5 x
-``keepalive_s`` is lost. Bytes from the broker that are no MQTT, or a packet over ``max_packet_bytes``, lose the
-connection with the reason logged (``RefusalLog``), never a traceback. No task or descriptor outlives a
-connection: ``stop`` returns once the socket is closed.
+method calls: ``cloud``) are acknowledged by us (``ack``), once handled. A silent link is noticed: a PINGREQ goes
+out when we sent nothing for ``keepalive_s``; a connection waiting for an answer (a PUBACK, SUBACK or PINGRESP) that
+heard nothing from the broker for ``keepalive_s`` since it asked is lost, and so is any connection that heard
+nothing for 1.5 x ``keepalive_s`` (MQTT's own bound, which an idle one meets first). Under traffic a silence is thus
+noticed one keepalive after it began: an answer is always awaited, and a link that is merely slow answers well
+within it (a segment is half a bandwidth-delay product, so PUBACKs come about every half round trip). Bytes from the
+broker that are no MQTT, or a packet over ``max_packet_bytes``, lose the connection with the reason logged
+(``RefusalLog``), never a traceback. No task or descriptor outlives a connection: ``stop`` returns once the socket
+is closed.
 
 The other way, what an MQTT 5 broker's CONNACK announces is kept. Our QoS 1 PUBLISHes awaiting their PUBACK are
 never more than its Receive Maximum: ``batch_slot_free`` says whether one more batch PUBLISH may go (one slot is
@@ -133,6 +137,7 @@ class Connection(asyncio.Protocol):
         self._ids = PacketIds()
         self._keepalive_s = float(settings.keepalive_s)
         self._heard_at = self._wrote_at = self.loop.time()
+        self._asked_at: float | None = None  # since when an answer is awaited with nothing heard (None: none is)
         self._timer: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------------------------------
@@ -174,6 +179,8 @@ class Connection(asyncio.Protocol):
             if self.lost.is_set():
                 return
             self._dispatch(packet)
+        # Heard: what is still awaited has waited since now (a PINGREQ is answered by anything heard).
+        self._asked_at = self._heard_at if self.pending or self.subscribing or self._unawaited else None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed.set()
@@ -299,6 +306,7 @@ class Connection(asyncio.Protocol):
         self.pending[pid] = _Pending(fut, unit.wire_bytes, self.loop.time())
         self.inflight_bytes += unit.wire_bytes
         self._write(packet)
+        self._asking()
         return fut
 
     def publish(self, topic: str, payload: bytes, qos: int) -> None:
@@ -336,6 +344,8 @@ class Connection(asyncio.Protocol):
         if qos:
             self._unawaited.add(pid)
         self._write(packet)
+        if qos:
+            self._asking()
 
     def _release_held(self) -> None:
         """Write the held reports the Receive Maximum now has room for, oldest first."""
@@ -350,6 +360,7 @@ class Connection(asyncio.Protocol):
         pid = self._take_id()
         self.subscribing.add(pid)
         self._write(subscribe_packet(pid, filters, v5=self._v5))
+        self._asking()
 
     def ack(self, mid: int, qos: int) -> None:
         """PUBACK a PUBLISH the broker sent on this connection (QoS 0: nothing to send)."""
@@ -369,6 +380,11 @@ class Connection(asyncio.Protocol):
     def _in_use(self, pid: int) -> bool:
         return pid in self.pending or pid in self.subscribing or pid in self._unawaited
 
+    def _asking(self) -> None:
+        """Something that needs an answer was written: the wait for one starts now, unless one is under way."""
+        if self._asked_at is None:
+            self._asked_at = self._wrote_at
+
     def _write(self, data: bytes) -> None:
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(data)
@@ -380,6 +396,8 @@ class Connection(asyncio.Protocol):
         self._cancel_timer()
         if self._keepalive_s > 0 and not self.lost.is_set():
             due = min(self._wrote_at + self._keepalive_s, self._heard_at + 1.5 * self._keepalive_s)
+            if self._asked_at is not None:
+                due = min(due, self._asked_at + self._keepalive_s)
             self._timer = self.loop.call_at(due, self._keepalive_tick)
 
     def _cancel_timer(self) -> None:
@@ -390,12 +408,14 @@ class Connection(asyncio.Protocol):
     def _keepalive_tick(self) -> None:
         self._timer = None
         now = self.loop.time()
-        if now >= self._heard_at + 1.5 * self._keepalive_s:
+        asked = self._asked_at
+        if now >= self._heard_at + 1.5 * self._keepalive_s or (asked is not None and now >= asked + self._keepalive_s):
             silent_s = now - self._heard_at
             self.drop(f"keepalive: nothing from the broker for {silent_s:.1f}s", abort=True)
             return
         if now >= self._wrote_at + self._keepalive_s:
             self._write(pingreq_packet())
+            self._asking()
         self._arm_keepalive()
 
     # -- the end ---------------------------------------------------------------------------------------------

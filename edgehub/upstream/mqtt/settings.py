@@ -92,7 +92,7 @@ class MqttUpstreamSettings:
     websocket_path: str | None = None
     # An HTTP proxy to reach host:port through (CONNECT), for sites where only the proxy leaves. None: direct.
     proxy: ProxySettings | None = None
-    keepalive_s: int = 30  # a silent link is noticed within about twice this
+    keepalive_s: int = 30  # a silent link is noticed within this (awaiting an answer) or 1.5x (idle)
     connect_timeout_s: float = 10.0  # TCP + TLS + CONNACK
     ack_timeout_s: float = 30.0  # a PUBACK later than this fails its messages and drops the connection
     link_rate_bps: float = 64_000.0  # link hints for the default window

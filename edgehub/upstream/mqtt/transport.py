@@ -57,17 +57,27 @@ class MqttUpstream:
     """``$upstream`` over MQTT. ``await start()`` (or ``async with``) before the executor's first send."""
 
     def __init__(
-        self, settings: MqttUpstreamSettings, *, clock: Clock | None = None, keeper: DictionaryKeeper | None = None
+        self,
+        settings: MqttUpstreamSettings,
+        *,
+        clock: Clock | None = None,
+        keeper: DictionaryKeeper | None = None,
+        dictionary: LaneDictionary | None = None,
+        side: str | None = None,
     ) -> None:
-        """``keeper`` (the hub's store) keeps the lane's zstd dictionary across restarts; None: kept in memory."""
+        """``keeper`` (the hub's store) keeps the lane's zstd dictionary across restarts; None: kept in memory.
+        ``dictionary``: the lane's, shared with its other links (each its own ``side``, the far side it sends the
+        dictionary to: ``edgehub.upstream.dictionary``); None: this transport trains its own, if its settings ask
+        for one."""
         self.settings = settings
         self._clock = clock or SystemClock()
         # A broker (or a link) that drops the connection again and again, or refuses every batch, decides how
         # often these come: at most RateLimitedLog's burst a minute each, then one with how many were held back.
         self._lines = RateLimitedLog(log, clock=self._clock)
         self.dictionary: LaneDictionary | None = None
+        self._side = side
         if settings.compression is Codec.ZSTD and settings.zstd_dictionary and settings.wire_mode is WireMode.BATCH:
-            self.dictionary = LaneDictionary(lane=settings.lane, keeper=keeper, clock=self._clock)
+            self.dictionary = dictionary or LaneDictionary(lane=settings.lane, keeper=keeper, clock=self._clock)
         self._dictionary_tasks: set[asyncio.Task[None]] = set()
         self._announcing: int | None = None  # the id of a dictionary on its way to the far side
         self._on_reachable: Callable[[], None] = lambda: None
@@ -265,7 +275,7 @@ class MqttUpstream:
             done.set_result(SendResult.all_failed(batch, FailureKind.TRANSIENT, "upstream not connected"))
             return done
         ld = self.dictionary
-        usable = ld.usable if ld is not None else None
+        usable = ld.usable_at(self._side) if ld is not None else None
         texts: list[bytes] = []
         try:
             units = await self._encode(batch, (usable.dict_id, usable.data) if usable else None, texts, conn)
@@ -280,7 +290,6 @@ class MqttUpstream:
             if usable is not None:
                 for u in units:
                     ld.record(u.raw_bytes, len(u.payload))
-            await self._dictionary_work(ld, conn)
         sent: list[tuple[Unit, asyncio.Future[None]]] = []
         for unit in units:
             if not await self._wait_window(conn, unit.wire_bytes):
@@ -291,6 +300,8 @@ class MqttUpstream:
             sent.append((unit, conn.publish_unit(unit)))
             self.wire_bytes_sent += unit.wire_bytes
             self._peak_inflight = max(self._peak_inflight, conn.inflight_bytes)
+        if ld is not None:  # behind the batch, not ahead: the batch went plain, and a thin link sends it first
+            await self._dictionary_work(ld, conn)
         return asyncio.ensure_future(self._collect(conn, units, sent))
 
     # -- internals --------------------------------------------------------------------------------------------
@@ -314,11 +325,11 @@ class MqttUpstream:
         return encode()
 
     async def _dictionary_work(self, ld: LaneDictionary, conn: Connection) -> None:
-        """Start training when the sample calls for it; send a trained dictionary ahead of the batch (once: it
-        becomes usable when its PUBACK is in, see ``edgehub.upstream.dictionary``)."""
+        """Start training when the sample calls for it; send a dictionary this side has not acknowledged behind
+        the batch (once: it becomes usable when its PUBACK is in, see ``edgehub.upstream.dictionary``)."""
         if ld.wants_training() and not self._dictionary_tasks:
             self._spawn_dictionary_task(self._train(ld), "train")
-        pending = ld.pending
+        pending = ld.pending_at(self._side)
         if pending is None or self._announcing == pending.dict_id:
             return
         unit = dictionary_unit(self.settings, pending.data, pending.dict_id)
@@ -367,7 +378,7 @@ class MqttUpstream:
         finally:
             if self._announcing == dict_id:
                 self._announcing = None
-        await ld.announced(dict_id)
+        await ld.announced(dict_id, self._side)
 
     # -- what its connections may call (connection.Owner) ---------------------------------------------------
 
