@@ -46,11 +46,14 @@ class OutageMode(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class LinkStats:
-    """Bytes delivered so far: ``up`` from the listening side to the target, ``down`` the other way."""
+    """Bytes delivered so far: ``up`` from the listening side to the target, ``down`` the other way; and the bytes
+    that entered the link (``*_sent_bytes``: read from the sender, not yet through the delay line)."""
 
     up_bytes: int
     down_bytes: int
     connections: int
+    up_sent_bytes: int = 0
+    down_sent_bytes: int = 0
 
 
 class _TokenBucket:
@@ -114,6 +117,7 @@ class _Conn:
             if not data:
                 line.put_nowait((loop.time(), b""))  # EOF travels down the line like a byte (FIN)
                 return
+            sim.count_sent(d, len(data))
             await bucket.take(len(data))
             await sim.wait_flowing()
             jitter = random.uniform(-sim.jitter_s, sim.jitter_s) if sim.jitter_s else 0.0
@@ -195,6 +199,7 @@ class LinkSim:
         self._state_changed = asyncio.Event()
         self._up = 0
         self._down = 0
+        self._sent = {"up": 0, "down": 0}
         self._accepted = 0
         self._buckets: dict[str, _TokenBucket] = {}
 
@@ -290,7 +295,13 @@ class LinkSim:
 
     @property
     def stats(self) -> LinkStats:
-        return LinkStats(up_bytes=self._up, down_bytes=self._down, connections=len(self._conns))
+        return LinkStats(
+            up_bytes=self._up,
+            down_bytes=self._down,
+            connections=len(self._conns),
+            up_sent_bytes=self._sent["up"],
+            down_sent_bytes=self._sent["down"],
+        )
 
     @property
     def accepted(self) -> int:
@@ -312,6 +323,10 @@ class LinkSim:
     async def wait_flowing(self) -> None:
         """Return at once while the link is up; during an outage, once it is restored."""
         await self._flowing.wait()
+
+    def count_sent(self, direction: str, n: int) -> None:
+        """``n`` bytes entered the link in ``direction`` (``stats``)."""
+        self._sent[direction] += n
 
     def count_delivered(self, direction: str, n: int) -> None:
         """``n`` bytes went through in ``direction`` (``stats``)."""

@@ -233,6 +233,7 @@ def test_links_fail_over_and_back_and_the_lake_holds_every_message_once() -> Non
         "p0_p99_s",
         "failover_cut_s",
         "failover_silent_s",
+        "failover_silent_delivered_s",
         "expensive_bytes",
         "bridge_expensive_bytes",
         "expensive_bytes_ratio",
@@ -245,6 +246,7 @@ def test_links_fail_over_and_back_and_the_lake_holds_every_message_once() -> Non
     assert figures["p0_count"] > 0
     assert figures["failover_cut_s"] is not None  # the metered link took over after the cut
     assert figures["failover_silent_s"] is not None  # and after the silence
+    assert figures["failover_silent_delivered_s"] >= figures["failover_silent_s"]  # the far end hears it later
     assert figures["bridge_published"] > 0  # the peer ran beside it
 
 

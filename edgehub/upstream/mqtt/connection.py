@@ -10,14 +10,15 @@ Invariants: every connection is new (nothing is resent from a previous one), so 
 the connection is lost, every pending PUBLISH has failed and nothing more is acknowledged or sent on it. Packet ids
 are 1-65535, never one still awaiting its PUBACK or SUBACK. The broker's PUBLISHes to us (device-bound messages,
 method calls: ``cloud``) are acknowledged by us (``ack``), once handled. A silent link is noticed: a PINGREQ goes
-out when we sent nothing for ``keepalive_s``; a connection waiting for an answer (a PUBACK, SUBACK or PINGRESP) that
-heard nothing from the broker for ``keepalive_s`` since it asked is lost, and so is any connection that heard
-nothing for 1.5 x ``keepalive_s`` (MQTT's own bound, which an idle one meets first). Under traffic a silence is thus
-noticed one keepalive after it began: an answer is always awaited, and a link that is merely slow answers well
-within it (a segment is half a bandwidth-delay product, so PUBACKs come about every half round trip). Bytes from the
-broker that are no MQTT, or a packet over ``max_packet_bytes``, lose the connection with the reason logged
-(``RefusalLog``), never a traceback. No task or descriptor outlives a connection: ``stop`` returns once the socket
-is closed.
+out when we sent nothing for ``keepalive_s``; a connection awaiting an answer (a PUBACK, SUBACK or PINGRESP) is lost
+once it heard nothing from the broker for ``keepalive_s`` and its question has waited half of that, and any
+connection that heard nothing for 1.5 x ``keepalive_s`` (MQTT's own bound) is lost. Under traffic an answer is
+always awaited, so a silence is noticed at most one keepalive after it began (the last thing heard came before it);
+an idle connection's PINGREQ makes it 1.5. A link that is merely slow answers well within a keepalive (a segment is
+half a bandwidth-delay product, so PUBACKs come about every half round trip), and a question after a quiet spell
+gets half a keepalive for its round trip. Bytes from the broker that are no MQTT, or a packet over
+``max_packet_bytes``, lose the connection with the reason logged (``RefusalLog``), never a traceback. No task or
+descriptor outlives a connection: ``stop`` returns once the socket is closed.
 
 The other way, what an MQTT 5 broker's CONNACK announces is kept. Our QoS 1 PUBLISHes awaiting their PUBACK are
 never more than its Receive Maximum: ``batch_slot_free`` says whether one more batch PUBLISH may go (one slot is
@@ -396,9 +397,15 @@ class Connection(asyncio.Protocol):
         self._cancel_timer()
         if self._keepalive_s > 0 and not self.lost.is_set():
             due = min(self._wrote_at + self._keepalive_s, self._heard_at + 1.5 * self._keepalive_s)
-            if self._asked_at is not None:
-                due = min(due, self._asked_at + self._keepalive_s)
+            due = min(due, self._silent_due())
             self._timer = self.loop.call_at(due, self._keepalive_tick)
+
+    def _silent_due(self) -> float:
+        """When a connection awaiting an answer is lost: a keepalive after it last heard anything, once the
+        question has had half a keepalive (a fresh one after a quiet spell gets time for its round trip)."""
+        if self._asked_at is None:
+            return float("inf")
+        return max(self._heard_at + self._keepalive_s, self._asked_at + self._keepalive_s / 2)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -408,8 +415,7 @@ class Connection(asyncio.Protocol):
     def _keepalive_tick(self) -> None:
         self._timer = None
         now = self.loop.time()
-        asked = self._asked_at
-        if now >= self._heard_at + 1.5 * self._keepalive_s or (asked is not None and now >= asked + self._keepalive_s):
+        if now >= self._heard_at + 1.5 * self._keepalive_s or now >= self._silent_due():
             silent_s = now - self._heard_at
             self.drop(f"keepalive: nothing from the broker for {silent_s:.1f}s", abort=True)
             return
