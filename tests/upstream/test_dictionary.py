@@ -3,6 +3,7 @@ once the far side has it, retrained when the ratio drifts."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from edgehub.store import Store
 from edgehub.store.rocks import open_rocks_store
 from edgehub.testing.clock import ManualClock
 from edgehub.upstream.batching import batch_text
-from edgehub.upstream.dictionary import LaneDictionary
+from edgehub.upstream.dictionary import LaneDictionary, TrainedDictionary
 
 
 def telemetry_batch(first: int, n: int) -> list[QueuedMessage]:
@@ -64,6 +65,47 @@ async def test_a_lane_trains_keeps_its_dictionary_in_the_store_and_uses_it_only_
     assert again.usable is not None
     assert again.usable.data == trained.data
     assert LaneDictionary(lane="upstream-p1", keeper=store).current is None  # one per lane
+
+
+async def test_each_far_side_acknowledges_the_lane_dictionary_on_its_own_and_a_restart_remembers_which(
+    store: Store,
+) -> None:
+    ld = LaneDictionary(lane="upstream", keeper=store, min_lines=100)
+    for text in texts(5):
+        ld.observe(text)
+    trained = await ld.train()
+    assert trained is not None
+
+    def ids(*dicts: TrainedDictionary | None) -> list[int | None]:
+        return [d.dict_id if d is not None else None for d in dicts]
+
+    await ld.announced(trained.dict_id)  # the first link's far side
+    assert ids(ld.usable_at(None), ld.usable_at("sat")) == [trained.dict_id, None]  # the other link's has not
+    assert ids(ld.pending_at("sat")) == [trained.dict_id]
+    await ld.announced(trained.dict_id, "sat")
+    assert ids(ld.usable_at("sat"), ld.pending_at("radio")) == [trained.dict_id] * 2  # a third still waits
+    again = LaneDictionary(lane="upstream", keeper=store, min_lines=100)
+    assert ids(again.usable_at(None), again.usable_at("sat"), again.usable_at("radio")) == [trained.dict_id] * 2 + [
+        None
+    ]
+    # A new dictionary (other traffic) is every side's to receive again.
+    for b in range(5):
+        again.observe(batch_text(telemetry_batch(90_000 + b * 40, 40), hub_id="ship-7", lane="upstream-p1"))
+    retrained = await again.train()
+    assert retrained is not None
+    assert retrained.dict_id != trained.dict_id
+    assert ids(again.pending_at(None), again.pending_at("sat")) == [retrained.dict_id] * 2
+    assert again.usable_at("sat") is None
+
+
+async def test_one_training_at_a_time_for_the_links_that_share_a_lane() -> None:
+    ld = LaneDictionary(lane="upstream", min_lines=100)
+    for text in texts(5):
+        ld.observe(text)
+    first, second = await asyncio.gather(ld.train(), ld.train())
+    assert first is not None
+    assert second is None  # the second link found it training
+    assert ld.trainings == 1
 
 
 async def test_the_sample_stays_within_its_line_and_byte_bounds() -> None:
