@@ -39,6 +39,14 @@ def one(body: bytes, offset: int = 0) -> list[QueuedMessage]:
     return [QueuedMessage(message=Message(body=body), offset=offset, priority=0, enqueued_at_s=1.7e9, ttl_s=60)]
 
 
+async def accepted(broker: ScriptedBroker, up: MqttUpstream, connack: bytes = CONNACK_OK_311) -> None:
+    """The client's connection taken, its CONNECT read and answered, and the client up."""
+    await broker.next_connection()
+    await broker.read_packet()
+    broker.write(connack)
+    await up.wait_connected()
+
+
 PROTOCOL_311 = text("MQTT") + b"\x04"
 PROTOCOL_5 = text("MQTT") + b"\x05"
 SAS_USER = "127.0.0.1/hub1/?api-version=2021-04-12"
@@ -85,10 +93,7 @@ async def test_a_publish_carries_its_mqtt5_properties_its_wire_bytes_are_counted
     async with scripted() as broker:
         s = settings(broker.port, protocol=MqttProtocol.V5, wire_mode=WireMode.MESSAGE, keepalive_s=60)
         async with MqttUpstream(s) as up:
-            await broker.next_connection()
-            await broker.read_packet()
-            broker.write(CONNACK_OK_5)
-            await up.wait_connected()
+            await accepted(broker, up, CONNACK_OK_5)
             msg = Message(body=b"21.5", properties={"kind": "t"}, system_properties={"messageId": "m-1"})
             sending = asyncio.create_task(
                 up.send([QueuedMessage(message=msg, offset=0, priority=0, enqueued_at_s=1.7e9, ttl_s=60)])
@@ -183,10 +188,7 @@ async def test_an_idle_connection_pings_on_keepalive_and_a_silent_broker_is_noti
     async with scripted() as broker:
         started_at = loop.time()  # the CONNECT, the last packet the client sends before the PINGREQ, comes after
         async with MqttUpstream(settings(broker.port, keepalive_s=1)) as up:
-            await broker.next_connection()
-            await broker.read_packet()
-            broker.write(CONNACK_OK_311)
-            await up.wait_connected()
+            await accepted(broker, up)
             assert await broker.read_packet() == b"\xc0\x00"  # PINGREQ after a keepalive with nothing sent
             assert loop.time() - started_at >= 0.99
             broker.write(b"\xd0\x00")  # PINGRESP
@@ -208,10 +210,7 @@ async def test_a_publish_unanswered_loses_the_connection_one_keepalive_after_the
     caplog.set_level(logging.INFO, logger="edgehub.upstream")
     loop = asyncio.get_running_loop()
     async with scripted() as broker, MqttUpstream(settings(broker.port, keepalive_s=2)) as up:
-        await broker.next_connection()
-        await broker.read_packet()
-        broker.write(CONNACK_OK_311)
-        await up.wait_connected()
+        await accepted(broker, up)
         heard_at = loop.time()  # the CONNACK: the last thing the client hears
         await asyncio.sleep(0.4)
         done = await up.submit(one(b"21.5"))
@@ -227,10 +226,7 @@ async def test_a_publish_unanswered_loses_the_connection_one_keepalive_after_the
 
 async def test_a_question_after_a_quiet_spell_gets_half_a_keepalive_for_its_answer() -> None:
     async with scripted() as broker, MqttUpstream(settings(broker.port, keepalive_s=2)) as up:
-        await broker.next_connection()
-        await broker.read_packet()
-        broker.write(CONNACK_OK_311)
-        await up.wait_connected()
+        await accepted(broker, up)
         await asyncio.sleep(1.7)  # quiet: nothing awaited, nothing heard since the CONNACK
         done = await up.submit(one(b"21.5"))
         published = await broker.read_packet()
@@ -244,10 +240,7 @@ async def test_a_question_after_a_quiet_spell_gets_half_a_keepalive_for_its_answ
 async def test_answers_that_keep_coming_within_a_keepalive_keep_a_slow_link_up() -> None:
     """PUBLISHes awaiting their PUBACKs for longer than a keepalive in all, each answered within one of the last."""
     async with scripted() as broker, MqttUpstream(settings(broker.port, keepalive_s=1)) as up:
-        await broker.next_connection()
-        await broker.read_packet()
-        broker.write(CONNACK_OK_311)
-        await up.wait_connected()
+        await accepted(broker, up)
         results = [await up.submit(one(b"%d" % i, i)) for i in range(4)]
         published = [await broker.read_packet() for _ in range(4)]
         for packet in published:  # 4 x 0.7 s = 2.8 s with PUBLISHes awaited all along
@@ -276,10 +269,7 @@ async def test_a_broker_packet_over_the_limit_or_malformed_loses_the_connection_
     async with scripted() as broker:
         s = settings(broker.port, max_packet_bytes=2048, keepalive_s=60, reconnect_min_s=30.0)
         async with MqttUpstream(s) as up:
-            await broker.next_connection()
-            await broker.read_packet()
-            broker.write(CONNACK_OK_311)
-            await up.wait_connected()
+            await accepted(broker, up)
             sending = asyncio.create_task(up.send(one(b"x")))
             await broker.read_packet()  # the PUBLISH, in flight when the broker breaks the protocol
             broker.write(bad)
@@ -299,10 +289,7 @@ async def test_an_mqtt5_server_disconnect_loses_the_connection_with_the_brokers_
     async with scripted() as broker:
         s = settings(broker.port, protocol=MqttProtocol.V5, keepalive_s=60, reconnect_min_s=30.0)
         async with MqttUpstream(s) as up:
-            await broker.next_connection()
-            await broker.read_packet()
-            broker.write(CONNACK_OK_5)
-            await up.wait_connected()
+            await accepted(broker, up, CONNACK_OK_5)
             reason = b"\x1f" + text("maintenance")
             broker.write(with_header(0xE0, b"\x8b" + bytes((len(reason),)) + reason))  # server shutting down
             await up.wait_for(lambda: not up.connected)
