@@ -79,12 +79,12 @@ def lane(
     sat = LinkSpec(
         name="sat",
         cost_per_mib=8.0,
-        budget=budget,
+        budgets=(budget,) if budget is not None else (),
         priorities=frozenset({0, 1}),
         over_budget=frozenset({0}) if budget is not None else frozenset(),
     )
     # Given in the "wrong" order: the cheaper link is preferred whatever the order.
-    ledger = BudgetLedger(ledger_path, {"sat": (sat.budget, 8.0), "cell": (None, 0.0)})
+    ledger = BudgetLedger(ledger_path, {"sat": (sat.budgets, 8.0), "cell": ((), 0.0)})
     return LinkedUpstream([(sat, mqtt(metered, "hub1-sat")), (cell, mqtt(cheap, "hub1"))], ledger)
 
 
@@ -251,7 +251,7 @@ async def test_past_its_budget_the_metered_link_carries_only_the_priorities_allo
         await arrived(sink, *events)
     # Closed: the ledger is on disk, and a new one (a restart) remembers the period's bytes.
     again = BudgetLedger(
-        tmp_path / "links" / "budget.json", {"sat": (Budget(2_000, Period.DAY), 8.0), "cell": (None, 0.0)}
+        tmp_path / "links" / "budget.json", {"sat": ((Budget(2_000, Period.DAY),), 8.0), "cell": ((), 0.0)}
     )
     assert again.used_bytes("sat") == sat.bytes_this_period
-    assert again.usage("sat").mark is BudgetMark.SPENT
+    assert again.count("sat").mark is BudgetMark.SPENT
