@@ -104,11 +104,11 @@ def links_document(hub: EdgeHub | None) -> list[dict[str, Any]] | None:
 def stopped_links_document(path: Path, now_s: float) -> dict[str, Any]:
     """A stopped hub's links, from its budget file at ``path`` alone: ``{"links": [...]}`` with each link's counts
     as last written (a period that has since ended is marked ``ended``, its bytes no longer this period's), or
-    ``{"links": [], "unreadable": reason}`` when the file is missing or cannot be read."""
+    ``{"links": [], "missing": bool, "unreadable": reason}`` when the file is missing or cannot be read."""
     try:
         saved = read_ledger_file(path)
     except LedgerFileError as exc:
-        return {"path": str(path), "links": [], "unreadable": exc.reason}
+        return {"path": str(path), "links": [], "missing": not path.exists(), "unreadable": exc.reason}
     links = []
     for name, counts in saved.links.items():
         cost_per_mib = saved.cost_per_mib[name]
@@ -165,6 +165,8 @@ def format_stopped_links(doc: dict[str, Any] | None) -> list[str]:
     one line saying why there are none."""
     if doc is None:
         return []
+    if doc.get("missing"):
+        return [f"links: none counted (no {doc['path']}: a hub without upstream.links, or whose links never sent)"]
     if "unreadable" in doc:
         return [f"links: budget file {doc['path']} not read ({doc['unreadable']}): no link counts to show"]
     lines = []
