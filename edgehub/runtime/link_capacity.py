@@ -9,7 +9,8 @@ choose for it (cheapest first, then the order given, among the links that may ca
 the normal day (a day budget the day's traffic would overrun is named, and a month budget says how many days of
 this traffic it lasts), and assumed whole when an outage begins. In an outage, a day budget that a whole day of
 the traffic does not spend never runs out (it starts again each day); one that it does, and a month budget, run out
-after their bytes at the outage's rate, and the first of them to run out is the one named.
+after their bytes at the outage's rate, and the first of them to run out is the one named; a month budget also
+says how many days of the outage it lasts (each day taking the day budget's share, when there is one).
 
 Invariant: pure arithmetic over checked values; a priority no link carries is named, never dropped in silence.
 """
@@ -59,6 +60,7 @@ class OutageShare:
     rides_out_s: float | None  # how long until that budget runs out; None: no budget runs out, whatever the outage
     after_budget_carries: str  # the priorities still going once it is spent ("" none)
     after_budget_cost_per_h: float
+    month_budget_lasts_days: float | None  # days of the outage its month budget lasts (None: no month budget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +102,18 @@ def _first_spent(budgets: Sequence[Budget], per_s: float) -> tuple[Budget | None
         return (budgets[0] if budgets else None), None
     seconds, budget = min(runs_out, key=lambda t: t[0])
     return budget, seconds
+
+
+def _month_lasts_days(link: LinkSpec, per_s: float, after_per_s: float) -> float | None:
+    """Days of an outage at ``per_s`` its month budget lasts: a day of the outage takes the whole day's traffic, or
+    its day budget and then the priorities allowed past it (``after_per_s``) for the rest of the day."""
+    month, day = _budget_of(link, Period.MONTH), _budget_of(link, Period.DAY)
+    if month is None:
+        return None
+    per_day = per_s * DAY_S
+    if day is not None and per_day > day.limit_bytes:
+        per_day = day.limit_bytes + after_per_s * (DAY_S - day.limit_bytes / per_s)
+    return month.limit_bytes / per_day if per_day > 0 else None
 
 
 def links_plan(
@@ -163,6 +177,7 @@ def links_plan(
                 rides_out_s=rides_out_s,
                 after_budget_carries=format_priorities(frozenset(after)) if link.budgets else "",
                 after_budget_cost_per_h=after_per_s * 3600 / MIB * link.cost_per_mib if link.budgets else 0.0,
+                month_budget_lasts_days=_month_lasts_days(link, per_s, after_per_s),
             )
         )
     waits = frozenset(p for p in traffic if p not in never and _choice(links, p, down.name) is None)

@@ -83,11 +83,19 @@ def test_a_day_and_a_month_budget_each_say_their_part_and_the_first_to_run_out_b
     assert 1_000_000 < per_day < 20_000_000
     assert (share.budget_period, share.budget_bytes) == ("day", 1_000_000)
     assert share.rides_out_s == pytest.approx(1_000_000 / share.bytes_per_s)
+    assert share.after_budget_carries == ""  # nothing of 0 in this traffic: once a day's budget is spent, nothing
+    assert share.month_budget_lasts_days == pytest.approx(20.0)  # a day of the outage takes the day's 1 MB
+    # With alarms in the traffic, they go on past the day's budget for the rest of each day, on the month's bytes.
+    (alarms,) = links_plan([CELL, sat], {0: 0.01, 1: 0.2, 5: 5.0}, wire=300).outage
+    alarm_per_s = 0.01 * 300 * ON_WIRE
+    per_day = 1_000_000 + alarm_per_s * (86_400 - 1_000_000 / alarms.bytes_per_s)
+    assert alarms.month_budget_lasts_days == pytest.approx(20_000_000 / per_day)
     # At a tenth of the rate a day of it fits in the day's budget: the month's runs out first, after its bytes.
     (slow,) = links_plan([CELL, sat], {1: 0.02, 5: 5.0}, wire=300).outage
     assert slow.bytes_per_s * 86_400 < 1_000_000
     assert slow.budget_period == "month"
     assert slow.rides_out_s == pytest.approx(20_000_000 / slow.bytes_per_s)
+    assert slow.month_budget_lasts_days == pytest.approx(20_000_000 / (slow.bytes_per_s * 86_400))
     # Over the metered link as the only one that carries 1: the day overruns its day budget; the month says its days.
     (day,) = links_plan([sat], {1: 0.2}, wire=300).days
     assert day.over_day_budget

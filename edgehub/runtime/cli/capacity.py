@@ -138,20 +138,20 @@ def format_links_plan(p: LinksPlan) -> list[str]:
             lines.append(line + "; no budget: as long as the outage lasts")
             continue
         if o.rides_out_s is None:
-            lines.append(
-                line + f"; its {o.budget_period} budget ({_size(o.budget_bytes)}) is more than a day of it: "
-                "as long as the outage lasts"
-            )
+            line += f"; its {o.budget_period} budget ({_size(o.budget_bytes)}) is more than a day of it"
+            lines.append(line + ": as long as the outage lasts")
             continue
         after = (
             f"then only {o.after_budget_carries} goes on ({o.after_budget_cost_per_h:,.2f}/h)"
             if o.after_budget_carries
             else "then nothing goes on it until the period ends"
         )
-        lines.append(
-            line + f"; its {o.budget_period} budget ({_size(o.budget_bytes)}) rides out {_duration(o.rides_out_s)}, "
-            f"{after}"
+        line += (
+            f"; its {o.budget_period} budget ({_size(o.budget_bytes)}) rides out {_duration(o.rides_out_s)}, {after}"
         )
+        if o.budget_period != "month" and o.month_budget_lasts_days is not None:
+            line += f"; its month budget lasts {o.month_budget_lasts_days:,.1f} days of this outage"
+        lines.append(line)
     if p.waits_in_outage:
         lines.append(f"  priorities {p.waits_in_outage} wait in the store (their TTL running) until it is back")
     return lines
