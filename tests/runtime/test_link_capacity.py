@@ -3,6 +3,7 @@ rides out an outage of the cheap one for the priorities it may carry."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -156,6 +157,28 @@ def test_the_command_answers_a_days_cost_and_the_outage_the_budget_rides_out(tmp
     doc = json.loads(out)
     assert doc["links"]["outage"][0]["name"] == "sat"
     assert doc["rate_per_s"] == pytest.approx(5.01)
+
+
+def test_the_command_says_what_a_day_and_a_month_budget_allow(tmp_path: Path) -> None:
+    """The metered link alone carries the events (cell may carry only telemetry): its day says its cost, that it
+    overruns the day's budget, and how many days of it the month's budget lasts."""
+    manifest = copy.deepcopy(MANIFEST)
+    cell, sat = manifest["upstream"]["links"]  # type: ignore[index]
+    cell["priorities"] = "5"
+    sat["budget"] = [{"bytes": 1_000_000, "period": "day"}, {"bytes": 20_000_000, "period": "month", "startHourUtc": 3}]
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps(manifest))
+    result = CliRunner().invoke(
+        capacity,
+        ["--message-bytes", "300", "--ttl", "1d", "--links", str(path), "--traffic", "0=0.2/s", "--traffic", "5=1/s"],
+    )
+    assert result.exit_code == 0, result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith("  sat: carries 0;")]
+    per_day = 0.2 * 302 * ON_WIRE * 86_400  # 302 B a message on the wire for 300 B bodies (the plan's first line)
+    assert "links (a message is 302 B on the wire" in result.output
+    assert f"cost {per_day / MIB * 8:,.2f}" in line
+    assert "over its day budget (976.6 KiB)" in line
+    assert f"its month budget (19.1 MiB) lasts {20_000_000 / per_day:,.1f} days of this (not a whole month)" in line
 
 
 @pytest.mark.parametrize(
