@@ -75,6 +75,8 @@ FILE_VERSION = 2  # 1: one count per link, its period not named (still read)
 FLUSH_INTERVAL_S = 1.0
 MAX_LINKS_KEPT = 64  # the manifest allows 8 links; a file of a few KiB
 MAX_FILE_BYTES = 64 * 1024
+MAX_COUNT_BYTES = 2**62  # a count or budget read from the file: far past any budget (the manifest's is 2^50)
+MAX_EPOCH_S = 7_258_118_400  # 2200-01-01: a period start past it is no date the ledger wrote
 
 
 class Period(StrEnum):
@@ -481,34 +483,49 @@ def read_ledger_file(path: Path) -> LedgerFile:
                 continue
             periods = v["periods"]
             if not isinstance(periods, list) or not 1 <= len(periods) <= len(Period):
-                raise ValueError(f"link {name!r}: periods must be a list of 1 to {len(Period)}")
+                raise ValueError(f"link {_short(repr(name))}: periods must be a list of 1 to {len(Period)}")
             counts[str(name)] = tuple(_saved(e, period=Period(e["period"])) for e in periods)
-            cost = float(v["costPerMiB"])
-            if not math.isfinite(cost) or cost < 0:
-                raise ValueError(f"link {name!r}: costPerMiB {cost}")
-            costs[str(name)] = cost
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # JSONDecodeError is a ValueError
-        raise LedgerFileError(path, f"{type(exc).__name__}: {exc}") from None
+            cost = v["costPerMiB"]
+            if isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 <= cost < math.inf:
+                raise ValueError(f"link {_short(repr(name))}: costPerMiB {_short(repr(cost))}")
+            costs[str(name)] = float(cost)
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:  # JSONDecodeError: a ValueError
+        raise LedgerFileError(path, f"{type(exc).__name__}: {_short(str(exc), 200)}") from None
     return LedgerFile(version=int(version), links=counts, cost_per_mib=costs)
 
 
 def _saved(v: Any, *, period: Period | None) -> SavedCount:
-    start = float(v["periodStart"])
-    nbytes = int(v["bytes"])
-    if not math.isfinite(start) or nbytes < 0:
-        raise ValueError(f"periodStart {start}, bytes {nbytes}")
+    if not isinstance(v, dict):
+        raise ValueError(f"a count must be an object, not {type(v).__name__}")
     budget = v.get("budgetBytes") if period is not None else None
-    hour = int(v["startHourUtc"]) if period is not None else None
-    if hour is not None and not 0 <= hour <= 23:
-        raise ValueError(f"startHourUtc {hour}")
     return SavedCount(
         period=period,
-        start_hour_utc=hour,
-        period_start_s=start,
-        bytes=nbytes,
+        start_hour_utc=_whole(v, "startHourUtc", 0, 23) if period is not None else None,
+        period_start_s=_epoch_s(v["periodStart"]),
+        bytes=_whole(v, "bytes", 0, MAX_COUNT_BYTES),
         mark=BudgetMark(v["mark"]),
-        budget_bytes=int(budget) if budget is not None else None,
+        budget_bytes=_whole(v, "budgetBytes", 1, MAX_COUNT_BYTES) if budget is not None else None,
     )
+
+
+def _whole(v: dict[str, Any], key: str, low: int, high: int) -> int:
+    """``v[key]``, a JSON integer within ``low``-``high`` (not a float, not a boolean)."""
+    value = v[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{key} {_short(repr(value))}: not a whole number in {low}-{high}")
+    return value
+
+
+def _short(text: str, limit: int = 40) -> str:
+    """``text`` cut to ``limit`` characters: what a file holds, quoted in a one-line reason, stays short."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _epoch_s(value: Any) -> float:
+    """A period's start: epoch seconds a date can be made of (1970 to 2200)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_EPOCH_S:
+        raise ValueError(f"periodStart {_short(repr(value))}: not epoch seconds in 0-{MAX_EPOCH_S}")
+    return float(value)
 
 
 def binding(counts: Sequence[PeriodCount]) -> PeriodCount:

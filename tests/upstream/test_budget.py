@@ -157,6 +157,12 @@ def test_writes_come_at_most_once_a_second_while_bytes_come(tmp_path: Path) -> N
         '"periodStart": 0, "bytes": 1, "mark": "under"}]}}}',
         "[]",
         " " * (64 * 1024) + "{}",
+        *(
+            '{"version": 2, "links": {"sat": {"costPerMiB": 8, "periods": [{"period": "day", "startHourUtc": 6, '
+            f'"periodStart": {start}, "bytes": {nbytes}, "mark": "under", "budgetBytes": 1000}}]}}}}}}'
+            for start, nbytes in (("1e300", "1"), ("-1e15", "1"), ("1796601600", "Infinity"), ("1796601600", "1.5"))
+        ),
+        '{"version": 2, "links": {"' + "x" * 5000 + '": {"costPerMiB": "' + "y" * 5000 + '", "periods": []}}}',
     ],
     ids=[
         "torn",
@@ -167,6 +173,11 @@ def test_writes_come_at_most_once_a_second_while_bytes_come(tmp_path: Path) -> N
         "negative-cost",
         "not-an-object",
         "too-large",
+        "start-past-any-date",
+        "start-before-1970",
+        "infinite-bytes",
+        "fractional-bytes",
+        "long-name-and-value",
     ],
 )
 def test_an_unreadable_file_is_logged_and_counted_from_zero(
@@ -176,7 +187,10 @@ def test_an_unreadable_file_is_logged_and_counted_from_zero(
     path.write_text(content)
     book = ledger(path, ManualClock(at("2026-12-07 12:00")))
     assert book.used_bytes("sat") == 0
-    assert any("link.budget_unreadable" in r.getMessage() for r in caplog.records)
+    (logged,) = [r.getMessage() for r in caplog.records if "link.budget_unreadable" in r.getMessage()]
+    assert len(logged) < 400  # one short line, whatever the file holds
+    with pytest.raises(LedgerFileError):
+        read_ledger_file(path)
 
 
 def test_a_budget_is_checked_when_made() -> None:
