@@ -57,7 +57,9 @@ __all__ = [
     "SavedCount",
     "binding",
     "check_budgets",
+    "cost_of",
     "describe_budgets",
+    "left_of",
     "period_end",
     "period_start",
     "read_ledger_file",
@@ -186,7 +188,17 @@ class PeriodCount:
     @property
     def left_bytes(self) -> int | None:
         """Bytes left in the period's budget (0 when past it); None without a budget."""
-        return None if self.budget_bytes is None else max(0, self.budget_bytes - self.bytes)
+        return left_of(self.budget_bytes, self.bytes)
+
+
+def left_of(budget_bytes: int | None, used_bytes: int) -> int | None:
+    """Bytes left of ``budget_bytes`` once ``used_bytes`` went (0 when past it); None without a budget."""
+    return None if budget_bytes is None else max(0, budget_bytes - used_bytes)
+
+
+def cost_of(nbytes: int, cost_per_mib: float) -> float:
+    """What ``nbytes`` cost at ``cost_per_mib``, in its unit."""
+    return nbytes / MIB * cost_per_mib
 
 
 @dataclass(slots=True)
@@ -264,7 +276,7 @@ class BudgetLedger:
                     period_start_s=usage.period_start_s,
                     period_end_s=period_end(now, counter.period, counter.start_hour_utc),
                     bytes=usage.bytes,
-                    cost=usage.bytes / MIB * link.cost_per_mib,
+                    cost=cost_of(usage.bytes, link.cost_per_mib),
                     budget_bytes=counter.budget.limit_bytes if counter.budget is not None else None,
                     mark=usage.mark,
                 )

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 from edgehub.core.priorities import parse_priorities
 from edgehub.hub.facade import EdgeHub
 from edgehub.upstream.budget import (
-    MIB,
     BudgetMark,
     LedgerFileError,
     PeriodCount,
     binding,
+    cost_of,
+    left_of,
     period_end,
     read_ledger_file,
 )
@@ -125,9 +126,9 @@ def stopped_links_document(path: Path, now_s: float) -> dict[str, Any]:
                     "period_start": _iso(c.period_start_s),
                     "ended": ended,
                     "bytes": c.bytes,
-                    "cost": round(c.bytes / MIB * cost_per_mib, 4) if cost_per_mib is not None else None,
+                    "cost": round(cost_of(c.bytes, cost_per_mib), 4) if cost_per_mib is not None else None,
                     "budget_bytes": c.budget_bytes,
-                    "budget_left_bytes": max(0, c.budget_bytes - c.bytes) if c.budget_bytes is not None else None,
+                    "budget_left_bytes": left_of(c.budget_bytes, c.bytes),
                     "budget_used_percent": _MARK_LEVEL[c.mark],
                 }
             )
