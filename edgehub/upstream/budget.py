@@ -77,6 +77,7 @@ FILE_VERSION = 2  # 1: one count per link, its period not named (still read)
 FLUSH_INTERVAL_S = 1.0
 MAX_LINKS_KEPT = 64  # the manifest allows 8 links; a file of a few KiB
 MAX_FILE_BYTES = 64 * 1024
+MAX_NAME_CHARS = 64  # a link's name read from the file (the manifest's are at most 32)
 MAX_COUNT_BYTES = 2**62  # a count or budget read from the file: far past any budget (the manifest's is 2^50)
 MAX_EPOCH_S = 7_258_118_400  # 2200-01-01: a period start past it is no date the ledger wrote
 
@@ -489,6 +490,10 @@ def read_ledger_file(path: Path) -> LedgerFile:
         counts: dict[str, tuple[SavedCount, ...]] = {}
         costs: dict[str, float | None] = {}
         for name, v in links.items():
+            if not (1 <= len(name) <= MAX_NAME_CHARS and name.isprintable()):
+                # the ledger writes the manifest's names (32 letters, digits, '-' or '_' at most): one that is not
+                # such a name was written by hand, and would go into the status's lines as it is
+                raise ValueError(f"link name {_short(repr(name))}: not 1-{MAX_NAME_CHARS} printable characters")
             if version == 1:
                 counts[str(name)] = (_saved(v, period=None),)
                 costs[str(name)] = None

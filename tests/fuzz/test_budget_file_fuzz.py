@@ -44,7 +44,9 @@ documents = (
         {
             "version": st.sampled_from([1, 2, 3, "2", None]),
             "links": st.dictionaries(
-                st.sampled_from(["sat", "cell", "x" * 500]), links | entries | json_values, max_size=3
+                st.sampled_from(["sat", "cell", "x" * 500, "a\nb"]) | st.text(max_size=4),
+                links | entries | json_values,
+                max_size=3,
             ),
         }
     )

@@ -163,6 +163,7 @@ def test_writes_come_at_most_once_a_second_while_bytes_come(tmp_path: Path) -> N
             for start, nbytes in (("1e300", "1"), ("-1e15", "1"), ("1796601600", "Infinity"), ("1796601600", "1.5"))
         ),
         '{"version": 2, "links": {"' + "x" * 5000 + '": {"costPerMiB": "' + "y" * 5000 + '", "periods": []}}}',
+        '{"version": 1, "links": {"sat\\nlink fake: 0 B": {"periodStart": 1796601600, "bytes": 1, "mark": "under"}}}',
     ],
     ids=[
         "torn",
@@ -178,6 +179,7 @@ def test_writes_come_at_most_once_a_second_while_bytes_come(tmp_path: Path) -> N
         "infinite-bytes",
         "fractional-bytes",
         "long-name-and-value",
+        "name-of-two-lines",
     ],
 )
 def test_an_unreadable_file_is_logged_and_counted_from_zero(
