@@ -42,6 +42,7 @@ Third-party errors are translated once, in the library's home module, with ``rai
     ├── TransportError               an upstream transport or link failed; .kind is a FailureKind
     ├── SegmentFormatError           (edgehub.upstream.segment) bytes that are no segment of a version we read
     │   └── UnknownDictionaryError   a zstd segment whose dictionary the receiver does not hold (quarantined)
+    ├── LedgerFileError              (edgehub.upstream.budget) the links' budget file cannot be read; .path, .reason
     └── HadoopIOError                (spark_upload.spark_internals) a file operation through Hadoop failed; .path
 """
 

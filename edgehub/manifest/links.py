@@ -4,24 +4,44 @@ carry (``docs/links.md``; ``edgehub.upstream.links`` chooses between them).
 
 Invariants: every key is known, typed and bounded like the rest of the manifest; a link names its secrets by
 environment variable or file only (desired properties are reported back and are no place for a password); names
-are unique; a budget has a period; an upload link has no MQTT key, and a key file comes with its certificate file
-(a key taken must do something); a link carries at least one priority, and the priorities it may send past its
-budget are among them. That every routed priority has a link is the whole document's check
-(``uncarried_routes``), as it needs the routes.
+are unique; a budget has a period, and a link has at most one budget per period (``budget`` is one object or a
+list of one or two with different periods: a day and a month); an upload link has no MQTT key, and a key file
+comes with its certificate file (a key taken must do something); a link carries at least one priority, and the
+priorities it may send past its budgets are among them. That every routed priority has a link is the whole
+document's check (``uncarried_routes``), as it needs the routes.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from edgehub.core.priorities import format_priorities, parse_priorities
 from edgehub.core.routes import DEFAULT_PRIORITY
 
-__all__ = ["MAX_LINKS", "BudgetConfiguration", "LinkConfiguration", "check_links", "uncarried_routes"]
+__all__ = [
+    "BUDGET_TAGS",
+    "MAX_LINKS",
+    "BudgetConfiguration",
+    "LinkConfiguration",
+    "check_links",
+    "uncarried_routes",
+]
 
 MAX_LINKS = 8
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
@@ -60,6 +80,16 @@ class BudgetConfiguration(_Strict):
     startHourUtc: StrictInt = Field(default=0, ge=0, le=23)
 
 
+# ``budget``: one object (the form of before) or a list of one or two. The union's tags are not keys of the document
+# (``edgehub.manifest.models.validation_problems`` drops them from a problem's path).
+BUDGET_TAGS = ("object", "list")
+Budgets = Annotated[
+    Annotated[BudgetConfiguration, Tag("object")]
+    | Annotated[list[BudgetConfiguration], Tag("list"), Field(min_length=1, max_length=2)],
+    Discriminator(lambda v: "list" if isinstance(v, list) else "object"),
+]
+
+
 class LinkConfiguration(_Strict):
     name: StrictStr = Field(description="unique; letters, digits, '-' and '_', at most 32")
     transport: Literal["mqtt", "upload"] = "mqtt"
@@ -82,10 +112,33 @@ class LinkConfiguration(_Strict):
     linkRttMs: StrictInt | None = Field(default=None, ge=0, le=60_000)
     maxUplinkBps: StrictInt | None = Field(default=None, ge=1_000)
     costPerMiB: Number = Field(default=0, ge=0, le=1_000_000)
-    budget: BudgetConfiguration | None = None
+    budget: Budgets | None = Field(default=None, description="one budget, or a day and a month budget (a list)")
     priorities: StrictStr = Field(default=f"0-{DEFAULT_PRIORITY}", description="what it may carry: '0-2', '0,1,5'")
     allowedOverBudget: StrictStr | None = Field(default=None, description="priorities that go on past the budget")
     settleSecs: Number = Field(default=10, ge=0, le=3600, description="up this long before it is preferred again")
+
+    @field_validator("budget")
+    @classmethod
+    def _one_budget_per_period(
+        cls, v: BudgetConfiguration | list[BudgetConfiguration] | None
+    ) -> BudgetConfiguration | list[BudgetConfiguration] | None:
+        if isinstance(v, list):
+            seen: dict[str, int] = {}
+            for i, b in enumerate(v):
+                if b.period in seen:
+                    raise ValueError(
+                        f"budget[{i}].period {b.period!r} is the period of budget[{seen[b.period]}] too: "
+                        "at most one budget a day and one a month"
+                    )
+                seen[b.period] = i
+        return v
+
+    @property
+    def budgets(self) -> list[BudgetConfiguration]:
+        """The link's budgets as a list, whichever form the manifest gave (none: no budget)."""
+        if self.budget is None:
+            return []
+        return list(self.budget) if isinstance(self.budget, list) else [self.budget]
 
     @model_validator(mode="after")
     def _consistent(self) -> LinkConfiguration:

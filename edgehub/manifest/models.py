@@ -69,7 +69,7 @@ from edgehub.manifest.documents import (
     read_manifest_file,
     refusal,
 )
-from edgehub.manifest.links import MAX_LINKS, LinkConfiguration, check_links, uncarried_routes
+from edgehub.manifest.links import BUDGET_TAGS, MAX_LINKS, LinkConfiguration, check_links, uncarried_routes
 from edgehub.manifest.sections import (
     DEFAULT_TTL_SECS,
     DeliveryConfiguration,
@@ -265,6 +265,9 @@ def validation_problems(exc: ValidationError) -> list[str]:
         loc = tuple(e["loc"])
         if len(loc) > 2 and loc[0] == "routes" and loc[2] in ("text", "object"):
             loc = loc[:2] + loc[3:]  # the union's tag, not a key of the document
+        if "budget" in loc[:-1] and loc[loc.index("budget") + 1] in BUDGET_TAGS:
+            i = loc.index("budget") + 1
+            loc = loc[:i] + loc[i + 1 :]  # a link budget's form (one object or a list), not a key either
         loc = tuple(p for p in loc if p != "[key]")  # pydantic's mark of a bad key: the path names the key
         if e["type"] == "extra_forbidden":
             what = "unknown key"

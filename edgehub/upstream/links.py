@@ -2,8 +2,9 @@
 endpoint, and sends each batch over the most preferred link that may take it now.
 
 A link is a transport the hub already has (``MqttUpstream`` with its own ``MqttUpstreamSettings``, whatever those
-carry: TLS, WebSockets, a proxy; or an ``UploadTransport``) with a name, a cost per MiB, an optional byte budget
-(``edgehub.upstream.budget``), the priorities it may carry and those it may carry past its budget.
+carry: TLS, WebSockets, a proxy; or an ``UploadTransport``) with a name, a cost per MiB, optional byte budgets
+(a day's, a month's or both: ``edgehub.upstream.budget``), the priorities it may carry and those it may carry past
+its budgets.
 
 Which link a batch takes (``choose``)
 -------------------------------------
@@ -12,7 +13,7 @@ Links are preferred cheapest first, then in the order given. A batch of priority
 * is **up**: its connection is up (a transport without one, an upload, is up unless its last write failed, and
   is tried again 2 s after);
 * may carry **P**;
-* is **within its budget** this period, or lets P past it (``allowedOverBudget``: the alarms);
+* is **within its budgets** this period (each of them), or lets P past them (``allowedOverBudget``: the alarms);
 * is **settled**: after it was lost, it has stayed up for ``settle_s`` (no flapping back and forth) -- unless no
   settled link may take P at all, then an unsettled one does (waiting would help nobody).
 
@@ -47,7 +48,16 @@ from edgehub.core import Clock, FailureKind, SystemClock
 from edgehub.core.endpoints import UPSTREAM_ENDPOINT
 from edgehub.core.priorities import ALL_PRIORITIES, format_priorities
 from edgehub.delivery.endpoint import Endpoint, PipelinedEndpoint, QueuedMessage, ReportsUnreachable, SendResult
-from edgehub.upstream.budget import Budget, BudgetLedger, BudgetMark, wire_bytes
+from edgehub.upstream.budget import (
+    Budget,
+    BudgetLedger,
+    BudgetMark,
+    Period,
+    PeriodCount,
+    binding,
+    check_budgets,
+    wire_bytes,
+)
 from edgehub.upstream.mqtt.settings import UpstreamStatus
 
 __all__ = ["LinkSpec", "LinkState", "LinkStatus", "LinkedUpstream"]
@@ -71,9 +81,9 @@ class LinkSpec:
 
     name: str
     cost_per_mib: float = 0.0
-    budget: Budget | None = None
+    budgets: tuple[Budget, ...] = ()  # at most one per period, day first
     priorities: frozenset[int] = ALL_PRIORITIES
-    over_budget: frozenset[int] = frozenset()  # may go on past 100 % of the budget
+    over_budget: frozenset[int] = frozenset()  # may go on past 100 % of any of its budgets
     settle_s: float = DEFAULT_SETTLE_S
     tls: bool = False  # for the estimate of the bytes on the wire
 
@@ -86,26 +96,65 @@ class LinkSpec:
             raise ValueError(f"link {self.name!r} carries no priority")
         if not self.over_budget <= self.priorities:
             raise ValueError(f"link {self.name!r}: allowedOverBudget must be among the priorities it carries")
+        try:
+            object.__setattr__(self, "budgets", check_budgets(self.budgets))
+        except ValueError as exc:
+            raise ValueError(f"link {self.name!r}: {exc}") from None
+
+    @property
+    def budget(self) -> Budget | None:
+        """The first of its budgets (the day's when it has one), None without: for a line that names one."""
+        return self.budgets[0] if self.budgets else None
 
 
 @dataclass(frozen=True, slots=True)
 class LinkStatus:
-    """One link as ``edgehub status``, the admin API and ``/metrics`` show it."""
+    """One link as ``edgehub status``, the admin API and ``/metrics`` show it. ``periods``: its count in each period
+    it is counted over (day first); the single figures below are those of the period that binds
+    (``budget.binding``: the budget with the fewest bytes left; without a budget, the day's count)."""
 
     name: str
     state: LinkState
     preference: int  # 0 is tried first
     cost_per_mib: float
-    period_start_s: float
-    bytes_this_period: int  # counted on the wire (TCP/IP and TLS overhead estimated)
-    cost_this_period: float
-    budget_bytes: int | None
-    budget_left_bytes: int | None
-    budget_mark: BudgetMark
+    periods: tuple[PeriodCount, ...]
     priorities: str  # what it may carry ("0-1")
     carries_now: str  # the priorities that would go over it now ("" for none)
     batches: int  # batches handed to it so far
     connects: int  # connections made (0 for a transport without one)
+
+    @property
+    def binding(self) -> PeriodCount:
+        return binding(self.periods)
+
+    @property
+    def period(self) -> Period:
+        return self.binding.period
+
+    @property
+    def period_start_s(self) -> float:
+        return self.binding.period_start_s
+
+    @property
+    def bytes_this_period(self) -> int:
+        """Counted on the wire (TCP/IP and TLS overhead estimated)."""
+        return self.binding.bytes
+
+    @property
+    def cost_this_period(self) -> float:
+        return self.binding.cost
+
+    @property
+    def budget_bytes(self) -> int | None:
+        return self.binding.budget_bytes
+
+    @property
+    def budget_left_bytes(self) -> int | None:
+        return self.binding.left_bytes
+
+    @property
+    def budget_mark(self) -> BudgetMark:
+        return self.binding.mark
 
 
 @runtime_checkable
@@ -404,7 +453,6 @@ class LinkedUpstream:
         for rank, link in enumerate(self._preferred):
             self._count(link)
             name = link.spec.name
-            usage = self.ledger.usage(name)
             if not self._is_up(link):
                 state = LinkState.DOWN
             elif self._settled(link, now):
@@ -412,19 +460,13 @@ class LinkedUpstream:
             else:
                 state = LinkState.SETTLING
             transport = link.transport.status() if isinstance(link.transport, _ReportsStatus) else None
-            budget = link.spec.budget
             out.append(
                 LinkStatus(
                     name=name,
                     state=state,
                     preference=rank,
                     cost_per_mib=link.spec.cost_per_mib,
-                    period_start_s=usage.period_start_s,
-                    bytes_this_period=usage.bytes,
-                    cost_this_period=self.ledger.cost(name),
-                    budget_bytes=budget.limit_bytes if budget is not None else None,
-                    budget_left_bytes=self.ledger.left_bytes(name),
-                    budget_mark=usage.mark,
+                    periods=self.ledger.counts(name),
                     priorities=format_priorities(link.spec.priorities),
                     carries_now=format_priorities(frozenset(p for p, c in chosen.items() if c is link)),
                     batches=link.batches,

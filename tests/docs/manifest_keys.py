@@ -1,8 +1,9 @@
 """Every key path the ``$edgeHub`` desired properties' models accept, read off the pydantic models themselves.
 
 A path joins keys with ``.``; a mapping's key is written ``<name>`` (routes) or ``<endpoint>`` (endpoints), a
-list's items ``[]``: ``mqttBroker.authorizations[].allow[].operations``. A section (an object of further keys) is
-not a leaf; every other key is.
+list's items ``[]``: ``mqttBroker.authorizations[].allow[].operations``. A key that takes one object or a list of
+such objects (a link's ``budget``) is written once, as the object: its keys are the same either way. A section (an
+object of further keys) is not a leaf; every other key is.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def _walk(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, bool]]:
 def _of_type(annotation: Any, path: str, key: str) -> Iterator[tuple[str, bool]]:
     models: list[type[BaseModel]] = []
     scalar = False
-    for kind in _alternatives(annotation):
+    alternatives = _alternatives(annotation)
+    for kind in alternatives:
         origin = get_origin(kind)
         if isinstance(kind, type) and issubclass(kind, BaseModel):
             models.append(kind)
@@ -49,6 +51,8 @@ def _of_type(annotation: Any, path: str, key: str) -> Iterator[tuple[str, bool]]
             scalar = True
         elif origin is list:
             (item,) = get_args(kind)
+            if _alternatives(item) and all(v in alternatives for v in _alternatives(item)):
+                continue  # a list of what the key takes alone: the same keys, written once
             if any(isinstance(v, type) and issubclass(v, BaseModel) for v in _alternatives(item)):
                 yield path, False
                 yield from _of_type(item, f"{path}[]", key)

@@ -1,13 +1,16 @@
 """``upstream.links`` through the composition root (``serve``), as ``edgehub run`` runs it: a cheap and a metered
 link, each through its own link simulator to one real Mosquitto, a paho device into the MQTT head, the admin API.
 The cheap link's cut sends the alarm over the metered link while telemetry waits; ``/status`` shows each link; and
-a restart of the hub remembers the metered link's bytes of this period (the ledger in the data directory). Links
+a restart of the hub remembers the metered link's bytes of this period (the ledger in the data directory), which
+``edgehub status`` of the stopped hub then shows, per budget (the metered link has a day's and a month's). Links
 given by the admin API to a running hub are named in ``restartRequired`` and run from the next start."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -45,7 +48,7 @@ def manifest(path: Path, cheap: LinkSim, metered: LinkSim) -> None:
             "passwordEnv": "EDGEHUB_TEST_SAT_PASSWORD",
             "costPerMiB": 8,
             "priorities": "0-1",
-            "budget": {"bytes": 1_000_000, "period": "day"},
+            "budget": [{"bytes": 1_000_000, "period": "day"}, {"bytes": 30_000_000, "period": "month"}],
             "allowedOverBudget": "0",
         },
     ]
@@ -103,7 +106,11 @@ async def test_a_cut_sends_the_alarm_over_the_metered_link_and_a_restart_remembe
             during = await status_until(client, lambda s: links_of(s)["sat"]["bytes_this_period"] > 0)
             sat = links_of(during)["sat"]
             assert sat["carries_now"] == "0-1"
-            assert sat["budget_left_bytes"] == 1_000_000 - sat["bytes_this_period"]
+            assert sat["budget_left_bytes"] == 1_000_000 - sat["bytes_this_period"]  # the day's binds
+            sat_day, sat_month = sat["periods"]
+            assert (sat_day["period"], sat_day["bytes"]) == ("day", sat["bytes_this_period"])
+            assert sat_month["period"] == "month"
+            assert sat_month["bytes"] >= sat_day["bytes"]  # equal, unless a UTC day began during the test
             assert b"reading" not in [r.body for m in sink.messages for r in decode_segment(m.payload)]
             tele = next(q for q in during["queues"] if q["endpoint"] == "$upstream" and q["priority"] == 5)
             assert tele["length"] == 1  # waiting for the cheap link, in the store
@@ -116,6 +123,24 @@ async def test_a_cut_sends_the_alarm_over_the_metered_link_and_a_restart_remembe
         async with asyncio.timeout(60), hub(data, tmp_path / "m.json") as (client, _):
             again = await status_until(client, lambda s: len(links_of(s)) == 2)
             assert links_of(again)["sat"]["bytes_this_period"] >= sat_bytes  # the morning's bytes, remembered
+        # Stopped: the status reads the ledger the hub left.
+        edgehub = str(Path(sys.executable).parent / "edgehub")
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [edgehub, "status", "--json", "--data-dir", str(data)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        ledger = {k["link"]: k for k in json.loads(done.stdout)["link_ledger"]["links"]}
+        assert {p["period"] for p in ledger["cell"]["periods"]} == {"day"}
+        day, month = ledger["sat"]["periods"]
+        assert (day["period"], month["period"]) == ("day", "month")
+        assert month["bytes"] >= day["bytes"]
+        assert month["bytes"] >= sat_bytes
+        assert month["budget_left_bytes"] == 30_000_000 - month["bytes"]
 
 
 async def test_links_the_admin_api_gives_a_running_hub_need_a_restart_and_the_restart_runs_them(

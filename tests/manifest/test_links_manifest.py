@@ -42,8 +42,17 @@ def test_a_cheap_and_a_metered_link_are_taken() -> None:
     assert links is not None
     assert [link.name for link in links] == ["cell", "sat"]
     assert links[1].carried == frozenset({0, 1})
-    assert links[1].budget is not None
-    assert links[1].budget.startHourUtc == 6
+    assert [(b.period, b.startHourUtc) for b in links[1].budgets] == [("day", 6)]
+
+
+def test_a_day_and_a_month_budget_are_taken_as_a_list() -> None:
+    month = {"bytes": 300_000_000, "period": "month", "startHourUtc": 3}
+    d = load_desired(desired([CELL, {**SAT, "budget": [SAT["budget"], month]}]))
+    assert d.upstream.links is not None
+    assert [(b.period, b.bytes) for b in d.upstream.links[1].budgets] == [("day", 20_000_000), ("month", 300_000_000)]
+    one = load_desired(desired([CELL, {**SAT, "budget": [month], "allowedOverBudget": "0"}]))
+    assert one.upstream.links is not None
+    assert [b.period for b in one.upstream.links[1].budgets] == ["month"]
 
 
 def test_a_manifest_without_links_is_the_single_upstream_of_before() -> None:
@@ -60,6 +69,30 @@ def test_a_budget_without_a_period_is_refused() -> None:
     assert problems([CELL, {**SAT, "budget": {"bytes": 1000}}]) == [
         "upstream.links.1.budget.period: required key missing"
     ]
+
+
+@pytest.mark.parametrize(
+    ("budget", "problem"),
+    [
+        ([], "upstream.links.1.budget: List should have at least 1 item"),
+        (
+            [{"bytes": 1, "period": "day"}, {"bytes": 2, "period": "month"}, {"bytes": 3, "period": "month"}],
+            "upstream.links.1.budget: List should have at most 2 items",
+        ),
+        (
+            [{"bytes": 1, "period": "day"}, {"bytes": 2, "period": "day", "startHourUtc": 6}],
+            "upstream.links.1.budget: budget[1].period 'day' is the period of budget[0] too",
+        ),
+        ([{"bytes": 1, "period": "day"}, {"bytes": 2}], "upstream.links.1.budget.1.period: required key missing"),
+        ([{"bytes": 0, "period": "month"}], "upstream.links.1.budget.0.bytes: Input should be greater than"),
+        ("20 MB", "upstream.links.1.budget: Input should be a valid dictionary"),
+    ],
+    ids=["empty", "three", "same-period", "no-period", "no-bytes", "not-an-object"],
+)
+def test_a_bad_list_of_budgets_is_refused_with_its_path(budget: object, problem: str) -> None:
+    found = problems([CELL, {**SAT, "budget": budget}])
+    assert len(found) == 1
+    assert found[0].startswith(problem)
 
 
 def test_a_cost_that_is_not_a_number_is_refused() -> None:

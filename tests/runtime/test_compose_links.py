@@ -15,7 +15,7 @@ from edgehub.manifest import load_desired
 from edgehub.runtime.compose.config import UploadUpstreamSettings
 from edgehub.runtime.compose.links import BUDGET_FILE, link_spec, link_transport_settings, linked_lanes
 from edgehub.testing.peers import MosquittoPeer
-from edgehub.upstream.budget import Period
+from edgehub.upstream.budget import Budget, Period
 from edgehub.upstream.links import LinkedUpstream
 from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, TlsSettings
 from edgehub.upstream.mqtt.transport import MqttUpstream
@@ -103,8 +103,7 @@ def test_a_link_spec_reads_cost_budget_and_priorities() -> None:
     assert spec.cost_per_mib == 8.5
     assert spec.priorities == frozenset({0, 1})
     assert spec.over_budget == frozenset({0})
-    assert spec.budget is not None
-    assert (spec.budget.limit_bytes, spec.budget.period, spec.budget.start_hour_utc) == (1000, Period.MONTH, 3)
+    assert spec.budgets == (Budget(1000, Period.MONTH, 3),)
     assert spec.settle_s == 30
     assert spec.tls
 

@@ -49,7 +49,7 @@ async def test_a_refused_write_fails_over_to_the_other_zone_and_the_preferred_on
         (LinkSpec(name="disk", settle_s=0), UploadTransport(LandingZone(str(cheap)), hub_id="gw")),
         (LinkSpec(name="remote", cost_per_mib=1.0), UploadTransport(LandingZone(str(dear)), hub_id="gw")),
     ]
-    up = LinkedUpstream(links, BudgetLedger(None, {"disk": (None, 0.0), "remote": (None, 1.0)}))
+    up = LinkedUpstream(links, BudgetLedger(None, {"disk": ((), 0.0), "remote": ((), 1.0)}))
     async with asyncio.timeout(30), up, EndpointExecutor(store, up, settings=QUICK) as ex:
         await store.enqueue(Message(body=b"first"), [RouteResult("$upstream", 0, None)])
         ex.notify()

@@ -8,7 +8,9 @@ what the store, the executors and the transports keep anyway):
   only), the executor's state;
 * per endpoint: what it holds, its dead letters (counted up to ``_MAX_DEAD_COUNTED``);
 * the upstream: each lane's connection, achieved rate, RTT (least of the last acks) and messages acked (running
-  hub with an MQTT upstream); with ``upstream.links``, each lane's links (``edgehub.runtime.admin.links``);
+  hub with an MQTT upstream); with ``upstream.links``, each lane's links (``edgehub.runtime.admin.links``); on a
+  stopped hub, ``link_ledger``: each link's bytes and cost per period from the budget file alone (the CLI reads
+  it, as only it knows the data directory; None in a running hub's document, whose ``links`` say more);
 * the store: messages and bytes held against its quota, the ingest rate and the rate it shrinks by, and the time
   until it is full at those rates (``RateTracker``: samples of the store's counters, running hub only).
 
@@ -28,7 +30,7 @@ from edgehub.hub.facade import EdgeHub
 from edgehub.runtime.admin.api import RouteHandler
 from edgehub.runtime.admin.heads import LiveConnections, connected_count
 from edgehub.runtime.admin.http import Request, Response
-from edgehub.runtime.admin.links import format_links, links_document
+from edgehub.runtime.admin.links import format_links, format_stopped_links, links_document
 from edgehub.store import Store
 
 __all__ = ["RateTracker", "collect_status", "format_status", "status_routes"]
@@ -139,6 +141,7 @@ def collect_status(
         },
         "upstream": _upstream(hub),
         "links": links_document(hub),
+        "link_ledger": None,  # a stopped hub's budget file (edgehub.runtime.cli.status)
         "connected_clients": connected_count(heads) if heads is not None else None,
     }
     return status
@@ -200,6 +203,7 @@ def format_status(status: dict[str, Any]) -> list[str]:
         state = {True: "connected", False: "disconnected", None: "-"}[lane["connected"]]
         lines.append(f"upstream {lane['endpoint']}: {state}, rate {rate}, rtt {rtt}, acked {lane['messages_acked']}")
     lines.extend(format_links(status.get("links")))
+    lines.extend(format_stopped_links(status.get("link_ledger")))
     return lines
 
 

@@ -119,8 +119,14 @@ def format_links_plan(p: LinksPlan) -> list[str]:
             f"  {d.name}: carries {d.carries or 'nothing'}; a day is {_size(d.bytes_per_day)}, "
             f"cost {d.cost_per_day:,.2f}, {d.needed_bps / 1000:,.1f}{rate} kbit/s"
         )
-        if d.over_budget and d.budget_bytes_per_day is not None:
-            line += f"; over its budget ({_size(d.budget_bytes_per_day)} a day)"
+        if d.over_day_budget and d.day_budget_bytes is not None:
+            line += f"; over its day budget ({_size(d.day_budget_bytes)})"
+        if d.month_budget_bytes is not None and d.month_budget_lasts_days is not None:
+            line += (
+                f"; its month budget ({_size(d.month_budget_bytes)}) lasts "
+                f"{d.month_budget_lasts_days:,.1f} days of this"
+                + (" (not a whole month)" if d.over_month_budget else "")
+            )
         lines.append(line)
     lines.append(f"  a day with every link up costs {p.cost_per_day:,.2f}")
     if p.never_leaves:
@@ -128,15 +134,24 @@ def format_links_plan(p: LinksPlan) -> list[str]:
     lines.append(f"while {p.outage_of} is down:")
     for o in p.outage:
         line = f"  {o.name} takes {o.carries}: {_size(o.bytes_per_s * 3600)}/h, cost {o.cost_per_h:,.2f}/h"
-        if o.rides_out_s is None or o.budget_bytes is None:
+        if o.budget_bytes is None:
             lines.append(line + "; no budget: as long as the outage lasts")
+            continue
+        if o.rides_out_s is None:
+            line += f"; its {o.budget_period} budget ({_size(o.budget_bytes)}) is more than a day of it"
+            lines.append(line + ": as long as the outage lasts")
             continue
         after = (
             f"then only {o.after_budget_carries} goes on ({o.after_budget_cost_per_h:,.2f}/h)"
             if o.after_budget_carries
             else "then nothing goes on it until the period ends"
         )
-        lines.append(line + f"; its budget ({_size(o.budget_bytes)}) rides out {_duration(o.rides_out_s)}, {after}")
+        line += (
+            f"; its {o.budget_period} budget ({_size(o.budget_bytes)}) rides out {_duration(o.rides_out_s)}, {after}"
+        )
+        if o.budget_period != "month" and o.month_budget_lasts_days is not None:
+            line += f"; its month budget lasts {o.month_budget_lasts_days:,.1f} days of this outage"
+        lines.append(line)
     if p.waits_in_outage:
         lines.append(f"  priorities {p.waits_in_outage} wait in the store (their TTL running) until it is back")
     return lines

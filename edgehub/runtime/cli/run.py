@@ -41,11 +41,13 @@ from edgehub.runtime.compose.config import (
     UploadUpstreamSettings,
     UpstreamOverrides,
 )
+from edgehub.runtime.compose.links import link_spec
 from edgehub.runtime.compose.settings import Setting, effective_settings
 from edgehub.runtime.compose.upstream import LINK_KEYS, landing_zone
 from edgehub.runtime.deployment.plan import DeploymentPlan, runnable
 from edgehub.runtime.deployment.settings import StartSettings
 from edgehub.runtime.logs import LogFormat, configure_logging
+from edgehub.upstream.budget import describe_budgets
 from edgehub.upstream.mqtt.settings import (
     MAX_PACKET_BYTES,
     MIN_PACKET_BYTES,
@@ -769,8 +771,7 @@ def run(ctx: click.Context, /, **params: Any) -> None:
                 click.echo(
                     f"upstream link {link['name']}: {link.get('transport', 'mqtt')} "
                     f"{link.get('address') or _without_password(link.get('url') or '')} cost/MiB={link['costPerMiB']} "
-                    f"priorities={link['priorities']} budget="
-                    + (f"{link['budget']['bytes']} B/{link['budget']['period']}" if link.get("budget") else "none")
+                    f"priorities={link['priorities']} budget={describe_budgets(link_spec(link).budgets)}"
                 )
         else:
             show_transport(effective.transport)

@@ -3,12 +3,15 @@ handling its dead letters, the same whether it runs (through its admin API) or n
 
 A stopped hub's status has no rates, executor states, in-flight counts, upstream or clients (nothing runs to
 have them), and its quota is the one ``edgehub run`` would take by default (``--store-quota`` is a flag of the
-run, not kept in the store).
+run, not kept in the store). Its links are what ``DATA_DIR/links/budget.json`` last held (``link_ledger``: bytes,
+cost and budget left per link and period, a period that has since ended said so), or one line saying why there
+are none (no such file, or one that cannot be read).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +19,11 @@ import click
 
 from edgehub.runtime.admin.client import AdminClient
 from edgehub.runtime.admin.deadletters import MAX_LIST, DeadLetterAdmin, DeadLetterError
+from edgehub.runtime.admin.links import stopped_links_document
 from edgehub.runtime.admin.status import collect_status, format_status
 from edgehub.runtime.cli.identity import data_dir_option, on_hub
 from edgehub.runtime.compose.config import HubLimits
+from edgehub.runtime.compose.links import BUDGET_FILE
 from edgehub.runtime.compose.store import open_store, store_path, store_quota
 
 __all__ = ["deadletter", "status"]
@@ -43,9 +48,11 @@ def status(data_dir: Path, as_json: bool) -> None:
         store = open_store(path)
         try:
             store.store_quota = store_quota(store, store_path(path), HubLimits())
-            return collect_status(store)
+            doc = collect_status(store)
         finally:
             await store.close()
+        doc["link_ledger"] = stopped_links_document(path / BUDGET_FILE, time.time())
+        return doc
 
     doc = on_hub(data_dir, online, offline)
     if as_json:

@@ -93,15 +93,14 @@ def missing_secrets(links: Sequence[Mapping[str, Any]], env: Mapping[str, str]) 
 
 
 def link_spec(link: Mapping[str, Any]) -> LinkSpec:
-    """The ``LinkSpec`` of one checked ``upstream.links`` entry."""
+    """The ``LinkSpec`` of one checked ``upstream.links`` entry (its ``budget`` one object or a list of them)."""
     budget = link.get("budget")
     over = link.get("allowedOverBudget")
+    budgets = budget if isinstance(budget, list) else [budget] if budget else []
     return LinkSpec(
         name=link["name"],
         cost_per_mib=float(link.get("costPerMiB", 0)),
-        budget=Budget(int(budget["bytes"]), Period(budget["period"]), int(budget.get("startHourUtc", 0)))
-        if budget
-        else None,
+        budgets=tuple(Budget(int(b["bytes"]), Period(b["period"]), int(b.get("startHourUtc", 0))) for b in budgets),
         priorities=parse_priorities(link.get("priorities") or "0-10"),
         over_budget=parse_priorities(over) if over else frozenset(),
         settle_s=float(link.get("settleSecs", 10)),
@@ -166,7 +165,7 @@ def link_transport_settings(
 def budget_ledger(data_dir: Path | None, specs: Sequence[LinkSpec]) -> BudgetLedger:
     """The ledger of ``specs`` in ``data_dir`` (None: in memory)."""
     path = data_dir / BUDGET_FILE if data_dir is not None else None
-    return BudgetLedger(path, {s.name: (s.budget, s.cost_per_mib) for s in specs})
+    return BudgetLedger(path, {s.name: (s.budgets, s.cost_per_mib) for s in specs})
 
 
 def build_linked_lanes(

@@ -72,19 +72,19 @@ def lane(
     metered: LinkSim,
     *,
     settle_s: float = 1.0,
-    budget: Budget | None = None,
+    budgets: tuple[Budget, ...] = (),
     ledger_path: Path | None = None,
 ) -> LinkedUpstream:
     cell = LinkSpec(name="cell", cost_per_mib=0.0, settle_s=settle_s)
     sat = LinkSpec(
         name="sat",
         cost_per_mib=8.0,
-        budget=budget,
+        budgets=budgets,
         priorities=frozenset({0, 1}),
-        over_budget=frozenset({0}) if budget is not None else frozenset(),
+        over_budget=frozenset({0}) if budgets else frozenset(),
     )
     # Given in the "wrong" order: the cheaper link is preferred whatever the order.
-    ledger = BudgetLedger(ledger_path, {"sat": (sat.budget, 8.0), "cell": (None, 0.0)})
+    ledger = BudgetLedger(ledger_path, {"sat": (sat.budgets, 8.0), "cell": ((), 0.0)})
     return LinkedUpstream([(sat, mqtt(metered, "hub1-sat")), (cell, mqtt(cheap, "hub1"))], ledger)
 
 
@@ -214,7 +214,18 @@ async def test_the_cheap_link_is_used_again_only_after_it_stayed_up_for_its_sett
         assert {s.name: s.carries_now for s in up.links_status()}["cell"] == "0-10"
 
 
+@pytest.mark.parametrize(
+    ("budgets", "spent"),
+    [
+        ((Budget(2_000, Period.DAY),), Period.DAY),
+        # a month's budget spent with the day's far from it: past any budget is past the budget
+        ((Budget(10**9, Period.DAY), Budget(2_000, Period.MONTH)), Period.MONTH),
+    ],
+    ids=["day", "month-of-two"],
+)
 async def test_past_its_budget_the_metered_link_carries_only_the_priorities_allowed_past_it(
+    budgets: tuple[Budget, ...],
+    spent: Period,
     store: Store,
     broker: MosquittoPeer,
     cheap: LinkSim,
@@ -223,7 +234,7 @@ async def test_past_its_budget_the_metered_link_carries_only_the_priorities_allo
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="edgehub.upstream.budget")
-    up = lane(cheap, metered, budget=Budget(2_000, Period.DAY), ledger_path=tmp_path / "links" / "budget.json")
+    up = lane(cheap, metered, budgets=budgets, ledger_path=tmp_path / "links" / "budget.json")
     async with delivering(store, broker, up) as (sink, ex):
         cheap.cut()
         await up.wait_for(lambda: not up.carries(5))
@@ -240,18 +251,20 @@ async def test_past_its_budget_the_metered_link_carries_only_the_priorities_allo
         await arrived(sink, b"alarm-over-budget")
         sat = next(s for s in up.links_status() if s.name == "sat")
         assert sat.budget_mark is BudgetMark.SPENT
+        assert sat.period is spent
         assert sat.budget_left_bytes == 0
         assert sat.bytes_this_period >= 2_000
         assert sat.cost_this_period == pytest.approx(sat.bytes_this_period / 2**20 * 8.0)
         assert sat.carries_now == "0"
-        marks = [r.getMessage().split()[0] for r in caplog.records if r.getMessage().startswith("link.budget_")]
-        assert marks == ["link.budget_80", "link.budget_100"]  # once each
+        marks = [r.getMessage().split()[:3] for r in caplog.records if r.getMessage().startswith("link.budget_")]
+        assert marks == [
+            ["link.budget_80", "link=sat", f"period={spent}"],
+            ["link.budget_100", "link=sat", f"period={spent}"],
+        ]
         cheap.restore()
         await ex.wait_for(lambda: store.checkpoint(P1).committed == 29)
         await arrived(sink, *events)
     # Closed: the ledger is on disk, and a new one (a restart) remembers the period's bytes.
-    again = BudgetLedger(
-        tmp_path / "links" / "budget.json", {"sat": (Budget(2_000, Period.DAY), 8.0), "cell": (None, 0.0)}
-    )
+    again = BudgetLedger(tmp_path / "links" / "budget.json", {"sat": (budgets, 8.0), "cell": ((), 0.0)})
     assert again.used_bytes("sat") == sat.bytes_this_period
-    assert again.usage("sat").mark is BudgetMark.SPENT
+    assert again.count("sat").mark is BudgetMark.SPENT

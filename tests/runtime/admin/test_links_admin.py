@@ -49,11 +49,11 @@ async def test_status_and_metrics_show_each_link_its_state_bytes_cost_budget_and
         sat = LinkSpec(
             name="sat",
             cost_per_mib=8.0,
-            budget=Budget(10_000_000, Period.DAY),
+            budgets=(Budget(10_000_000, Period.DAY), Budget(40_000_000, Period.MONTH)),
             priorities=frozenset(range(11)),
             over_budget=frozenset({0}),
         )
-        ledger = BudgetLedger(tmp_path / "links" / "budget.json", {"cell": (None, 0.0), "sat": (sat.budget, 8.0)})
+        ledger = BudgetLedger(tmp_path / "links" / "budget.json", {"cell": ((), 0.0), "sat": (sat.budgets, 8.0)})
         up = LinkedUpstream([(cell, mqtt(cheap, "gw")), (sat, mqtt(metered, "gw-sat"))], ledger)
         await up.start()  # the executor closes it when the hub stops
         async with (
@@ -91,9 +91,16 @@ async def test_status_and_metrics_show_each_link_its_state_bytes_cost_budget_and
     assert links["sat"]["bytes_this_period"] > 2000  # the PUBLISH of the segment and its estimated overhead
     assert links["sat"]["cost_this_period"] == pytest.approx(links["sat"]["bytes_this_period"] / 2**20 * 8, abs=1e-4)
     assert links["sat"]["budget_left_bytes"] == 10_000_000 - links["sat"]["bytes_this_period"]
+    assert links["sat"]["period"] == "day"  # of its two budgets, the day's has the fewer bytes left
+    day, month = links["sat"]["periods"]
+    assert (day["period"], day["budget_bytes"], day["bytes"]) == ("day", 10_000_000, links["sat"]["bytes_this_period"])
+    assert (month["period"], month["budget_bytes"], month["bytes"]) == ("month", 40_000_000, day["bytes"])
+    assert month["budget_left_bytes"] == 40_000_000 - month["bytes"]
     assert links["cell"]["budget_bytes"] is None
+    assert [p["period"] for p in links["cell"]["periods"]] == ["day"]  # counted over a day, for the status
     lines = format_status(doc)
     assert any(line.startswith("link $upstream sat: up, carries 0-10") for line in lines)
+    assert any(line.startswith("  this month (from ") and "of 40000000 B left" in line for line in lines)
     assert any(line.startswith("link $upstream cell: down, carries nothing") for line in lines)
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -102,10 +109,14 @@ async def test_status_and_metrics_show_each_link_its_state_bytes_cost_budget_and
     }
     sat_key = (("lane", "$upstream"), ("link", "sat"))
     cell_key = (("lane", "$upstream"), ("link", "cell"))
+    sat_day, sat_month = (*sat_key, ("period", "day")), (*sat_key, ("period", "month"))
     assert samples[("edgehub_link_up", sat_key)] == 1.0
     assert samples[("edgehub_link_up", cell_key)] == 0.0
-    assert samples[("edgehub_link_period_bytes", sat_key)] == links["sat"]["bytes_this_period"]
-    assert samples[("edgehub_link_budget_left_bytes", sat_key)] == links["sat"]["budget_left_bytes"]
-    assert samples[("edgehub_link_budget_used_percent_mark", sat_key)] == 0
+    assert samples[("edgehub_link_period_bytes", sat_day)] == links["sat"]["bytes_this_period"]
+    assert samples[("edgehub_link_period_bytes", sat_month)] == month["bytes"]
+    assert samples[("edgehub_link_budget_left_bytes", sat_day)] == links["sat"]["budget_left_bytes"]
+    assert samples[("edgehub_link_budget_left_bytes", sat_month)] == month["budget_left_bytes"]
+    assert samples[("edgehub_link_budget_used_percent_mark", sat_month)] == 0
+    assert ("edgehub_link_budget_left_bytes", (*cell_key, ("period", "day"))) not in samples  # no budget
     assert samples[("edgehub_link_carries", (*sat_key, ("priority", "5")))] == 1
     assert ("edgehub_link_carries", (*cell_key, ("priority", "5"))) not in samples

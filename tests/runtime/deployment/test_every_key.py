@@ -203,9 +203,11 @@ def link_tls(field: str) -> Callable[[Seen], object]:
 
 
 def link_budget(field: str) -> Callable[[Seen], object]:
+    """``field`` of each of the link's budgets as the ledger counts them, day first (None: no budget)."""
+
     def effect(s: Seen) -> object:
-        budget = None if s.links is None else s.links.ledger.budget("sat")
-        return None if budget is None else getattr(budget, field)
+        budgets = () if s.links is None else s.links.ledger.budgets("sat")
+        return [getattr(b, field) for b in budgets] or None
 
     return effect
 
@@ -413,13 +415,16 @@ CASES: dict[str, Case] = {
         [("cheap", 0.5), ("sat", 8.0)],
     ),
     "upstream.links[].budget.bytes": start(
-        linked(budget={"bytes": 5_000_000, "period": "day"}), link_budget("limit_bytes"), 5_000_000
+        linked(budget={"bytes": 5_000_000, "period": "day"}), link_budget("limit_bytes"), [5_000_000]
     ),
+    # the list form: a month's budget and a day's, counted day first
     "upstream.links[].budget.period": start(
-        linked(budget={"bytes": 5_000_000, "period": "month"}), link_budget("period"), "month"
+        linked(budget=[{"bytes": 90_000_000, "period": "month"}, {"bytes": 5_000_000, "period": "day"}]),
+        link_budget("period"),
+        ["day", "month"],
     ),
     "upstream.links[].budget.startHourUtc": start(
-        linked(budget={"bytes": 5_000_000, "period": "day", "startHourUtc": 6}), link_budget("start_hour_utc"), 6
+        linked(budget={"bytes": 5_000_000, "period": "day", "startHourUtc": 6}), link_budget("start_hour_utc"), [6]
     ),
     # the routed priority must be carried (else refused): the route to $upstream is given priority 1
     "upstream.links[].priorities": start(
