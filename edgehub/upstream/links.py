@@ -101,11 +101,6 @@ class LinkSpec:
         except ValueError as exc:
             raise ValueError(f"link {self.name!r}: {exc}") from None
 
-    @property
-    def budget(self) -> Budget | None:
-        """The first of its budgets (the day's when it has one), None without: for a line that names one."""
-        return self.budgets[0] if self.budgets else None
-
 
 @dataclass(frozen=True, slots=True)
 class LinkStatus:

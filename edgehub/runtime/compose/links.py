@@ -29,7 +29,7 @@ from edgehub.delivery import Endpoint
 from edgehub.runtime.compose.config import UploadUpstreamSettings
 from edgehub.runtime.compose.upstream import lane_settings, upload_dictionary_lane, upload_lane
 from edgehub.store import Store
-from edgehub.upstream.budget import Budget, BudgetLedger, Period
+from edgehub.upstream.budget import Budget, BudgetLedger, Period, describe_budgets
 from edgehub.upstream.dictionary import LaneDictionary
 from edgehub.upstream.links import LinkedUpstream, LinkSpec
 from edgehub.upstream.mqtt.settings import MqttProtocol, MqttUpstreamSettings, TlsSettings
@@ -191,7 +191,7 @@ def build_linked_lanes(
             where,
             spec.cost_per_mib,
             format_priorities(spec.priorities),
-            f"{spec.budget.limit_bytes}/{spec.budget.period}" if spec.budget is not None else "none",
+            describe_budgets(spec.budgets),
             ledger.used_bytes(spec.name),
         )
     lanes: list[LinkedUpstream] = []
