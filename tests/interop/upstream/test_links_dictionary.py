@@ -58,7 +58,8 @@ def alarm(i: int) -> list[QueuedMessage]:
 
 def transports(lane: LinkedUpstream) -> tuple[MqttUpstream, MqttUpstream]:
     cell, sat = lane.transports
-    assert isinstance(cell, MqttUpstream) and isinstance(sat, MqttUpstream)
+    assert isinstance(cell, MqttUpstream)
+    assert isinstance(sat, MqttUpstream)
     return cell, sat
 
 
@@ -69,7 +70,8 @@ async def test_the_metered_link_compresses_with_the_dictionary_the_lane_trained_
     lane = build(store, tmp_path, link, metered)
     cell, sat = transports(lane)
     ld = cell.dictionary
-    assert ld is not None and sat.dictionary is ld  # one dictionary for the lane
+    assert ld is not None
+    assert sat.dictionary is ld
     async with (
         asyncio.timeout(60),
         MqttCollector(host=broker.host, port=broker.port, topic="edgehub/#") as sink,
@@ -116,7 +118,10 @@ async def test_the_metered_link_compresses_with_the_dictionary_the_lane_trained_
     store = open_rocks_store(tmp_path / "db")
     lane = build(store, tmp_path, link, metered)
     cell, sat = transports(lane)
-    assert cell.dictionary is not None and cell.dictionary.usable_at("sat") == trained
+    assert cell.dictionary is not None
+    remembered = cell.dictionary.usable_at("sat")
+    assert remembered is not None
+    assert remembered.dict_id == trained.dict_id
     before = len(sink.messages)
     async with asyncio.timeout(30), MqttCollector(host=broker.host, port=broker.port, topic="edgehub/#") as sink, lane:
         await sat.wait_connected()
