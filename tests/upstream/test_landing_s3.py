@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import s3fs
-from moto.server import ThreadedMotoServer
 
 from edgehub.core import FailureKind
 from edgehub.upstream.dictionary import LaneDictionary
@@ -24,6 +23,7 @@ from edgehub.upstream.segment import (
     segment_dictionary_id,
 )
 from edgehub.upstream.upload_transport import UploadTransport
+from tests.upstream.s3_server import s3_server
 from tests.upstream.test_dictionary import telemetry_batch
 
 pytestmark = pytest.mark.interop
@@ -32,23 +32,11 @@ BUCKET = "edgehub-landing"
 
 
 @pytest.fixture(scope="module")
-def s3_options() -> Iterator[dict[str, Any]]:
+def s3_options(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The storage options of a fresh moto S3 server on a free loopback port, with one bucket."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        options: dict[str, Any] = {
-            "key": "edgehub-test",
-            "secret": "edgehub-test",
-            "endpoint_url": f"http://{host}:{port}",
-            "client_kwargs": {"region_name": "eu-west-1"},
-            "skip_instance_cache": True,
-        }
-        _s3(options).mkdir(BUCKET, region_name="eu-west-1")
-        yield options
-    finally:
-        server.stop()
+    with s3_server(tmp_path_factory.mktemp("aws")) as server:
+        server.make_bucket(BUCKET)
+        yield server.options()
 
 
 def _s3(options: dict[str, Any]) -> s3fs.S3FileSystem:
