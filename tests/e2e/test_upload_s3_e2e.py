@@ -194,3 +194,32 @@ async def test_edgehub_run_with_zstd_lands_its_dictionary_under_dictionaries_and
     fs = s3.fs()
     users = [p for p in segments if segment_dictionary_id(fs.cat_file(f"{root}/{p}")) == dict_id]
     assert users  # the segments after the dictionary landed use it
+
+
+async def test_a_missing_bucket_keeps_every_message_says_why_once_and_delivers_all_once_the_bucket_is_made(
+    tmp_path: Path, s3: S3Server
+) -> None:
+    bucket = bucket_of(tmp_path)
+    root = f"{bucket}/landing"
+    sent: dict[str, bytes] = {}
+    async with hub(tmp_path, s3, f"s3://{root}") as h:
+        await publish(h.device, 0, 10, sent)  # acknowledged: in the store
+        # The executor probes the zone about once a second: wait for four writes the server refused.
+        async with asyncio.timeout(30):
+            while s3.requests_matching("PUT", f"/{root}/") < 4:  # noqa: ASYNC110 (a server's log: no event)
+                await asyncio.sleep(0.1)
+        s3.make_bucket(bucket)
+        await publish(h.device, 10, 10, sent)
+        segments = await landed(s3, root, set(sent))
+        async with asyncio.timeout(30):
+            while not [d for d in h.logs if d["event"] == "upload.recovered"]:  # noqa: ASYNC110 (a pipe's lines)
+                await asyncio.sleep(0.1)
+    once_each(segments, sent)
+    [failing] = [d for d in h.logs if d["event"] == "upload.failing"]  # one line for the whole outage
+    assert (failing["level"], failing["reason"], failing["kind"]) == ("WARNING", "no_such_bucket", "transient")
+    assert f"s3://{root}" in failing["message"]
+    assert "make it" in failing["message"]
+    [recovered] = [d for d in h.logs if d["event"] == "upload.recovered"]
+    assert int(recovered["failed_writes"]) >= 4
+    assert not [d for d in h.logs if "exc" in d or "Traceback" in d["message"]]
+    assert not [d for d in h.logs if s3.secret in json.dumps(d)]

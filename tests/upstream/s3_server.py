@@ -10,12 +10,18 @@ metadata lookup off (no credentials is then an answer at once, not a wait on 169
 
 from __future__ import annotations
 
+import json
+import logging
+import re
+import urllib.request
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import boto3
 import s3fs
 from moto.server import ThreadedMotoServer
 
@@ -33,6 +39,13 @@ class S3Server:
     home: Path  # where the environment's AWS config and credentials files are
     key: str = "edgehub-test-key"
     secret: str = "edgehub-test-secret-never-logged"
+    # The request lines the server has answered, from its access log ("PUT /bucket/key HTTP/1.1"), so that a test
+    # can wait for a client's attempts instead of sleeping.
+    requests: list[str] = field(default_factory=list)
+
+    def requests_matching(self, method: str, path_prefix: str) -> int:
+        """How many requests for ``method`` on a path starting with ``path_prefix`` the server has answered."""
+        return sum(r.startswith(f"{method} {path_prefix}") for r in list(self.requests))
 
     def environment(self, **extra: str) -> dict[str, str]:
         """The standard AWS variables that point a client at this server, ``extra`` over them."""
@@ -64,6 +77,39 @@ class S3Server:
     def make_bucket(self, name: str) -> None:
         self.fs().mkdir(name, region_name=REGION)
 
+    @contextmanager
+    def checking_credentials(self) -> Iterator[S3Server]:
+        """The server checking every request's signature until the block ends (moto's documented switch,
+        ``/moto-api/reset-auth``, which holds for the whole process); inside, this server as a user who may do
+        anything with S3 signs (with an access key moto made), and any other key or secret is refused."""
+        iam = boto3.client(
+            "iam",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.key,
+            aws_secret_access_key=self.secret,
+            region_name=REGION,
+        )
+        user = f"edgehub-{uuid.uuid4().hex[:12]}"
+        iam.create_user(UserName=user)
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+        iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument=json.dumps(policy))
+        access = iam.create_access_key(UserName=user)["AccessKey"]
+        self._reset_auth("0")
+        try:
+            yield replace(self, key=access["AccessKeyId"], secret=access["SecretAccessKey"])
+        finally:
+            self._reset_auth("inf")
+
+    def _reset_auth(self, unchecked_requests: str) -> None:
+        request = urllib.request.Request(
+            f"{self.endpoint_url}/moto-api/reset-auth",
+            data=unchecked_requests.encode(),
+            method="POST",
+            headers={"Content-Type": "text/plain"},  # not a form: moto reads the body as it is
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.status == 200
+
 
 @contextmanager
 def s3_server(home: Path) -> Iterator[S3Server]:
@@ -74,8 +120,31 @@ def s3_server(home: Path) -> Iterator[S3Server]:
     (home / "credentials").write_text("")
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
+    access = _AccessLog()
+    werkzeug = logging.getLogger("werkzeug")  # the server's access log: one record a request
+    werkzeug.addHandler(access)
     try:
         host, port = server.get_host_and_port()
-        yield S3Server(endpoint_url=f"http://{host}:{port}", home=home)
+        yield S3Server(endpoint_url=f"http://{host}:{port}", home=home, requests=access.lines)
     finally:
+        werkzeug.removeHandler(access)
         server.stop()
+
+
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class _AccessLog(logging.Handler):
+    """The request lines of werkzeug's access log ('127.0.0.1 - - [date] "PUT /b/k HTTP/1.1" 200 -'); every
+    server of the process logs to the same logger, and a record names no server, so each keeps them all (its
+    test's bucket names tell them apart)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = _COLOUR.sub("", record.getMessage())  # werkzeug colours the lines of failed requests
+        start, end = message.find('"'), message.rfind('"')
+        if 0 <= start < end:
+            self.lines.append(message[start + 1 : end])

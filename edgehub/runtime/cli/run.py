@@ -46,6 +46,7 @@ from edgehub.runtime.compose.upstream import LINK_KEYS, landing_zone
 from edgehub.runtime.deployment.plan import DeploymentPlan, runnable
 from edgehub.runtime.deployment.settings import StartSettings
 from edgehub.runtime.logs import LogFormat, configure_logging
+from edgehub.upstream.landing import shown_url
 from edgehub.upstream.mqtt.settings import (
     MAX_PACKET_BYTES,
     MIN_PACKET_BYTES,
@@ -651,7 +652,7 @@ def show_transport(settings: MqttUpstreamSettings | UploadUpstreamSettings | Non
         codec = settings.compression
         dictionary = ", a dictionary per lane trained and landed once" if codec is Codec.ZSTD else ""
         click.echo(
-            f"upstream transport: upload to {_without_password(settings.url)} hub={settings.hub_id} "
+            f"upstream transport: upload to {shown_url(settings.url)} hub={settings.hub_id} "
             f"(one {codec} segment file per batch, {{hub}}/{{lane}}/p{{NN}}/{{first}}-{{last}}"
             f"{SEGMENT_SUFFIXES[codec]}{dictionary})"
             + (f" uplink cap {settings.max_uplink_bps:g} bit/s" if settings.max_uplink_bps else "")
@@ -668,18 +669,6 @@ def show_transport(settings: MqttUpstreamSettings | UploadUpstreamSettings | Non
         f"linger={s.linger_s:g} s max uplink={cap} max packet in={s.max_packet_bytes} B "
         f"out={f'{s.broker_max_packet_bytes} B' if s.broker_max_packet_bytes else 'as announced'}"
     )
-
-
-def _without_password(url: str) -> str:
-    """``url`` with the password of its ``user:password@`` part (sftp, ftp, ...) replaced by ``***``."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    authority, slash, path = rest.partition("/")
-    userinfo, at, hostport = authority.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{hostport}{slash}{path}"
 
 
 # The flags that set up the MQTT transport: refused next to --upstream-upload rather than silently ignored.
@@ -768,7 +757,7 @@ def run(ctx: click.Context, /, **params: Any) -> None:
             for link in links:
                 click.echo(
                     f"upstream link {link['name']}: {link.get('transport', 'mqtt')} "
-                    f"{link.get('address') or _without_password(link.get('url') or '')} cost/MiB={link['costPerMiB']} "
+                    f"{link.get('address') or shown_url(link.get('url') or '')} cost/MiB={link['costPerMiB']} "
                     f"priorities={link['priorities']} budget="
                     + (f"{link['budget']['bytes']} B/{link['budget']['period']}" if link.get("budget") else "none")
                 )
