@@ -3,7 +3,8 @@ server on a loopback port, the hub pointed at it by the standard AWS variables a
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``), a paho device's telemetry read back
 from the bucket and decoded, every message once: gzip, and zstd with the dictionary landed under
 ``dictionaries/``. A bucket that is not there yet keeps every message in the store, says why in one line, and
-delivers all of it once the bucket is made."""
+delivers all of it once the bucket is made; a wrong secret does the same, and a restart with the right one
+delivers all of it. No log line carries a traceback or a secret."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from edgehub.core.sas import ConnectionString
 from edgehub.upstream.segment import (
     DICTIONARY_FOLDER,
     SEGMENT_SUFFIX,
@@ -115,17 +117,21 @@ class Hub:
     device: Paho
     started: list[str]
     logs: list[dict[str, Any]]
+    device_string: ConnectionString  # the device's, to connect again after a restart
 
 
 @asynccontextmanager
-async def hub(tmp_path: Path, s3: S3Server, url: str, *extra: str) -> AsyncIterator[Hub]:
-    """``edgehub run --upstream-upload URL --upstream-client-id gw EXTRA`` in the environment of ``s3``, logging
-    JSON, a device connected to it; stopped when the block ends (SIGTERM, a clean exit)."""
+async def hub(
+    tmp_path: Path, s3: S3Server, url: str, *extra: str, device: ConnectionString | None = None, **env: str
+) -> AsyncIterator[Hub]:
+    """``edgehub run --upstream-upload URL --upstream-client-id gw EXTRA`` in the environment of ``s3`` (``env``
+    over it), logging JSON, a device connected to it (made first unless ``device`` is its connection string, from
+    an earlier start on the same data); stopped when the block ends (SIGTERM, a clean exit)."""
     data, manifest = tmp_path / "data", tmp_path / "m.json"
     manifest.write_text(json.dumps(MANIFEST))
-    cs = await identity_add(data, "dev1")
+    cs = device if device is not None else await identity_add(data, "dev1")
     args = ("--upstream-upload", url, "--upstream-client-id", "gw", "--log-format", "json", *extra)
-    proc, port, lines = await start(data, manifest, *args, env=s3.environment())
+    proc, port, lines = await start(data, manifest, *args, env=s3.environment(**env))
     logs: list[dict[str, Any]] = []
 
     async def read_logs() -> None:
@@ -137,7 +143,7 @@ async def hub(tmp_path: Path, s3: S3Server, url: str, *extra: str) -> AsyncItera
         reader = tg.create_task(read_logs(), name="hub-stderr")
         dev = await connect_device(port, data, cs)
         try:
-            yield Hub(dev, lines, logs)
+            yield Hub(dev, lines, logs, cs)
         finally:
             await dev.close()
             proc.send_signal(signal.SIGTERM)
@@ -223,3 +229,33 @@ async def test_a_missing_bucket_keeps_every_message_says_why_once_and_delivers_a
     assert int(recovered["failed_writes"]) >= 4
     assert not [d for d in h.logs if "exc" in d or "Traceback" in d["message"]]
     assert not [d for d in h.logs if s3.secret in json.dumps(d)]
+
+
+async def test_a_wrong_secret_keeps_every_message_says_why_once_and_a_restart_with_the_right_one_delivers_all(
+    tmp_path: Path, s3: S3Server
+) -> None:
+    bucket = bucket_of(tmp_path)
+    root = f"{bucket}/landing"
+    sent: dict[str, bytes] = {}
+    with s3.checking_credentials() as user:
+        user.make_bucket(bucket)
+        wrong = "a-wrong-secret-never-logged"
+        async with hub(tmp_path, user, f"s3://{root}", AWS_SECRET_ACCESS_KEY=wrong) as h:
+            await publish(h.device, 0, 10, sent)  # acknowledged: in the store
+            async with asyncio.timeout(30):
+                while not [d for d in h.logs if d["event"] == "upload.failing"]:  # noqa: ASYNC110 (a pipe's lines)
+                    await asyncio.sleep(0.1)
+        [failing] = [d for d in h.logs if d["event"] == "upload.failing"]
+        assert (failing["level"], failing["reason"], failing["kind"]) == ("WARNING", "access_denied", "permanent")
+        assert "a wrong key or secret" in failing["message"]
+        assert await asyncio.to_thread(read_bucket, user, root) == ({}, {})  # nothing landed
+
+        # The right secret, and a restart: what waited in the store lands, and what comes after.
+        async with hub(tmp_path, user, f"s3://{root}", device=h.device_string) as again:
+            await publish(again.device, 10, 5, sent)
+            segments = await landed(user, root, set(sent))
+    once_each(segments, sent)
+    for logs in (h.logs, again.logs):
+        assert not [d for d in logs if "exc" in d or "Traceback" in d["message"]]
+        assert not [d for d in logs if wrong in json.dumps(d) or user.secret in json.dumps(d)]
+    assert not [d for d in again.logs if d["event"] == "upload.failing"]
