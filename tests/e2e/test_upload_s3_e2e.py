@@ -166,6 +166,8 @@ async def test_edgehub_run_lands_gzip_segments_in_an_s3_bucket_named_by_the_stan
         assert f"upstream transport: upload to s3://{bucket}/landing hub=gw (one gzip segment file" in "\n".join(
             h.started
         )
+        region = "region eu-west-1 (AWS_DEFAULT_REGION)"
+        assert f"upstream s3: endpoint {s3.endpoint_url} (AWS_ENDPOINT_URL_S3) {region}" in h.started
         await publish(h.device, 0, 30, sent)
         segments = await landed(s3, f"{bucket}/landing", set(sent))
     once_each(segments, sent)

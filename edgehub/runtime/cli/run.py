@@ -56,6 +56,7 @@ from edgehub.upstream.mqtt.settings import (
     TlsSettings,
     WireMode,
 )
+from edgehub.upstream.s3env import s3_environment
 from edgehub.upstream.segment import SEGMENT_SUFFIXES, Codec
 
 __all__ = [
@@ -657,6 +658,13 @@ def show_transport(settings: MqttUpstreamSettings | UploadUpstreamSettings | Non
             f"{SEGMENT_SUFFIXES[codec]}{dictionary})"
             + (f" uplink cap {settings.max_uplink_bps:g} bit/s" if settings.max_uplink_bps else "")
         )
+        if settings.url.startswith(("s3://", "s3a://")):
+            # what the standard AWS environment gives s3fs (edgehub.upstream.s3env); the credential chain is left to
+            # the first write (its last links may ask the network) and to `edgehub config show`
+            env = s3_environment(look_up_credentials=False)
+            if env is not None:
+                where = f"endpoint {env.endpoint} ({env.endpoint_from}) region {env.region} ({env.region_from})"
+                click.echo(f"upstream s3: {where}")
         return
     s = settings
     auth = "sas token" if s.sas_token else "password" if s.password else "none"
