@@ -54,6 +54,8 @@ REASONS = {
     "no_credentials": "no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
     "then restart",
     # S3 answers a HEAD (the existence check before each write) with a bare 403, whatever the cause
+    "bad_config": "the AWS environment is not usable (AWS_PROFILE names no profile of the files, or a setting of "
+    "it is wrong): fix it, then restart",
     "access_denied": "the store refused the request: a wrong key or secret, or credentials that may not write "
     "here (locally: the folder's permissions); fix them, then restart",
     "unreachable": "the store's endpoint did not answer a connection (AWS_ENDPOINT_URL_S3, the network)",
@@ -77,13 +79,17 @@ _S3_CODES = {
 }
 _BOTOCORE_ERRORS = {
     "NoCredentialsError": "no_credentials",
+    "ProfileNotFound": "bad_config",
+    "InvalidConfigError": "bad_config",
     "PartialCredentialsError": "no_credentials",
     "EndpointConnectionError": "unreachable",
     "ConnectTimeoutError": "timeout",
     "ReadTimeoutError": "timeout",
 }
 # Credentials are read once, when the plugin's client is made: retrying cannot mend them, a restart does.
-_PERMANENT_REASONS = frozenset({"bad_credentials", "expired_credentials", "no_credentials", "access_denied"})
+_PERMANENT_REASONS = frozenset(
+    {"bad_credentials", "expired_credentials", "no_credentials", "access_denied", "bad_config"}
+)
 
 
 class LandingError(TransportError):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["S3Environment", "s3_environment"]
+__all__ = ["S3Environment", "s3_environment", "s3_environment_problem"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +89,30 @@ def s3_environment(*, look_up_credentials: bool = True) -> S3Environment | None:
         credentials=credentials,
         credentials_from=credentials_from,
     )
+
+
+def s3_environment_problem() -> str | None:
+    """What in the AWS environment would make every write fail, said before the hub starts (None: nothing seen):
+    an endpoint that is no URL, a profile the files do not hold. Wrong or missing credentials are not seen here:
+    only the store can say (``edgehub.upstream.landing`` names them at the first write)."""
+    try:
+        import botocore.session
+        from botocore.configprovider import ConfiguredEndpointProvider
+        from botocore.exceptions import BotoCoreError
+        from botocore.utils import is_valid_endpoint_url, is_valid_ipv6_endpoint_url
+    except ImportError:
+        return None
+    session = botocore.session.Session()
+    try:
+        scoped = session.get_scoped_config()
+    except BotoCoreError as exc:
+        return f"the AWS environment: {exc}"
+    endpoint = ConfiguredEndpointProvider(
+        full_config=session.full_config, scoped_config=scoped, client_name="s3"
+    ).provide()
+    if endpoint and not (is_valid_endpoint_url(endpoint) or is_valid_ipv6_endpoint_url(endpoint)):
+        return f"the S3 endpoint {endpoint!r} is not a URL (http://host:port or https://host)"
+    return None
 
 
 # botocore's names for where credentials came from, in the words of its documentation.

@@ -235,3 +235,23 @@ def test_config_show_reads_an_s3_endpoint_and_credentials_from_a_named_profile_a
     rows, _ = s3_rows(tmp_path, s3_environment(tmp_path))
     assert rows["upstream.s3.endpoint"] == ("AWS S3 (by region) (default)", "environment")
     assert rows["upstream.s3.credentials"][0].startswith("none (found nowhere: set AWS_ACCESS_KEY_ID")
+
+
+@pytest.mark.parametrize(
+    ("variables", "said"),
+    [
+        ({"AWS_ENDPOINT_URL_S3": "minio.example:9000"}, "the S3 endpoint 'minio.example:9000' is not a URL"),
+        ({"AWS_PROFILE": "no-such-profile"}, "The config profile (no-such-profile) could not be found"),
+    ],
+)
+def test_an_aws_environment_every_write_would_fail_in_is_refused_before_the_start_naming_what(
+    tmp_path: Path, variables: dict[str, str], said: str
+) -> None:
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(ROUTES))
+    args = ["config", "show", "--manifest", str(path), "--data-dir", str(tmp_path / "data")]
+    env = s3_environment(tmp_path, **variables)
+    result = CliRunner().invoke(main, [*args, "--upstream-upload", "s3://lake/landing"], env=env)
+    assert result.exit_code == 2, result.output
+    assert said in result.output
+    assert "Traceback" not in result.output
