@@ -47,7 +47,7 @@ _PERMANENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENO
 
 # Why a landing failed, in a word, with what an operator does about it (the upload transport logs it once).
 REASONS = {
-    "no_such_bucket": "the bucket does not exist: make it (the hub never does); writes are retried",
+    "no_such_bucket": "make the bucket: the hub never makes one",
     "bad_credentials": "the store does not know the access key or the signature is wrong: check AWS_* or the "
     "profile, then restart",
     "expired_credentials": "the credentials have expired: renew them, then restart",

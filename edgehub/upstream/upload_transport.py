@@ -291,8 +291,8 @@ class UploadTransport:
             return
         self._failing_reason = reason
         log.warning(
-            "upload.failing lane=%s reason=%s kind=%s segment=%s error=%s (messages stay in the store; "
-            "retried, logged again when it lands or fails otherwise)",
+            "upload.failing lane=%s reason=%s kind=%s segment=%s error=%s; the messages wait in the store, "
+            "retried (said again when a write lands, or fails for another reason)",
             self.lane,
             reason,
             kind,

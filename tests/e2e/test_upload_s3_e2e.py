@@ -226,7 +226,7 @@ async def test_a_missing_bucket_keeps_every_message_says_why_once_and_delivers_a
     [failing] = [d for d in h.logs if d["event"] == "upload.failing"]  # one line for the whole outage
     assert (failing["level"], failing["reason"], failing["kind"]) == ("WARNING", "no_such_bucket", "transient")
     assert f"s3://{root}" in failing["message"]
-    assert "make it" in failing["message"]
+    assert "make the bucket" in failing["message"]
     [recovered] = [d for d in h.logs if d["event"] == "upload.recovered"]
     assert int(recovered["failed_writes"]) >= 4
     assert not [d for d in h.logs if "exc" in d or "Traceback" in d["message"]]

@@ -128,7 +128,7 @@ async def test_a_missing_bucket_fails_the_batch_and_is_never_created(s3_options:
     with pytest.raises(LandingError) as refused:
         zone.write(SegmentName("hub1", "upstream", 5, 0, 0), b"bytes")
     assert (refused.value.reason, refused.value.kind) == ("no_such_bucket", FailureKind.TRANSIENT)
-    assert "make it" in str(refused.value)
+    assert "make the bucket" in str(refused.value)
 
 
 def test_a_wrong_secret_or_an_unknown_key_is_refused_access_for_good_and_the_secret_is_never_said(
