@@ -58,6 +58,8 @@ REASONS = {
     "it is wrong): fix it, then restart",
     "access_denied": "the store refused the request: a wrong key or secret, or credentials that may not write "
     "here (locally: the folder's permissions); fix them, then restart",
+    "untrusted_certificate": "the store's TLS certificate is not trusted: point AWS_CA_BUNDLE at its CA (PEM), "
+    "then restart",
     "unreachable": "the store's endpoint did not answer a connection (AWS_ENDPOINT_URL_S3, the network)",
     "timeout": "the store did not answer in time",
     "disk_full": "no space left on the device",
@@ -82,13 +84,14 @@ _BOTOCORE_ERRORS = {
     "ProfileNotFound": "bad_config",
     "InvalidConfigError": "bad_config",
     "PartialCredentialsError": "no_credentials",
+    "SSLError": "untrusted_certificate",
     "EndpointConnectionError": "unreachable",
     "ConnectTimeoutError": "timeout",
     "ReadTimeoutError": "timeout",
 }
 # Credentials are read once, when the plugin's client is made: retrying cannot mend them, a restart does.
 _PERMANENT_REASONS = frozenset(
-    {"bad_credentials", "expired_credentials", "no_credentials", "access_denied", "bad_config"}
+    {"bad_credentials", "expired_credentials", "no_credentials", "access_denied", "bad_config", "untrusted_certificate"}
 )
 
 

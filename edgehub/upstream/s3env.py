@@ -5,9 +5,10 @@ The hub takes no S3 setting of its own: s3fs makes its client through botocore, 
 (or ``AWS_ENDPOINT_URL``, or ``endpoint_url`` in the profile; botocore >= 1.31, which every s3fs the hub allows
 brings), ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, ``AWS_PROFILE`` with
 ``~/.aws/config`` and ``~/.aws/credentials``, ``AWS_DEFAULT_REGION``/``AWS_REGION``, and otherwise an instance or
-container role. With an endpoint of its own, botocore addresses buckets by path (``http://host:9000/bucket/key``),
-which MinIO, Ceph and moto take. This module asks botocore the same questions, so what ``config show`` prints is
-what the hub's writes will use.
+container role; ``AWS_CA_BUNDLE`` names the CA an ``https://`` endpoint's certificate is checked against. With an
+endpoint of its own, botocore addresses buckets by path (``http://host:9000/bucket/key``), which MinIO, Ceph and
+moto take. This module asks botocore the same questions, so what ``config show`` prints is what the hub's writes
+will use.
 
 Invariants: never a secret (the access key id is shown by its last four characters, as the AWS console does; the
 secret key and the session token never); None when botocore is not installed (no ``s3://`` landing zone then).
@@ -31,6 +32,7 @@ class S3Environment:
     region_from: str
     credentials: str
     credentials_from: str
+    trusts: str = "the system's CAs"  # for an https:// endpoint: AWS_CA_BUNDLE (or the profile's ca_bundle) if set
 
 
 def s3_environment(*, look_up_credentials: bool = True) -> S3Environment | None:
@@ -81,6 +83,10 @@ def s3_environment(*, look_up_credentials: bool = True) -> S3Environment | None:
             credentials_from = _METHODS.get(found.method, found.method)
         else:
             credentials = "none"
+    ca_bundle = session.get_config_variable("ca_bundle")
+    trusts = "the system's CAs"
+    if ca_bundle:
+        trusts = f"{ca_bundle} ({'AWS_CA_BUNDLE' if os.environ.get('AWS_CA_BUNDLE') == ca_bundle else 'profile'})"
     return S3Environment(
         endpoint=endpoint,
         endpoint_from=endpoint_from,
@@ -88,6 +94,7 @@ def s3_environment(*, look_up_credentials: bool = True) -> S3Environment | None:
         region_from=region_from,
         credentials=credentials,
         credentials_from=credentials_from,
+        trusts=trusts,
     )
 
 

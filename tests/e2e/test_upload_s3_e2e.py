@@ -1,10 +1,10 @@
 """``edgehub run --upstream-upload s3://bucket/landing`` as a user runs it against an S3-compatible store: moto's S3
 server on a loopback port, the hub pointed at it by the standard AWS variables alone (``AWS_ENDPOINT_URL_S3``,
-``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``), a paho device's telemetry read back
-from the bucket and decoded, every message once: gzip, and zstd with the dictionary landed under
-``dictionaries/``. A bucket that is not there yet keeps every message in the store, says why in one line, and
-delivers all of it once the bucket is made; a wrong secret does the same, and a restart with the right one
-delivers all of it. No log line carries a traceback or a secret."""
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``), a paho device's telemetry read back from
+the bucket and decoded, every message once: gzip, and zstd with the dictionary landed under ``dictionaries/``; over
+HTTPS with a private CA once ``AWS_CA_BUNDLE`` names it. A bucket that is not there yet keeps every message in the
+store, says why in one line, and delivers all of it once the bucket is made; a wrong secret does the same, and a
+restart with the right one delivers all of it. No log line carries a traceback or a secret."""
 
 from __future__ import annotations
 
@@ -260,4 +260,27 @@ async def test_a_wrong_secret_keeps_every_message_says_why_once_and_a_restart_wi
     for logs in (h.logs, again.logs):
         assert not [d for d in logs if "exc" in d or "Traceback" in d["message"]]
         assert not [d for d in logs if wrong in json.dumps(d) or user.secret in json.dumps(d)]
+    assert not [d for d in again.logs if d["event"] == "upload.failing"]
+
+
+async def test_an_https_store_with_a_private_ca_is_untrusted_until_aws_ca_bundle_names_it(tmp_path: Path) -> None:
+    with s3_server(tmp_path / "aws", tls=True) as s3:
+        assert s3.ca_file is not None
+        bucket = bucket_of(tmp_path)
+        s3.make_bucket(bucket)
+        root = f"{bucket}/landing"
+        sent: dict[str, bytes] = {}
+        async with hub(tmp_path, s3, f"s3://{root}") as h:  # the system's CAs: not this store's
+            await publish(h.device, 0, 5, sent)
+            async with asyncio.timeout(30):
+                while not [d for d in h.logs if d["event"] == "upload.failing"]:  # noqa: ASYNC110 (a pipe's lines)
+                    await asyncio.sleep(0.1)
+        [failing] = [d for d in h.logs if d["event"] == "upload.failing"]
+        assert (failing["reason"], failing["kind"]) == ("untrusted_certificate", "permanent")
+        assert "AWS_CA_BUNDLE" in failing["message"]
+
+        async with hub(tmp_path, s3, f"s3://{root}", device=h.device_string, AWS_CA_BUNDLE=str(s3.ca_file)) as again:
+            await publish(again.device, 5, 5, sent)
+            segments = await landed(s3, root, set(sent))
+    once_each(segments, sent)
     assert not [d for d in again.logs if d["event"] == "upload.failing"]

@@ -1,6 +1,6 @@
 """A real S3-compatible server for tests: moto in server mode on 127.0.0.1, on a port the OS chose free, in a thread
-of the test process. moto keeps its buckets in the process, not in the server: two servers in one test process
-see the same buckets, so each test names its own.
+of the test process, over plain HTTP or HTTPS with a CA of its own. moto keeps its buckets in the process, not in
+the server: two servers in one test process see the same buckets, so each test names its own.
 
 ``environment()`` is what a user's shell would hold to point boto3, s3fs or ``edgehub run`` at it: the standard
 AWS variables only (botocore >= 1.31 reads the endpoint from ``AWS_ENDPOINT_URL_S3``), with the shared config and
@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+import ssl
+import threading
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -23,7 +25,10 @@ from typing import Any
 
 import boto3
 import s3fs
-from moto.server import ThreadedMotoServer
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+from werkzeug.serving import make_server
+
+from edgehub.testing.certs import TestCA
 
 __all__ = ["REGION", "S3Server", "s3_server"]
 
@@ -42,6 +47,7 @@ class S3Server:
     # The request lines the server has answered, from its access log ("PUT /bucket/key HTTP/1.1"), so that a test
     # can wait for a client's attempts instead of sleeping.
     requests: list[str] = field(default_factory=list)
+    ca_file: Path | None = None  # the CA of an HTTPS server's certificate (None: plain HTTP)
 
     def requests_matching(self, method: str, path_prefix: str) -> int:
         """How many requests for ``method`` on a path starting with ``path_prefix`` the server has answered."""
@@ -66,7 +72,8 @@ class S3Server:
             "key": self.key,
             "secret": self.secret,
             "endpoint_url": self.endpoint_url,
-            "client_kwargs": {"region_name": REGION},
+            "client_kwargs": {"region_name": REGION}
+            | ({"verify": str(self.ca_file)} if self.ca_file is not None else {}),
             "skip_instance_cache": True,
         }
 
@@ -85,6 +92,7 @@ class S3Server:
         iam = boto3.client(
             "iam",
             endpoint_url=self.endpoint_url,
+            verify=str(self.ca_file) if self.ca_file is not None else None,
             aws_access_key_id=self.key,
             aws_secret_access_key=self.secret,
             region_name=REGION,
@@ -107,28 +115,43 @@ class S3Server:
             method="POST",
             headers={"Content-Type": "text/plain"},  # not a form: moto reads the body as it is
         )
-        with urllib.request.urlopen(request, timeout=10) as answer:
+        trusted = ssl.create_default_context(cafile=self.ca_file) if self.ca_file is not None else None
+        with urllib.request.urlopen(request, timeout=10, context=trusted) as answer:
             assert answer.status == 200
 
 
 @contextmanager
-def s3_server(home: Path) -> Iterator[S3Server]:
+def s3_server(home: Path, *, tls: bool = False) -> Iterator[S3Server]:
     """A fresh moto S3 server on a free loopback port until the block ends; ``home`` holds the AWS files the
-    environment names (made, empty of profiles)."""
+    environment names (made, empty of profiles). With ``tls``, it serves HTTPS only, its certificate (for
+    ``localhost``) issued by a CA of its own at ``ca_file``, which no client trusts unless told."""
     home.mkdir(parents=True, exist_ok=True)
     (home / "config").write_text("")
     (home / "credentials").write_text("")
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    context, ca_file = None, None
+    if tls:
+        ca = TestCA(home / "tls", name="edgehub test S3 CA")
+        pair = ca.server()
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(pair.cert, pair.key)
+        ca_file = ca.ca_pem
+    # What moto's ThreadedMotoServer runs, with TLS when asked (it has no switch for it).
+    app = DomainDispatcherApplication(create_backend_app)
+    server = make_server("127.0.0.1", 0, app, True, request_handler=MotoRequestHandler, ssl_context=context)
+    thread = threading.Thread(target=server.serve_forever, name="moto-s3", daemon=True)
+    thread.start()
     access = _AccessLog()
     werkzeug = logging.getLogger("werkzeug")  # the server's access log: one record a request
     werkzeug.addHandler(access)
     try:
-        host, port = server.get_host_and_port()
-        yield S3Server(endpoint_url=f"http://{host}:{port}", home=home, requests=access.lines)
+        port = server.server_address[1]
+        endpoint = f"https://localhost:{port}" if tls else f"http://127.0.0.1:{port}"
+        yield S3Server(endpoint_url=endpoint, home=home, requests=access.lines, ca_file=ca_file)
     finally:
         werkzeug.removeHandler(access)
-        server.stop()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
 
 
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")

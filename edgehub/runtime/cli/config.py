@@ -96,4 +96,5 @@ def _s3_rows(transport: object, links: Sequence[Mapping[str, Any]]) -> tuple[Set
         Setting("upstream.s3.endpoint", f"{env.endpoint} ({env.endpoint_from})", Source.ENVIRONMENT),
         Setting("upstream.s3.region", f"{env.region} ({env.region_from})", Source.ENVIRONMENT),
         Setting("upstream.s3.credentials", f"{env.credentials} ({env.credentials_from})", Source.ENVIRONMENT),
+        Setting("upstream.s3.trusts", env.trusts, Source.ENVIRONMENT),
     )

@@ -170,6 +170,7 @@ def s3_environment(tmp_path: Path, **variables: str) -> dict[str, str | None]:
             "AWS_PROFILE",
             "AWS_REGION",
             "AWS_DEFAULT_REGION",
+            "AWS_CA_BUNDLE",
         )
     }
     return {
@@ -198,19 +199,21 @@ def test_config_show_says_where_an_s3_landing_zone_writes_and_who_signs_from_the
 ) -> None:
     env = s3_environment(
         tmp_path,
-        AWS_ENDPOINT_URL_S3="http://minio.example:9000",
+        AWS_ENDPOINT_URL_S3="https://minio.example:9000",
         AWS_ACCESS_KEY_ID="AKIAEDGEHUBTEST7Q2Z",
         AWS_SECRET_ACCESS_KEY="the-secret-key-never-shown",
         AWS_DEFAULT_REGION="eu-west-1",
+        AWS_CA_BUNDLE="/etc/edgehub/minio-ca.pem",
     )
     rows, output = s3_rows(tmp_path, env)
     assert rows == {
-        "upstream.s3.endpoint": ("http://minio.example:9000 (AWS_ENDPOINT_URL_S3)", "environment"),
+        "upstream.s3.endpoint": ("https://minio.example:9000 (AWS_ENDPOINT_URL_S3)", "environment"),
         "upstream.s3.region": ("eu-west-1 (AWS_DEFAULT_REGION)", "environment"),
         "upstream.s3.credentials": (
             "access key ...7Q2Z (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)",
             "environment",
         ),
+        "upstream.s3.trusts": ("/etc/edgehub/minio-ca.pem (AWS_CA_BUNDLE)", "environment"),
     }
     assert "the-secret-key-never-shown" not in output
     assert "AKIAEDGEHUBTEST7Q2Z" not in output
@@ -235,6 +238,7 @@ def test_config_show_reads_an_s3_endpoint_and_credentials_from_a_named_profile_a
     rows, _ = s3_rows(tmp_path, s3_environment(tmp_path))
     assert rows["upstream.s3.endpoint"] == ("AWS S3 (by region) (default)", "environment")
     assert rows["upstream.s3.credentials"][0].startswith("none (found nowhere: set AWS_ACCESS_KEY_ID")
+    assert rows["upstream.s3.trusts"] == ("the system's CAs", "environment")
 
 
 @pytest.mark.parametrize(
