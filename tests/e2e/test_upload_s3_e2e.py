@@ -122,13 +122,19 @@ class Hub:
 
 @asynccontextmanager
 async def hub(
-    tmp_path: Path, s3: S3Server, url: str, *extra: str, device: ConnectionString | None = None, **env: str
+    tmp_path: Path,
+    s3: S3Server,
+    url: str,
+    *extra: str,
+    device: ConnectionString | None = None,
+    manifest_doc: dict[str, Any] = MANIFEST,
+    **env: str,
 ) -> AsyncIterator[Hub]:
     """``edgehub run --upstream-upload URL --upstream-client-id gw EXTRA`` in the environment of ``s3`` (``env``
     over it), logging JSON, a device connected to it (made first unless ``device`` is its connection string, from
     an earlier start on the same data); stopped when the block ends (SIGTERM, a clean exit)."""
     data, manifest = tmp_path / "data", tmp_path / "m.json"
-    manifest.write_text(json.dumps(MANIFEST))
+    manifest.write_text(json.dumps(manifest_doc))
     cs = device if device is not None else await identity_add(data, "dev1")
     args = ("--upstream-upload", url, "--upstream-client-id", "gw", "--log-format", "json", *extra)
     proc, port, lines = await start(data, manifest, *args, env=s3.environment(**env))
@@ -284,3 +290,21 @@ async def test_an_https_store_with_a_private_ca_is_untrusted_until_aws_ca_bundle
             segments = await landed(s3, root, set(sent))
     once_each(segments, sent)
     assert not [d for d in again.logs if d["event"] == "upload.failing"]
+
+
+async def test_an_upload_link_of_the_manifest_lands_in_s3_through_the_same_environment(
+    tmp_path: Path, s3: S3Server
+) -> None:
+    bucket = bucket_of(tmp_path)
+    s3.make_bucket(bucket)
+    root = f"{bucket}/lake"
+    links = [{"name": "lake", "transport": "upload", "url": f"s3://{root}", "costPerMiB": 0.5}]
+    manifest = {**MANIFEST, "upstream": {"links": links}}
+    sent: dict[str, bytes] = {}
+    # --upstream-upload points elsewhere: the manifest's links replace the command line's transport
+    async with hub(tmp_path, s3, f"s3://{bucket}/unused", manifest_doc=manifest) as h:
+        assert f"upstream link lake: upload s3://{root} cost/MiB=0.5 priorities=0-10 budget=none" in h.started
+        await publish(h.device, 0, 20, sent)
+        segments = await landed(s3, root, set(sent))
+    once_each(segments, sent)
+    assert not s3.fs().exists(f"{bucket}/unused")

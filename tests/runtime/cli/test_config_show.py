@@ -259,3 +259,16 @@ def test_an_aws_environment_every_write_would_fail_in_is_refused_before_the_star
     assert result.exit_code == 2, result.output
     assert said in result.output
     assert "Traceback" not in result.output
+
+
+def test_config_show_says_the_s3_environment_for_an_upload_link_of_the_manifest_too(tmp_path: Path) -> None:
+    links = [{"name": "lake", "transport": "upload", "url": "s3://lake/landing"}]
+    env = s3_environment(tmp_path, AWS_ENDPOINT_URL="http://ceph.example:7480")
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(ROUTES | {"upstream": {"links": links}}))
+    args = ["config", "show", "--manifest", str(path), "--data-dir", str(tmp_path / "data")]
+    result = CliRunner().invoke(main, args, env=env)  # no --upstream-upload: the single upstream is a folder
+    assert result.exit_code == 0, result.output
+    rows = shown(result.output)
+    assert rows["upstream.s3.endpoint"] == ("http://ceph.example:7480 (AWS_ENDPOINT_URL)", "environment")
+    assert rows["upstream.links"][0] == "lake (s3://lake/landing, 0/MiB)"
