@@ -92,6 +92,21 @@ async def test_an_outage_is_logged_once_with_its_reason_and_once_more_when_a_wri
     assert "reason=error kind=transient" in caplog.records[0].getMessage()
 
 
+async def test_an_outage_whose_reason_changes_is_said_again_with_the_new_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemorySegmentStore()
+    up = UploadTransport(store, hub_id="hub1")
+    with caplog.at_level(logging.INFO, logger="edgehub.upstream.upload_transport"):
+        for kind in (FailureKind.TRANSIENT, FailureKind.TRANSIENT, FailureKind.TIMEOUT, FailureKind.TIMEOUT):
+            store.fail_next(1, kind)
+            assert (await up.send(_batch(0, 1))).failed
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2
+    assert "reason=error kind=transient" in said[0]
+    assert "reason=timeout kind=timeout" in said[1]
+
+
 async def test_a_batch_mixing_priorities_is_refused_without_writing() -> None:
     store = MemorySegmentStore()
     up = UploadTransport(store, hub_id="hub1")
