@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -30,7 +31,7 @@ from edgehub.upstream.segment import (
     dictionary_path,
     segment_dictionary_id,
 )
-from tests.e2e.hub_process import identity_add, start
+from tests.e2e.hub_process import EDGEHUB, identity_add, start
 from tests.e2e.test_upload_run_e2e import MANIFEST, connect_device
 from tests.protocol_heads.mqtt.conftest import Paho
 from tests.upstream.s3_server import S3Server, s3_server
@@ -308,3 +309,31 @@ async def test_an_upload_link_of_the_manifest_lands_in_s3_through_the_same_envir
         segments = await landed(s3, root, set(sent))
     once_each(segments, sent)
     assert not s3.fs().exists(f"{bucket}/unused")
+
+
+async def test_an_s3_endpoint_that_is_no_url_stops_the_start_of_a_hub_whose_link_uploads_there(
+    tmp_path: Path, s3: S3Server
+) -> None:
+    links = [{"name": "lake", "transport": "upload", "url": "s3://lake/landing"}]
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({**MANIFEST, "upstream": {"links": links}}))
+    args = ("run", "--manifest", str(manifest), "--data-dir", str(tmp_path / "data"), "--mqtts-port", "0")
+    proc = await asyncio.create_subprocess_exec(
+        EDGEHUB,
+        *args,
+        "--amqps-port",
+        "0",
+        "--wss-port",
+        "0",
+        "--admin-port",
+        "0",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **s3.environment(AWS_ENDPOINT_URL_S3="minio.example:9000")},  # no scheme
+    )
+    async with asyncio.timeout(60):
+        _, err = await proc.communicate()
+    assert proc.returncode == 1
+    said = err.decode()
+    assert "edgehub: upstream upload s3://lake/landing: the S3 endpoint 'minio.example:9000' is not a URL" in said
+    assert "Traceback" not in said

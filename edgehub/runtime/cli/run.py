@@ -56,7 +56,7 @@ from edgehub.upstream.mqtt.settings import (
     TlsSettings,
     WireMode,
 )
-from edgehub.upstream.s3env import s3_environment, s3_environment_problem
+from edgehub.upstream.s3env import s3_environment
 from edgehub.upstream.segment import SEGMENT_SUFFIXES, Codec
 
 __all__ = [
@@ -728,9 +728,6 @@ def _upload_settings(url: str, client_id: str) -> UploadUpstreamSettings:
         landing_zone(url)
     except ConfigurationError as exc:
         raise click.BadParameter(str(exc), param_hint="--upstream-upload") from None
-    problem = s3_environment_problem() if url.startswith(("s3://", "s3a://")) else None
-    if problem is not None:
-        raise click.BadParameter(problem, param_hint="--upstream-upload")
     return settings
 
 
