@@ -40,6 +40,7 @@ Third-party errors are translated once, in the library's home module, with ``rai
     │   ├── AuthorizationError       you may not do that
     │   └── SealedSecretError        (edgehub.core.sealing) a sealed secret did not open: another key, or altered
     ├── TransportError               an upstream transport or link failed; .kind is a FailureKind
+    │   └── LandingError             (edgehub.upstream.landing) a landing zone read or write failed; .reason why
     ├── SegmentFormatError           (edgehub.upstream.segment) bytes that are no segment of a version we read
     │   └── UnknownDictionaryError   a zstd segment whose dictionary the receiver does not hold (quarantined)
     ├── LedgerFileError              (edgehub.upstream.budget) the links' budget file cannot be read; .path, .reason

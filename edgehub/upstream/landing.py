@@ -16,7 +16,12 @@ Invariants:
 * **Never makes a bucket.** On an object store (s3, gcs, abfs) it makes no folders: there are none, and s3fs
   would create a missing bucket; a write to a bucket that is not there fails (and is retried) instead.
 * **Errors are ours.** Every failure is a ``TransportError`` whose ``kind`` says what to do next: a full disk
-  or a flaky store is ``TRANSIENT``, a refused permission or an unknown protocol is ``PERMANENT``.
+  or a flaky store is ``TRANSIENT``, a refused permission or an unknown protocol is ``PERMANENT``. A failed
+  read or write is a ``LandingError`` whose ``reason`` says why in a word an operator can act on (``REASONS``):
+  for an object store, read from the S3 error code or the botocore error under the plugin's ``OSError``.
+* **No secret in a message.** The URL is shown with the password of a ``user:password@`` part replaced
+  (``shown_url``); object-store credentials never come through here (they are the environment's, read by the
+  plugin) and the store's own error texts carry none.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from typing import Any
 from edgehub.core import FailureKind, TransportError
 from edgehub.upstream.segment import SegmentName
 
-__all__ = ["LandingZone", "WriteOutcome"]
+__all__ = ["REASONS", "LandingError", "LandingZone", "WriteOutcome", "shown_url"]
 
 _log = logging.getLogger(__name__)
 
@@ -40,12 +45,118 @@ _log = logging.getLogger(__name__)
 _OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az"})
 _PERMANENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR})
 
+# Why a landing failed, in a word, with what an operator does about it (the upload transport logs it once).
+REASONS = {
+    "no_such_bucket": "make the bucket: the hub never makes one",
+    "bad_credentials": "the store does not know the access key or the signature is wrong: check AWS_* or the "
+    "profile, then restart",
+    "expired_credentials": "the credentials have expired: renew them, then restart",
+    "no_credentials": "no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
+    "then restart",
+    # S3 answers a HEAD (the existence check before each write) with a bare 403, whatever the cause
+    "bad_config": "the AWS environment is not usable (AWS_PROFILE names no profile of the files, or a setting of "
+    "it is wrong): fix it, then restart",
+    "access_denied": "the store refused the request: a wrong key or secret, or credentials that may not write "
+    "here (locally: the folder's permissions); fix them, then restart",
+    "untrusted_certificate": "the store's TLS certificate is not trusted: point AWS_CA_BUNDLE at its CA (PEM), "
+    "then restart",
+    "unreachable": "the store's endpoint did not answer a connection (AWS_ENDPOINT_URL_S3, the network)",
+    "timeout": "the store did not answer in time",
+    "disk_full": "no space left on the device",
+    "error": "another failure: see error=",
+}
+# S3 error codes (botocore ClientError's response["Error"]["Code"]) and botocore's own errors, by class name so that
+# botocore is not imported here (it comes with s3fs, when it is installed at all).
+_S3_CODES = {
+    "NoSuchBucket": "no_such_bucket",
+    "InvalidAccessKeyId": "bad_credentials",
+    "SignatureDoesNotMatch": "bad_credentials",
+    "InvalidToken": "bad_credentials",
+    "ExpiredToken": "expired_credentials",
+    "TokenRefreshRequired": "expired_credentials",
+    "AccessDenied": "access_denied",
+    "403": "access_denied",
+    "Forbidden": "access_denied",
+    "AllAccessDisabled": "access_denied",
+}
+_BOTOCORE_ERRORS = {
+    "NoCredentialsError": "no_credentials",
+    "ProfileNotFound": "bad_config",
+    "InvalidConfigError": "bad_config",
+    "PartialCredentialsError": "no_credentials",
+    "SSLError": "untrusted_certificate",
+    "EndpointConnectionError": "unreachable",
+    "ConnectTimeoutError": "timeout",
+    "ReadTimeoutError": "timeout",
+}
+# Credentials are read once, when the plugin's client is made: retrying cannot mend them, a restart does.
+_PERMANENT_REASONS = frozenset(
+    {"bad_credentials", "expired_credentials", "no_credentials", "access_denied", "bad_config", "untrusted_certificate"}
+)
+
+
+class LandingError(TransportError):
+    """A landing zone read or write failed; ``reason`` is one of ``REASONS``, ``kind`` what to do next."""
+
+    def __init__(self, message: str, *, kind: FailureKind, reason: str) -> None:
+        super().__init__(message, kind=kind)
+        self.reason = reason
+
 
 class WriteOutcome(StrEnum):
     """Whether a write published a new file or found the segment already there."""
 
     WRITTEN = "written"
     ALREADY_PRESENT = "already_present"
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the errors under it (``raise ... from``, or raised while handling), outermost first."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and cause not in chain and len(chain) < 8:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    return chain
+
+
+def _reason_of(exc: BaseException) -> str:
+    """One of ``REASONS`` for ``exc``: the S3 error code or botocore error under it first, then the OS error."""
+    for cause in _causes(exc):
+        response = getattr(cause, "response", None)
+        if isinstance(response, dict):
+            code = (response.get("Error") or {}).get("Code")
+            if code in _S3_CODES:
+                return _S3_CODES[code]
+        for cls in type(cause).__mro__:
+            if cls.__name__ in _BOTOCORE_ERRORS and cls.__module__.startswith("botocore"):
+                return _BOTOCORE_ERRORS[cls.__name__]
+    if isinstance(exc, PermissionError):
+        return "access_denied"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "disk_full"
+    return "error"
+
+
+def _failure(what: str, exc: BaseException) -> LandingError:
+    """``exc`` as ours: its reason, and the kind that says what the executor does next."""
+    reason = _reason_of(exc)
+    kind = FailureKind.PERMANENT if reason in _PERMANENT_REASONS else _kind_of(exc)
+    return LandingError(f"{what} failed: {exc} ({REASONS[reason]})", kind=kind, reason=reason)
+
+
+def shown_url(url: str) -> str:
+    """``url`` with the password of its ``user:password@`` part (sftp, ftp, ...) replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    userinfo, at, hostport = authority.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{hostport}{slash}{path}"
 
 
 def _kind_of(exc: BaseException) -> FailureKind:
@@ -71,9 +182,10 @@ class LandingZone:
         except (ImportError, ValueError) as exc:
             # An unknown protocol or a missing plugin: retrying will not help.
             raise TransportError(
-                f"landing zone {url!r}: no usable filesystem ({exc})", kind=FailureKind.PERMANENT
+                f"landing zone {shown_url(url)!r}: no usable filesystem ({exc})", kind=FailureKind.PERMANENT
             ) from exc
         self.url = url
+        self.shown_url = shown_url(url)  # for messages and logs
         self._fs = fs
         self._root = root.rstrip("/") if root != "/" else root
         self._local = "file" in _protocols(fs)
@@ -87,7 +199,7 @@ class LandingZone:
         try:
             return bool(self._fs.exists(self.path_of(name)))
         except Exception as exc:
-            raise TransportError(f"landing zone {self.url!r}: exists failed: {exc}", kind=_kind_of(exc)) from exc
+            raise _failure(f"landing zone {self.shown_url!r}: exists", exc) from exc
 
     def write(self, name: SegmentName, data: bytes) -> WriteOutcome:
         """Publish ``data`` as segment ``name``. Durable (local) and visible on return."""
@@ -105,10 +217,18 @@ class LandingZone:
         except TransportError:
             raise
         except Exception as exc:
-            kind = _kind_of(exc)
-            _log.warning("landing.write_failed url=%s segment=%s kind=%s error=%s", self.url, name, kind, exc)
-            raise TransportError(f"landing zone {self.url!r}: writing {name} failed: {exc}", kind=kind) from exc
-        _log.debug("landing.%s url=%s segment=%s bytes=%d", outcome, self.url, name, len(data))
+            failure = _failure(f"landing zone {self.shown_url!r}: writing {name}", exc)
+            # debug: the upload transport says it once an outage, with the reason (each retry would say it again)
+            _log.debug(
+                "landing.write_failed url=%s segment=%s reason=%s kind=%s error=%s",
+                self.shown_url,
+                name,
+                failure.reason,
+                failure.kind,
+                exc,
+            )
+            raise failure from exc
+        _log.debug("landing.%s url=%s segment=%s bytes=%d", outcome, self.shown_url, name, len(data))
         return outcome
 
     def read_path(self, relative_path: str) -> bytes | None:
@@ -120,9 +240,7 @@ class LandingZone:
                 return None
             data: bytes = self._fs.cat_file(path)
         except Exception as exc:
-            raise TransportError(
-                f"landing zone {self.url!r}: reading {relative_path} failed: {exc}", kind=_kind_of(exc)
-            ) from exc
+            raise _failure(f"landing zone {self.shown_url!r}: reading {relative_path}", exc) from exc
         return data
 
     def list_paths(self, folder: str) -> list[str]:
@@ -133,9 +251,7 @@ class LandingZone:
                 return []
             found = self._fs.find(base)
         except Exception as exc:
-            raise TransportError(
-                f"landing zone {self.url!r}: listing {folder} failed: {exc}", kind=_kind_of(exc)
-            ) from exc
+            raise _failure(f"landing zone {self.shown_url!r}: listing {folder}", exc) from exc
         # fsspec gives paths in its own terms (no protocol), which start with the root it gave us.
         root = self._root.rstrip("/") + "/"
         rels = [str(p)[len(root) :] for p in found if str(p).startswith(root)]
@@ -148,9 +264,7 @@ class LandingZone:
             if self._fs.exists(path):
                 self._fs.rm(path)
         except Exception as exc:
-            raise TransportError(
-                f"landing zone {self.url!r}: removing {relative_path} failed: {exc}", kind=_kind_of(exc)
-            ) from exc
+            raise _failure(f"landing zone {self.shown_url!r}: removing {relative_path}", exc) from exc
 
     def _write_remote(self, final: str, data: bytes) -> WriteOutcome:
         fs = self._fs

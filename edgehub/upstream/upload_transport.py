@@ -35,6 +35,10 @@ Invariants:
 * A failed write (refused, or timed out) reports the endpoint unreachable (``ReportsUnreachable``): the
   executor parks its queues and sends one probe at a time on its retry schedule instead of every priority
   trying on its own; the first write that succeeds afterwards calls ``on_reachable``.
+* An outage is logged once, not once a probe: one warning (``upload.failing``) with the reason (the writer's
+  ``TransportError.reason`` when it has one, as ``LandingError`` does: ``no_such_bucket``, ``bad_credentials``,
+  ...) when writes start failing or fail for another reason, and one line (``upload.recovered``) with the count
+  of failed writes when one lands again; the failures between are logged at debug.
 """
 
 from __future__ import annotations
@@ -119,10 +123,14 @@ class UploadTransport:
         self.dictionary_side = dictionary_side  # the far side this zone is, for a dictionary the lane's links share
         self._training: asyncio.Task[object] | None = None
         self.write_timeout_s = write_timeout_s
-        self._bucket = TokenBucket(rate_bps=max_uplink_bps, burst_bytes=_BURST_BYTES, clock=clock or SystemClock())
+        self._clock: Clock = clock or SystemClock()
+        self._bucket = TokenBucket(rate_bps=max_uplink_bps, burst_bytes=_BURST_BYTES, clock=self._clock)
         self._on_reachable: Callable[[], None] = lambda: None
         self._on_unreachable: Callable[[], None] = lambda: None
         self._failing = False
+        self._failing_reason: str | None = None  # the reason the outage under way was logged with
+        self._failed_writes = 0  # in the outage under way
+        self._failing_since = 0.0  # monotonic
         self._writing: asyncio.Future[object] | None = None  # the last write's thread, until it returns
         self.segments_written = 0
         self.bytes_written = 0
@@ -190,16 +198,24 @@ class UploadTransport:
             data = await self._encode(batch)
             await self._write(functools.partial(self._writer.write, name, data), len(data))
         except TransportError as exc:
-            log.info("upload.write_failed lane=%s segment=%s kind=%s error=%s", self.lane, name.path, exc.kind, exc)
+            reason = getattr(exc, "reason", None) or ("timeout" if exc.kind is FailureKind.TIMEOUT else "error")
+            self._log_failure(name.path, reason, exc.kind, str(exc))
             return self._failed(batch, exc.kind, str(exc))
         except Exception as exc:
-            log.warning("upload.write_failed lane=%s segment=%s kind=transient error=%r", self.lane, name.path, exc)
+            self._log_failure(name.path, "error", FailureKind.TRANSIENT, repr(exc))
             return self._failed(batch, FailureKind.TRANSIENT, repr(exc))
         self.segments_written += 1
         self.bytes_written += len(data)
         self.messages_written += len(batch)
         if self._failing:
             self._failing = False
+            log.info(
+                "upload.recovered lane=%s failed_writes=%d failing_for_s=%.1f",
+                self.lane,
+                self._failed_writes,
+                self._clock.monotonic() - self._failing_since,
+            )
+            self._failing_reason, self._failed_writes = None, 0
             self._on_reachable()
         result = SendResult.all_succeeded(batch)
         result.details.update(
@@ -257,6 +273,32 @@ class UploadTransport:
         self.dictionaries_landed += 1
         log.info("upload.dictionary_landed lane=%s dict_id=%d bytes=%d", self.lane, current.dict_id, len(current.data))
         await ld.announced(current.dict_id, self.dictionary_side)
+
+    def _log_failure(self, segment: str, reason: str, kind: FailureKind, error: str) -> None:
+        """A warning when writes start failing or fail for another reason; debug while the reason holds."""
+        if not self._failing:
+            self._failing_since = self._clock.monotonic()
+        self._failed_writes += 1
+        if reason == self._failing_reason:
+            log.debug(
+                "upload.write_failed lane=%s segment=%s reason=%s kind=%s error=%s",
+                self.lane,
+                segment,
+                reason,
+                kind,
+                error,
+            )
+            return
+        self._failing_reason = reason
+        log.warning(
+            "upload.failing lane=%s reason=%s kind=%s segment=%s error=%s; the messages wait in the store, "
+            "retried (said again when a write lands, or fails for another reason)",
+            self.lane,
+            reason,
+            kind,
+            segment,
+            error,
+        )
 
     def _failed(self, batch: Sequence[QueuedMessage], kind: FailureKind, error: str) -> SendResult:
         self._failing = True

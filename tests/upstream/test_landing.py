@@ -6,7 +6,7 @@ import fsspec
 import pytest
 
 from edgehub.core import FailureKind, TransportError
-from edgehub.upstream.landing import LandingZone, WriteOutcome
+from edgehub.upstream.landing import REASONS, LandingError, LandingZone, WriteOutcome
 from edgehub.upstream.segment import SegmentName, SegmentRecord, decode_segment, encode_segment
 
 NAME = SegmentName(hub_id="hub1", lane="upstream", priority=3, first_offset=10, last_offset=19)
@@ -102,3 +102,15 @@ def test_write_path_refuses_names_that_escape_or_hide(tmp_path: Path) -> None:
             zone.write_path(bad, b"x")
     assert zone.write_path("received/abc.jsonl.gz", b"x") == WriteOutcome.WRITTEN
     assert (tmp_path / "received" / "abc.jsonl.gz").read_bytes() == b"x"
+
+
+def test_a_failure_names_the_url_without_its_password_and_says_why_in_a_word(tmp_path: Path) -> None:
+    with pytest.raises(TransportError) as refused:
+        LandingZone("nosuchproto://ops:s3cret@files.example/landing")
+    assert "nosuchproto://ops:***@files.example/landing" in str(refused.value)
+    assert "s3cret" not in str(refused.value)
+    (tmp_path / "plain").write_bytes(b"x")
+    with pytest.raises(LandingError) as failed:
+        LandingZone(str(tmp_path / "plain")).write(NAME, _segment())
+    assert (failed.value.reason, failed.value.kind) == ("error", FailureKind.PERMANENT)  # ENOTDIR: no retry mends it
+    assert failed.value.reason in REASONS

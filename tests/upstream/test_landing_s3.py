@@ -5,15 +5,15 @@ every record there again, each zstd segment decoded with the dictionary it names
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import s3fs
-from moto.server import ThreadedMotoServer
 
 from edgehub.core import FailureKind
 from edgehub.upstream.dictionary import LaneDictionary
-from edgehub.upstream.landing import LandingZone, WriteOutcome
+from edgehub.upstream.landing import LandingError, LandingZone, WriteOutcome
 from edgehub.upstream.segment import (
     SEGMENT_SUFFIX,
     ZSTD_SEGMENT_SUFFIX,
@@ -24,6 +24,7 @@ from edgehub.upstream.segment import (
     segment_dictionary_id,
 )
 from edgehub.upstream.upload_transport import UploadTransport
+from tests.upstream.s3_server import s3_server
 from tests.upstream.test_dictionary import telemetry_batch
 
 pytestmark = pytest.mark.interop
@@ -32,23 +33,11 @@ BUCKET = "edgehub-landing"
 
 
 @pytest.fixture(scope="module")
-def s3_options() -> Iterator[dict[str, Any]]:
+def s3_options(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The storage options of a fresh moto S3 server on a free loopback port, with one bucket."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        options: dict[str, Any] = {
-            "key": "edgehub-test",
-            "secret": "edgehub-test",
-            "endpoint_url": f"http://{host}:{port}",
-            "client_kwargs": {"region_name": "eu-west-1"},
-            "skip_instance_cache": True,
-        }
-        _s3(options).mkdir(BUCKET, region_name="eu-west-1")
-        yield options
-    finally:
-        server.stop()
+    with s3_server(tmp_path_factory.mktemp("aws")) as server:
+        server.make_bucket(BUCKET)
+        yield server.options()
 
 
 def _s3(options: dict[str, Any]) -> s3fs.S3FileSystem:
@@ -136,3 +125,50 @@ async def test_a_missing_bucket_fails_the_batch_and_is_never_created(s3_options:
     assert result.failure_kind is FailureKind.TRANSIENT  # someone may yet make it: the executor retries
     assert "no-such-bucket" in (result.error or "")
     assert not _s3(s3_options).exists("no-such-bucket")
+    with pytest.raises(LandingError) as refused:
+        zone.write(SegmentName("hub1", "upstream", 5, 0, 0), b"bytes")
+    assert (refused.value.reason, refused.value.kind) == ("no_such_bucket", FailureKind.TRANSIENT)
+    assert "make the bucket" in str(refused.value)
+
+
+def test_a_wrong_secret_or_an_unknown_key_is_refused_access_for_good_and_the_secret_is_never_said(
+    tmp_path: Path,
+) -> None:
+    with s3_server(tmp_path / "aws") as server, server.checking_credentials() as user:
+        zone = LandingZone(f"s3://{BUCKET}-auth/zone", storage_options=user.options())
+        user.make_bucket(f"{BUCKET}-auth")
+        assert zone.write(SegmentName("hub1", "upstream", 5, 0, 0), b"right") is WriteOutcome.WRITTEN
+        for key, secret in ((user.key, "a-wrong-secret"), ("AKIAUNKNOWNKEY000000", user.secret)):
+            wrong = LandingZone(
+                f"s3://{BUCKET}-auth/zone", storage_options={**user.options(), "key": key, "secret": secret}
+            )
+            with pytest.raises(LandingError) as refused:
+                wrong.write(SegmentName("hub1", "upstream", 5, 1, 1), b"wrong")
+            # S3 answers the existence check (a HEAD) with a bare 403, which cannot tell a wrong secret from a
+            # forbidden bucket: access_denied either way, with a hint naming both
+            assert (refused.value.reason, refused.value.kind) == ("access_denied", FailureKind.PERMANENT)
+            assert "a wrong key or secret" in str(refused.value)
+            assert secret not in str(refused.value)
+            assert user.secret not in str(refused.value)
+
+
+def test_no_credentials_anywhere_and_an_endpoint_that_does_not_answer_are_said_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with s3_server(tmp_path / "aws") as server:
+        env = server.environment()
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+            env.pop(name, None)
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():  # botocore's own environment: the files empty, no metadata lookup
+            monkeypatch.setenv(name, value)
+        nobody = LandingZone(f"s3://{BUCKET}/zone", storage_options={"skip_instance_cache": True})
+        with pytest.raises(LandingError) as refused:
+            nobody.write(SegmentName("hub1", "upstream", 5, 0, 0), b"x")
+        assert (refused.value.reason, refused.value.kind) == ("no_credentials", FailureKind.PERMANENT)
+        gone = server.options()
+    # The server is stopped: nothing listens on its port any more.
+    gone["config_kwargs"] = {"retries": {"max_attempts": 1}, "connect_timeout": 2}
+    with pytest.raises(LandingError) as unanswered:
+        LandingZone(f"s3://{BUCKET}/zone", storage_options=gone).write(SegmentName("hub1", "upstream", 5, 0, 0), b"x")
+    assert (unanswered.value.reason, unanswered.value.kind) == ("unreachable", FailureKind.TRANSIENT)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,44 @@ async def test_a_failed_write_fails_the_whole_batch_with_its_kind_and_the_next_s
     ok = await up.send(_batch(0, 2))
     assert len(ok.succeeded) == 2
     assert reachable == [True]
+
+
+async def test_an_outage_is_logged_once_with_its_reason_and_once_more_when_a_write_lands_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemorySegmentStore()
+    up = UploadTransport(store, hub_id="hub1")
+    store.fail_next(5, FailureKind.TRANSIENT)
+    with caplog.at_level(logging.DEBUG, logger="edgehub.upstream.upload_transport"):
+        for _ in range(5):
+            assert (await up.send(_batch(0, 2))).failed
+        assert len((await up.send(_batch(0, 2))).succeeded) == 2
+        store.fail_next(1, FailureKind.TRANSIENT)
+        assert (await up.send(_batch(2, 1))).failed
+    lines = [(r.levelno, r.getMessage().split(" ", 1)[0]) for r in caplog.records]
+    assert lines == [
+        (logging.WARNING, "upload.failing"),
+        *[(logging.DEBUG, "upload.write_failed")] * 4,
+        (logging.INFO, "upload.recovered"),
+        (logging.WARNING, "upload.failing"),  # a new outage is said again
+    ]
+    assert "failed_writes=5 " in caplog.records[5].getMessage()
+    assert "reason=error kind=transient" in caplog.records[0].getMessage()
+
+
+async def test_an_outage_whose_reason_changes_is_said_again_with_the_new_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemorySegmentStore()
+    up = UploadTransport(store, hub_id="hub1")
+    with caplog.at_level(logging.INFO, logger="edgehub.upstream.upload_transport"):
+        for kind in (FailureKind.TRANSIENT, FailureKind.TRANSIENT, FailureKind.TIMEOUT, FailureKind.TIMEOUT):
+            store.fail_next(1, kind)
+            assert (await up.send(_batch(0, 1))).failed
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2
+    assert "reason=error kind=transient" in said[0]
+    assert "reason=timeout kind=timeout" in said[1]
 
 
 async def test_a_batch_mixing_priorities_is_refused_without_writing() -> None:

@@ -48,6 +48,7 @@ from edgehub.runtime.deployment.plan import DeploymentPlan, runnable
 from edgehub.runtime.deployment.settings import StartSettings
 from edgehub.runtime.logs import LogFormat, configure_logging
 from edgehub.upstream.budget import describe_budgets
+from edgehub.upstream.landing import shown_url
 from edgehub.upstream.mqtt.settings import (
     MAX_PACKET_BYTES,
     MIN_PACKET_BYTES,
@@ -57,6 +58,7 @@ from edgehub.upstream.mqtt.settings import (
     TlsSettings,
     WireMode,
 )
+from edgehub.upstream.s3env import s3_environment
 from edgehub.upstream.segment import SEGMENT_SUFFIXES, Codec
 
 __all__ = [
@@ -653,11 +655,18 @@ def show_transport(settings: MqttUpstreamSettings | UploadUpstreamSettings | Non
         codec = settings.compression
         dictionary = ", a dictionary per lane trained and landed once" if codec is Codec.ZSTD else ""
         click.echo(
-            f"upstream transport: upload to {_without_password(settings.url)} hub={settings.hub_id} "
+            f"upstream transport: upload to {shown_url(settings.url)} hub={settings.hub_id} "
             f"(one {codec} segment file per batch, {{hub}}/{{lane}}/p{{NN}}/{{first}}-{{last}}"
             f"{SEGMENT_SUFFIXES[codec]}{dictionary})"
             + (f" uplink cap {settings.max_uplink_bps:g} bit/s" if settings.max_uplink_bps else "")
         )
+        if settings.url.startswith(("s3://", "s3a://")):
+            # what the standard AWS environment gives s3fs (edgehub.upstream.s3env); the credential chain is left to
+            # the first write (its last links may ask the network) and to `edgehub config show`
+            env = s3_environment(look_up_credentials=False)
+            if env is not None:
+                where = f"endpoint {env.endpoint} ({env.endpoint_from}) region {env.region} ({env.region_from})"
+                click.echo(f"upstream s3: {where}")
         return
     s = settings
     auth = "sas token" if s.sas_token else "password" if s.password else "none"
@@ -670,18 +679,6 @@ def show_transport(settings: MqttUpstreamSettings | UploadUpstreamSettings | Non
         f"linger={s.linger_s:g} s max uplink={cap} max packet in={s.max_packet_bytes} B "
         f"out={f'{s.broker_max_packet_bytes} B' if s.broker_max_packet_bytes else 'as announced'}"
     )
-
-
-def _without_password(url: str) -> str:
-    """``url`` with the password of its ``user:password@`` part (sftp, ftp, ...) replaced by ``***``."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    authority, slash, path = rest.partition("/")
-    userinfo, at, hostport = authority.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{hostport}{slash}{path}"
 
 
 # The flags that set up the MQTT transport: refused next to --upstream-upload rather than silently ignored.
@@ -770,7 +767,7 @@ def run(ctx: click.Context, /, **params: Any) -> None:
             for link in links:
                 click.echo(
                     f"upstream link {link['name']}: {link.get('transport', 'mqtt')} "
-                    f"{link.get('address') or _without_password(link.get('url') or '')} cost/MiB={link['costPerMiB']} "
+                    f"{link.get('address') or shown_url(link.get('url') or '')} cost/MiB={link['costPerMiB']} "
                     f"priorities={link['priorities']} budget={describe_budgets(link_spec(link).budgets)}"
                 )
         else:

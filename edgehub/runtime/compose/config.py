@@ -33,6 +33,8 @@ class Source(StrEnum):
     PROFILE = "profile"
     MANIFEST = "manifest"
     FLAG = "flag"  # given on the command line, or in the flag's environment variable
+    # read by a plugin from its own standard environment, not by a flag of ours (AWS_* for an s3:// landing zone)
+    ENVIRONMENT = "environment"
 
 
 # The IoT Hub host name of connection strings and SAS resources, and the gateway name clients dial (the server

@@ -31,6 +31,7 @@ from edgehub.runtime.compose.upstream import lane_settings, upload_dictionary_la
 from edgehub.store import Store
 from edgehub.upstream.budget import Budget, BudgetLedger, Period, describe_budgets
 from edgehub.upstream.dictionary import LaneDictionary
+from edgehub.upstream.landing import shown_url
 from edgehub.upstream.links import LinkedUpstream, LinkSpec
 from edgehub.upstream.mqtt.settings import MqttProtocol, MqttUpstreamSettings, TlsSettings
 from edgehub.upstream.mqtt.transport import MqttUpstream
@@ -184,7 +185,7 @@ def build_linked_lanes(
     settings = [link_transport_settings(link, base, first=i == 0, env=env) for i, link in enumerate(links)]
     ledger = budget_ledger(data_dir, specs)
     for spec, s in zip(specs, settings, strict=True):
-        where = s.url if isinstance(s, UploadUpstreamSettings) else f"{s.host}:{s.port} client_id={s.client_id}"
+        where = shown_url(s.url) if isinstance(s, UploadUpstreamSettings) else f"{s.host}:{s.port} client_id={s.client_id}"
         log.info(
             "runtime.link link=%s to=%s cost_per_mib=%s priorities=%s budget=%s used_bytes=%d",
             spec.name,

@@ -30,6 +30,7 @@ from edgehub.runtime.compose.config import HubConfig, Source, UploadUpstreamSett
 from edgehub.runtime.compose.upstream import LINK_KEYS, transport_settings, upstream_options
 from edgehub.runtime.deployment.wants import DesiredSettings
 from edgehub.store.tuning import RocksTuning
+from edgehub.upstream.landing import shown_url
 from edgehub.upstream.mqtt.settings import MqttUpstreamSettings
 
 __all__ = ["HEAD_LIMITS", "EffectiveSettings", "Setting", "Source", "effective_settings"]
@@ -244,7 +245,7 @@ def _upstream(config: HubConfig, wanted: DesiredSettings) -> Iterator[Setting]:
     if transport is None:
         yield Setting("upstream.transport", "none ($upstream stays queued)", _source("upstream.transport", config))
     elif isinstance(transport, UploadUpstreamSettings):
-        yield Setting("upstream.transport", f"upload {transport.url}", _source("upstream.transport", config))
+        yield Setting("upstream.transport", f"upload {shown_url(transport.url)}", _source("upstream.transport", config))
         yield Setting("upstream.client_id", transport.hub_id, _source("upstream.client_id", config))
         cap_given = wanted.upstream.get("maxUplinkBps") is not None
         yield Setting(
@@ -258,7 +259,9 @@ def _upstream(config: HubConfig, wanted: DesiredSettings) -> Iterator[Setting]:
         yield batch
     links = wanted.upstream.get("links")
     if links:  # they replace the transport above (edgehub.runtime.compose.links): its settings are their base
-        shown = ", ".join(f"{k['name']} ({k.get('address') or k.get('url')}, {k['costPerMiB']}/MiB)" for k in links)
+        shown = ", ".join(
+            f"{k['name']} ({k.get('address') or shown_url(k.get('url') or '')}, {k['costPerMiB']}/MiB)" for k in links
+        )
         yield Setting("upstream.links", shown, Source.MANIFEST)
 
 

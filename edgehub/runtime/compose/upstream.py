@@ -27,6 +27,7 @@ from edgehub.store import Store
 from edgehub.upstream.dictionary import DictionaryKeeper, LaneDictionary
 from edgehub.upstream.landing import LandingZone
 from edgehub.upstream.mqtt.settings import MqttUpstreamSettings, WireMode
+from edgehub.upstream.s3env import s3_environment_problem
 from edgehub.upstream.segment import Codec
 from edgehub.upstream.upload_transport import UploadTransport
 
@@ -129,11 +130,16 @@ def lane_settings(base: MqttUpstreamSettings, lane_id: str) -> MqttUpstreamSetti
 
 def landing_zone(url: str) -> LandingZone:
     """The landing zone at ``url``; ``ConfigurationError`` when its fsspec protocol is unknown or its plugin is not
-    installed (``s3://`` without s3fs)."""
+    installed (``s3://`` without s3fs), or, for ``s3://``, when the AWS environment is one every write would fail in
+    (``s3_environment_problem``: an endpoint that is no URL, a profile the files do not hold)."""
     try:
-        return LandingZone(url)
+        zone = LandingZone(url)
     except TransportError as exc:
         raise ConfigurationError(f"upstream upload: {exc}") from exc
+    problem = s3_environment_problem() if url.startswith(("s3://", "s3a://")) else None
+    if problem is not None:
+        raise ConfigurationError(f"upstream upload {zone.shown_url}: {problem}")
+    return zone
 
 
 def upload_lane(

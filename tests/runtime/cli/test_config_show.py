@@ -150,3 +150,125 @@ def test_a_proxy_credential_without_a_colon_is_a_usage_error(tmp_path: Path) -> 
     result = CliRunner().invoke(main, args, env=env)
     assert result.exit_code == 2
     assert "USER:PASSWORD" in result.output
+
+
+def s3_environment(tmp_path: Path, **variables: str) -> dict[str, str | None]:
+    """The standard AWS variables ``variables`` alone (the machine's others taken out, its ``~/.aws`` files
+    replaced by the test's own, and no instance metadata lookup)."""
+    aws = tmp_path / "aws"
+    aws.mkdir(exist_ok=True)
+    for name in ("config", "credentials"):
+        (aws / name).touch()
+    cleared: dict[str, str | None] = {
+        name: None
+        for name in (
+            "AWS_ENDPOINT_URL",
+            "AWS_ENDPOINT_URL_S3",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "AWS_PROFILE",
+            "AWS_REGION",
+            "AWS_DEFAULT_REGION",
+            "AWS_CA_BUNDLE",
+        )
+    }
+    return {
+        **cleared,
+        "AWS_CONFIG_FILE": str(aws / "config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(aws / "credentials"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "EDGEHUB_ADMIN_PORT": None,
+        "EDGEHUB_WSS_PORT": None,
+        **variables,
+    }
+
+
+def s3_rows(tmp_path: Path, env: dict[str, str | None]) -> tuple[dict[str, tuple[str, str]], str]:
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(ROUTES))
+    args = ["config", "show", "--manifest", str(path), "--data-dir", str(tmp_path / "data")]
+    result = CliRunner().invoke(main, [*args, "--upstream-upload", "s3://lake/landing"], env=env)
+    assert result.exit_code == 0, result.output
+    rows = {n: v for n, v in shown(result.output).items() if n.startswith("upstream.s3")}
+    return rows, result.output
+
+
+def test_config_show_says_where_an_s3_landing_zone_writes_and_who_signs_from_the_environment_without_a_secret(
+    tmp_path: Path,
+) -> None:
+    env = s3_environment(
+        tmp_path,
+        AWS_ENDPOINT_URL_S3="https://minio.example:9000",
+        AWS_ACCESS_KEY_ID="AKIAEDGEHUBTEST7Q2Z",
+        AWS_SECRET_ACCESS_KEY="the-secret-key-never-shown",
+        AWS_DEFAULT_REGION="eu-west-1",
+        AWS_CA_BUNDLE="/etc/edgehub/minio-ca.pem",
+    )
+    rows, output = s3_rows(tmp_path, env)
+    assert rows == {
+        "upstream.s3.endpoint": ("https://minio.example:9000 (AWS_ENDPOINT_URL_S3)", "environment"),
+        "upstream.s3.region": ("eu-west-1 (AWS_DEFAULT_REGION)", "environment"),
+        "upstream.s3.credentials": (
+            "access key ...7Q2Z (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)",
+            "environment",
+        ),
+        "upstream.s3.trusts": ("/etc/edgehub/minio-ca.pem (AWS_CA_BUNDLE)", "environment"),
+    }
+    assert "the-secret-key-never-shown" not in output
+    assert "AKIAEDGEHUBTEST7Q2Z" not in output
+
+
+def test_config_show_reads_an_s3_endpoint_and_credentials_from_a_named_profile_and_says_when_there_are_none(
+    tmp_path: Path,
+) -> None:
+    env = s3_environment(tmp_path, AWS_PROFILE="edge")
+    (tmp_path / "aws" / "config").write_text(
+        "[profile edge]\nendpoint_url = http://ceph.example:7480\nregion = ap-south-1\n"
+    )
+    (tmp_path / "aws" / "credentials").write_text(
+        "[edge]\naws_access_key_id = EDGEKEYFROMFILE0042\naws_secret_access_key = file-secret-never-shown\n"
+    )
+    rows, output = s3_rows(tmp_path, env)
+    assert rows["upstream.s3.endpoint"] == ("http://ceph.example:7480 (profile edge)", "environment")
+    assert rows["upstream.s3.region"] == ("ap-south-1 (profile edge)", "environment")
+    assert rows["upstream.s3.credentials"][0].startswith("access key ...0042 (the shared credentials file")
+    assert "file-secret-never-shown" not in output
+
+    rows, _ = s3_rows(tmp_path, s3_environment(tmp_path))
+    assert rows["upstream.s3.endpoint"] == ("AWS S3 (by region) (default)", "environment")
+    assert rows["upstream.s3.credentials"][0].startswith("none (found nowhere: set AWS_ACCESS_KEY_ID")
+    assert rows["upstream.s3.trusts"] == ("the system's CAs", "environment")
+
+
+@pytest.mark.parametrize(
+    ("variables", "said"),
+    [
+        ({"AWS_ENDPOINT_URL_S3": "minio.example:9000"}, "the S3 endpoint 'minio.example:9000' is not a URL"),
+        ({"AWS_PROFILE": "no-such-profile"}, "The config profile (no-such-profile) could not be found"),
+    ],
+)
+def test_an_aws_environment_every_write_would_fail_in_is_refused_before_the_start_naming_what(
+    tmp_path: Path, variables: dict[str, str], said: str
+) -> None:
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(ROUTES))
+    args = ["config", "show", "--manifest", str(path), "--data-dir", str(tmp_path / "data")]
+    env = s3_environment(tmp_path, **variables)
+    result = CliRunner().invoke(main, [*args, "--upstream-upload", "s3://lake/landing"], env=env)
+    assert result.exit_code == 2, result.output
+    assert said in result.output
+    assert "Traceback" not in result.output
+
+
+def test_config_show_says_the_s3_environment_for_an_upload_link_of_the_manifest_too(tmp_path: Path) -> None:
+    links = [{"name": "lake", "transport": "upload", "url": "s3://lake/landing"}]
+    env = s3_environment(tmp_path, AWS_ENDPOINT_URL="http://ceph.example:7480")
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(ROUTES | {"upstream": {"links": links}}))
+    args = ["config", "show", "--manifest", str(path), "--data-dir", str(tmp_path / "data")]
+    result = CliRunner().invoke(main, args, env=env)  # no --upstream-upload: the single upstream is a folder
+    assert result.exit_code == 0, result.output
+    rows = shown(result.output)
+    assert rows["upstream.s3.endpoint"] == ("http://ceph.example:7480 (AWS_ENDPOINT_URL)", "environment")
+    assert rows["upstream.links"][0] == "lake (s3://lake/landing, 0/MiB)"
