@@ -185,7 +185,10 @@ def build_linked_lanes(
     settings = [link_transport_settings(link, base, first=i == 0, env=env) for i, link in enumerate(links)]
     ledger = budget_ledger(data_dir, specs)
     for spec, s in zip(specs, settings, strict=True):
-        where = shown_url(s.url) if isinstance(s, UploadUpstreamSettings) else f"{s.host}:{s.port} client_id={s.client_id}"
+        if isinstance(s, UploadUpstreamSettings):
+            where = shown_url(s.url)
+        else:
+            where = f"{s.host}:{s.port} client_id={s.client_id}"
         log.info(
             "runtime.link link=%s to=%s cost_per_mib=%s priorities=%s budget=%s used_bytes=%d",
             spec.name,
