@@ -11,8 +11,10 @@ Invariants:
 * Every bound is enforced here: bytes buffered per session (``session_capacity``, as proton's incoming
   window), frame size (``max_frame_size``, proton refuses a larger frame with
   ``amqp:connection:framing-error``), sessions (``channel_max``), links per connection (``max_links``: more close
-  the connection with ``amqp:resource-limit-exceeded``), message size (``max_message_size`` on incoming links:
-  announced at attach; a transfer past it closes its link with ``amqp:link:message-size-exceeded``).
+  the connection with ``amqp:resource-limit-exceeded``), message size (on incoming links: ``link_message_size``
+  asked at each attach, ``max_message_size`` without it, announced then and kept for the link's life; a transfer
+  past it closes its link with ``amqp:link:message-size-exceeded`` once proton holds more than it of the
+  transfer, before the transfer is whole).
 * Until the session side says the client has logged in (``logged_in``: SASL PLAIN or EXTERNAL, or a ``$cbs`` token
   after ANONYMOUS or with no SASL layer at all, ``sasl.SaslServer.skipped``), tighter bounds hold:
   ``max_sessions_before_login``, ``max_links_before_login`` and ``max_unfinished_bytes_before_login`` (the bytes
@@ -29,6 +31,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from proton import (
@@ -101,6 +104,7 @@ class AmqpConnection:
         max_links: int,
         max_message_size: int,
         idle_timeout_s: float,
+        link_message_size: Callable[[], int] | None = None,
         max_sessions_before_login: int = 2,
         max_links_before_login: int = 8,
         max_unfinished_bytes_before_login: int = 64 * 1024,
@@ -112,6 +116,7 @@ class AmqpConnection:
         self.max_sessions = max_sessions
         self.max_links = max_links
         self.max_message_size = max_message_size
+        self.link_message_size = link_message_size
         self.idle_timeout_s = idle_timeout_s
         self.max_sessions_before_login = max_sessions_before_login
         self.max_links_before_login = max_links_before_login
@@ -271,7 +276,7 @@ class AmqpConnection:
         (a partial, aborted or too large transfer, an outcome of what the hub sent) goes to ``_unusual``."""
         link = raw.delivery_link(delivery)
         if raw.link_is_receiver(link):
-            body = raw.receive_whole(delivery, link, self.max_message_size)
+            body = raw.receive_whole(delivery, link, self._limit_of(link))
             if body is not None:
                 known = self._receivers.get(link)
                 if known is None:
@@ -285,9 +290,10 @@ class AmqpConnection:
     def _unusual(self, delivery: Delivery, out: list[ev.Event]) -> None:
         link = delivery.link
         if link.is_receiver:
+            limit = self._limit_of(raw.handle(link))
             if delivery.partial:
-                if delivery.pending > self.max_message_size:
-                    out.append(ev.MessageTooLarge(link, delivery.pending))
+                if delivery.pending > limit:
+                    out.append(ev.MessageTooLarge(link, delivery.pending, limit))
                     delivery.settle()
                     self._close_link(link, MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
                 return
@@ -296,7 +302,7 @@ class AmqpConnection:
                     delivery.settle()
                 return
             # Whole in one frame, still over the limit (receive_whole took every other whole transfer).
-            out.append(ev.MessageTooLarge(link, delivery.pending))
+            out.append(ev.MessageTooLarge(link, delivery.pending, limit))
             self._reject(delivery, MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
             self._close_link(link, MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
         elif delivery.updated:
@@ -380,14 +386,21 @@ class AmqpConnection:
             self.closed = True
             out.append(ev.Closed())
 
+    def _limit_of(self, link: Any) -> int:
+        """The max-message-size our end of incoming ``link`` (a ``pn_link_t``) announced; ``max_message_size``
+        for a link not attached by ``accept_link`` (proton's 0: none set)."""
+        return raw.link_max_message_size(link) or self.max_message_size
+
     # --- what the session side answers ----------------------------------------------------------------------
 
     def accept_link(self, link: Link, *, credit: int = 0) -> None:
-        """Attach our end of ``link``; an incoming link gets ``credit`` and ``max_message_size``."""
+        """Attach our end of ``link``; an incoming link gets ``credit`` and its max-message-size: what
+        ``link_message_size`` says now (``max_message_size`` without it), kept for the link's life."""
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
         if link.is_receiver:
-            link.max_message_size = self.max_message_size
+            size = self.max_message_size if self.link_message_size is None else self.link_message_size()
+            link.max_message_size = size
         link.open()
         if link.is_receiver and credit:
             link.flow(credit)

@@ -58,11 +58,12 @@ class MessageReceived:
 
 @dataclass(frozen=True, slots=True)
 class MessageTooLarge:
-    """A transfer grew past the link's ``max-message-size``: the link has been closed with
-    ``amqp:link:message-size-exceeded``."""
+    """A transfer grew past the link's ``max-message-size`` (``limit``): the link has been closed with
+    ``amqp:link:message-size-exceeded``. ``size``: what proton held of it then."""
 
     link: Link
     size: int
+    limit: int
 
 
 @dataclass(frozen=True, slots=True)
