@@ -12,9 +12,10 @@ Invariants:
   window), frame size (``max_frame_size``, proton refuses a larger frame with
   ``amqp:connection:framing-error``), sessions (``channel_max``), links per connection (``max_links``: more close
   the connection with ``amqp:resource-limit-exceeded``), message size (on incoming links: ``link_message_size``
-  asked at each attach, ``max_message_size`` without it, announced then and kept for the link's life; a transfer
-  past it closes its link with ``amqp:link:message-size-exceeded`` once proton holds more than it of the
-  transfer, before the transfer is whole).
+  asked at each attach, ``max_message_size`` without it, announced then and kept for the link's life). Input is
+  handed to proton a frame at a time, so a transfer past its link's limit is seen within a frame of it, however
+  large the read; from then on what comes of it is dropped as it comes (``_drop_refused``), and once it has ended
+  it is rejected and its link closed with ``amqp:link:message-size-exceeded``.
 * Until the session side says the client has logged in (``logged_in``: SASL PLAIN or EXTERNAL, or a ``$cbs`` token
   after ANONYMOUS or with no SASL layer at all, ``sasl.SaslServer.skipped``), tighter bounds hold:
   ``max_sessions_before_login``, ``max_links_before_login`` and ``max_unfinished_bytes_before_login`` (the bytes
@@ -132,6 +133,7 @@ class AmqpConnection:
         self._sessions = 0  # sessions the client has begun and not ended
         # Incoming links by their pn_link_t, with their names: a transfer names its link without a wrapper.
         self._receivers: dict[Any, tuple[Link, str]] = {}
+        self._refused: set[Any] = set()  # incoming links (pn_link_t) closed for a transfer over their limit
         self.closed = False
         self.idle_expired = False  # closed by the idle timer (tick)
         self._failed = False
@@ -185,19 +187,26 @@ class AmqpConnection:
         transport = self.transport
         assert transport is not None
         view = memoryview(data)
+        events: list[ev.Event] = []
         while view:
             capacity = transport.capacity()
             if capacity <= 0:  # the input side has closed (an error, or the client's close): the rest is moot
                 break
-            n = min(capacity, len(view))
+            # A frame's worth at a time, its events read before the next: a transfer past its link's limit is
+            # refused with at most one frame more of it in proton's hands, however large the read that brought it.
+            n = min(capacity, len(view), self.max_frame_size)
             try:
                 transport.push(view[:n])  # proton copies from the buffer: no bytes of our own
             except Exception as exc:  # proton raises TransportException for input it cannot take
                 self._failed = True
                 self.closed = True
-                return [*self._events(), ev.ProtocolFailed(DECODE_ERROR, str(exc))]
+                return [*events, *self._events(), ev.ProtocolFailed(DECODE_ERROR, str(exc))]
             view = view[n:]
-        events = self._events()
+            if view:
+                events += self._events()
+                if self.closed:  # failed: nothing more of it is read
+                    break
+        events += self._events()
         if self.before_login and not self._failed:
             unfinished = self._unfinished_bytes()
             if unfinished > self.max_unfinished_bytes_before_login:
@@ -276,6 +285,9 @@ class AmqpConnection:
         (a partial, aborted or too large transfer, an outcome of what the hub sent) goes to ``_unusual``."""
         link = raw.delivery_link(delivery)
         if raw.link_is_receiver(link):
+            if self._refused and link in self._refused:
+                self._drop_refused(delivery, link)
+                return
             body = raw.receive_whole(delivery, link, self._limit_of(link))
             if body is not None:
                 known = self._receivers.get(link)
@@ -292,10 +304,10 @@ class AmqpConnection:
         if link.is_receiver:
             limit = self._limit_of(raw.handle(link))
             if delivery.partial:
-                if delivery.pending > limit:
+                if delivery.pending > limit and link.state & Endpoint.LOCAL_ACTIVE:
                     out.append(ev.MessageTooLarge(link, delivery.pending, limit))
-                    delivery.settle()
-                    self._close_link(link, MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
+                    self._refused.add(raw.handle(link))
+                    self._drop_refused(raw.handle(delivery), raw.handle(link))
                 return
             if not delivery.readable or delivery.aborted:
                 if delivery.aborted:
@@ -339,6 +351,7 @@ class AmqpConnection:
             out.append(ev.LinkRequested(link, link.is_sender, terminus.address or ""))
         elif kind in (Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH):
             link = event.link
+            self._refused.discard(raw.handle(link))
             if link.state & Endpoint.LOCAL_ACTIVE:
                 self._forget(link)
                 link.close()
@@ -385,6 +398,18 @@ class AmqpConnection:
         elif kind in (Event.TRANSPORT_TAIL_CLOSED, Event.TRANSPORT_CLOSED) and not self.closed:
             self.closed = True
             out.append(ev.Closed())
+
+    def _drop_refused(self, delivery: Any, link: Any) -> None:
+        """A transfer over its link's max-message-size (``pn_delivery_t``, ``pn_link_t``): what comes of it is
+        dropped as it comes, so the head never holds more of it than the limit and a frame; once it has ended, it
+        is rejected and the link closed, both with ``amqp:link:message-size-exceeded``. Not before: proton's
+        client sends the rest of a transfer after a detach, and proton would then answer on a link we have
+        detached, by a handle the client no longer knows, so the client would fail."""
+        if not raw.drop_read(delivery, link):
+            return
+        self._refused.discard(link)
+        self._reject(Delivery.wrap(delivery), MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
+        self._close_link(Link.wrap(link), MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
 
     def _limit_of(self, link: Any) -> int:
         """The max-message-size our end of incoming ``link`` (a ``pn_link_t``) announced; ``max_message_size``

@@ -127,6 +127,22 @@ def receive_whole(delivery: Any, link: Any, max_size: int) -> bytes | None:
     return bytes(buffer) if got == size else bytes(buffer[: max(got, 0)])
 
 
+_SCRATCH = bytearray(1 << 16)  # what drop_read reads dropped bytes into (one thread: the event loop's)
+
+
+def drop_read(delivery: Any, link: Any) -> bool:
+    """Drop, unread, what proton holds of ``delivery`` (the current transfer on incoming ``link``); True once the
+    transfer has ended (its last frame came, or the client aborted it), the link then moved on past it."""
+    scratch = _ffi.from_buffer(_SCRATCH)
+    while pn_delivery_pending(delivery) > 0:
+        if _lib.pn_link_recv(link, scratch, len(_SCRATCH)) <= 0:
+            break
+    if pn_delivery_partial(delivery) and not pn_delivery_aborted(delivery):
+        return False
+    pn_link_advance(link)
+    return True
+
+
 def accept_and_settle(delivery: RawDelivery) -> None:
     pn_delivery_update(delivery.impl, PN_ACCEPTED)
     pn_delivery_settle(delivery.impl)

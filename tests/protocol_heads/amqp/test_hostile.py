@@ -63,6 +63,23 @@ async def test_a_message_over_the_link_limit_closes_the_link_with_message_size_e
         await client.close()
 
 
+async def test_a_message_far_over_the_link_limit_closes_its_link_and_the_connection_still_closes_cleanly(
+    tight: AmqpServer, hub: InMemoryHub
+) -> None:
+    # proton's client goes on sending the rest of the transfer after our detach: none of it may make the hub
+    # answer on the detached link (the client would fail on a handle it no longer knows, and never see our close).
+    client = await device(tight.ports["amqp"])
+    try:
+        sender = await client.sender("/devices/dev1/messages/events")
+        with pytest.raises((LinkDetached, SendException)):
+            await client.send(sender, AmqpMessage(body=b"x" * (1 << 20)))
+        after = await client.sender("/devices/dev1/messages/events", name="after")
+        await client.send(after, AmqpMessage(body=b"fine"))
+    finally:
+        await client.close()
+    assert [m.body for _, m in hub.stored] == [b"fine"]
+
+
 async def test_links_over_the_limit_close_the_connection_with_resource_limit_exceeded(tight: AmqpServer) -> None:
     client = await device(tight.ports["amqp"])
     try:
