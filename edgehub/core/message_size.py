@@ -7,10 +7,11 @@ change it. The heads cannot know where a message will be routed before they have
 ``read_bound_bytes`` of the largest limit any endpoint has (the hub's or an endpoint's, whichever is larger: the
 store computes it, ``Store.largest_message_size_bytes``): that limit, or a direct method's response
 (``MAX_METHOD_PAYLOAD_BYTES``, which a client sends whatever the message limit) if it is larger, plus what their
-framing adds around it (``WIRE_ENVELOPE_BYTES``), and never more than the cap plus that framing. Over it they close
-(MQTT: DISCONNECT 0x95) or close the link (AMQP: ``amqp:link:message-size-exceeded``) before the packet or message
-is read whole; so the head never refuses what the store would take, and no connection holds more than the
-deployment allows.
+framing adds around it (``WIRE_ENVELOPE_BYTES``), and never more than the cap plus that framing. Over it the MQTT
+head closes the connection (DISCONNECT 0x95) from the packet's fixed header, and the AMQP head, within a frame of
+the bound, drops the rest of the transfer as it comes and then closes its link
+(``amqp:link:message-size-exceeded``): neither reads it whole. So a head never refuses what the store would take,
+and no connection holds more of a message than the deployment allows.
 
 Live: an MQTT connection takes the bound current when it is accepted (and announces it in an MQTT 5 CONNACK as the
 Maximum Packet Size), an AMQP link when it is attached (its ``max-message-size``), and keeps it: a raised limit

@@ -9,7 +9,7 @@ Invariants (as the MQTT head's ``client_socket``):
   before would go out in the clear on the raw socket.
 * An incoming link takes messages of at most the bound current when it was attached (``HeadSettings.read_bound``:
   the deployment's largest ``maxMessageSizeBytes`` and framing), announced in its ``max-message-size``, for its
-  whole life; past it the link is closed (``AmqpConnection``) before the message is read whole.
+  whole life; a transfer past it is dropped as it comes and its link closed (``AmqpConnection``), never read whole.
 * Reading pauses while the session has ``max_groups_in_flight`` groups waiting on the hub, and while the socket's
   write buffer is over its high-water mark; once the connection has ended, reading stays paused.
 * The idle timer (proton's ``tick``) runs on one timer handle per connection, moved on when it fires, whether or

@@ -58,8 +58,9 @@ class MessageReceived:
 
 @dataclass(frozen=True, slots=True)
 class MessageTooLarge:
-    """A transfer grew past the link's ``max-message-size`` (``limit``): the link has been closed with
-    ``amqp:link:message-size-exceeded``. ``size``: what proton held of it then."""
+    """A transfer grew past the link's ``max-message-size`` (``limit``; ``size``: what proton held of it then):
+    what more comes of it is dropped as it comes, and once it has ended it is rejected and the link closed with
+    ``amqp:link:message-size-exceeded``."""
 
     link: Link
     size: int
