@@ -133,6 +133,7 @@ class AmqpConnection:
         self._sessions = 0  # sessions the client has begun and not ended
         # Incoming links by their pn_link_t, with their names: a transfer names its link without a wrapper.
         self._receivers: dict[Any, tuple[Link, str]] = {}
+        self._limits: dict[Any, int] = {}  # incoming links' max-message-size (pn_link_t: as announced at attach)
         self._refused: set[Any] = set()  # incoming links (pn_link_t) closed for a transfer over their limit
         self.closed = False
         self.idle_expired = False  # closed by the idle timer (tick)
@@ -188,13 +189,14 @@ class AmqpConnection:
         assert transport is not None
         view = memoryview(data)
         events: list[ev.Event] = []
+        unread = 0  # bytes pushed since the events were last read
         while view:
             capacity = transport.capacity()
             if capacity <= 0:  # the input side has closed (an error, or the client's close): the rest is moot
                 break
-            # A frame's worth at a time, its events read before the next: a transfer past its link's limit is
-            # refused with at most one frame more of it in proton's hands, however large the read that brought it.
-            n = min(capacity, len(view), self.max_frame_size)
+            # The events are read after each frame's worth: a transfer past its link's limit is refused with at
+            # most a frame more of it in proton's hands, however large the read that brought it.
+            n = min(capacity, len(view), self.max_frame_size - unread)
             try:
                 transport.push(view[:n])  # proton copies from the buffer: no bytes of our own
             except Exception as exc:  # proton raises TransportException for input it cannot take
@@ -202,8 +204,10 @@ class AmqpConnection:
                 self.closed = True
                 return [*events, *self._events(), ev.ProtocolFailed(DECODE_ERROR, str(exc))]
             view = view[n:]
-            if view:
+            unread += n
+            if view and unread >= self.max_frame_size:
                 events += self._events()
+                unread = 0
                 if self.closed:  # failed: nothing more of it is read
                     break
         events += self._events()
@@ -288,7 +292,7 @@ class AmqpConnection:
             if self._refused and link in self._refused:
                 self._drop_refused(delivery, link)
                 return
-            body = raw.receive_whole(delivery, link, self._limit_of(link))
+            body = raw.receive_whole(delivery, link, self._limits.get(link, self.max_message_size))
             if body is not None:
                 known = self._receivers.get(link)
                 if known is None:
@@ -413,8 +417,8 @@ class AmqpConnection:
 
     def _limit_of(self, link: Any) -> int:
         """The max-message-size our end of incoming ``link`` (a ``pn_link_t``) announced; ``max_message_size``
-        for a link not attached by ``accept_link`` (proton's 0: none set)."""
-        return raw.link_max_message_size(link) or self.max_message_size
+        for a link not attached by ``accept_link``. Kept by us, not asked of proton: this is on every transfer."""
+        return self._limits.get(link, self.max_message_size)
 
     # --- what the session side answers ----------------------------------------------------------------------
 
@@ -426,6 +430,7 @@ class AmqpConnection:
         if link.is_receiver:
             size = self.max_message_size if self.link_message_size is None else self.link_message_size()
             link.max_message_size = size
+            self._limits[raw.handle(link)] = size
         link.open()
         if link.is_receiver and credit:
             link.flow(credit)
@@ -446,7 +451,9 @@ class AmqpConnection:
             self._links -= 1
 
     def _forget(self, link: Link) -> None:
-        self._receivers.pop(raw.handle(link), None)
+        impl = raw.handle(link)
+        self._receivers.pop(impl, None)
+        self._limits.pop(impl, None)
 
     def close_link(self, link: Link, condition: str, description: str) -> None:
         self._close_link(link, condition, description)

@@ -46,7 +46,6 @@ from cproton import (
     pn_incref,
     pn_link_advance,
     pn_link_is_receiver,
-    pn_link_max_message_size,
     pn_message_get_content_encoding,
     pn_message_get_content_type,
 )
@@ -105,11 +104,6 @@ class RawDelivery:
 
     def __del__(self) -> None:
         pn_decref(self.impl)
-
-
-def link_max_message_size(link: Any) -> int:
-    """The max-message-size our end of ``link`` announced at attach (0: none was set)."""
-    return int(pn_link_max_message_size(link))
 
 
 def receive_whole(delivery: Any, link: Any, max_size: int) -> bytes | None:
