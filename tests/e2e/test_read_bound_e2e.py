@@ -1,7 +1,8 @@
 """The heads read no more than the deployment allows, as ``edgehub run`` composes them (``serve``, in the test's
 loop): with the default ``maxMessageSizeBytes`` (256 KiB) a 300 KiB MQTT PUBLISH and a 300 KiB AMQP transfer are
-refused at the head (DISCONNECT 0x95; the link closed with ``amqp:link:message-size-exceeded``), from the packet's
-header before the client has sent its body, one refusal line naming the peer and the bound; once the admin API
+refused at the head (DISCONNECT 0x95, over TCP and over a WebSocket; the link closed with
+``amqp:link:message-size-exceeded``), MQTT's from the packet's header before the client has sent its body, AMQP's
+within a frame of the bound, one refusal line naming the peer and the bound; once the admin API
 raises the limit to 512 KiB, a NEW connection (a new link) is told the new bound and its 300 KiB is stored, while
 one opened before keeps the bound it was given; a lowered limit applies at once, through the store."""
 
@@ -79,6 +80,7 @@ async def hub_running(tmp_path: Path) -> AsyncIterator[Hub]:
         mqtt_port=0,
         mqtts_port=None,
         amqp_port=0,
+        ws_port=0,
         admin_port=0,
     )
     async with serving(config, timeout_s=30) as ports:
@@ -146,6 +148,15 @@ async def test_a_message_over_the_deployment_limit_is_refused_at_the_head_and_a_
             await paho.connect(mqtt_port, user=username(DEV), password=sas_password(DEV, DEVICE_KEY, expiry_s=EXPIRY))
             == 0
         )
+        paho.publish(TOPIC, BIG)
+        async with asyncio.timeout(20):
+            reason = await paho.disconnects.get()
+        assert reason.value == ReasonCode.PACKET_TOO_LARGE
+        await paho.close()
+        # The same over a WebSocket: once upgraded, the connection is the MQTT head's, its bound too.
+        paho = Paho.make("dev1", protocol=MQTTProtocolVersion.MQTTv5, websocket_path="/$iothub/websocket")
+        password = sas_password(DEV, DEVICE_KEY, expiry_s=EXPIRY)
+        assert await paho.connect(hub.ports["ws"], user=username(DEV), password=password) == 0
         paho.publish(TOPIC, BIG)
         async with asyncio.timeout(20):
             reason = await paho.disconnects.get()
