@@ -134,7 +134,8 @@ class AmqpConnection:
         # Incoming links by their pn_link_t, with their names: a transfer names its link without a wrapper.
         self._receivers: dict[Any, tuple[Link, str]] = {}
         self._limits: dict[Any, int] = {}  # incoming links' max-message-size (pn_link_t: as announced at attach)
-        self._refused: set[Any] = set()  # incoming links (pn_link_t) closed for a transfer over their limit
+        # Incoming links (pn_link_t) with a transfer over their limit being dropped: the bytes of it so far.
+        self._refused: dict[Any, int] = {}
         self.closed = False
         self.idle_expired = False  # closed by the idle timer (tick)
         self._failed = False
@@ -290,7 +291,7 @@ class AmqpConnection:
         link = raw.delivery_link(delivery)
         if raw.link_is_receiver(link):
             if self._refused and link in self._refused:
-                self._drop_refused(delivery, link)
+                self._drop_refused(delivery, link, out)
                 return
             body = raw.receive_whole(delivery, link, self._limits.get(link, self.max_message_size))
             if body is not None:
@@ -310,8 +311,8 @@ class AmqpConnection:
             if delivery.partial:
                 if delivery.pending > limit and link.state & Endpoint.LOCAL_ACTIVE:
                     out.append(ev.MessageTooLarge(link, delivery.pending, limit))
-                    self._refused.add(raw.handle(link))
-                    self._drop_refused(raw.handle(delivery), raw.handle(link))
+                    self._refused[raw.handle(link)] = 0
+                    self._drop_refused(raw.handle(delivery), raw.handle(link), out)
                 return
             if not delivery.readable or delivery.aborted:
                 if delivery.aborted:
@@ -355,7 +356,7 @@ class AmqpConnection:
             out.append(ev.LinkRequested(link, link.is_sender, terminus.address or ""))
         elif kind in (Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH):
             link = event.link
-            self._refused.discard(raw.handle(link))
+            self._refused.pop(raw.handle(link), None)
             if link.state & Endpoint.LOCAL_ACTIVE:
                 self._forget(link)
                 link.close()
@@ -403,17 +404,27 @@ class AmqpConnection:
             self.closed = True
             out.append(ev.Closed())
 
-    def _drop_refused(self, delivery: Any, link: Any) -> None:
+    def _drop_refused(self, delivery: Any, link: Any, out: list[ev.Event]) -> None:
         """A transfer over its link's max-message-size (``pn_delivery_t``, ``pn_link_t``): what comes of it is
         dropped as it comes, so the head never holds more of it than the limit and a frame; once it has ended, it
         is rejected and the link closed, both with ``amqp:link:message-size-exceeded``. Not before: proton's
         client sends the rest of a transfer after a detach, and proton would then answer on a link we have
-        detached, by a handle the client no longer knows, so the client would fail."""
-        if not raw.drop_read(delivery, link):
-            return
-        self._refused.discard(link)
-        self._reject(Delivery.wrap(delivery), MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
-        self._close_link(Link.wrap(link), MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
+        detached, by a handle the client no longer knows, so the client would fail. A transfer that goes on for
+        more than ``max_message_size`` (the hub's cap) past its link's limit closes the connection: no client is
+        owed the time to drop more of it."""
+        dropped, ended = raw.drop_read(delivery, link)
+        so_far = self._refused[link] + dropped
+        if ended:
+            del self._refused[link]
+            self._reject(Delivery.wrap(delivery), MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
+            self._close_link(Link.wrap(link), MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
+        elif so_far > self._limit_of(link) + self.max_message_size:
+            description = f"a transfer going on {self.max_message_size:,} bytes past its link's max-message-size"
+            self._failed = True
+            self.close(MESSAGE_SIZE_EXCEEDED, description)
+            out.append(ev.ProtocolFailed(MESSAGE_SIZE_EXCEEDED, description, too_large=True))
+        else:
+            self._refused[link] = so_far
 
     def _limit_of(self, link: Any) -> int:
         """The max-message-size our end of incoming ``link`` (a ``pn_link_t``) announced; ``max_message_size``

@@ -153,7 +153,7 @@ def test_a_transfer_past_the_bound_is_refused_within_a_frame_of_it_however_much_
     pair = Pair(Bound(limit))
     snd = pair.sender("big")
     reads_before = len(pair.reads)
-    pair.send(snd, b"x" * CAP)
+    pair.send(snd, b"x" * (CAP // 2))
     (refused,) = pair.too_large()
     assert refused.limit == limit
     # One read brought more than the bound and a frame: the refusal still came within a frame of the bound.
@@ -171,3 +171,17 @@ def test_without_a_provider_a_link_is_told_the_heads_own_cap() -> None:
     pair = Pair(Bound(0))
     pair.server.link_message_size = None
     assert pair.sender("s").remote_max_message_size == CAP
+
+
+def test_a_refused_transfer_that_goes_on_a_caps_worth_past_its_limit_closes_the_connection() -> None:
+    pair = Pair(Bound(64 * 1024))
+    snd = pair.sender("endless")
+    pair.send(snd, b"x" * (2 * CAP))  # dropped as it comes, but no client is owed a cap's worth more of it
+    (failed,) = [e for e in pair.events if isinstance(e, ev.ProtocolFailed)]
+    assert failed.condition == "amqp:link:message-size-exceeded"
+    assert failed.too_large
+    assert pair.server.closed
+    assert pair.conn.state & Endpoint.REMOTE_CLOSED
+    assert pair.conn.remote_condition is not None
+    assert pair.conn.remote_condition.name == "amqp:link:message-size-exceeded"
+    assert pair.received() == []
