@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import resource
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from edgehub.core import Clock, SystemClock
+from edgehub.core.message_size import read_bound_bytes
 
 __all__ = ["HeadSettings", "connection_cap"]
 
@@ -47,6 +49,10 @@ class HeadSettings:
       a stranger naming a device must not lock the device out (``edgehub.hub.throttle``).
     * ``outbound_window``: deliveries in flight per client (the module endpoint's window).
     * ``max_groups_in_flight``: ingest groups a connection may have waiting on the hub before reading pauses.
+    * ``largest_message_size``: the largest ``maxMessageSizeBytes`` any endpoint of the running deployment takes,
+      asked for each new MQTT connection and each new AMQP link (the composition passes the store's
+      ``largest_message_size_bytes``); ``read_bound`` makes of it what the head reads of one packet or message.
+      None (a head without a deployment, as in the heads' own tests): only the head's own cap applies.
     """
 
     # Descriptors one connection holds (the MQTT head keeps a second one per socket, for TCP_QUICKACK).
@@ -78,6 +84,15 @@ class HeadSettings:
     outbound_window: int = 16
     max_groups_in_flight: int = 32
     clock: Clock = field(default_factory=SystemClock)
+    largest_message_size: Callable[[], int] | None = None
+
+    def read_bound(self, cap: int) -> int:
+        """What the head reads of one packet (MQTT) or message (AMQP) now: ``read_bound_bytes`` of the
+        deployment's ``largest_message_size``, never more than ``cap`` (the head's own setting); ``cap`` alone
+        without a deployment."""
+        if self.largest_message_size is None:
+            return cap
+        return min(cap, read_bound_bytes(self.largest_message_size()))
 
     def __post_init__(self) -> None:
         for name in self.positive_fields:

@@ -85,6 +85,13 @@ class Quotas:
             bool(self.endpoint_policies) or _bounded(self.default_policy) or self.store_quota.max_messages is not None
         )
 
+    def largest_message_size_bytes(self) -> int:
+        """The largest ``max_message_size_bytes`` of any policy (the hub's default and each endpoint's): the
+        most ``check_size`` can take, whatever a message's routes; what the protocol heads read up to
+        (``edgehub.core.message_size.read_bound_bytes``)."""
+        policies = [self.default_policy, *self.endpoint_policies.values()]
+        return max(p.max_message_size_bytes for p in policies)
+
     def check_size(self, endpoints: Iterable[str], size: int) -> None:
         limit = min(self.policy(e).max_message_size_bytes for e in endpoints)
         if size > limit:

@@ -221,6 +221,11 @@ class Store:
     def policy(self, endpoint: str) -> QueuePolicy:
         return self._quotas.policy(endpoint)
 
+    def largest_message_size_bytes(self) -> int:
+        """The largest message any endpoint's policy takes, as the policies are now (``Quotas``): what the
+        protocol heads bound their reads by (``edgehub.core.message_size.read_bound_bytes``)."""
+        return self._quotas.largest_message_size_bytes()
+
     def usage(self, endpoint: str | None = None) -> tuple[int, int]:
         """(messages, bytes) held for ``endpoint`` (None: the whole store), writes in flight included."""
         return self._usage.usage(STORE_WIDE if endpoint is None else endpoint)

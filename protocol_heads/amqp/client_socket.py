@@ -7,6 +7,9 @@ Invariants (as the MQTT head's ``client_socket``):
   after SASL ANONYMOUS) share one timeout (``connect_timeout_s``).
 * Bytes decrypted before ``start_tls`` has returned the TLS transport wait for it (``_held``): answers written
   before would go out in the clear on the raw socket.
+* An incoming link takes messages of at most the bound current when it was attached (``HeadSettings.read_bound``:
+  the deployment's largest ``maxMessageSizeBytes`` and framing), announced in its ``max-message-size``, for its
+  whole life; a transfer past it is dropped as it comes and its link closed (``AmqpConnection``), never read whole.
 * Reading pauses while the session has ``max_groups_in_flight`` groups waiting on the hub, and while the socket's
   write buffer is over its high-water mark; once the connection has ended, reading stays paused.
 * The idle timer (proton's ``tick``) runs on one timer handle per connection, moved on when it fires, whether or
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import ssl
 
@@ -46,6 +50,8 @@ class ClientSocket(SocketSide[HeadServer[AmqpSettings, Session], AmqpSettings, A
             max_sessions=s.max_sessions,
             max_links=s.max_links,
             max_message_size=s.max_message_size,
+            # Asked at each attach: a link takes the deployment's bound as it is then (HeadSettings.read_bound).
+            link_message_size=functools.partial(s.read_bound, s.max_message_size),
             idle_timeout_s=s.idle_timeout_s,
             max_sessions_before_login=s.max_sessions_before_login,
             max_links_before_login=s.max_links_before_login,

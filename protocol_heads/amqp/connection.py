@@ -11,8 +11,11 @@ Invariants:
 * Every bound is enforced here: bytes buffered per session (``session_capacity``, as proton's incoming
   window), frame size (``max_frame_size``, proton refuses a larger frame with
   ``amqp:connection:framing-error``), sessions (``channel_max``), links per connection (``max_links``: more close
-  the connection with ``amqp:resource-limit-exceeded``), message size (``max_message_size`` on incoming links:
-  announced at attach; a transfer past it closes its link with ``amqp:link:message-size-exceeded``).
+  the connection with ``amqp:resource-limit-exceeded``), message size (on incoming links: ``link_message_size``
+  asked at each attach, ``max_message_size`` without it, announced then and kept for the link's life). Input is
+  handed to proton a frame at a time, so a transfer past its link's limit is seen within a frame of it, however
+  large the read; from then on what comes of it is dropped as it comes (``_drop_refused``), and once it has ended
+  it is rejected and its link closed with ``amqp:link:message-size-exceeded``.
 * Until the session side says the client has logged in (``logged_in``: SASL PLAIN or EXTERNAL, or a ``$cbs`` token
   after ANONYMOUS or with no SASL layer at all, ``sasl.SaslServer.skipped``), tighter bounds hold:
   ``max_sessions_before_login``, ``max_links_before_login`` and ``max_unfinished_bytes_before_login`` (the bytes
@@ -29,6 +32,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from proton import (
@@ -101,6 +105,7 @@ class AmqpConnection:
         max_links: int,
         max_message_size: int,
         idle_timeout_s: float,
+        link_message_size: Callable[[], int] | None = None,
         max_sessions_before_login: int = 2,
         max_links_before_login: int = 8,
         max_unfinished_bytes_before_login: int = 64 * 1024,
@@ -112,6 +117,7 @@ class AmqpConnection:
         self.max_sessions = max_sessions
         self.max_links = max_links
         self.max_message_size = max_message_size
+        self.link_message_size = link_message_size
         self.idle_timeout_s = idle_timeout_s
         self.max_sessions_before_login = max_sessions_before_login
         self.max_links_before_login = max_links_before_login
@@ -127,6 +133,9 @@ class AmqpConnection:
         self._sessions = 0  # sessions the client has begun and not ended
         # Incoming links by their pn_link_t, with their names: a transfer names its link without a wrapper.
         self._receivers: dict[Any, tuple[Link, str]] = {}
+        self._limits: dict[Any, int] = {}  # incoming links' max-message-size (pn_link_t: as announced at attach)
+        # Incoming links (pn_link_t) with a transfer over their limit being dropped: the bytes of it so far.
+        self._refused: dict[Any, int] = {}
         self.closed = False
         self.idle_expired = False  # closed by the idle timer (tick)
         self._failed = False
@@ -180,19 +189,29 @@ class AmqpConnection:
         transport = self.transport
         assert transport is not None
         view = memoryview(data)
+        events: list[ev.Event] = []
+        unread = 0  # bytes pushed since the events were last read
         while view:
             capacity = transport.capacity()
             if capacity <= 0:  # the input side has closed (an error, or the client's close): the rest is moot
                 break
-            n = min(capacity, len(view))
+            # The events are read after each frame's worth: a transfer past its link's limit is refused with at
+            # most a frame more of it in proton's hands, however large the read that brought it.
+            n = min(capacity, len(view), self.max_frame_size - unread)
             try:
                 transport.push(view[:n])  # proton copies from the buffer: no bytes of our own
             except Exception as exc:  # proton raises TransportException for input it cannot take
                 self._failed = True
                 self.closed = True
-                return [*self._events(), ev.ProtocolFailed(DECODE_ERROR, str(exc))]
+                return [*events, *self._events(), ev.ProtocolFailed(DECODE_ERROR, str(exc))]
             view = view[n:]
-        events = self._events()
+            unread += n
+            if view and unread >= self.max_frame_size:
+                events += self._events()
+                unread = 0
+                if self.closed:  # failed: nothing more of it is read
+                    break
+        events += self._events()
         if self.before_login and not self._failed:
             unfinished = self._unfinished_bytes()
             if unfinished > self.max_unfinished_bytes_before_login:
@@ -271,7 +290,10 @@ class AmqpConnection:
         (a partial, aborted or too large transfer, an outcome of what the hub sent) goes to ``_unusual``."""
         link = raw.delivery_link(delivery)
         if raw.link_is_receiver(link):
-            body = raw.receive_whole(delivery, link, self.max_message_size)
+            if self._refused and link in self._refused:
+                self._drop_refused(delivery, link, out)
+                return
+            body = raw.receive_whole(delivery, link, self._limits.get(link, self.max_message_size))
             if body is not None:
                 known = self._receivers.get(link)
                 if known is None:
@@ -285,18 +307,19 @@ class AmqpConnection:
     def _unusual(self, delivery: Delivery, out: list[ev.Event]) -> None:
         link = delivery.link
         if link.is_receiver:
+            limit = self._limit_of(raw.handle(link))
             if delivery.partial:
-                if delivery.pending > self.max_message_size:
-                    out.append(ev.MessageTooLarge(link, delivery.pending))
-                    delivery.settle()
-                    self._close_link(link, MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
+                if delivery.pending > limit and link.state & Endpoint.LOCAL_ACTIVE:
+                    out.append(ev.MessageTooLarge(link, delivery.pending, limit))
+                    self._refused[raw.handle(link)] = 0
+                    self._drop_refused(raw.handle(delivery), raw.handle(link), out)
                 return
             if not delivery.readable or delivery.aborted:
                 if delivery.aborted:
                     delivery.settle()
                 return
             # Whole in one frame, still over the limit (receive_whole took every other whole transfer).
-            out.append(ev.MessageTooLarge(link, delivery.pending))
+            out.append(ev.MessageTooLarge(link, delivery.pending, limit))
             self._reject(delivery, MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
             self._close_link(link, MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
         elif delivery.updated:
@@ -333,6 +356,7 @@ class AmqpConnection:
             out.append(ev.LinkRequested(link, link.is_sender, terminus.address or ""))
         elif kind in (Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH):
             link = event.link
+            self._refused.pop(raw.handle(link), None)
             if link.state & Endpoint.LOCAL_ACTIVE:
                 self._forget(link)
                 link.close()
@@ -380,14 +404,44 @@ class AmqpConnection:
             self.closed = True
             out.append(ev.Closed())
 
+    def _drop_refused(self, delivery: Any, link: Any, out: list[ev.Event]) -> None:
+        """A transfer over its link's max-message-size (``pn_delivery_t``, ``pn_link_t``): what comes of it is
+        dropped as it comes, so the head never holds more of it than the limit and a frame; once it has ended, it
+        is rejected and the link closed, both with ``amqp:link:message-size-exceeded``. Not before: proton's
+        client sends the rest of a transfer after a detach, and proton would then answer on a link we have
+        detached, by a handle the client no longer knows, so the client would fail. A transfer that goes on for
+        more than ``max_message_size`` (the hub's cap) past its link's limit closes the connection: no client is
+        owed the time to drop more of it."""
+        dropped, ended = raw.drop_read(delivery, link)
+        so_far = self._refused[link] + dropped
+        if ended:
+            del self._refused[link]
+            self._reject(Delivery.wrap(delivery), MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
+            self._close_link(Link.wrap(link), MESSAGE_SIZE_EXCEEDED, "message over the link's max-message-size")
+        elif so_far > self._limit_of(link) + self.max_message_size:
+            description = f"a transfer going on {self.max_message_size:,} bytes past its link's max-message-size"
+            self._failed = True
+            self.close(MESSAGE_SIZE_EXCEEDED, description)
+            out.append(ev.ProtocolFailed(MESSAGE_SIZE_EXCEEDED, description, too_large=True))
+        else:
+            self._refused[link] = so_far
+
+    def _limit_of(self, link: Any) -> int:
+        """The max-message-size our end of incoming ``link`` (a ``pn_link_t``) announced; ``max_message_size``
+        for a link not attached by ``accept_link``. Kept by us, not asked of proton: this is on every transfer."""
+        return self._limits.get(link, self.max_message_size)
+
     # --- what the session side answers ----------------------------------------------------------------------
 
     def accept_link(self, link: Link, *, credit: int = 0) -> None:
-        """Attach our end of ``link``; an incoming link gets ``credit`` and ``max_message_size``."""
+        """Attach our end of ``link``; an incoming link gets ``credit`` and its max-message-size: what
+        ``link_message_size`` says now (``max_message_size`` without it), kept for the link's life."""
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
         if link.is_receiver:
-            link.max_message_size = self.max_message_size
+            size = self.max_message_size if self.link_message_size is None else self.link_message_size()
+            link.max_message_size = size
+            self._limits[raw.handle(link)] = size
         link.open()
         if link.is_receiver and credit:
             link.flow(credit)
@@ -408,7 +462,9 @@ class AmqpConnection:
             self._links -= 1
 
     def _forget(self, link: Link) -> None:
-        self._receivers.pop(raw.handle(link), None)
+        impl = raw.handle(link)
+        self._receivers.pop(impl, None)
+        self._limits.pop(impl, None)
 
     def close_link(self, link: Link, condition: str, description: str) -> None:
         self._close_link(link, condition, description)

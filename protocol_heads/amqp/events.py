@@ -58,11 +58,13 @@ class MessageReceived:
 
 @dataclass(frozen=True, slots=True)
 class MessageTooLarge:
-    """A transfer grew past the link's ``max-message-size``: the link has been closed with
+    """A transfer grew past the link's ``max-message-size`` (``limit``; ``size``: what proton held of it then):
+    what more comes of it is dropped as it comes, and once it has ended it is rejected and the link closed with
     ``amqp:link:message-size-exceeded``."""
 
     link: Link
     size: int
+    limit: int
 
 
 @dataclass(frozen=True, slots=True)

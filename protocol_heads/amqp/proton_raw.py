@@ -121,6 +121,25 @@ def receive_whole(delivery: Any, link: Any, max_size: int) -> bytes | None:
     return bytes(buffer) if got == size else bytes(buffer[: max(got, 0)])
 
 
+_SCRATCH = bytearray(1 << 16)  # what drop_read reads dropped bytes into (one thread: the event loop's)
+
+
+def drop_read(delivery: Any, link: Any) -> tuple[int, bool]:
+    """Drop, unread, what proton holds of ``delivery`` (the current transfer on incoming ``link``): how many bytes,
+    and whether the transfer has ended (its last frame came, or the client aborted it; the link then moved on)."""
+    scratch = _ffi.from_buffer(_SCRATCH)
+    dropped = 0
+    while pn_delivery_pending(delivery) > 0:
+        got = _lib.pn_link_recv(link, scratch, len(_SCRATCH))
+        if got <= 0:
+            break
+        dropped += got
+    if pn_delivery_partial(delivery) and not pn_delivery_aborted(delivery):
+        return dropped, False
+    pn_link_advance(link)
+    return dropped, True
+
+
 def accept_and_settle(delivery: RawDelivery) -> None:
     pn_delivery_update(delivery.impl, PN_ACCEPTED)
     pn_delivery_settle(delivery.impl)

@@ -219,9 +219,7 @@ class Session:
             elif isinstance(event, ev.LinkClosed):
                 self._on_link_closed(event.link)
             elif isinstance(event, ev.MessageTooLarge):
-                self.sock.refused(
-                    RefusalReason.MESSAGE_TOO_LARGE, size=event.size, limit=self.settings.max_message_size
-                )
+                self.sock.refused(RefusalReason.MESSAGE_TOO_LARGE, size=event.size, limit=event.limit)
             elif isinstance(event, ev.SaslInitReceived):
                 self._spawn(self._sasl_login(event.init), "amqp.login")
             elif isinstance(event, ev.ProtocolFailed):

@@ -28,8 +28,9 @@ class AmqpSettings(HeadSettings):
       ``amqp:connection:framing-error``.
     * ``max_sessions``: sessions per connection (``channel-max`` + 1).
     * ``max_links``: links attached at once per connection; more close it with ``amqp:resource-limit-exceeded``.
-    * ``max_message_size``: the largest message on an incoming link (announced at attach); over it the link is
-      closed with ``amqp:link:message-size-exceeded``.
+    * ``max_message_size``: the most a message on an incoming link may be; each link takes messages up to the
+      deployment's bound under it, as it is when the link is attached (``read_bound``), announced in its
+      ``max-message-size``; over it the link is closed with ``amqp:link:message-size-exceeded``.
     * ``link_credit``: transfers a client may have unsettled per incoming link; credit comes back as the hub
       settles them (this is the back-pressure: a client waits while the store catches up).
     * ``max_waiting_events``: events held while a ``$cbs`` token is being checked (the client pipelined them).
@@ -63,8 +64,8 @@ class AmqpSettings(HeadSettings):
     max_frame_size: int = 64 * 1024
     max_sessions: int = 8
     max_links: int = 32
-    # The hub's hard cap on a message and its framing (edgehub.core.message_size); the store holds each message to
-    # the deployment's maxMessageSizeBytes under it, live.
+    # The hub's hard cap on a message and its framing (edgehub.core.message_size); each link reads up to the
+    # deployment's bound under it (read_bound), and the store holds each message to its routes' limits, live.
     max_message_size: int = MAX_MESSAGE_SIZE_BYTES + WIRE_ENVELOPE_BYTES
     link_credit: int = 256
     max_waiting_events: int = 64

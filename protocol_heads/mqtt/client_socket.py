@@ -22,6 +22,9 @@ Invariants:
   once more than a read's worth waits; once the connection has ended, reading stays paused.
 * Admission at accept, the TLS start and the end of a connection are ``SocketSide``'s
   (``protocol_heads.socket_side``, shared with the AMQP head); the handshake, CONNECT and login share one timeout.
+* A connection takes packets of at most the bound current when it was accepted (``HeadSettings.read_bound``: the
+  deployment's largest ``maxMessageSizeBytes`` and framing), announced to MQTT 5 clients, for its whole life; a
+  larger packet is refused (DISCONNECT 0x95) from its fixed header, before its body is read.
 * A client silent for 1.5x its keepalive is closed (MQTT 5: 0x8D). Silence is kept by one timer per connection,
   moved on only when it fires, and not counted while reading is paused by us; but a client that does not read
   (its write buffer stays over the high-water mark) for its keepalive timeout, or ``not_reading_timeout_s``
@@ -71,7 +74,8 @@ class ClientSocket(
         self._read_buffer = read_buffer
         s = server.settings
         self.conn = ServerConnection(
-            max_packet_size=s.max_packet_size,
+            # The deployment's bound as it is now, kept for the connection's life: CONNACK announces it.
+            max_packet_size=s.read_bound(s.max_packet_size),
             receive_maximum=s.receive_maximum,
             outbound_window=s.outbound_window,
             topic_cache_bytes=s.topic_cache_bytes,

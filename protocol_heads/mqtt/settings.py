@@ -32,7 +32,9 @@ class MqttSettings(HeadSettings):
       properties) may hold.
     * ``not_reading_timeout_s``: how long a client with keepalive 0 may leave its acks unread (write buffer
       over its high-water mark) before it is aborted; with a keepalive, its timeout (1.5x) applies.
-    * ``max_packet_size``: the largest packet accepted (announced to MQTT 5 clients); over it closes with 0x95.
+    * ``max_packet_size``: the most any packet may be; each connection takes packets up to the deployment's bound
+      under it, as it is when the connection is accepted (``read_bound``), announced to MQTT 5 clients in CONNACK;
+      over it closes with 0x95.
     * ``receive_maximum``: unacknowledged inbound QoS 1/2 messages allowed per client.
     * ``acl``: who may publish and subscribe where, beyond the IoT Hub defaults.
 
@@ -54,8 +56,8 @@ class MqttSettings(HeadSettings):
     max_topic_length: int = 4096
     topic_cache_bytes: int = TOPIC_CACHE_BYTES
     not_reading_timeout_s: float = 90.0
-    # The hub's hard cap on a message and its framing (edgehub.core.message_size); the store holds each message to
-    # the deployment's maxMessageSizeBytes under it, live.
+    # The hub's hard cap on a message and its framing (edgehub.core.message_size); each connection reads up to the
+    # deployment's bound under it (read_bound), and the store holds each message to its routes' limits, live.
     max_packet_size: int = MAX_MESSAGE_SIZE_BYTES + WIRE_ENVELOPE_BYTES
     receive_maximum: int = 1024
     acl: Acl = field(default_factory=Acl)

@@ -51,6 +51,28 @@ async def test_max_message_size_counts_properties_not_only_the_body(store_factor
         await s.close()
 
 
+async def test_the_largest_message_size_is_the_most_any_endpoint_takes_as_the_policies_are_now(
+    store_factory: StoreFactory,
+) -> None:
+    s = store_factory(default_policy=policy(max_message_size_bytes=100), endpoint_policies={})
+    try:
+        assert s.largest_message_size_bytes() == 100  # the hub's default alone
+        s.endpoint_policies["big"] = policy(max_message_size_bytes=300)
+        s.endpoint_policies["small"] = policy(max_message_size_bytes=50)
+        assert s.largest_message_size_bytes() == 300
+        # What the heads read up to is what the store takes on the endpoint that takes the most...
+        await s.enqueue(m(1, 300), [RouteResult("big", 0)])
+        with pytest.raises(MessageTooLargeError):  # ...while a message routed to a stricter one is refused here
+            await s.enqueue(m(2, 300), [RouteResult("big", 0), RouteResult("up", 0)])
+        s.default_policy = policy(max_message_size_bytes=500)  # live: a deployment raised the hub's limit
+        assert s.largest_message_size_bytes() == 500
+        del s.endpoint_policies["big"]
+        s.default_policy = policy(max_message_size_bytes=80)  # and lowered it
+        assert s.largest_message_size_bytes() == 80
+    finally:
+        await s.close()
+
+
 async def test_one_endpoint_at_two_priorities_counts_twice_for_its_quota(store_factory: StoreFactory) -> None:
     s = store_factory(endpoint_policies={"up": policy(max_messages=3)})
     try:

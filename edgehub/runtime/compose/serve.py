@@ -329,6 +329,8 @@ async def _heads(
         ssl_context=host.ssl_context,
         outbound_window=MAX_WINDOW,  # the hub's mailboxes hold each link to the deployment's window, live
         acl=Acl(publish_grants=controller.publish_grants, subscribe_grants=controller.subscribe_grants),
+        # Each connection reads what the deployment's largest maxMessageSizeBytes allows as it is then (read_bound).
+        largest_message_size=hub.store.largest_message_size_bytes,
         **effective.head_limits,
     )
     # One login throttle for both heads: an address that failed on one protocol has no fresh budget on the other.
@@ -347,6 +349,7 @@ async def _heads(
             tls_port=config.amqps_port,
             ssl_context=host.ssl_context,
             outbound_window=MAX_WINDOW,
+            largest_message_size=hub.store.largest_message_size_bytes,  # asked at each link's attach
             **effective.head_limits,
         )
         amqp_server = await stack.enter_async_context(AmqpServer(hub, settings=amqp, logins=logins))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator
 
@@ -61,6 +62,46 @@ async def test_a_message_over_the_link_limit_closes_the_link_with_message_size_e
         assert hub.stored == []
     finally:
         await client.close()
+
+
+@pytest.fixture
+async def quarter(hub: InMemoryHub) -> AsyncIterator[AmqpServer]:
+    settings = AmqpSettings(tcp_port=0, tls_port=None, max_message_size=256 * 1024, connect_timeout_s=5.0)
+    async with AmqpServer(hub, settings=settings) as server:
+        yield server
+
+
+async def test_a_message_over_the_link_limit_in_many_frames_closes_its_link_and_the_connection_goes_on(
+    quarter: AmqpServer, hub: InMemoryHub
+) -> None:
+    # proton's client goes on sending the rest of the transfer after the hub has refused it: the hub drops it as it
+    # comes and closes the link once it has ended, never answering on a detached link (the client would fail on a
+    # handle it no longer knows, and never see our close).
+    client = await device(quarter.ports["amqp"])
+    try:
+        sender = await client.sender("/devices/dev1/messages/events")
+        with pytest.raises((LinkDetached, SendException)):
+            await client.send(sender, AmqpMessage(body=b"x" * (400 * 1024)))
+        after = await client.sender("/devices/dev1/messages/events", name="after")
+        await client.send(after, AmqpMessage(body=b"fine"))
+    finally:
+        await client.close()
+    assert [m.body for _, m in hub.stored] == [b"fine"]
+
+
+async def test_a_refused_transfer_going_on_a_caps_worth_past_the_limit_closes_the_connection(
+    quarter: AmqpServer, hub: InMemoryHub
+) -> None:
+    client = await device(quarter.ports["amqp"])
+    try:
+        sender = await client.sender("/devices/dev1/messages/events")
+        with pytest.raises(ConnectionException, match="message-size-exceeded"):
+            await client.send(sender, AmqpMessage(body=b"x" * (1 << 20)))
+    finally:
+        with contextlib.suppress(ConnectionException):
+            await client.close()
+    assert hub.stored == []
+    assert quarter.refusals.total >= 2  # the message (too_large), then the connection (packet_too_large)
 
 
 async def test_links_over_the_limit_close_the_connection_with_resource_limit_exceeded(tight: AmqpServer) -> None:

@@ -522,3 +522,52 @@ async def test_a_client_that_never_reads_is_aborted_after_its_keepalive(
         assert loop.time() - started < 15
         sock.close()
     assert "reason=not_reading peer=127.0.0.1 client=dev1 " in caplog.text
+
+
+# --- 8. packets bounded by the deployment's message size, as it is when a connection is accepted --------------
+
+
+async def test_a_connection_is_told_the_deployments_bound_at_accept_and_keeps_it(
+    hub: InMemoryHub, caplog: pytest.LogCaptureFixture
+) -> None:
+    largest = [256 * 1024]  # the deployment's largest maxMessageSizeBytes (serve passes the store's), steered here
+    settings = MqttSettings(tcp_port=0, tls_port=None, largest_message_size=lambda: largest[0])
+    caplog.set_level(logging.INFO, LOG)
+    async with MqttServer(hub, settings=settings) as server:
+        port = server.ports["tcp"]
+        first = await RawClient.open(port, level=MQTT_50)
+        ack = await first.login(dev_connect())
+        assert isinstance(ack, ConnAck)
+        assert ack.properties.values[PropertyId.MAXIMUM_PACKET_SIZE] == 264 * 1024  # 256 KiB and the framing
+        await first.close()
+
+        largest[0] = 512 * 1024  # raised: the next connection is told so
+        kept = await RawClient.open(port, level=MQTT_50)
+        ack = await kept.login(dev_connect())
+        assert isinstance(ack, ConnAck)
+        assert ack.properties.values[PropertyId.MAXIMUM_PACKET_SIZE] == 520 * 1024
+        largest[0] = 256 * 1024  # lowered again: the open connection keeps what it was told (the store holds
+        big = encode(Publish("devices/dev1/messages/events/", b"x" * (300 * 1024), 1, packet_id=1), MQTT_50)
+        kept.send_raw(big)  # each message to its routes' limits; this in-memory hub has none)
+        assert await kept.next() == PubAck(1)
+        await kept.close()
+
+        c = await RawClient.open(port, level=MQTT_50)
+        await c.login(dev_connect())
+        c.send_raw(big[:1024])  # its header and a little: refused from the header, the body never sent
+        answer = await c.next()
+        assert isinstance(answer, Disconnect)
+        assert answer.reason_code == ReasonCode.PACKET_TOO_LARGE
+        assert await c.closed_by_server()
+        await c.close()
+        await polled(lambda: server.refusals.total >= 1)
+    assert [m.body[:1] for _, m in hub.stored] == [b"x"]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused reason=packet_too_large ")]
+    assert len(lines) == 1, lines
+    assert f"packet of {len(big)} bytes is over the limit of {264 * 1024}" in lines[0]
+
+
+def test_the_bound_never_passes_the_heads_own_max_packet_size() -> None:
+    settings = MqttSettings(tcp_port=0, tls_port=None, max_packet_size=4096, largest_message_size=lambda: 512 * 1024)
+    assert settings.read_bound(settings.max_packet_size) == 4096
+    assert MqttSettings(tcp_port=0, tls_port=None).read_bound(4096) == 4096  # no deployment: the cap alone

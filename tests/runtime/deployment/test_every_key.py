@@ -462,6 +462,13 @@ CASES: dict[str, Case] = {
         )
         for key, (value, field, held) in QUEUE.items()
     },
+    # A message size also sets what the heads read (the largest limit any endpoint has, as the store computes it
+    # for each new connection or link): both, live.
+    "delivery.queuePolicy.maxMessageSizeBytes": live(
+        {"delivery": {"queuePolicy": {"maxMessageSizeBytes": 500_000}}},
+        lambda s: (s.hub.store.default_policy.max_message_size_bytes, s.hub.store.largest_message_size_bytes()),
+        (500_000, 500_000),
+    ),
     "delivery.moduleDeliveryWindow": live(
         {"delivery": {"moduleDeliveryWindow": 64}},
         lambda s: (s.hub.modules.window, s.hub.c2d.mailboxes.window),
@@ -473,6 +480,11 @@ CASES: dict[str, Case] = {
         )
         for key, (value, field, held) in QUEUE.items()
     },
+    "endpoints.<endpoint>.queuePolicy.maxMessageSizeBytes": live(
+        {"endpoints": {E: {"queuePolicy": {"maxMessageSizeBytes": 500_000}}}},
+        lambda s: (endpoint_queue("max_message_size_bytes")(s), s.hub.store.largest_message_size_bytes()),
+        (500_000, 500_000),
+    ),
     **{
         f"endpoints.<endpoint>.retryPolicy.{key}": live(
             {"endpoints": {E: {"retryPolicy": {key: value}}}}, endpoint_retry(field), held
