@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["S3Environment", "s3_environment", "s3_environment_problem"]
 
@@ -38,24 +39,22 @@ class S3Environment:
 def s3_environment(*, look_up_credentials: bool = True) -> S3Environment | None:
     """The environment's answers (see the module docstring). ``look_up_credentials`` False leaves out the
     credential chain, whose last links (an instance or container role) may ask the network."""
-    try:
-        import botocore.session
-        from botocore.configprovider import ConfiguredEndpointProvider
-        from botocore.exceptions import BotoCoreError
-    except ImportError:
+    resolved = _resolve()
+    if resolved is None:
         return None
-    session = botocore.session.Session()
-    try:
-        scoped = session.get_scoped_config()
-    except BotoCoreError as exc:  # AWS_PROFILE names a profile the files do not hold
+    if isinstance(resolved, str):  # AWS_PROFILE names a profile the files do not hold
         return S3Environment(
-            endpoint="unknown", endpoint_from=str(exc), region="unknown", region_from=str(exc),
-            credentials="none", credentials_from=str(exc),
-        )  # fmt: skip
+            endpoint="unknown",
+            endpoint_from=resolved,
+            region="unknown",
+            region_from=resolved,
+            credentials="none",
+            credentials_from=resolved,
+        )
+    session, endpoint = resolved
+    from botocore.exceptions import BotoCoreError  # _resolve found botocore
+
     profile = session.get_config_variable("profile")
-    endpoint = ConfiguredEndpointProvider(
-        full_config=session.full_config, scoped_config=scoped, client_name="s3"
-    ).provide()
     if endpoint:
         endpoint_from = next(
             (name for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL") if os.environ.get(name) == endpoint),
@@ -102,24 +101,36 @@ def s3_environment_problem() -> str | None:
     """What in the AWS environment would make every write fail, said before the hub starts (None: nothing seen):
     an endpoint that is no URL, a profile the files do not hold. Wrong or missing credentials are not seen here:
     only the store can say (``edgehub.upstream.landing`` names them at the first write)."""
+    resolved = _resolve()
+    if resolved is None:
+        return None
+    if isinstance(resolved, str):
+        return f"the AWS environment: {resolved}"
+    from botocore.utils import is_valid_endpoint_url, is_valid_ipv6_endpoint_url  # _resolve found botocore
+
+    _, endpoint = resolved
+    if endpoint and not (is_valid_endpoint_url(endpoint) or is_valid_ipv6_endpoint_url(endpoint)):
+        return f"the S3 endpoint {endpoint!r} is not a URL (http://host:port or https://host)"
+    return None
+
+
+def _resolve() -> tuple[Any, str | None] | str | None:
+    """botocore's session and the S3 endpoint it configures (None: AWS S3 by region); a string saying why the
+    environment cannot be read (a profile the files do not hold); None without botocore."""
     try:
         import botocore.session
         from botocore.configprovider import ConfiguredEndpointProvider
         from botocore.exceptions import BotoCoreError
-        from botocore.utils import is_valid_endpoint_url, is_valid_ipv6_endpoint_url
     except ImportError:
         return None
     session = botocore.session.Session()
     try:
         scoped = session.get_scoped_config()
     except BotoCoreError as exc:
-        return f"the AWS environment: {exc}"
-    endpoint = ConfiguredEndpointProvider(
-        full_config=session.full_config, scoped_config=scoped, client_name="s3"
-    ).provide()
-    if endpoint and not (is_valid_endpoint_url(endpoint) or is_valid_ipv6_endpoint_url(endpoint)):
-        return f"the S3 endpoint {endpoint!r} is not a URL (http://host:port or https://host)"
-    return None
+        return str(exc)
+    provider = ConfiguredEndpointProvider(full_config=session.full_config, scoped_config=scoped, client_name="s3")
+    endpoint: str | None = provider.provide()
+    return session, endpoint
 
 
 # botocore's names for where credentials came from, in the words of its documentation.
