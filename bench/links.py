@@ -167,7 +167,7 @@ async def drive(sc: Scenario, cheap: LinkSim, metered: LinkSim, devices: Devices
     """Traffic all along; the cut, the silence and their ends; the metered link watched for its first PUBLISH."""
     run = devices.run
     stop = asyncio.Event()
-    watching: dict[str, tuple[float, int]] = {}  # kind -> (since, metered up bytes then)
+    watching: dict[str, float] = {}  # kind ("cut", "silent") -> since
 
     async def every(period_s: float, send: Callable[[int], None]) -> None:
         n = 0
@@ -192,7 +192,7 @@ async def drive(sc: Scenario, cheap: LinkSim, metered: LinkSim, devices: Devices
             stats = metered.stats
             for way, now_bytes in (("", stats.up_sent_bytes), ("delivered_", stats.up_bytes)):
                 if now_bytes - last[way] > 2:  # more than a PINGREQ: a PUBLISH (or a CONNECT) went up
-                    for kind, (since, _) in list(watching.items()):
+                    for kind, since in list(watching.items()):
                         seen = pending.setdefault(kind, set())
                         if way in seen:
                             continue
@@ -207,6 +207,17 @@ async def drive(sc: Scenario, cheap: LinkSim, metered: LinkSim, devices: Devices
                 last[way] = now_bytes
             await asyncio.sleep(SAMPLE_S)
 
+    async def outage(kind: str, begin: Callable[[], None], seconds: float) -> float:
+        """The cheap link down (``begin``) for ``seconds``, then up for ``after_s``; when it went down."""
+        at = watching[kind] = time.monotonic()
+        begin()
+        say(f"cheap link {kind}")
+        await asyncio.sleep(seconds)
+        cheap.restore()
+        say("cheap link back")
+        await asyncio.sleep(sc.after_s)
+        return at
+
     rnd = random.Random(1)
     async with asyncio.TaskGroup() as tg:
         tg.create_task(every(sc.alarm_every_s, lambda n: devices.publish("alarm", b'{"alarm":"pressure"}')))
@@ -214,22 +225,8 @@ async def drive(sc: Scenario, cheap: LinkSim, metered: LinkSim, devices: Devices
         tg.create_task(every(1 / sc.telemetry_per_s, lambda n: devices.publish("pump", telemetry(n, rnd))))
         tg.create_task(watch())
         await asyncio.sleep(sc.warm_s)
-        run.cut_at = time.monotonic()
-        watching["cut"] = (run.cut_at, metered.stats.up_bytes)
-        cheap.cut()
-        say("cheap link cut")
-        await asyncio.sleep(sc.cut_s)
-        cheap.restore()
-        say("cheap link back")
-        await asyncio.sleep(sc.after_s)
-        run.silent_at = time.monotonic()
-        watching["silent"] = (run.silent_at, metered.stats.up_bytes)
-        cheap.go_silent()
-        say("cheap link silent")
-        await asyncio.sleep(sc.silent_s)
-        cheap.restore()
-        say("cheap link back")
-        await asyncio.sleep(sc.after_s)
+        run.cut_at = await outage("cut", cheap.cut, sc.cut_s)
+        run.silent_at = await outage("silent", cheap.go_silent, sc.silent_s)
         stop.set()
     async with asyncio.timeout(60):
         await devices.wait_acked()
