@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -47,6 +48,54 @@ async def test_garbage_gets_the_sasl_header_and_a_close_while_others_go_on(tight
     finally:
         await client.close()
     assert tight.refusals.total >= 1
+
+
+def write_on_then_read(port: int, first: bytes, then: int) -> tuple[bytes, int]:
+    """Send ``first``, then ``then`` bytes more whatever the hub answers, then read to EOF: (the answer, the bytes
+    sent before a reset stopped us). A blocking socket, run in a thread."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(first)
+        sent = 0
+        try:
+            chunk = b"\0" * 65536
+            while sent < then:
+                sent += sock.send(chunk)
+        except OSError:  # a reset (or the pipe broken by one)
+            pass
+        answer = b""
+        with contextlib.suppress(OSError):
+            while data := sock.recv(65536):
+                answer += data
+        return answer, sent
+
+
+async def test_a_client_still_writing_after_the_close_reads_it_and_no_reset(tight: AmqpServer) -> None:
+    # The hub shuts its side and drops what still comes until the client hangs up (close_grace_s at most): closing
+    # with unread bytes would answer them with a reset, and a client still writing would never read the answer.
+    answer, sent = await asyncio.to_thread(write_on_then_read, tight.ports["amqp"], b"GET / HTTP/1.1\r\n\r\n", 8 << 20)
+    assert answer == b"AMQP\x03\x01\x00\x00"
+    assert sent >= 8 << 20
+
+
+def write_until_reset(port: int, first: bytes, for_s: float) -> float | None:
+    """Send ``first``, then write on for at most ``for_s``: the seconds until a reset stopped us (None: never)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=for_s) as sock:
+        sock.sendall(first)
+        began = time.monotonic()
+        chunk = b"\0" * 65536
+        try:
+            while time.monotonic() - began < for_s:
+                sock.send(chunk)
+        except OSError:
+            return time.monotonic() - began
+        return None
+
+
+async def test_a_client_writing_on_for_ever_after_the_close_is_cut_off_after_the_grace(hub: InMemoryHub) -> None:
+    settings = AmqpSettings(tcp_port=0, tls_port=None, connect_timeout_s=5.0, close_grace_s=0.5)
+    async with AmqpServer(hub, settings=settings) as server:
+        cut_after = await asyncio.to_thread(write_until_reset, server.ports["amqp"], b"GET / HTTP/1.1\r\n\r\n", 20.0)
+    assert cut_after is not None and cut_after < 10.0
 
 
 async def test_a_message_over_the_link_limit_closes_the_link_with_message_size_exceeded(
