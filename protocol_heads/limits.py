@@ -53,6 +53,8 @@ class HeadSettings:
       asked for each new MQTT connection and each new AMQP link (the composition passes the store's
       ``largest_message_size_bytes``); ``read_bound`` makes of it what the head reads of one packet or message.
       None (a head without a deployment, as in the heads' own tests): only the head's own cap applies.
+    * ``close_grace_s``: how long a closing connection's goodbye may take (the client reading the rest of our
+      writes and hanging up, TLS's close_notify); then its socket is aborted (``SocketSide.goodbye``).
     """
 
     # Descriptors one connection holds (the MQTT head keeps a second one per socket, for TCP_QUICKACK).
@@ -66,6 +68,7 @@ class HeadSettings:
         "max_login_failures",
         "max_login_failures_per_address",
         "login_failure_window_s",
+        "close_grace_s",
     )
 
     host: str = "127.0.0.1"
@@ -85,6 +88,7 @@ class HeadSettings:
     max_groups_in_flight: int = 32
     clock: Clock = field(default_factory=SystemClock)
     largest_message_size: Callable[[], int] | None = None
+    close_grace_s: float = 5.0
 
     def read_bound(self, cap: int) -> int:
         """What the head reads of one packet (MQTT) or message (AMQP) now: ``read_bound_bytes`` of the

@@ -10,9 +10,12 @@ Invariants:
   protocol hears of a connection only after its handshake, so handshakes piled up uncounted), and shares the
   login's timeout. Reading is paused from accept until then; what the socket read anyway (uvloop starts reading
   after ``connection_made`` even when reading is paused: the ClientHello) is handed to the TLS layer first.
-* Once the connection has ended (``finish``), no read is taken and reading stays paused, but for the TLS layer's
-  own once the socket is being closed (``close``): a closed connection always lets go of its socket and its place
-  under the caps, within ``TLS_SHUTDOWN_S`` of ``close``.
+* Once the connection has ended (``finish``), no read is taken and reading stays paused until the socket is being
+  closed (``close``). Then, on plain TCP, the hub shuts its side and reads on, dropping what comes, until the client
+  hangs up: closed with bytes unread, the socket would answer them with a reset, and a client still writing (the
+  rest of a packet or transfer the hub refused) would fail on it before it read the hub's last words and their
+  reason. TLS (no half-close) reads on for its own close_notify. Either way a closed connection lets go of its
+  socket and its place under the caps within ``close_grace_s`` of ``close`` (``goodbye``).
 * Every refusal line goes through the server's ``RefusalLog``, keyed by source address, naming the client.
 
 A head's session side sees its socket side only through ``SessionSocket`` (what a session may ask of it), so the
@@ -130,6 +133,7 @@ class SocketSide(Generic[ServerT, SettingsT, ConnT]):
         self._groups_in_flight = 0
         self._writing_paused = False
         self._reading_paused = False
+        self._peer_eof = False  # the client has hung up its side (a subclass's eof_received sets it)
 
     # --- what a subclass adds -------------------------------------------------------------------------------
 
@@ -313,11 +317,20 @@ class SocketSide(Generic[ServerT, SettingsT, ConnT]):
         self.flush()
 
     def close(self) -> None:
-        """Close the socket (once: later calls do nothing): a TLS one says goodbye (close_notify) first, for at
-        most ``TLS_SHUTDOWN_S``."""
+        """Close the socket once what was written has gone (later calls do nothing): plain TCP shuts our side
+        and drains until the client hangs up, TLS says goodbye (close_notify) first (module docstring);
+        ``goodbye`` bounds both."""
         transport = self.transport
         if transport is None or transport.is_closing():
             return
+        if self._tls is None and not self._peer_eof and transport.can_write_eof():
+            try:
+                transport.write_eof()
+                transport.resume_reading()  # what comes is dropped: the connection has ended
+                self._reading_paused = False
+                return
+            except (OSError, RuntimeError):
+                pass  # the socket is going anyway: closed below
         transport.close()
         if self._tls is not None:
             # asyncio's TLS layer, told of the peer's EOF while its reader was paused (finish pauses it), waits for
@@ -327,6 +340,17 @@ class SocketSide(Generic[ServerT, SettingsT, ConnT]):
             # (the connection has ended). uvloop's layer shuts down on EOF at once; resuming does nothing there.
             with contextlib.suppress(RuntimeError, NotImplementedError):
                 transport.resume_reading()
+
+    async def goodbye(self) -> None:
+        """After ``close``: wait for the socket to be gone, ``close_grace_s`` at most (a client that leaves our
+        writes unread, or writes on and never hangs up, would hold it for ever), then abort it. Also when cancelled
+        (the server stops), or the socket would outlive the loop, unclosed."""
+        try:
+            # Waited on, not awaited under a timeout: the timeout would cancel _lost, which then reads as done.
+            await asyncio.wait((self._lost,), timeout=self.settings.close_grace_s)
+        finally:
+            if not self._lost.done() and self.transport is not None:
+                self.transport.abort()
 
     # --- what the session asks of the socket ----------------------------------------------------------------
 

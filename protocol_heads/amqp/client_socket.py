@@ -14,7 +14,8 @@ Invariants (as the MQTT head's ``client_socket``):
   write buffer is over its high-water mark; once the connection has ended, reading stays paused.
 * The idle timer (proton's ``tick``) runs on one timer handle per connection, moved on when it fires, whether or
   not reading is paused: a client silent for ``idle_timeout_s`` (or that leaves our writes unread that long) gets
-  the idle close and one refusal line, and its socket is gone within ``close_grace_s`` of the close.
+  the idle close and one refusal line, and its socket is gone within ``close_grace_s`` of the close
+  (``SocketSide.goodbye``).
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class ClientSocket(SocketSide[HeadServer[AmqpSettings, Session], AmqpSettings, A
             self.finish()
 
     def eof_received(self) -> bool:
+        self._peer_eof = True
         self.finish()
         return False
 
@@ -177,34 +179,11 @@ class ClientSocket(SocketSide[HeadServer[AmqpSettings, Session], AmqpSettings, A
             self.session.cancel()
             self.finish()
             self.flush()
-            self._close_lingering()
+            self.close()
             try:
-                # A client that does not read would hold a closing socket (and what waits in its write buffer) for
-                # ever, and one that writes on would hold a lingering one: the goodbye gets close_grace_s. Waited
-                # on, not awaited under a timeout: the timeout would cancel _lost itself, which then reads as done.
-                await asyncio.wait((self._lost,), timeout=self.settings.close_grace_s)
+                await self.goodbye()
             finally:
-                if not self._lost.done() and self.transport is not None:
-                    # The grace ran out, or cancelled (the server stops) while a TLS goodbye was still pending:
-                    # drop the socket now, or it outlives the loop, unclosed.
-                    self.transport.abort()
                 self.dispose()
-
-    def _close_lingering(self) -> None:
-        """Close after our last frame (the close) has reached a client that may still be sending: on plain TCP,
-        shut our side (FIN) and go on reading, dropping what comes (``data_received``: the connection has ended),
-        until the client hangs up or ``close_grace_s`` ends (``cleanup``). Closing with its bytes unread would
-        answer them with a reset, and a client still writing (proton sending the rest of a refused transfer) fails
-        on the reset before it reads our close and its reason. TLS (no half-close) and WebSockets close as before."""
-        transport = self.transport
-        if transport is None or transport.is_closing() or self._tls is not None or not transport.can_write_eof():
-            self.close()
-            return
-        try:
-            transport.write_eof()
-            transport.resume_reading()
-        except (OSError, RuntimeError):
-            self.close()
 
     def dispose(self) -> None:
         """Let go of everything that could lead back here, so reference counting alone frees the connection."""

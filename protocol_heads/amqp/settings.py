@@ -40,8 +40,6 @@ class AmqpSettings(HeadSettings):
       connection may hold before its client has logged in (SASL ANONYMOUS leaves it so until a ``$cbs`` token is
       checked): sessions, links, and bytes of transfers not yet whole (or held for the token's check). Past one,
       it is closed with ``amqp:resource-limit-exceeded``. A put-token needs one session, two links and a few KB.
-    * ``close_grace_s``: how long a closing connection's goodbye may take (the client reading what is left of our
-      writes, TLS's close_notify); then its socket is aborted.
     """
 
     positive_fields: ClassVar[tuple[str, ...]] = (
@@ -54,7 +52,6 @@ class AmqpSettings(HeadSettings):
         "max_groups_in_flight",
         "max_waiting_events",
         "idle_timeout_s",
-        "close_grace_s",
         "max_sessions_before_login",
         "max_links_before_login",
         "max_unfinished_bytes_before_login",
@@ -70,7 +67,6 @@ class AmqpSettings(HeadSettings):
     link_credit: int = 256
     max_waiting_events: int = 64
     idle_timeout_s: float = 240.0
-    close_grace_s: float = 5.0
     max_sessions_before_login: int = 2
     max_links_before_login: int = 8
     max_unfinished_bytes_before_login: int = 64 * 1024

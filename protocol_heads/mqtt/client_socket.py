@@ -114,6 +114,8 @@ class ClientSocket(
         if self._early is not None:  # TLS bytes before the handshake began: kept for it
             self._keep_early(data)
             return
+        if self._ended:  # the connection has ended: what still comes is dropped (a lingering close)
+            return
         if self._live:
             if self._quickack is not None and self.session.awaiting_acks:  # see the module docstring
                 try:
@@ -128,8 +130,6 @@ class ClientSocket(
                 log.exception("mqtt.client_crashed peer=%s", self.peer)
                 self.finish()
             return
-        if self._ended:
-            return
         self._inbox.append(data)
         self._inbox_bytes += len(data)
         if self._inbox_bytes > READ_SIZE:  # the login has not taken it yet: do not buffer without bound
@@ -137,6 +137,7 @@ class ClientSocket(
         self._wake_reader()
 
     def eof_received(self) -> bool:
+        self._peer_eof = True
         self.finish()
         # Keep the write side open until cleanup: acks of groups still being stored may go out (TLS cannot).
         return self.transport is not None and self.transport.get_extra_info("sslcontext") is None
@@ -280,8 +281,7 @@ class ClientSocket(
             self._inbox_bytes = 0
             self.conn.discard_input()
             try:
-                with contextlib.suppress(Exception):
-                    await self._lost
+                await self.goodbye()
             finally:
                 self.dispose()
 
