@@ -134,6 +134,7 @@ class SocketSide(Generic[ServerT, SettingsT, ConnT]):
         self._writing_paused = False
         self._reading_paused = False
         self._peer_eof = False  # the client has hung up its side (a subclass's eof_received sets it)
+        self._shut = False  # our side is shut (close on plain TCP): the client's EOF ends the socket
 
     # --- what a subclass adds -------------------------------------------------------------------------------
 
@@ -326,6 +327,7 @@ class SocketSide(Generic[ServerT, SettingsT, ConnT]):
         if self._tls is None and not self._peer_eof and transport.can_write_eof():
             try:
                 transport.write_eof()
+                self._shut = True
                 transport.resume_reading()  # what comes is dropped: the connection has ended
                 self._reading_paused = False
                 return

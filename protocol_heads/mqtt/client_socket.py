@@ -139,8 +139,9 @@ class ClientSocket(
     def eof_received(self) -> bool:
         self._peer_eof = True
         self.finish()
-        # Keep the write side open until cleanup: acks of groups still being stored may go out (TLS cannot).
-        return self.transport is not None and self.transport.get_extra_info("sslcontext") is None
+        # Keep the write side open until cleanup: acks of groups still being stored may go out (TLS cannot). Once
+        # our side is shut (close), the client's EOF is the end: the socket closes now.
+        return not self._shut and self.transport is not None and self.transport.get_extra_info("sslcontext") is None
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._not_reading is not None:

@@ -98,6 +98,19 @@ async def test_a_client_writing_on_for_ever_after_the_close_is_cut_off_after_the
     assert cut_after is not None and cut_after < 10.0
 
 
+async def test_a_client_that_closes_lets_go_of_its_socket_at_once_not_after_the_grace(hub: InMemoryHub) -> None:
+    # The lingering close ends when the client hangs up; waiting out close_grace_s instead would hold every closed
+    # connection's place that long.
+    settings = AmqpSettings(tcp_port=0, tls_port=None, connect_timeout_s=5.0, close_grace_s=120.0)
+    async with AmqpServer(hub, settings=settings) as server:
+        client = await device(server.ports["amqp"])
+        await client.send(await client.sender("/devices/dev1/messages/events"), AmqpMessage(body=b"fine"))
+        await client.close()
+        async with asyncio.timeout(30):
+            while server.limiter.total:  # noqa: ASYNC110 (nothing signals a socket closed server-side; bounded)
+                await asyncio.sleep(0.01)
+
+
 async def test_a_message_over_the_link_limit_closes_the_link_with_message_size_exceeded(
     tight: AmqpServer, hub: InMemoryHub
 ) -> None:

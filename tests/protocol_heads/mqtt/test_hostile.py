@@ -587,6 +587,26 @@ async def test_paho_publishing_a_message_over_the_bound_is_told_packet_too_large
     assert hub.stored == []
 
 
+@pytest.mark.parametrize("how", ["disconnect", "hang_up", "refused_login"])
+async def test_a_client_that_goes_lets_go_of_its_socket_at_once_not_after_the_grace(
+    hub: InMemoryHub, how: str
+) -> None:
+    # The lingering close ends when the client hangs up: a DISCONNECT (the hub shuts its side first, then the
+    # client's EOF), a bare hang-up (the client's EOF first), a refused login (the hub's CONNACK, then the client
+    # goes). Waiting out close_grace_s instead would hold every closed connection's place that long.
+    settings = MqttSettings(tcp_port=0, tls_port=None, close_grace_s=120.0)
+    async with MqttServer(hub, settings=settings) as server:
+        c = await RawClient.open(server.ports["tcp"], level=MQTT_50)
+        ack = await c.login(dev_connect(password="wrong" if how == "refused_login" else None))
+        assert isinstance(ack, ConnAck)
+        if how == "disconnect":
+            c.send(Disconnect())
+        elif how == "refused_login":
+            assert await c.closed_by_server()
+        await c.close()
+        await polled(lambda: server.limiter.total == 0, timeout_s=30.0)
+
+
 def test_the_bound_never_passes_the_heads_own_max_packet_size() -> None:
     settings = MqttSettings(tcp_port=0, tls_port=None, max_packet_size=4096, largest_message_size=lambda: 512 * 1024)
     assert settings.read_bound(settings.max_packet_size) == 4096
