@@ -36,7 +36,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os

@@ -588,9 +588,7 @@ async def test_paho_publishing_a_message_over_the_bound_is_told_packet_too_large
 
 
 @pytest.mark.parametrize("how", ["disconnect", "hang_up", "refused_login"])
-async def test_a_client_that_goes_lets_go_of_its_socket_at_once_not_after_the_grace(
-    hub: InMemoryHub, how: str
-) -> None:
+async def test_a_client_that_goes_lets_go_of_its_socket_at_once_not_after_the_grace(hub: InMemoryHub, how: str) -> None:
     # The lingering close ends when the client hangs up: a DISCONNECT (the hub shuts its side first, then the
     # client's EOF), a bare hang-up (the client's EOF first), a refused login (the hub's CONNACK, then the client
     # goes). Waiting out close_grace_s instead would hold every closed connection's place that long.
