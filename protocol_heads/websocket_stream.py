@@ -229,11 +229,7 @@ class UpgradeSocket(SocketSide[WebSocketServer, WebSocketSettings, _Outgoing], a
         self.flush()
         self.close()
         try:
-            async with asyncio.timeout(self.settings.connect_timeout_s):
-                await self._lost
-        except TimeoutError:
-            if self.transport is not None:
-                self.transport.abort()
+            await self.goodbye()
         finally:
             self._ws = None
             self.transport = None

@@ -8,6 +8,7 @@ import asyncio
 import gc
 import hashlib
 import logging
+import socket
 import ssl
 import struct
 import weakref
@@ -222,6 +223,24 @@ async def test_a_bad_upgrade_is_refused_with_an_http_status_and_one_line(
     assert "peer=127.0.0.1" in line
     assert f"status={status}" in line
     assert listeners.mqtt.connected == []
+
+
+def send_all_then_read(port: int, data: bytes) -> bytes:
+    """Send all of ``data`` whatever the server answers meanwhile, then read to EOF (a blocking socket, in a
+    thread): a server that closed with bytes unread would reset, and this would raise."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
+
+
+async def test_a_client_sending_all_of_an_oversize_request_reads_the_431(listeners: Listeners) -> None:
+    # Refused after 8 KiB; the rest is dropped as it comes until the client hangs up, so it reads why.
+    request = upgrade_request().replace(b"\r\n\r\n", b"\r\nx-pad: " + b"a" * (4 << 20) + b"\r\n\r\n")
+    answer = await asyncio.to_thread(send_all_then_read, listeners.ws.ports["ws"], request)
+    assert answer.startswith(b"HTTP/1.1 431 ")
 
 
 async def test_a_slow_upgrade_request_gets_408_at_the_connect_timeout(
