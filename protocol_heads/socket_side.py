@@ -35,11 +35,7 @@ from protocol_heads.limits import HeadSettings
 from protocol_heads.listeners import HeadServer
 from protocol_heads.tls import peer_certificate
 
-__all__ = ["TLS_SHUTDOWN_S", "Outgoing", "SessionSocket", "SocketSide"]
-
-# How long a closing TLS connection waits for the peer's close_notify (asyncio's default: 30 s, the connection's
-# buffers held all along).
-TLS_SHUTDOWN_S = 5.0
+__all__ = ["Outgoing", "SessionSocket", "SocketSide"]
 
 
 class Outgoing(Protocol):
@@ -238,7 +234,7 @@ class SocketSide(Generic[ServerT, SettingsT, ConnT]):
                 context,
                 server_side=True,
                 ssl_handshake_timeout=timeout_s,
-                ssl_shutdown_timeout=TLS_SHUTDOWN_S,
+                ssl_shutdown_timeout=self.settings.close_grace_s,  # not asyncio's 30 s, buffers held all along
             )
         except BaseException as exc:
             # The protocol hears nothing of a handshake that failed (no connection_lost): end here.

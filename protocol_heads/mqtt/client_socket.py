@@ -276,7 +276,7 @@ class ClientSocket(
                 self.conn.close(ReasonCode.SERVER_SHUTTING_DOWN, reason="server shutting down")
             self.finish()
             self.close()
-            # The buffers go now, not when the socket is gone (a TLS goodbye may take TLS_SHUTDOWN_S).
+            # The buffers go now, not when the socket is gone (a TLS goodbye may take close_grace_s).
             self._inbox.clear()
             self._inbox_bytes = 0
             self.conn.discard_input()
